@@ -1,0 +1,1 @@
+//! Benchmarks of lobster-io live in this package's `[[bench]]` targets.

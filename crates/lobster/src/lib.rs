@@ -5,3 +5,11 @@
 pub use lobster_cache as cache;
 pub use lobster_sched as sched;
 pub use lobster_uring as uring;
+
+mod dataset;
+mod error;
+mod sampler;
+
+pub use dataset::{Dataset, SampleMeta};
+pub use error::{Cause, Error};
+pub use sampler::{torch_randperm, DistributedSampler, EpochOrder};

@@ -1,0 +1,166 @@
+//! The facade's error type: every variant names what failed.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// Why a cause is shared: one failed read can fail several batches (a cached sample is used
+/// again), so causes are reference counted rather than cloned.
+pub type Cause = std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What went wrong in lobster-io.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Error {
+    /// A configuration parameter is outside its allowed range.
+    InvalidParameter {
+        /// The parameter's name as the builder or CLI spells it.
+        parameter: &'static str,
+        /// The value given.
+        value: String,
+        /// What is allowed.
+        allowed: String,
+    },
+    /// The dataset could not be opened or has an entry that cannot be used.
+    Dataset {
+        /// The file or directory concerned.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Reading a sample failed.
+    Read {
+        /// The sample's id.
+        sample: u32,
+        /// The file the sample lives in.
+        path: PathBuf,
+        /// The byte offset of the read.
+        offset: u64,
+        /// The cause, naming the OS error.
+        cause: Cause,
+    },
+    /// A file's size differs from the size recorded when the dataset was opened.
+    SizeChanged {
+        /// The sample's id.
+        sample: u32,
+        /// The file.
+        path: PathBuf,
+        /// Size at open.
+        expected_bytes: u64,
+        /// Bytes the read returned.
+        actual_bytes: u64,
+    },
+    /// The user's decode function rejected a sample.
+    Decode {
+        /// The sample's id.
+        sample: u32,
+        /// The file the sample came from.
+        path: PathBuf,
+        /// The decoder's error.
+        cause: Cause,
+    },
+    /// The loader's pipeline stopped (a thread died or the loader was dropped).
+    Stopped {
+        /// Why.
+        reason: String,
+    },
+    /// An engine crate rejected its inputs.
+    Engine {
+        /// Which part.
+        part: &'static str,
+        /// The engine's error.
+        cause: Cause,
+    },
+}
+
+impl Error {
+    pub(crate) fn invalid(
+        parameter: &'static str,
+        value: impl fmt::Display,
+        allowed: impl fmt::Display,
+    ) -> Self {
+        Error::InvalidParameter {
+            parameter,
+            value: value.to_string(),
+            allowed: allowed.to_string(),
+        }
+    }
+
+    pub(crate) fn dataset(path: impl Into<PathBuf>, reason: impl fmt::Display) -> Self {
+        Error::Dataset {
+            path: path.into(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// The sample id the error concerns, where there is one.
+    pub fn sample(&self) -> Option<u32> {
+        match self {
+            Error::Read { sample, .. }
+            | Error::SizeChanged { sample, .. }
+            | Error::Decode { sample, .. } => Some(*sample),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidParameter {
+                parameter,
+                value,
+                allowed,
+            } => {
+                write!(f, "invalid {parameter} = {value}: allowed {allowed}")
+            }
+            Error::Dataset { path, reason } => {
+                write!(f, "dataset entry {}: {reason}", path.display())
+            }
+            Error::Read {
+                sample,
+                path,
+                offset,
+                cause,
+            } => write!(
+                f,
+                "reading sample {sample} from {} at offset {offset} failed: {cause}",
+                path.display()
+            ),
+            Error::SizeChanged {
+                sample,
+                path,
+                expected_bytes,
+                actual_bytes,
+            } => write!(
+                f,
+                "sample {sample} ({}) changed size since the dataset was opened: \
+                 {expected_bytes} bytes expected, {actual_bytes} read",
+                path.display()
+            ),
+            Error::Decode {
+                sample,
+                path,
+                cause,
+            } => {
+                write!(
+                    f,
+                    "decoding sample {sample} ({}) failed: {cause}",
+                    path.display()
+                )
+            }
+            Error::Stopped { reason } => write!(f, "loader stopped: {reason}"),
+            Error::Engine { part, cause } => write!(f, "{part}: {cause}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Read { cause, .. }
+            | Error::Decode { cause, .. }
+            | Error::Engine { cause, .. } => Some(cause.as_ref()),
+            _ => None,
+        }
+    }
+}

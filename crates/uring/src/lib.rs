@@ -1,4 +1,73 @@
 //! lobster-uring: the io_uring sample reader of lobster-io.
 //!
-//! Turns "class `c` wants bytes `[offset, offset + len)` of file `f`" into `Bytes` in memory,
-//! with each class (a rank) limited to its own io_depth of reads in flight.
+//! Turns "class `c` wants bytes `[offset, offset + len)` of file `f`" into [`bytes::Bytes`]
+//! in memory, with each class (a rank) limited to its own io_depth of reads in the kernel,
+//! changeable at any time.
+//!
+//! - **Engine.** Each ring is owned by one engine thread that takes requests from per-class
+//!   FIFO queues (round robin over classes below their io_depth), keeps at most the ring's
+//!   capacity in the kernel, and sleeps in `io_uring_enter` when idle; submitters wake it
+//!   through an eventfd whose read it keeps in the ring.
+//! - **Files** are opened once and registered in a fixed-file table when a slot is free.
+//!   O_DIRECT is per file; its alignment comes from statx (`STATX_DIOALIGN`, else 4096),
+//!   and unaligned ranges read the aligned superset and hand out the exact slice.
+//! - **Buffers** come from a bounded pool of page-aligned buffers, registered with the rings
+//!   where RLIMIT_MEMLOCK allows. A completed read is a `Bytes` over its pool buffer; the
+//!   buffer returns when the last `Bytes` drops. An empty pool makes `submit` wait.
+//! - **Failures** (short reads are resumed, EAGAIN/EINTR/EBUSY retried, O_DIRECT reads over
+//!   1 MiB split) complete the one request with a [`ReadError`] naming path, offset, length
+//!   and OS error.
+//! - **Fallback.** When no ring can be set up (seccomp, `kernel.io_uring_disabled`, old
+//!   kernel), a bounded pool of pread threads serves the same API; `LOBSTER_IO=pread|uring`
+//!   or [`ReaderConfig::backend`] forces a backend. [`Reader::backend`] says which runs and
+//!   why.
+//! - **Drop** cancels queued reads, waits for those in the kernel, and joins the threads.
+//!
+//! The optional feature `tokio-uring` adds [`AsyncFile`], reads as futures for loaders that
+//! already run on tokio-uring. The core does not use tokio-uring: it is unmaintained and
+//! pinned to io-uring 0.6.
+//!
+//! ```
+//! use lobster_uring::{OpenOptions, ReadRequest, Reader};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let path = std::env::temp_dir().join(format!("lobster-uring-doc-{}", std::process::id()));
+//! std::fs::write(&path, b"hello, sample reader")?;
+//!
+//! let reader = Reader::builder().classes(2, 8).build()?;
+//! let file = reader.open(&path, OpenOptions { direct: false })?;
+//! reader.submit(ReadRequest { file, offset: 7, len: 6, class: 1, tag: 42 })?;
+//! let done = reader.completions().recv()?;
+//! assert_eq!((done.tag, done.class), (42, 1));
+//! assert_eq!(&done.result?[..], b"sample");
+//! reader.set_io_depth(1, 16)?; // at any time
+//! # std::fs::remove_file(&path)?;
+//! # Ok(())
+//! # }
+//! ```
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod error;
+mod files;
+mod pool;
+mod pread;
+mod reader;
+mod sched;
+#[cfg(feature = "tokio-uring")]
+mod tokio_reads;
+mod uring;
+
+pub use error::ReadError;
+pub use files::{FileId, OpenOptions};
+pub use reader::{ActiveBackend, Backend, BackendInfo, Reader, ReaderBuilder, ReaderConfig};
+pub use sched::{
+    ClassStats, Completion, IoEvent, IoEventKind, Observer, ReadRequest, ReaderStats,
+};
+#[cfg(feature = "tokio-uring")]
+pub use tokio_reads::AsyncFile;
+
+/// `Bytes`, re-exported so users need not depend on the `bytes` crate.
+pub use bytes::Bytes;
+/// The completion channel's receiver type.
+pub use crossbeam_channel::Receiver;

@@ -1,0 +1,184 @@
+//! The reader's error type.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+use crate::FileId;
+
+/// Why a read, an open or the reader's setup failed.
+///
+/// Every variant about a read names the file, the requested range and, where the kernel
+/// reported one, the OS error.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ReadError {
+    /// Opening `path` failed: missing file, no permission, a directory, O_DIRECT refused.
+    Open {
+        /// The file that was opened.
+        path: PathBuf,
+        /// The OS error (`EISDIR` for a directory).
+        source: io::Error,
+    },
+    /// The kernel failed the read with an OS error (after retrying EAGAIN/EINTR/EBUSY).
+    Read {
+        /// The file read.
+        path: PathBuf,
+        /// First byte requested.
+        offset: u64,
+        /// Bytes requested.
+        len: usize,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The file ended before `offset + len`: a read past EOF, or the file shrank after it
+    /// was opened.
+    UnexpectedEof {
+        /// The file read.
+        path: PathBuf,
+        /// First byte requested.
+        offset: u64,
+        /// Bytes requested.
+        len: usize,
+        /// Where the file ended when it was read.
+        file_end: u64,
+    },
+    /// The request (plus O_DIRECT alignment) does not fit one pool buffer.
+    TooLarge {
+        /// The file the request named.
+        path: PathBuf,
+        /// First byte requested.
+        offset: u64,
+        /// Bytes requested.
+        len: usize,
+        /// Size of one pool buffer ([`crate::ReaderConfig::buffer_size_bytes`]).
+        buffer_size_bytes: usize,
+    },
+    /// The request named a class the reader was not built with.
+    InvalidClass {
+        /// The class given.
+        class: usize,
+        /// Number of classes configured.
+        classes: usize,
+    },
+    /// The request named a file that is not open on this reader (never opened or closed).
+    UnknownFile {
+        /// The id given.
+        file: FileId,
+    },
+    /// A configuration parameter is out of range.
+    InvalidConfig {
+        /// The parameter's name.
+        parameter: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The io_uring backend was forced but could not be set up.
+    Setup {
+        /// What was being set up.
+        what: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The reader was dropped before this queued read reached the kernel.
+    Cancelled {
+        /// The file the request named.
+        path: PathBuf,
+        /// First byte requested.
+        offset: u64,
+        /// Bytes requested.
+        len: usize,
+    },
+    /// `try_submit` found the class queue or the buffer pool full; nothing was queued.
+    WouldBlock {
+        /// Which bound was reached: `"buffer pool"` or `"class queue"`.
+        bound: &'static str,
+    },
+    /// The reader is shutting down and accepts no more requests.
+    ShutDown,
+}
+
+impl ReadError {
+    /// The OS error behind this error, if there is one.
+    pub fn os_error(&self) -> Option<&io::Error> {
+        match self {
+            ReadError::Open { source, .. }
+            | ReadError::Read { source, .. }
+            | ReadError::Setup { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+
+    /// The raw errno behind this error, if there is one.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        self.os_error().and_then(io::Error::raw_os_error)
+    }
+}
+
+impl fmt::Display for ReadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReadError::Open { path, source } => {
+                write!(f, "cannot open {}: {source}", path.display())
+            }
+            ReadError::Read {
+                path,
+                offset,
+                len,
+                source,
+            } => write!(
+                f,
+                "read of {len} bytes at offset {offset} of {} failed: {source}",
+                path.display()
+            ),
+            ReadError::UnexpectedEof {
+                path,
+                offset,
+                len,
+                file_end,
+            } => write!(
+                f,
+                "read of {len} bytes at offset {offset} of {} is short: the file ends at byte {file_end}",
+                path.display()
+            ),
+            ReadError::TooLarge {
+                path,
+                offset,
+                len,
+                buffer_size_bytes,
+            } => write!(
+                f,
+                "read of {len} bytes at offset {offset} of {} does not fit a pool buffer of {buffer_size_bytes} bytes",
+                path.display()
+            ),
+            ReadError::InvalidClass { class, classes } => {
+                write!(f, "class {class} does not exist (the reader has {classes} classes)")
+            }
+            ReadError::UnknownFile { file } => write!(f, "{file:?} is not open on this reader"),
+            ReadError::InvalidConfig { parameter, reason } => {
+                write!(f, "invalid reader configuration `{parameter}`: {reason}")
+            }
+            ReadError::Setup { what, source } => {
+                write!(f, "io_uring setup failed ({what}): {source}")
+            }
+            ReadError::Cancelled { path, offset, len } => write!(
+                f,
+                "read of {len} bytes at offset {offset} of {} was cancelled: the reader was dropped",
+                path.display()
+            ),
+            ReadError::WouldBlock { bound } => write!(f, "the {bound} is full"),
+            ReadError::ShutDown => write!(f, "the reader is shutting down"),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ReadError::Open { source, .. }
+            | ReadError::Read { source, .. }
+            | ReadError::Setup { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! The fallback backend: a bounded pool of threads calling pread(2).
+
+use std::sync::Arc;
+
+use crate::sched::{IoEventKind, Job, Shared, Step};
+
+/// Body of one pread worker: takes reads within the io_depth limits, one at a time.
+pub(crate) fn worker(shared: Arc<Shared>) {
+    loop {
+        let job = {
+            let mut s = shared.lock();
+            loop {
+                if let Some(job) = s.take_next() {
+                    shared.room_made(&s);
+                    break Some(job);
+                }
+                if s.shutdown {
+                    break None;
+                }
+                s.idle_workers += 1;
+                s = shared.work.wait(s).unwrap_or_else(|e| e.into_inner());
+                s.idle_workers -= 1;
+            }
+        };
+        let Some(job) = job else {
+            let cancelled = shared.lock().drain_queued();
+            for job in cancelled {
+                shared.deliver(job.cancel());
+            }
+            return;
+        };
+        let (job, result) = read(&shared, job);
+        shared.lock().finish(job.class);
+        shared.deliver(job.complete(result));
+    }
+}
+
+fn read(shared: &Shared, mut job: Job) -> (Job, Result<(), crate::ReadError>) {
+    if job.is_empty() {
+        return (job, Ok(()));
+    }
+    loop {
+        let (offset, buf_offset, len) = job.next_chunk();
+        shared.observe(IoEventKind::Issued, &job);
+        // SAFETY: next_chunk stays inside the job's buffer, which the job owns exclusively.
+        let n = unsafe {
+            libc::pread(
+                job.file.raw_fd(),
+                job.buf.as_mut_ptr().add(buf_offset).cast(),
+                len,
+                offset as libc::off_t,
+            )
+        };
+        let res = if n < 0 {
+            -std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO)
+        } else {
+            n as i32
+        };
+        shared.observe(IoEventKind::Finished, &job);
+        if let Step::Done(result) = job.on_result(res) {
+            return (job, result);
+        }
+    }
+}

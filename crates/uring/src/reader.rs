@@ -1,0 +1,602 @@
+//! The reader handle, its configuration, and the choice of backend.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::Receiver;
+
+use crate::files::FileEntry;
+use crate::pool::Pool;
+use crate::sched::{Completion, Job, Observer, ReadRequest, ReaderStats, Shared};
+use crate::uring::{Engine, SetupParams};
+use crate::{FileId, OpenOptions, ReadError};
+
+/// Which backend a reader should use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// io_uring if a ring can be set up, else the pread pool. `LOBSTER_IO=pread|uring`
+    /// overrides this choice.
+    #[default]
+    Auto,
+    /// io_uring; building the reader fails if no ring can be set up.
+    Uring,
+    /// The pread thread pool.
+    Pread,
+}
+
+/// The backend a reader runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActiveBackend {
+    /// One or more io_uring rings, each driven by one engine thread.
+    Uring,
+    /// A bounded pool of pread threads.
+    Pread,
+}
+
+/// Which backend runs, and why; see [`Reader::backend`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BackendInfo {
+    /// The backend in use.
+    pub active: ActiveBackend,
+    /// Why this backend (forced by config or `LOBSTER_IO`, or why io_uring was unusable),
+    /// followed by notes on what could not be registered.
+    pub reason: String,
+    /// Engine threads (rings) or pread workers.
+    pub threads: usize,
+    /// Reads one ring may have in the kernel at once (io_uring only).
+    pub ring_capacity: usize,
+    /// Pool buffers are registered with the rings (`READ_FIXED`).
+    pub fixed_buffers: bool,
+    /// Slots of the fixed-file table (0: files are read through plain fds).
+    pub fixed_file_slots: u32,
+}
+
+/// How to build a [`Reader`]. `Default` gives one class at depth 32 with 256 buffers of
+/// 1 MiB (address space only: pages are backed when first used).
+#[derive(Clone)]
+pub struct ReaderConfig {
+    /// Which backend to use.
+    pub backend: Backend,
+    /// io_uring rings, each with its own engine thread. Page-cache hits are copied on the
+    /// engine thread, so one ring uses at most one core for them.
+    pub rings: usize,
+    /// Submission queue entries per ring (the completion queue gets twice as many); a ring
+    /// has at most `ring_entries - 1` reads in the kernel.
+    pub ring_entries: u32,
+    /// Set IOSQE_ASYNC on reads: the kernel's worker threads do the page-cache copies,
+    /// spreading them over cores, at some cost per read.
+    pub async_punt: bool,
+    /// Threads of the pread backend; it has at most this many reads in flight.
+    pub pread_threads: usize,
+    /// Buffers in the pool; bounds queued + in-flight reads + `Bytes` held by consumers.
+    pub buffer_count: usize,
+    /// Size of one buffer, the largest read (after O_DIRECT alignment) the reader accepts.
+    pub buffer_size_bytes: usize,
+    /// Register the pool with the rings when RLIMIT_MEMLOCK allows.
+    pub register_buffers: bool,
+    /// Slots in each ring's fixed-file table (capped by RLIMIT_NOFILE); files opened beyond
+    /// it are read through their plain fd.
+    pub fixed_files: u32,
+    /// Initial io_depth of each class; its length is the number of classes.
+    pub io_depths: Vec<usize>,
+    /// Requests each class queue holds before `submit` waits.
+    pub queue_capacity: usize,
+    /// Called for every read entering and leaving the kernel (tests, tracing).
+    pub observer: Option<Observer>,
+}
+
+impl Default for ReaderConfig {
+    fn default() -> ReaderConfig {
+        ReaderConfig {
+            backend: Backend::Auto,
+            rings: 1,
+            ring_entries: 256,
+            async_punt: false,
+            pread_threads: 32,
+            buffer_count: 256,
+            buffer_size_bytes: 1 << 20,
+            register_buffers: true,
+            fixed_files: 4096,
+            io_depths: vec![32],
+            queue_capacity: 1024,
+            observer: None,
+        }
+    }
+}
+
+impl fmt::Debug for ReaderConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReaderConfig")
+            .field("backend", &self.backend)
+            .field("rings", &self.rings)
+            .field("ring_entries", &self.ring_entries)
+            .field("async_punt", &self.async_punt)
+            .field("pread_threads", &self.pread_threads)
+            .field("buffer_count", &self.buffer_count)
+            .field("buffer_size_bytes", &self.buffer_size_bytes)
+            .field("register_buffers", &self.register_buffers)
+            .field("fixed_files", &self.fixed_files)
+            .field("io_depths", &self.io_depths)
+            .field("queue_capacity", &self.queue_capacity)
+            .field("observer", &self.observer.is_some())
+            .finish()
+    }
+}
+
+impl ReaderConfig {
+    fn validate(&self) -> Result<(), ReadError> {
+        let bad = |parameter: &'static str, reason: &str| {
+            Err(ReadError::InvalidConfig {
+                parameter,
+                reason: reason.to_string(),
+            })
+        };
+        if !(1..=64).contains(&self.rings) {
+            return bad("rings", "must be 1..=64");
+        }
+        if !(2..=32768).contains(&self.ring_entries) {
+            return bad("ring_entries", "must be 2..=32768");
+        }
+        if !(1..=1024).contains(&self.pread_threads) {
+            return bad("pread_threads", "must be 1..=1024");
+        }
+        if !(1..=1 << 20).contains(&self.buffer_count) {
+            return bad("buffer_count", "must be 1..=1048576");
+        }
+        if !(1..=1 << 30).contains(&self.buffer_size_bytes) {
+            return bad("buffer_size_bytes", "must be 1..=1 GiB");
+        }
+        if self.io_depths.is_empty() {
+            return bad("io_depths", "needs at least one class");
+        }
+        if self.queue_capacity == 0 {
+            return bad("queue_capacity", "must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// Builder for [`Reader`]; every setter mirrors a [`ReaderConfig`] field.
+#[derive(Clone, Debug, Default)]
+pub struct ReaderBuilder {
+    config: ReaderConfig,
+}
+
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty),* $(,)?) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, value: $ty) -> Self {
+                self.config.$name = value;
+                self
+            }
+        )*
+    };
+}
+
+impl ReaderBuilder {
+    /// A builder with the default configuration.
+    pub fn new() -> ReaderBuilder {
+        ReaderBuilder::default()
+    }
+
+    setters! {
+        /// See [`ReaderConfig::backend`].
+        backend: Backend,
+        /// See [`ReaderConfig::rings`].
+        rings: usize,
+        /// See [`ReaderConfig::ring_entries`].
+        ring_entries: u32,
+        /// See [`ReaderConfig::async_punt`].
+        async_punt: bool,
+        /// See [`ReaderConfig::pread_threads`].
+        pread_threads: usize,
+        /// See [`ReaderConfig::buffer_count`].
+        buffer_count: usize,
+        /// See [`ReaderConfig::buffer_size_bytes`].
+        buffer_size_bytes: usize,
+        /// See [`ReaderConfig::register_buffers`].
+        register_buffers: bool,
+        /// See [`ReaderConfig::fixed_files`].
+        fixed_files: u32,
+        /// See [`ReaderConfig::io_depths`].
+        io_depths: Vec<usize>,
+        /// See [`ReaderConfig::queue_capacity`].
+        queue_capacity: usize,
+    }
+
+    /// `classes` classes, each starting at `io_depth`.
+    pub fn classes(mut self, classes: usize, io_depth: usize) -> Self {
+        self.config.io_depths = vec![io_depth; classes];
+        self
+    }
+
+    /// See [`ReaderConfig::observer`].
+    pub fn observer(mut self, observer: impl Fn(crate::IoEvent) + Send + Sync + 'static) -> Self {
+        self.config.observer = Some(Arc::new(observer));
+        self
+    }
+
+    /// The configuration built so far.
+    pub fn config(&self) -> &ReaderConfig {
+        &self.config
+    }
+
+    /// Builds the reader.
+    pub fn build(self) -> Result<Reader, ReadError> {
+        Reader::new(self.config)
+    }
+}
+
+/// What to try first, from the configured backend and `LOBSTER_IO`.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// Try io_uring; `forced` means fail rather than fall back.
+    Uring { forced: bool, why: String },
+    Pread { why: String },
+}
+
+pub(crate) fn plan(backend: Backend, env: Option<&str>) -> Plan {
+    match backend {
+        Backend::Uring => Plan::Uring {
+            forced: true,
+            why: "forced by ReaderConfig::backend".into(),
+        },
+        Backend::Pread => Plan::Pread {
+            why: "forced by ReaderConfig::backend".into(),
+        },
+        Backend::Auto => match env.map(str::trim) {
+            Some("uring") => Plan::Uring {
+                forced: true,
+                why: "forced by LOBSTER_IO=uring".into(),
+            },
+            Some("pread") => Plan::Pread {
+                why: "forced by LOBSTER_IO=pread".into(),
+            },
+            Some(other) if !other.is_empty() => {
+                log::warn!("lobster-uring: ignoring LOBSTER_IO={other:?} (expected pread or uring)");
+                Plan::Uring {
+                    forced: false,
+                    why: "io_uring available".into(),
+                }
+            }
+            _ => Plan::Uring {
+                forced: false,
+                why: "io_uring available".into(),
+            },
+        },
+    }
+}
+
+static FALLBACK_REPORTED: AtomicBool = AtomicBool::new(false);
+
+fn report_fallback(reason: &str) {
+    if FALLBACK_REPORTED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    if log::log_enabled!(log::Level::Warn) {
+        log::warn!("lobster-uring: {reason}");
+    } else {
+        eprintln!("lobster-uring: {reason}");
+    }
+}
+
+/// The sample reader: a cheap, cloneable, thread-safe handle. The backend threads stop
+/// when the last clone drops (see `Drop`).
+#[derive(Clone, Debug)]
+pub struct Reader {
+    inner: Arc<ReaderInner>,
+}
+
+#[derive(Debug)]
+struct ReaderInner {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    backend: BackendInfo,
+    completions: Receiver<Completion>,
+}
+
+impl Drop for ReaderInner {
+    /// Cancels queued reads, waits for the reads in the kernel to complete (their buffers
+    /// stay owned by the engines until then), and joins the backend threads.
+    fn drop(&mut self) {
+        self.shared.shut_down();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Reader {
+    /// A builder with the default configuration.
+    pub fn builder() -> ReaderBuilder {
+        ReaderBuilder::new()
+    }
+
+    /// Builds a reader from `config`, choosing the backend (see [`Backend`]).
+    pub fn new(config: ReaderConfig) -> Result<Reader, ReadError> {
+        config.validate()?;
+        let env = std::env::var("LOBSTER_IO").ok();
+        let pool = Pool::new(config.buffer_count, config.buffer_size_bytes).map_err(|source| {
+            ReadError::Setup {
+                what: "mapping the buffer pool",
+                source,
+            }
+        })?;
+        let (sender, completions) = crossbeam_channel::unbounded();
+        match plan(config.backend, env.as_deref()) {
+            Plan::Uring { forced, why } => {
+                let params = SetupParams {
+                    rings: config.rings,
+                    ring_entries: config.ring_entries,
+                    register_buffers: config.register_buffers,
+                    fixed_files: config.fixed_files,
+                };
+                match crate::uring::setup(&params, &pool) {
+                    Ok(setup) => {
+                        let mut reason = why;
+                        for note in &setup.notes {
+                            reason.push_str("; ");
+                            reason.push_str(note);
+                        }
+                        let backend = BackendInfo {
+                            active: ActiveBackend::Uring,
+                            reason,
+                            threads: setup.rings.len(),
+                            ring_capacity: setup.cap,
+                            fixed_buffers: setup.fixed_buffers,
+                            fixed_file_slots: setup
+                                .fixed
+                                .as_ref()
+                                .map_or(0, |_| config.fixed_files.min(crate::uring::nofile_limit() as u32)),
+                        };
+                        let shared = Arc::new(Shared::new(
+                            &config.io_depths,
+                            setup.wakers,
+                            setup.fixed,
+                            pool,
+                            sender,
+                            config.queue_capacity,
+                            config.observer.clone(),
+                        ));
+                        let mut threads = Vec::with_capacity(setup.rings.len());
+                        for (id, ring) in setup.rings.into_iter().enumerate() {
+                            let engine = Engine {
+                                id,
+                                ring,
+                                shared: shared.clone(),
+                                cap: setup.cap,
+                                fixed_buffers: setup.fixed_buffers,
+                                async_punt: config.async_punt,
+                            };
+                            threads.push(spawn(format!("lobster-uring-{id}"), move || engine.run())?);
+                        }
+                        return Ok(Reader {
+                            inner: Arc::new(ReaderInner {
+                                shared,
+                                threads,
+                                backend,
+                                completions,
+                            }),
+                        });
+                    }
+                    Err(e) if forced => {
+                        return Err(ReadError::Setup {
+                            what: e.what,
+                            source: e.source,
+                        })
+                    }
+                    Err(e) => {
+                        let reason = format!(
+                            "io_uring unusable ({} failed: {}); falling back to {} pread threads",
+                            e.what, e.source, config.pread_threads
+                        );
+                        report_fallback(&reason);
+                        Self::pread(config, pool, sender, completions, reason)
+                    }
+                }
+            }
+            Plan::Pread { why } => Self::pread(config, pool, sender, completions, why),
+        }
+    }
+
+    fn pread(
+        config: ReaderConfig,
+        pool: Pool,
+        sender: crossbeam_channel::Sender<Completion>,
+        completions: Receiver<Completion>,
+        reason: String,
+    ) -> Result<Reader, ReadError> {
+        let shared = Arc::new(Shared::new(
+            &config.io_depths,
+            Vec::new(),
+            None,
+            pool,
+            sender,
+            config.queue_capacity,
+            config.observer.clone(),
+        ));
+        let mut threads = Vec::with_capacity(config.pread_threads);
+        for i in 0..config.pread_threads {
+            let worker_shared = shared.clone();
+            match spawn(format!("lobster-pread-{i}"), move || {
+                crate::pread::worker(worker_shared)
+            }) {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    shared.shut_down();
+                    threads.into_iter().for_each(|t: JoinHandle<()>| {
+                        let _ = t.join();
+                    });
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Reader {
+            inner: Arc::new(ReaderInner {
+                shared,
+                threads,
+                backend: BackendInfo {
+                    active: ActiveBackend::Pread,
+                    reason,
+                    threads: config.pread_threads,
+                    ring_capacity: 0,
+                    fixed_buffers: false,
+                    fixed_file_slots: 0,
+                },
+                completions,
+            }),
+        })
+    }
+
+    /// Which backend runs, and why.
+    pub fn backend(&self) -> &BackendInfo {
+        &self.inner.backend
+    }
+
+    /// Number of classes.
+    pub fn classes(&self) -> usize {
+        self.inner.shared.classes()
+    }
+
+    /// Opens `path` for reading and registers it as a fixed file when a slot is free.
+    /// A directory or a missing file gives [`ReadError::Open`] with the OS error.
+    pub fn open(&self, path: impl AsRef<Path>, options: OpenOptions) -> Result<FileId, ReadError> {
+        let mut entry = FileEntry::open(path.as_ref(), options.direct)?;
+        if let Some(fixed) = &self.inner.shared.fixed {
+            entry.fixed = fixed.register(entry.raw_fd());
+        }
+        Ok(self.inner.shared.files.insert(entry))
+    }
+
+    /// Closes a file. Reads of it already submitted still complete; the descriptor and
+    /// the fixed-file slot are released after the last of them.
+    pub fn close(&self, file: FileId) -> Result<(), ReadError> {
+        self.inner
+            .shared
+            .files
+            .remove(file)
+            .map(drop)
+            .ok_or(ReadError::UnknownFile { file })
+    }
+
+    fn make_job(&self, req: &ReadRequest, blocking: bool) -> Result<Job, ReadError> {
+        let shared = &self.inner.shared;
+        let classes = shared.classes();
+        if req.class >= classes {
+            return Err(ReadError::InvalidClass {
+                class: req.class,
+                classes,
+            });
+        }
+        let file = shared
+            .files
+            .get(req.file)
+            .ok_or(ReadError::UnknownFile { file: req.file })?;
+        Job::plan(&file, req, shared.pool.buffer_size())?;
+        let buf = if blocking {
+            shared.pool.acquire()
+        } else {
+            shared.pool.try_acquire().ok_or(ReadError::WouldBlock {
+                bound: "buffer pool",
+            })?
+        };
+        Ok(Job::new(file, req, buf))
+    }
+
+    /// Queues a read at the back of its class's FIFO. Waits while the pool has no free
+    /// buffer or the class queue is full. Errors here are about the request itself (class,
+    /// file id, size); I/O errors arrive as completions.
+    pub fn submit(&self, req: ReadRequest) -> Result<(), ReadError> {
+        let job = self.make_job(&req, true)?;
+        self.inner.shared.enqueue(job, true)
+    }
+
+    /// Like [`Reader::submit`], but returns [`ReadError::WouldBlock`] instead of waiting.
+    pub fn try_submit(&self, req: ReadRequest) -> Result<(), ReadError> {
+        let job = self.make_job(&req, false)?;
+        self.inner.shared.enqueue(job, false)
+    }
+
+    /// Sets the number of reads `class` may have in the kernel. Takes effect at once for
+    /// new reads; reads already in flight above a lowered limit finish normally. Depth 0
+    /// pauses the class.
+    pub fn set_io_depth(&self, class: usize, io_depth: usize) -> Result<(), ReadError> {
+        self.inner.shared.set_io_depth(class, io_depth)
+    }
+
+    /// The current io_depth of `class`.
+    pub fn io_depth(&self, class: usize) -> Option<usize> {
+        self.inner.shared.io_depth(class)
+    }
+
+    /// The completion channel (every clone receives from the same queue). It holds at most
+    /// [`ReaderConfig::buffer_count`] completions, since each holds a pool buffer until
+    /// received and dropped. It disconnects once the reader is dropped and drained.
+    pub fn completions(&self) -> Receiver<Completion> {
+        self.inner.completions.clone()
+    }
+
+    /// Counters per class, and pool use.
+    pub fn stats(&self) -> ReaderStats {
+        self.inner.shared.stats()
+    }
+
+    /// Restarts `peak_in_flight` of every class from its current in-flight count.
+    pub fn reset_peaks(&self) {
+        self.inner.shared.reset_peaks()
+    }
+}
+
+fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, ReadError> {
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(f)
+        .map_err(|source| ReadError::Setup {
+            what: "spawning a backend thread",
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lobster_io_overrides_auto_only() {
+        assert!(matches!(plan(Backend::Auto, Some("pread")), Plan::Pread { .. }));
+        assert!(matches!(
+            plan(Backend::Auto, Some("uring")),
+            Plan::Uring { forced: true, .. }
+        ));
+        assert!(matches!(
+            plan(Backend::Auto, None),
+            Plan::Uring { forced: false, .. }
+        ));
+        assert!(matches!(
+            plan(Backend::Auto, Some("bogus")),
+            Plan::Uring { forced: false, .. }
+        ));
+        assert!(matches!(
+            plan(Backend::Uring, Some("pread")),
+            Plan::Uring { forced: true, .. }
+        ));
+        assert!(matches!(plan(Backend::Pread, Some("uring")), Plan::Pread { .. }));
+    }
+
+    #[test]
+    fn invalid_config_names_the_parameter() {
+        let err = Reader::builder().io_depths(vec![]).build().unwrap_err();
+        assert!(matches!(
+            err,
+            ReadError::InvalidConfig {
+                parameter: "io_depths",
+                ..
+            }
+        ));
+    }
+}

@@ -1,0 +1,580 @@
+//! State shared by the submitters and the backend threads: per-class FIFO queues, io_depth
+//! limits, in-flight counts, and the per-read state machine both backends drive.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use crossbeam_channel::Sender;
+
+use crate::files::{FileEntry, FileTable, FixedTable};
+use crate::pool::{Pool, PoolBuf};
+use crate::{FileId, ReadError};
+
+/// Largest single O_DIRECT read handed to the kernel; larger requests are read in chunks.
+pub(crate) const MAX_DIRECT_CHUNK_BYTES: usize = 1 << 20;
+/// How often one read is retried after EAGAIN, EINTR or EBUSY before it fails.
+pub(crate) const MAX_RETRIES: u32 = 1000;
+
+/// A read of `len` bytes at `offset` of `file`, on behalf of `class`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadRequest {
+    /// The file, from [`crate::Reader::open`].
+    pub file: FileId,
+    /// First byte to read.
+    pub offset: u64,
+    /// Bytes to read.
+    pub len: usize,
+    /// The class (rank) whose io_depth this read counts against.
+    pub class: usize,
+    /// Caller's tag, returned in the [`Completion`].
+    pub tag: u64,
+}
+
+/// The outcome of one [`ReadRequest`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Completion {
+    /// The request's tag.
+    pub tag: u64,
+    /// The request's class.
+    pub class: usize,
+    /// Exactly the requested bytes, or what went wrong.
+    pub result: Result<Bytes, ReadError>,
+    /// Holds a pool buffer while an error completion is undelivered, so that the completion
+    /// channel never holds more entries than the pool has buffers.
+    _permit: Option<PoolBuf>,
+}
+
+/// What the observer hook is told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum IoEventKind {
+    /// A read (or the next chunk or retry of one) is about to be handed to the kernel.
+    Issued,
+    /// The kernel finished that read (chunk, retry).
+    Finished,
+}
+
+/// One event seen by [`crate::ReaderConfig::observer`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct IoEvent {
+    /// Issued or finished.
+    pub kind: IoEventKind,
+    /// The read's class.
+    pub class: usize,
+    /// The read's tag.
+    pub tag: u64,
+}
+
+/// A hook called from the backend threads for every read entering and leaving the kernel.
+/// `Issued` is called before the read can start and `Finished` after it ended, so counting
+/// them never under-counts the reads in the kernel. Keep it cheap.
+pub type Observer = Arc<dyn Fn(IoEvent) + Send + Sync>;
+
+/// Per-class counters, see [`crate::Reader::stats`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClassStats {
+    /// The current io_depth limit.
+    pub io_depth: usize,
+    /// Requests waiting in the class queue.
+    pub queued: usize,
+    /// Reads in the kernel (or in a pread worker) now.
+    pub in_flight: usize,
+    /// Most reads in flight at once since the reader started or `reset_peaks`.
+    pub peak_in_flight: usize,
+    /// Requests completed (successfully or not).
+    pub completed: u64,
+}
+
+/// A snapshot of the reader's counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReaderStats {
+    /// One entry per class.
+    pub classes: Vec<ClassStats>,
+    /// Pool buffers not in use (not queued, in flight, or referenced by a `Bytes`).
+    pub buffers_free: usize,
+    /// Pool size.
+    pub buffers_total: usize,
+    /// Files open on the reader.
+    pub files_open: usize,
+}
+
+/// One request from submission to completion. Owns its buffer until it completes.
+#[derive(Debug)]
+pub(crate) struct Job {
+    pub(crate) file: Arc<FileEntry>,
+    pub(crate) tag: u64,
+    pub(crate) class: usize,
+    offset: u64,
+    len: usize,
+    pub(crate) buf: PoolBuf,
+    read_start: u64,
+    skip: usize,
+    read_len: usize,
+    done: usize,
+    retries: u32,
+}
+
+/// What to do with a job after one read returned.
+pub(crate) enum Step {
+    /// Read the next chunk (remainder of a short read, a retry, the next O_DIRECT chunk).
+    Again,
+    /// The job is finished.
+    Done(Result<(), ReadError>),
+}
+
+impl Job {
+    /// Checks that the request fits a buffer; widens O_DIRECT reads to the alignment.
+    pub(crate) fn plan(
+        file: &FileEntry,
+        req: &ReadRequest,
+        buffer_size: usize,
+    ) -> Result<(u64, usize, usize), ReadError> {
+        let too_large = || ReadError::TooLarge {
+            path: file.path.clone(),
+            offset: req.offset,
+            len: req.len,
+            buffer_size_bytes: buffer_size,
+        };
+        if req.len == 0 {
+            return Ok((req.offset, 0, 0));
+        }
+        let end = req.offset.checked_add(req.len as u64).ok_or_else(too_large)?;
+        let read_start = req.offset - req.offset % file.align;
+        let read_end = end.div_ceil(file.align) * file.align;
+        let read_len = usize::try_from(read_end - read_start).map_err(|_| too_large())?;
+        if read_len > buffer_size {
+            return Err(too_large());
+        }
+        Ok((read_start, (req.offset - read_start) as usize, read_len))
+    }
+
+    pub(crate) fn new(file: Arc<FileEntry>, req: &ReadRequest, buf: PoolBuf) -> Job {
+        let (read_start, skip, read_len) =
+            Job::plan(&file, req, buf.capacity()).expect("request checked at submission");
+        Job {
+            file,
+            tag: req.tag,
+            class: req.class,
+            offset: req.offset,
+            len: req.len,
+            buf,
+            read_start,
+            skip,
+            read_len,
+            done: 0,
+            retries: 0,
+        }
+    }
+
+    /// Nothing to read (zero-length request).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.read_len == 0
+    }
+
+    /// The next read: (file offset, offset into the buffer, length).
+    pub(crate) fn next_chunk(&self) -> (u64, usize, usize) {
+        let remaining = self.read_len - self.done;
+        let len = if self.file.direct {
+            remaining.min(MAX_DIRECT_CHUNK_BYTES)
+        } else {
+            remaining
+        };
+        (self.read_start + self.done as u64, self.done, len)
+    }
+
+    /// Bytes from `read_start` that must be read for the request to be satisfied.
+    fn needed(&self) -> usize {
+        self.skip + self.len
+    }
+
+    /// Folds one read's result (bytes read, or a negative errno) into the job.
+    pub(crate) fn on_result(&mut self, res: i32) -> Step {
+        if res < 0 {
+            let errno = -res;
+            if matches!(errno, libc::EAGAIN | libc::EINTR | libc::EBUSY)
+                && self.retries < MAX_RETRIES
+            {
+                self.retries += 1;
+                return Step::Again;
+            }
+            return Step::Done(Err(ReadError::Read {
+                path: self.file.path.clone(),
+                offset: self.offset,
+                len: self.len,
+                source: io::Error::from_raw_os_error(errno),
+            }));
+        }
+        self.done += res as usize;
+        if self.done >= self.needed() {
+            return Step::Done(Ok(()));
+        }
+        // End of file: nothing came back, or an O_DIRECT read stopped off the alignment
+        // (which only happens at EOF; a further read there would fail with EINVAL).
+        let at_eof = res == 0 || (self.file.direct && self.done as u64 % self.file.align != 0);
+        if at_eof || self.done >= self.read_len {
+            return Step::Done(Err(ReadError::UnexpectedEof {
+                path: self.file.path.clone(),
+                offset: self.offset,
+                len: self.len,
+                file_end: self.read_start + self.done as u64,
+            }));
+        }
+        Step::Again
+    }
+
+    /// The completion of a finished job.
+    pub(crate) fn complete(self, result: Result<(), ReadError>) -> Completion {
+        let (result, permit) = match result {
+            Ok(()) if self.len == 0 => (Ok(Bytes::new()), Some(self.buf)),
+            Ok(()) => (Ok(self.buf.into_bytes(self.skip, self.len)), None),
+            Err(e) => (Err(e), Some(self.buf)),
+        };
+        Completion {
+            tag: self.tag,
+            class: self.class,
+            result,
+            _permit: permit,
+        }
+    }
+
+    /// The completion of a job dropped from its queue at shutdown.
+    pub(crate) fn cancel(self) -> Completion {
+        let err = ReadError::Cancelled {
+            path: self.file.path.clone(),
+            offset: self.offset,
+            len: self.len,
+        };
+        self.complete(Err(err))
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct ClassState {
+    queue: VecDeque<Job>,
+    depth: usize,
+    in_flight: usize,
+    peak_in_flight: usize,
+    completed: u64,
+}
+
+/// The scheduler proper, always behind `Shared::sched`.
+#[derive(Debug)]
+pub(crate) struct Sched {
+    classes: Vec<ClassState>,
+    /// Round-robin start for the next `take_next`, so no class starves another.
+    cursor: usize,
+    pub(crate) shutdown: bool,
+    /// Per io_uring engine: it found no work and may be asleep in the kernel.
+    pub(crate) parked: Vec<bool>,
+    /// pread workers waiting on `Shared::work`.
+    pub(crate) idle_workers: usize,
+    space_waiters: usize,
+}
+
+impl Sched {
+    pub(crate) fn new(depths: &[usize], engines: usize) -> Sched {
+        Sched {
+            classes: depths
+                .iter()
+                .map(|&depth| ClassState {
+                    depth,
+                    ..ClassState::default()
+                })
+                .collect(),
+            cursor: 0,
+            shutdown: false,
+            parked: vec![false; engines],
+            idle_workers: 0,
+            space_waiters: 0,
+        }
+    }
+
+    /// Pops the oldest request of the next class (round robin) that is below its io_depth,
+    /// and counts it in flight.
+    pub(crate) fn take_next(&mut self) -> Option<Job> {
+        let n = self.classes.len();
+        for i in 0..n {
+            let c = (self.cursor + i) % n;
+            let class = &mut self.classes[c];
+            if class.in_flight < class.depth {
+                if let Some(job) = class.queue.pop_front() {
+                    class.in_flight += 1;
+                    class.peak_in_flight = class.peak_in_flight.max(class.in_flight);
+                    debug_assert!(class.in_flight <= class.depth);
+                    self.cursor = (c + 1) % n;
+                    return Some(job);
+                }
+            }
+        }
+        None
+    }
+
+    /// A job of `class` left the kernel for good.
+    pub(crate) fn finish(&mut self, class: usize) {
+        let class = &mut self.classes[class];
+        class.in_flight -= 1;
+        class.completed += 1;
+    }
+
+    /// Empties every queue (at shutdown).
+    pub(crate) fn drain_queued(&mut self) -> Vec<Job> {
+        self.classes
+            .iter_mut()
+            .flat_map(|c| c.queue.drain(..))
+            .collect()
+    }
+
+    fn stats(&self) -> Vec<ClassStats> {
+        self.classes
+            .iter()
+            .map(|c| ClassStats {
+                io_depth: c.depth,
+                queued: c.queue.len(),
+                in_flight: c.in_flight,
+                peak_in_flight: c.peak_in_flight,
+                completed: c.completed,
+            })
+            .collect()
+    }
+}
+
+/// Whom to wake after the scheduler state changed.
+#[must_use]
+pub(crate) enum Wake {
+    Nobody,
+    Engine(usize),
+    Engines(Vec<usize>),
+    Worker,
+    Workers,
+}
+
+/// Everything the reader handle, the submitters and the backend threads share.
+pub(crate) struct Shared {
+    sched: Mutex<Sched>,
+    /// Submitters waiting for room in a class queue.
+    space: Condvar,
+    /// Idle pread workers.
+    pub(crate) work: Condvar,
+    /// One eventfd per io_uring engine; each engine keeps a read of it in its ring.
+    pub(crate) wakers: Vec<OwnedFd>,
+    pub(crate) files: FileTable,
+    pub(crate) fixed: Option<Arc<FixedTable>>,
+    pub(crate) pool: Pool,
+    pub(crate) sender: Sender<Completion>,
+    queue_capacity: usize,
+    pub(crate) observer: Option<Observer>,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("engines", &self.wakers.len())
+            .field("queue_capacity", &self.queue_capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    pub(crate) fn new(
+        depths: &[usize],
+        wakers: Vec<OwnedFd>,
+        fixed: Option<Arc<FixedTable>>,
+        pool: Pool,
+        sender: Sender<Completion>,
+        queue_capacity: usize,
+        observer: Option<Observer>,
+    ) -> Shared {
+        Shared {
+            sched: Mutex::new(Sched::new(depths, wakers.len())),
+            space: Condvar::new(),
+            work: Condvar::new(),
+            wakers,
+            files: FileTable::default(),
+            fixed,
+            pool,
+            sender,
+            queue_capacity,
+            observer,
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Sched> {
+        self.sched.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn classes(&self) -> usize {
+        self.lock().classes.len()
+    }
+
+    pub(crate) fn observe(&self, kind: IoEventKind, job: &Job) {
+        if let Some(observer) = &self.observer {
+            observer(IoEvent {
+                kind,
+                class: job.class,
+                tag: job.tag,
+            });
+        }
+    }
+
+    /// Queues a job, waiting for room in its class queue if `blocking`.
+    pub(crate) fn enqueue(&self, job: Job, blocking: bool) -> Result<(), ReadError> {
+        let class = job.class;
+        let mut s = self.lock();
+        loop {
+            if s.shutdown {
+                return Err(ReadError::ShutDown);
+            }
+            if s.classes[class].queue.len() < self.queue_capacity {
+                break;
+            }
+            if !blocking {
+                return Err(ReadError::WouldBlock {
+                    bound: "class queue",
+                });
+            }
+            s.space_waiters += 1;
+            s = self.space.wait(s).unwrap_or_else(|e| e.into_inner());
+            s.space_waiters -= 1;
+        }
+        let state = &mut s.classes[class];
+        state.queue.push_back(job);
+        let wake = if state.in_flight < state.depth {
+            self.wake_one(&mut s)
+        } else {
+            Wake::Nobody
+        };
+        drop(s);
+        self.wake(wake);
+        Ok(())
+    }
+
+    /// Called by a backend thread after `take_next` made room in the queues.
+    pub(crate) fn room_made(&self, s: &Sched) {
+        if s.space_waiters > 0 {
+            self.space.notify_all();
+        }
+    }
+
+    fn wake_one(&self, s: &mut Sched) -> Wake {
+        if !self.wakers.is_empty() {
+            match s.parked.iter().position(|&p| p) {
+                Some(i) => {
+                    s.parked[i] = false;
+                    Wake::Engine(i)
+                }
+                None => Wake::Nobody,
+            }
+        } else if s.idle_workers > 0 {
+            Wake::Worker
+        } else {
+            Wake::Nobody
+        }
+    }
+
+    fn wake_all(&self, s: &mut Sched) -> Wake {
+        if !self.wakers.is_empty() {
+            let parked: Vec<usize> = (0..s.parked.len()).filter(|&i| s.parked[i]).collect();
+            for &i in &parked {
+                s.parked[i] = false;
+            }
+            Wake::Engines(parked)
+        } else {
+            Wake::Workers
+        }
+    }
+
+    pub(crate) fn wake(&self, wake: Wake) {
+        match wake {
+            Wake::Nobody => {}
+            Wake::Engine(i) => self.kick(i),
+            Wake::Engines(list) => list.into_iter().for_each(|i| self.kick(i)),
+            Wake::Worker => self.work.notify_one(),
+            Wake::Workers => self.work.notify_all(),
+        }
+    }
+
+    /// Writes engine `i`'s eventfd, completing the read it keeps in its ring.
+    pub(crate) fn kick(&self, i: usize) {
+        let one: u64 = 1;
+        // SAFETY: the eventfd is open for the lifetime of Shared and `one` is 8 readable
+        // bytes, the size an eventfd write takes.
+        let rc = unsafe {
+            libc::write(
+                self.wakers[i].as_raw_fd(),
+                (&one as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+        // EAGAIN means the counter is saturated: the engine is woken anyway.
+        debug_assert!(rc == 8 || io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN));
+    }
+
+    pub(crate) fn set_io_depth(&self, class: usize, depth: usize) -> Result<(), ReadError> {
+        let mut s = self.lock();
+        let classes = s.classes.len();
+        let state = s
+            .classes
+            .get_mut(class)
+            .ok_or(ReadError::InvalidClass { class, classes })?;
+        let raised = depth > state.depth && !state.queue.is_empty();
+        state.depth = depth;
+        let wake = if raised {
+            self.wake_all(&mut s)
+        } else {
+            Wake::Nobody
+        };
+        drop(s);
+        self.wake(wake);
+        Ok(())
+    }
+
+    pub(crate) fn io_depth(&self, class: usize) -> Option<usize> {
+        self.lock().classes.get(class).map(|c| c.depth)
+    }
+
+    pub(crate) fn stats(&self) -> ReaderStats {
+        let classes = self.lock().stats();
+        ReaderStats {
+            classes,
+            buffers_free: self.pool.free_count(),
+            buffers_total: self.pool.count(),
+            files_open: self.files.len(),
+        }
+    }
+
+    pub(crate) fn reset_peaks(&self) {
+        let mut s = self.lock();
+        for c in &mut s.classes {
+            c.peak_in_flight = c.in_flight;
+        }
+    }
+
+    /// Stops accepting requests and wakes every backend thread so it can wind down.
+    pub(crate) fn shut_down(&self) {
+        let mut s = self.lock();
+        s.shutdown = true;
+        for p in &mut s.parked {
+            *p = false;
+        }
+        drop(s);
+        self.space.notify_all();
+        self.work.notify_all();
+        for i in 0..self.wakers.len() {
+            self.kick(i);
+        }
+    }
+
+    /// Delivers a completion. The consumer may have dropped every receiver; then the
+    /// completion (and its buffer) is simply dropped.
+    pub(crate) fn deliver(&self, completion: Completion) {
+        let _ = self.sender.send(completion);
+    }
+}

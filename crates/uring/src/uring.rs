@@ -1,0 +1,373 @@
+//! The io_uring backend: one engine thread per ring.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use io_uring::{opcode, squeue, types, IoUring, Probe};
+use slab::Slab;
+
+use crate::files::FixedTable;
+use crate::pool::Pool;
+use crate::sched::{IoEventKind, Job, Shared, Step};
+
+/// user_data of the eventfd read each engine keeps in its ring.
+const WAKE_KEY: u64 = u64::MAX;
+/// Most buffers the kernel accepts in one registration (IORING_MAX_REG_BUFFERS).
+const MAX_REGISTERED_BUFFERS: usize = 1 << 14;
+
+/// Rings that were set up, and what could be registered with them.
+pub(crate) struct UringSetup {
+    pub(crate) rings: Vec<Arc<IoUring>>,
+    pub(crate) wakers: Vec<OwnedFd>,
+    /// Reads a ring may have in the kernel at once (its SQ size minus the eventfd read;
+    /// the CQ is twice the SQ, so completions can never overflow).
+    pub(crate) cap: usize,
+    pub(crate) fixed_buffers: bool,
+    pub(crate) fixed: Option<Arc<FixedTable>>,
+    pub(crate) notes: Vec<String>,
+}
+
+/// Why a ring could not be set up.
+pub(crate) struct SetupError {
+    pub(crate) what: &'static str,
+    pub(crate) source: io::Error,
+}
+
+fn build_ring(entries: u32) -> io::Result<IoUring> {
+    // COOP_TASKRUN (5.19) avoids interrupting the engine for task work; older kernels
+    // reject the flag with EINVAL, then we go without it.
+    match IoUring::builder()
+        .setup_cqsize(entries * 2)
+        .setup_coop_taskrun()
+        .build(entries)
+    {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            IoUring::builder().setup_cqsize(entries * 2).build(entries)
+        }
+        other => other,
+    }
+}
+
+fn memlock_limit_bytes() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: lim is a valid rlimit to write into.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
+        return Some(0);
+    }
+    (lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
+}
+
+pub(crate) fn nofile_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: lim is a valid rlimit to write into.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 0;
+    }
+    lim.rlim_cur
+}
+
+pub(crate) struct SetupParams {
+    pub(crate) rings: usize,
+    pub(crate) ring_entries: u32,
+    pub(crate) register_buffers: bool,
+    pub(crate) fixed_files: u32,
+}
+
+/// Sets up `rings` rings, probes the read opcode, and registers buffers and a fixed-file
+/// table where the kernel and the limits allow.
+pub(crate) fn setup(params: &SetupParams, pool: &Pool) -> Result<UringSetup, SetupError> {
+    let mut rings = Vec::with_capacity(params.rings);
+    for _ in 0..params.rings {
+        let ring = build_ring(params.ring_entries).map_err(|source| SetupError {
+            what: "io_uring_setup",
+            source,
+        })?;
+        rings.push(Arc::new(ring));
+    }
+    let mut probe = Probe::new();
+    rings[0]
+        .submitter()
+        .register_probe(&mut probe)
+        .map_err(|source| SetupError {
+            what: "probing opcodes",
+            source,
+        })?;
+    if !probe.is_supported(opcode::Read::CODE) || !probe.is_supported(opcode::ReadFixed::CODE) {
+        return Err(SetupError {
+            what: "probing opcodes",
+            source: io::Error::new(io::ErrorKind::Unsupported, "IORING_OP_READ not supported"),
+        });
+    }
+    let mut wakers = Vec::with_capacity(params.rings);
+    for _ in 0..params.rings {
+        // Blocking: io_uring answers reads of an O_NONBLOCK file with EAGAIN instead of
+        // waiting. SAFETY: eventfd has no memory preconditions.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(SetupError {
+                what: "eventfd",
+                source: io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: fd is a fresh descriptor owned by nobody else.
+        wakers.push(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    let sq_entries = rings[0].params().sq_entries() as usize;
+    let cq_entries = rings[0].params().cq_entries() as usize;
+    let cap = sq_entries.min(cq_entries) - 1;
+    let mut notes = Vec::new();
+
+    let mut fixed_buffers = false;
+    if params.register_buffers {
+        let need = (pool.buffer_size() * pool.count()) as u64 * params.rings as u64;
+        match memlock_limit_bytes() {
+            _ if pool.count() > MAX_REGISTERED_BUFFERS => notes.push(format!(
+                "buffers not registered: {} buffers exceed the kernel's {MAX_REGISTERED_BUFFERS}",
+                pool.count()
+            )),
+            Some(limit) if need > limit => notes.push(format!(
+                "buffers not registered: {need} bytes exceed RLIMIT_MEMLOCK ({limit} bytes)"
+            )),
+            _ => {
+                let iovecs = pool.iovecs();
+                let mut registered = 0;
+                for ring in &rings {
+                    // SAFETY: the iovecs describe the pool's mapping, which outlives every
+                    // ring: each engine holds the Pool until its ring is dropped, and the
+                    // rings are only used by engines.
+                    match unsafe { ring.submitter().register_buffers(&iovecs) } {
+                        Ok(()) => registered += 1,
+                        Err(e) => {
+                            notes.push(format!("buffers not registered: {e}"));
+                            break;
+                        }
+                    }
+                }
+                fixed_buffers = registered == rings.len();
+                if !fixed_buffers {
+                    for ring in &rings[..registered] {
+                        let _ = ring.submitter().unregister_buffers();
+                    }
+                }
+            }
+        }
+    }
+
+    let slots = u64::from(params.fixed_files).min(nofile_limit()) as u32;
+    let fixed = if slots == 0 {
+        None
+    } else {
+        match FixedTable::new(rings.clone(), slots) {
+            Ok(t) => Some(Arc::new(t)),
+            Err(e) => {
+                for ring in &rings {
+                    let _ = ring.submitter().unregister_files();
+                }
+                notes.push(format!("no fixed files: {e}"));
+                None
+            }
+        }
+    };
+    Ok(UringSetup {
+        rings,
+        wakers,
+        cap,
+        fixed_buffers,
+        fixed,
+        notes,
+    })
+}
+
+/// One ring and the reads it has in the kernel.
+pub(crate) struct Engine {
+    pub(crate) id: usize,
+    pub(crate) ring: Arc<IoUring>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) cap: usize,
+    pub(crate) fixed_buffers: bool,
+    pub(crate) async_punt: bool,
+}
+
+static SUBMIT_ERROR_LOGGED: AtomicBool = AtomicBool::new(false);
+
+impl Engine {
+    /// Builds the SQE for the next chunk of the job stored under `key`.
+    fn read_sqe(&self, key: usize, job: &mut Job) -> squeue::Entry {
+        let (offset, buf_offset, len) = job.next_chunk();
+        let buf_index = job.buf.index() as u16;
+        // SAFETY: next_chunk stays inside the buffer (buf_offset + len <= read_len <=
+        // capacity), and the job owns the buffer until its completion is reaped.
+        let ptr = unsafe { job.buf.as_mut_ptr().add(buf_offset) };
+        let len = len as u32;
+        let entry = match (&job.file.fixed, self.fixed_buffers) {
+            (Some(slot), true) => {
+                opcode::ReadFixed::new(types::Fixed(slot.index), ptr, len, buf_index)
+                    .offset(offset)
+                    .build()
+            }
+            (Some(slot), false) => opcode::Read::new(types::Fixed(slot.index), ptr, len)
+                .offset(offset)
+                .build(),
+            (None, true) => {
+                opcode::ReadFixed::new(types::Fd(job.file.raw_fd()), ptr, len, buf_index)
+                    .offset(offset)
+                    .build()
+            }
+            (None, false) => opcode::Read::new(types::Fd(job.file.raw_fd()), ptr, len)
+                .offset(offset)
+                .build(),
+        };
+        let entry = entry.user_data(key as u64);
+        if self.async_punt {
+            entry.flags(squeue::Flags::ASYNC)
+        } else {
+            entry
+        }
+    }
+
+    /// Pushes entries, submitting first whenever the SQ is full.
+    fn push(&self, entry: &squeue::Entry) {
+        loop {
+            // SAFETY: only this engine thread touches this ring's SQ and CQ.
+            let mut sq = unsafe { self.ring.submission_shared() };
+            // SAFETY: the entry's buffers (job buffers, the wake buffer) stay valid until
+            // its completion is reaped: the engine owns them until then.
+            if unsafe { sq.push(entry) }.is_ok() {
+                return;
+            }
+            drop(sq);
+            let _ = self.ring.submit();
+        }
+    }
+
+    pub(crate) fn run(self) {
+        let shared = self.shared.clone();
+        let mut jobs: Slab<Job> = Slab::with_capacity(self.cap);
+        let mut taken: Vec<Job> = Vec::with_capacity(self.cap);
+        let mut to_issue: Vec<usize> = Vec::with_capacity(self.cap);
+        let mut finished: Vec<(Job, Result<(), crate::ReadError>)> = Vec::new();
+        let mut wake_buf = Box::new(0u64);
+        let mut wake_armed = false;
+        let mut wake_kicked = false;
+        let wake_fd = shared.wakers[self.id].as_raw_fd();
+        loop {
+            let mut cancelled = Vec::new();
+            let shutdown;
+            {
+                let mut s = shared.lock();
+                s.parked[self.id] = false;
+                shutdown = s.shutdown;
+                if shutdown {
+                    cancelled = s.drain_queued();
+                } else {
+                    while jobs.len() + taken.len() < self.cap {
+                        match s.take_next() {
+                            Some(job) => taken.push(job),
+                            None => break,
+                        }
+                    }
+                    // Room left means no work left: submitters must wake us for new work.
+                    s.parked[self.id] = jobs.len() + taken.len() < self.cap;
+                    if !taken.is_empty() {
+                        shared.room_made(&s);
+                    }
+                }
+            }
+            for job in cancelled {
+                shared.deliver(job.cancel());
+            }
+            for job in taken.drain(..) {
+                if job.is_empty() {
+                    finished.push((job, Ok(())));
+                } else {
+                    to_issue.push(jobs.insert(job));
+                }
+            }
+            for key in to_issue.drain(..) {
+                let job = &mut jobs[key];
+                shared.observe(IoEventKind::Issued, job);
+                let entry = self.read_sqe(key, job);
+                self.push(&entry);
+            }
+            if !finished.is_empty() {
+                self.finish(&mut finished);
+                continue;
+            }
+            if shutdown && jobs.is_empty() {
+                if !wake_armed {
+                    break;
+                }
+                if !wake_kicked {
+                    // Complete our own eventfd read so nothing of ours is left in the ring.
+                    shared.kick(self.id);
+                    wake_kicked = true;
+                }
+            }
+            if !wake_armed && !shutdown {
+                let entry = opcode::Read::new(
+                    types::Fd(wake_fd),
+                    (&mut *wake_buf as *mut u64).cast(),
+                    8,
+                )
+                .build()
+                .user_data(WAKE_KEY);
+                self.push(&entry);
+                wake_armed = true;
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
+                    ) => {}
+                Err(e) => {
+                    if !SUBMIT_ERROR_LOGGED.swap(true, Ordering::Relaxed) {
+                        log::error!("lobster-uring: io_uring_enter failed: {e}; retrying");
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+            // SAFETY: only this engine thread touches this ring's SQ and CQ.
+            let cq = unsafe { self.ring.completion_shared() };
+            for cqe in cq {
+                let key = cqe.user_data();
+                if key == WAKE_KEY {
+                    wake_armed = false;
+                    continue;
+                }
+                let key = key as usize;
+                let job = &mut jobs[key];
+                shared.observe(IoEventKind::Finished, job);
+                match job.on_result(cqe.result()) {
+                    Step::Again => to_issue.push(key),
+                    Step::Done(result) => finished.push((jobs.remove(key), result)),
+                }
+            }
+            self.finish(&mut finished);
+        }
+    }
+
+    fn finish(&self, finished: &mut Vec<(Job, Result<(), crate::ReadError>)>) {
+        if finished.is_empty() {
+            return;
+        }
+        {
+            let mut s = self.shared.lock();
+            for (job, _) in finished.iter() {
+                s.finish(job.class);
+            }
+        }
+        for (job, result) in finished.drain(..) {
+            self.shared.deliver(job.complete(result));
+        }
+    }
+}

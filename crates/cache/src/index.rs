@@ -1,0 +1,300 @@
+//! The next-use index: a multi-epoch stream, read a window of epochs at a time.
+
+use std::mem::size_of;
+use std::sync::Arc;
+
+use crate::policy::NEVER;
+use crate::{CacheError, SampleId};
+
+/// A stream of accesses made of epochs that can be (re)generated on demand, in any order.
+///
+/// The planner regenerates an epoch each time it needs it (a few times per epoch of the
+/// stream), so `fill_epoch` should be cheap and must be deterministic.
+pub trait StreamSource {
+    /// Number of epochs in the stream.
+    fn epochs(&self) -> u32;
+
+    /// Appends the sample ids accessed in `epoch`, in stream order, to `out` (which the
+    /// caller has cleared). Must return the same ids every time it is called.
+    fn fill_epoch(&self, epoch: u32, out: &mut Vec<SampleId>);
+}
+
+impl<S: StreamSource + ?Sized> StreamSource for &S {
+    fn epochs(&self) -> u32 {
+        (**self).epochs()
+    }
+
+    fn fill_epoch(&self, epoch: u32, out: &mut Vec<SampleId>) {
+        (**self).fill_epoch(epoch, out)
+    }
+}
+
+impl<S: StreamSource + ?Sized> StreamSource for Arc<S> {
+    fn epochs(&self) -> u32 {
+        (**self).epochs()
+    }
+
+    fn fill_epoch(&self, epoch: u32, out: &mut Vec<SampleId>) {
+        (**self).fill_epoch(epoch, out)
+    }
+}
+
+/// A stream whose epochs are held in memory (traces, tests).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VecSource {
+    epochs: Vec<Vec<SampleId>>,
+}
+
+impl VecSource {
+    /// A stream of the given epochs.
+    ///
+    /// # Panics
+    /// If there are more than `u32::MAX` epochs.
+    pub fn new(epochs: Vec<Vec<SampleId>>) -> Self {
+        assert!(
+            u32::try_from(epochs.len()).is_ok(),
+            "at most u32::MAX epochs"
+        );
+        VecSource { epochs }
+    }
+
+    /// The epochs.
+    pub fn as_epochs(&self) -> &[Vec<SampleId>] {
+        &self.epochs
+    }
+}
+
+impl StreamSource for VecSource {
+    fn epochs(&self) -> u32 {
+        self.epochs.len() as u32
+    }
+
+    fn fill_epoch(&self, epoch: u32, out: &mut Vec<SampleId>) {
+        out.extend_from_slice(&self.epochs[epoch as usize]);
+    }
+}
+
+/// One access of the stream with the position of the sample's next access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access {
+    /// 0-based position in the whole stream.
+    pub position: u64,
+    /// Epoch of the access.
+    pub epoch: u32,
+    /// The sample accessed.
+    pub sample: SampleId,
+    /// Position of the sample's next access, [`NEVER`] if none (or if the index was built
+    /// without look-ahead).
+    pub next_use: u64,
+}
+
+const NO_SLOT: u32 = u32::MAX;
+
+/// Yields a stream's accesses in order, each with its exact next use, while holding only a
+/// batch of epochs.
+///
+/// How: epochs are read into a batch of at most `batch_accesses_max` accesses (at least one
+/// epoch). A forward pass over the batch links each access to the next access of the same
+/// sample within the batch; for each sample's last access in the batch it then regenerates
+/// the following epochs, one at a time, only until every such access has found its next use
+/// or the stream ends (then the next use is [`NEVER`]). A node that sees each sample with
+/// probability `f` per epoch needs about `ln(batch samples) / -ln(1 - f)` epochs of
+/// look-ahead per batch, so larger batches amortise it over more epochs.
+///
+/// Memory: 4 bytes per sample (the link table) + 12 bytes per access of the batch + one
+/// epoch of scratch (4 bytes per access).
+#[derive(Debug)]
+pub struct NextUseIndex<S> {
+    source: S,
+    num_samples: usize,
+    epochs: u32,
+    look_ahead: bool,
+    batch_accesses_max: usize,
+    samples: Vec<SampleId>,
+    next: Vec<u64>,
+    /// (epoch, index of its first access in `samples`) for each epoch of the batch.
+    bounds: Vec<(u32, usize)>,
+    bound: usize,
+    cursor: usize,
+    batch_position: u64,
+    following_position: u64,
+    following_epoch: u32,
+    last_slot: Vec<u32>,
+    scratch: Vec<SampleId>,
+    epochs_generated: u64,
+}
+
+impl<S: StreamSource> NextUseIndex<S> {
+    /// An index over `source`, whose sample ids are below `num_samples`.
+    ///
+    /// With `look_ahead` false, next uses are not computed (all [`NEVER`]) and each batch is
+    /// one epoch: what the baselines need. `batch_accesses_max` is clamped to at least 1.
+    pub fn new(source: S, num_samples: usize, look_ahead: bool, batch_accesses_max: usize) -> Self {
+        let epochs = source.epochs();
+        NextUseIndex {
+            source,
+            num_samples,
+            epochs,
+            look_ahead,
+            batch_accesses_max: batch_accesses_max.max(1),
+            samples: Vec::new(),
+            next: Vec::new(),
+            bounds: Vec::new(),
+            bound: 0,
+            cursor: 0,
+            batch_position: 0,
+            following_position: 0,
+            following_epoch: 0,
+            last_slot: if look_ahead {
+                vec![NO_SLOT; num_samples]
+            } else {
+                Vec::new()
+            },
+            scratch: Vec::new(),
+            epochs_generated: 0,
+        }
+    }
+
+    /// The next access, or `None` at the end of the stream.
+    ///
+    /// # Errors
+    /// [`CacheError::SampleOutOfRange`] if the source names a sample id not below
+    /// `num_samples`.
+    ///
+    /// # Panics
+    /// If a single epoch has `u32::MAX` accesses or more.
+    #[inline]
+    pub fn next_access(&mut self) -> Result<Option<Access>, CacheError> {
+        loop {
+            if self.cursor < self.samples.len() {
+                let c = self.cursor;
+                while self.bound + 1 < self.bounds.len() && self.bounds[self.bound + 1].1 <= c {
+                    self.bound += 1;
+                }
+                self.cursor += 1;
+                return Ok(Some(Access {
+                    position: self.batch_position + c as u64,
+                    epoch: self.bounds[self.bound].0,
+                    sample: self.samples[c],
+                    next_use: if self.look_ahead { self.next[c] } else { NEVER },
+                }));
+            }
+            if !self.build_batch()? {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Epochs generated so far, counting every regeneration (look-ahead included).
+    pub fn epochs_generated(&self) -> u64 {
+        self.epochs_generated
+    }
+
+    /// Heap bytes held by the index.
+    pub fn memory_bytes(&self) -> usize {
+        self.last_slot.capacity() * size_of::<u32>()
+            + (self.samples.capacity() + self.scratch.capacity()) * size_of::<SampleId>()
+            + self.next.capacity() * size_of::<u64>()
+            + self.bounds.capacity() * size_of::<(u32, usize)>()
+    }
+
+    /// The stream source.
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
+    fn fill(&mut self, epoch: u32) -> Result<(), CacheError> {
+        self.scratch.clear();
+        self.source.fill_epoch(epoch, &mut self.scratch);
+        self.epochs_generated += 1;
+        assert!(
+            self.scratch.len() < NO_SLOT as usize,
+            "epoch {epoch} has {} accesses; at most {} are supported",
+            self.scratch.len(),
+            NO_SLOT - 1
+        );
+        let n = self.num_samples;
+        if let Some(&sample) = self.scratch.iter().find(|&&s| s as usize >= n) {
+            return Err(CacheError::SampleOutOfRange {
+                sample,
+                epoch,
+                num_samples: n,
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads the next batch of epochs and resolves their next uses. False at the end.
+    fn build_batch(&mut self) -> Result<bool, CacheError> {
+        self.samples.clear();
+        self.next.clear();
+        self.bounds.clear();
+        self.bound = 0;
+        self.cursor = 0;
+        self.batch_position = self.following_position;
+        if self.following_epoch >= self.epochs {
+            return Ok(false);
+        }
+        let mut pos = self.batch_position;
+        let mut e = self.following_epoch;
+        if !self.look_ahead {
+            self.fill(e)?;
+            self.bounds.push((e, 0));
+            std::mem::swap(&mut self.samples, &mut self.scratch);
+            self.following_epoch = e + 1;
+            self.following_position = pos + self.samples.len() as u64;
+            return Ok(true);
+        }
+        let mut pending = 0usize;
+        let mut scratch_holds_next = false;
+        while e < self.epochs {
+            self.fill(e)?;
+            if !self.bounds.is_empty()
+                && self.samples.len() + self.scratch.len() > self.batch_accesses_max
+            {
+                scratch_holds_next = true;
+                break;
+            }
+            self.bounds.push((e, self.samples.len()));
+            for &s in &self.scratch {
+                let slot = &mut self.last_slot[s as usize];
+                if *slot != NO_SLOT {
+                    self.next[*slot as usize] = pos;
+                    pending -= 1;
+                }
+                *slot = self.samples.len() as u32;
+                pending += 1;
+                self.samples.push(s);
+                self.next.push(NEVER);
+                pos += 1;
+            }
+            e += 1;
+        }
+        self.following_epoch = e;
+        self.following_position = pos;
+        // Look ahead only as far as the batch's last accesses need.
+        'ahead: while pending > 0 && e < self.epochs {
+            if !scratch_holds_next {
+                self.fill(e)?;
+            }
+            scratch_holds_next = false;
+            for &s in &self.scratch {
+                let slot = &mut self.last_slot[s as usize];
+                if *slot != NO_SLOT {
+                    self.next[*slot as usize] = pos;
+                    *slot = NO_SLOT;
+                    pending -= 1;
+                    if pending == 0 {
+                        break 'ahead;
+                    }
+                }
+                pos += 1;
+            }
+            e += 1;
+        }
+        for &s in &self.samples {
+            self.last_slot[s as usize] = NO_SLOT;
+        }
+        Ok(true)
+    }
+}

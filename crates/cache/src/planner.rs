@@ -1,0 +1,243 @@
+//! The planner: drives a policy over a multi-epoch stream in canonical order.
+
+use std::mem::size_of;
+use std::sync::Arc;
+
+use crate::index::{NextUseIndex, StreamSource};
+use crate::lru::LruPolicy;
+use crate::policy::{Policy, PolicyKind};
+use crate::reuse::ReusePolicy;
+use crate::static_::StaticPolicy;
+use crate::{CacheError, SampleId};
+
+/// One cache decision, for the access at `position`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// 0-based position in the whole stream.
+    pub position: u64,
+    /// Epoch of the access.
+    pub epoch: u32,
+    /// The sample accessed.
+    pub sample: SampleId,
+    /// Its size.
+    pub size_bytes: u32,
+    /// It was cached when accessed: take it from the store.
+    pub hit: bool,
+    /// It was missed and is now cached: put it in the store once read.
+    pub admitted: bool,
+}
+
+/// Counters over the decisions made so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    /// Accesses decided.
+    pub accesses: u64,
+    /// Accesses that were hits.
+    pub hits: u64,
+    /// Accesses that were misses.
+    pub misses: u64,
+    /// Bytes of the hits.
+    pub hit_bytes: u64,
+    /// Bytes of the misses.
+    pub miss_bytes: u64,
+}
+
+impl Stats {
+    /// Hits per access (0 when there were none).
+    pub fn hit_ratio(&self) -> f64 {
+        if self.accesses == 0 {
+            0.0
+        } else {
+            self.hits as f64 / self.accesses as f64
+        }
+    }
+
+    /// Counts one access.
+    pub fn record(&mut self, hit: bool, size_bytes: u32) {
+        self.accesses += 1;
+        if hit {
+            self.hits += 1;
+            self.hit_bytes += u64::from(size_bytes);
+        } else {
+            self.misses += 1;
+            self.miss_bytes += u64::from(size_bytes);
+        }
+    }
+}
+
+/// Tuning of the planner's memory/time trade-off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PlannerConfig {
+    /// Accesses held per batch of epochs (12 bytes each); at least one epoch is always held.
+    /// `None`: as many as there are samples. Larger batches regenerate fewer look-ahead
+    /// epochs per epoch of the stream.
+    pub batch_accesses_max: Option<usize>,
+}
+
+/// Makes every cache decision of a stream, in stream order, without allocating per call.
+///
+/// Memory (reuse, the policy that looks ahead), per sample of the size table: 4 bytes of
+/// links + 8 bytes of cache keys + a batch of `batch_accesses_max` accesses at 12 bytes each
+/// (by default one per sample) + a heap of 16 bytes per cached sample (twice that before
+/// compaction) + one epoch of scratch (4 bytes per access). With the default batch and a
+/// full-view node that is 28 bytes + 4 per access of an epoch + up to 32 per cached sample;
+/// [`memory_bytes`](Planner::memory_bytes) reports the real figure. The size table itself
+/// (4 bytes per sample) is shared with the caller.
+#[derive(Debug)]
+pub struct Planner<S> {
+    index: NextUseIndex<S>,
+    policy: Box<dyn Policy>,
+    sizes: Arc<[u32]>,
+    stats: Stats,
+}
+
+impl<S: StreamSource> Planner<S> {
+    /// A planner of `kind` with a cache of `capacity_bytes` over `source`, whose samples are
+    /// sized by `sizes` (indexed by sample id).
+    ///
+    /// # Errors
+    /// [`CacheError::SampleOutOfRange`] if the stream names a sample without a size (found
+    /// here for `static`, which reads the whole stream once to count accesses; later for
+    /// the others); [`CacheError::TooManySamples`] if `sizes` has more than `u32::MAX`
+    /// entries.
+    pub fn new(
+        source: S,
+        sizes: Arc<[u32]>,
+        capacity_bytes: u64,
+        kind: PolicyKind,
+    ) -> Result<Self, CacheError> {
+        Self::with_config(
+            source,
+            sizes,
+            capacity_bytes,
+            kind,
+            PlannerConfig::default(),
+        )
+    }
+
+    /// [`new`](Planner::new) with explicit tuning.
+    ///
+    /// # Errors
+    /// As [`new`](Planner::new).
+    pub fn with_config(
+        source: S,
+        sizes: Arc<[u32]>,
+        capacity_bytes: u64,
+        kind: PolicyKind,
+        config: PlannerConfig,
+    ) -> Result<Self, CacheError> {
+        let n = sizes.len();
+        if u32::try_from(n).is_err() {
+            return Err(CacheError::TooManySamples { num_samples: n });
+        }
+        let policy: Box<dyn Policy> = match kind {
+            PolicyKind::Reuse => Box::new(ReusePolicy::new(sizes.clone(), capacity_bytes)),
+            PolicyKind::Lru => Box::new(LruPolicy::new(sizes.clone(), capacity_bytes)),
+            PolicyKind::Static => {
+                let (counts, first) = count_accesses(&source, n)?;
+                Box::new(StaticPolicy::new(
+                    sizes.clone(),
+                    capacity_bytes,
+                    &counts,
+                    &first,
+                ))
+            }
+        };
+        let look_ahead = kind == PolicyKind::Reuse;
+        let batch = config.batch_accesses_max.unwrap_or(n);
+        Ok(Planner {
+            index: NextUseIndex::new(source, n, look_ahead, batch),
+            policy,
+            sizes,
+            stats: Stats::default(),
+        })
+    }
+
+    /// Decides the next access of the stream; `None` at its end.
+    ///
+    /// `evicted` is cleared, then receives the samples to drop from the store, in order
+    /// (possibly the accessed sample itself, on a reuse hit with no next use).
+    ///
+    /// # Errors
+    /// [`CacheError::SampleOutOfRange`] if the stream names a sample without a size.
+    #[inline]
+    pub fn next(&mut self, evicted: &mut Vec<SampleId>) -> Result<Option<Decision>, CacheError> {
+        evicted.clear();
+        let Some(a) = self.index.next_access()? else {
+            return Ok(None);
+        };
+        let out = self
+            .policy
+            .access(a.sample, a.position, a.next_use, evicted);
+        let size_bytes = self.sizes[a.sample as usize];
+        self.stats.record(out.hit, size_bytes);
+        Ok(Some(Decision {
+            position: a.position,
+            epoch: a.epoch,
+            sample: a.sample,
+            size_bytes,
+            hit: out.hit,
+            admitted: out.admitted,
+        }))
+    }
+
+    /// Runs the stream to its end and returns the totals.
+    ///
+    /// # Errors
+    /// As [`next`](Planner::next).
+    pub fn run_to_end(&mut self) -> Result<Stats, CacheError> {
+        let mut evicted = Vec::new();
+        while self.next(&mut evicted)?.is_some() {}
+        Ok(self.stats)
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// The policy (to ask what is cached, and how many bytes).
+    pub fn policy(&self) -> &dyn Policy {
+        &*self.policy
+    }
+
+    /// Epochs generated so far by the index, look-ahead included.
+    pub fn epochs_generated(&self) -> u64 {
+        self.index.epochs_generated()
+    }
+
+    /// Heap bytes held by the planner (index + policy), excluding the shared size table.
+    pub fn memory_bytes(&self) -> usize {
+        self.index.memory_bytes() + self.policy.memory_bytes() + size_of::<Self>()
+    }
+}
+
+/// Access counts and first-access positions over a whole stream: one pass.
+fn count_accesses<S: StreamSource>(
+    source: &S,
+    n: usize,
+) -> Result<(Vec<u32>, Vec<u64>), CacheError> {
+    let mut counts = vec![0u32; n];
+    let mut first = vec![u64::MAX; n];
+    let mut buf = Vec::new();
+    let mut pos = 0u64;
+    for epoch in 0..source.epochs() {
+        buf.clear();
+        source.fill_epoch(epoch, &mut buf);
+        for &s in &buf {
+            let Some(c) = counts.get_mut(s as usize) else {
+                return Err(CacheError::SampleOutOfRange {
+                    sample: s,
+                    epoch,
+                    num_samples: n,
+                });
+            };
+            if *c == 0 {
+                first[s as usize] = pos;
+            }
+            *c = c.saturating_add(1);
+            pos += 1;
+        }
+    }
+    Ok((counts, first))
+}

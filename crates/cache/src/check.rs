@@ -220,11 +220,55 @@ pub fn check_bytes(data: &[u8]) {
     check_case(&epochs, &sizes, capacity, batch);
 }
 
+/// Parses arbitrary bytes as a trace: it must never panic; a trace that parses must survive
+/// being written back and parsed again, and short ones are checked against the reference
+/// model through [`check_case`].
+pub fn check_trace_bytes(data: &[u8]) {
+    let Ok(parsed) = crate::trace::parse(data) else {
+        return;
+    };
+    let text: String = parsed
+        .accesses()
+        .map(|(id, size)| format!("{id} {size}\n"))
+        .collect();
+    let again = crate::trace::parse(text.as_bytes()).expect("a written trace parses");
+    assert_eq!(again, parsed);
+    if parsed.len() <= 256 {
+        let (stream, sizes) = parsed.dense();
+        let capacity = parsed.dataset_bytes() / 3;
+        check_case(&[stream.to_vec()], sizes, capacity, 1 + stream.len() / 2);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::gen::{lognormal_sizes, ShuffledStream, SplitMix64};
     use crate::StreamSource;
+
+    #[test]
+    fn seeded_random_traces_parse_or_fail_cleanly() {
+        let mut rng = SplitMix64::new(0x7ACE);
+        let mut parsed_ok = 0;
+        for _ in 0..400 {
+            let sizes: Vec<u64> = (0..8).map(|_| rng.below(300)).collect();
+            let mut text = Vec::new();
+            for _ in 0..rng.below(60) {
+                let id = rng.below(8);
+                match rng.below(100) {
+                    0 => text.extend_from_slice(b"junk\n"),
+                    1 => text.extend_from_slice(format!("{id} {}\n", rng.below(9)).as_bytes()),
+                    2 => text.extend_from_slice(b"# comment only\n\n"),
+                    _ => text.extend_from_slice(
+                        format!("{id} {}  # c\n", sizes[id as usize]).as_bytes(),
+                    ),
+                }
+            }
+            parsed_ok += usize::from(crate::trace::parse(&text[..]).is_ok());
+            check_trace_bytes(&text);
+        }
+        assert!(parsed_ok > 50, "only {parsed_ok} generated traces parsed");
+    }
 
     #[test]
     fn seeded_random_streams_agree_with_reference() {

@@ -66,5 +66,12 @@ pub fn fuzz_check(data: &[u8]) {
     check::check_bytes(data);
 }
 
+/// Checker run by the trace fuzz target: arbitrary bytes parsed as a trace never panic, and a
+/// parsed trace round-trips and replays like the reference model.
+#[cfg(fuzzing)]
+pub fn fuzz_check_trace(data: &[u8]) {
+    check::check_trace_bytes(data);
+}
+
 /// A sample's index in the dataset.
 pub type SampleId = u32;

@@ -41,6 +41,12 @@ impl Trace {
         self.sizes.iter().map(|&s| u64::from(s)).sum()
     }
 
+    /// The accesses as dense ids `0..num_samples`, and the size of each dense id.
+    #[cfg(any(test, fuzzing))]
+    pub(crate) fn dense(&self) -> (&[SampleId], &[u32]) {
+        (&self.stream, &self.sizes)
+    }
+
     /// The accesses as `(sample id as written, size in bytes)`.
     pub fn accesses(&self) -> impl Iterator<Item = (SampleId, u32)> + '_ {
         self.stream

@@ -4,6 +4,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 mod gen;
 mod order;
+mod replay;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -22,6 +23,8 @@ enum Command {
     Gen(gen::GenArgs),
     /// Print one rank's sample indices for an epoch as a JSON list.
     Order(order::OrderArgs),
+    /// Replay an access trace through a cache policy and count hits.
+    Replay(replay::ReplayArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -33,5 +36,6 @@ fn main() -> anyhow::Result<()> {
         }
         Some(Command::Gen(args)) => gen::run(&args),
         Some(Command::Order(args)) => order::run(&args),
+        Some(Command::Replay(args)) => replay::run(&args),
     }
 }

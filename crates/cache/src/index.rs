@@ -1,5 +1,6 @@
 //! The next-use index: a multi-epoch stream, read a window of epochs at a time.
 
+use std::collections::HashMap;
 use std::mem::size_of;
 use std::sync::Arc;
 
@@ -89,6 +90,26 @@ pub struct Access {
 }
 
 const NO_SLOT: u32 = u32::MAX;
+const NEXT_NEVER: u32 = u32::MAX;
+const NEXT_FAR: u32 = u32::MAX - 1;
+/// Deltas from here on go to the `far` map; tiny under test so the checker covers that path.
+const FAR_FROM: u64 = if cfg!(any(test, fuzzing)) {
+    40
+} else {
+    NEXT_FAR as u64
+};
+
+/// Records `pos` as the next use of batch slot `slot`.
+#[inline]
+fn set_next(next: &mut [u32], far: &mut HashMap<u32, u64>, base: u64, slot: u32, pos: u64) {
+    let delta = pos - base;
+    if delta < FAR_FROM {
+        next[slot as usize] = delta as u32;
+    } else {
+        next[slot as usize] = NEXT_FAR;
+        far.insert(slot, pos);
+    }
+}
 
 /// Yields a stream's accesses in order, each with its exact next use, while holding only a
 /// batch of epochs.
@@ -101,7 +122,7 @@ const NO_SLOT: u32 = u32::MAX;
 /// probability `f` per epoch needs about `ln(batch samples) / -ln(1 - f)` epochs of
 /// look-ahead per batch, so larger batches amortise it over more epochs.
 ///
-/// Memory: 4 bytes per sample (the link table) + 12 bytes per access of the batch + one
+/// Memory: 4 bytes per sample (the link table) + 8 bytes per access of the batch + one
 /// epoch of scratch (4 bytes per access).
 #[derive(Debug)]
 pub struct NextUseIndex<S> {
@@ -111,7 +132,10 @@ pub struct NextUseIndex<S> {
     look_ahead: bool,
     batch_accesses_max: usize,
     samples: Vec<SampleId>,
-    next: Vec<u64>,
+    /// Next use of each access of the batch, relative to `batch_position`: `NEXT_NEVER`, or
+    /// `NEXT_FAR` when it does not fit in 32 bits (then it is in `far`).
+    next: Vec<u32>,
+    far: HashMap<u32, u64>,
     /// (epoch, index of its first access in `samples`) for each epoch of the batch.
     bounds: Vec<(u32, usize)>,
     bound: usize,
@@ -136,9 +160,10 @@ impl<S: StreamSource> NextUseIndex<S> {
             num_samples,
             epochs,
             look_ahead,
-            batch_accesses_max: batch_accesses_max.max(1),
+            batch_accesses_max: batch_accesses_max.clamp(1, NO_SLOT as usize - 1),
             samples: Vec::new(),
             next: Vec::new(),
+            far: HashMap::new(),
             bounds: Vec::new(),
             bound: 0,
             cursor: 0,
@@ -176,7 +201,11 @@ impl<S: StreamSource> NextUseIndex<S> {
                     position: self.batch_position + c as u64,
                     epoch: self.bounds[self.bound].0,
                     sample: self.samples[c],
-                    next_use: if self.look_ahead { self.next[c] } else { NEVER },
+                    next_use: if self.look_ahead {
+                        self.next_use(c)
+                    } else {
+                        NEVER
+                    },
                 }));
             }
             if !self.build_batch()? {
@@ -194,7 +223,8 @@ impl<S: StreamSource> NextUseIndex<S> {
     pub fn memory_bytes(&self) -> usize {
         self.last_slot.capacity() * size_of::<u32>()
             + (self.samples.capacity() + self.scratch.capacity()) * size_of::<SampleId>()
-            + self.next.capacity() * size_of::<u64>()
+            + self.next.capacity() * size_of::<u32>()
+            + self.far.capacity() * size_of::<(u32, u64)>()
             + self.bounds.capacity() * size_of::<(u32, usize)>()
     }
 
@@ -224,10 +254,20 @@ impl<S: StreamSource> NextUseIndex<S> {
         Ok(())
     }
 
+    #[inline]
+    fn next_use(&self, c: usize) -> u64 {
+        match self.next[c] {
+            NEXT_NEVER => NEVER,
+            NEXT_FAR => self.far[&(c as u32)],
+            delta => self.batch_position + u64::from(delta),
+        }
+    }
+
     /// Reads the next batch of epochs and resolves their next uses. False at the end.
     fn build_batch(&mut self) -> Result<bool, CacheError> {
         self.samples.clear();
         self.next.clear();
+        self.far.clear();
         self.bounds.clear();
         self.bound = 0;
         self.cursor = 0;
@@ -235,7 +275,8 @@ impl<S: StreamSource> NextUseIndex<S> {
         if self.following_epoch >= self.epochs {
             return Ok(false);
         }
-        let mut pos = self.batch_position;
+        let base = self.batch_position;
+        let mut pos = base;
         let mut e = self.following_epoch;
         if !self.look_ahead {
             self.fill(e)?;
@@ -256,16 +297,19 @@ impl<S: StreamSource> NextUseIndex<S> {
                 break;
             }
             self.bounds.push((e, self.samples.len()));
+            // Exact growth: the batch is the bulk of the planner's memory.
+            self.samples.reserve_exact(self.scratch.len());
+            self.next.reserve_exact(self.scratch.len());
             for &s in &self.scratch {
                 let slot = &mut self.last_slot[s as usize];
                 if *slot != NO_SLOT {
-                    self.next[*slot as usize] = pos;
+                    set_next(&mut self.next, &mut self.far, base, *slot, pos);
                     pending -= 1;
                 }
                 *slot = self.samples.len() as u32;
                 pending += 1;
                 self.samples.push(s);
-                self.next.push(NEVER);
+                self.next.push(NEXT_NEVER);
                 pos += 1;
             }
             e += 1;
@@ -281,8 +325,9 @@ impl<S: StreamSource> NextUseIndex<S> {
             for &s in &self.scratch {
                 let slot = &mut self.last_slot[s as usize];
                 if *slot != NO_SLOT {
-                    self.next[*slot as usize] = pos;
+                    let q = *slot;
                     *slot = NO_SLOT;
+                    set_next(&mut self.next, &mut self.far, base, q, pos);
                     pending -= 1;
                     if pending == 0 {
                         break 'ahead;

@@ -1,0 +1,161 @@
+//! Speed of lobster-cache at ImageNet-1k scale (1,281,167 samples): cache decisions per
+//! second for each policy (steady state, next uses precomputed), the planner end to end
+//! (index included), and the next-use index build per epoch.
+//!
+//! Run: `cargo bench -p lobster-benches --bench cache_planner`
+
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use lobster_io::cache::gen::{lognormal_sizes, ShuffledStream};
+use lobster_io::cache::{
+    Access, LruPolicy, NextUseIndex, Planner, Policy, PolicyKind, ReusePolicy, StaticPolicy,
+};
+
+const SAMPLES: u32 = 1_281_167;
+const SEED: u64 = 7;
+
+fn stream(nodes: u32, epochs: u32) -> ShuffledStream {
+    ShuffledStream {
+        num_samples: SAMPLES,
+        epochs,
+        nodes,
+        node: 0,
+        seed: SEED,
+    }
+}
+
+fn sizes() -> Arc<[u32]> {
+    lognormal_sizes(SAMPLES as usize, 110_000.0, 0.5, SEED).into()
+}
+
+fn capacity(sizes: &[u32], pct: u64) -> u64 {
+    sizes.iter().map(|&s| u64::from(s)).sum::<u64>() * pct / 100
+}
+
+fn all_accesses(nodes: u32, epochs: u32) -> Vec<Access> {
+    let mut index = NextUseIndex::new(stream(nodes, epochs), SAMPLES as usize, true, usize::MAX);
+    let mut out = Vec::new();
+    while let Some(a) = index.next_access().expect("valid stream") {
+        out.push(a);
+    }
+    out
+}
+
+fn policy(
+    kind: PolicyKind,
+    sizes: &Arc<[u32]>,
+    capacity: u64,
+    stream: &[Access],
+) -> Box<dyn Policy> {
+    match kind {
+        PolicyKind::Reuse => Box::new(ReusePolicy::new(sizes.clone(), capacity)),
+        PolicyKind::Lru => Box::new(LruPolicy::new(sizes.clone(), capacity)),
+        PolicyKind::Static => {
+            let mut counts = vec![0u32; sizes.len()];
+            let mut first = vec![u64::MAX; sizes.len()];
+            for a in stream {
+                let s = a.sample as usize;
+                counts[s] += 1;
+                first[s] = first[s].min(a.position);
+            }
+            Box::new(StaticPolicy::new(sizes.clone(), capacity, &counts, &first))
+        }
+    }
+}
+
+fn decisions(c: &mut Criterion) {
+    let sizes = sizes();
+    let cap = capacity(&sizes, 10);
+    let mut group = c.benchmark_group("decide");
+    group.sample_size(10);
+    for (nodes, warm_epochs, epochs) in [(1u32, 1u32, 2u32), (4, 3, 4)] {
+        let all = all_accesses(nodes, epochs);
+        let split = all.iter().position(|a| a.epoch == warm_epochs).unwrap();
+        let (warm, measured) = all.split_at(split);
+        group.throughput(Throughput::Elements(measured.len() as u64));
+        for kind in PolicyKind::ALL {
+            group.bench_function(format!("{kind}/{nodes}-node/cache-10pct"), |b| {
+                b.iter_batched(
+                    || {
+                        let mut p = policy(kind, &sizes, cap, &all);
+                        let mut evicted = Vec::new();
+                        for a in warm {
+                            evicted.clear();
+                            p.access(a.sample, a.position, a.next_use, &mut evicted);
+                        }
+                        p
+                    },
+                    |mut p| {
+                        let mut evicted = Vec::new();
+                        let mut hits = 0u64;
+                        for a in measured {
+                            evicted.clear();
+                            hits += u64::from(
+                                p.access(a.sample, a.position, a.next_use, &mut evicted).hit,
+                            );
+                        }
+                        (p, hits)
+                    },
+                    BatchSize::PerIteration,
+                )
+            });
+        }
+    }
+    group.finish();
+}
+
+fn planner_end_to_end(c: &mut Criterion) {
+    let sizes = sizes();
+    let cap = capacity(&sizes, 10);
+    let mut group = c.benchmark_group("planner");
+    group.sample_size(10);
+    // Enough epochs after the measured ones that look-ahead is not cut short by the end.
+    for (nodes, measured_epochs) in [(1u32, 2u32), (4, 8)] {
+        let per_epoch = u64::from(SAMPLES / nodes);
+        group.throughput(Throughput::Elements(per_epoch * u64::from(measured_epochs)));
+        group.bench_function(format!("reuse/{nodes}-node/cache-10pct"), |b| {
+            b.iter(|| {
+                let mut planner =
+                    Planner::new(stream(nodes, 90), sizes.clone(), cap, PolicyKind::Reuse)
+                        .expect("valid stream");
+                let mut evicted = Vec::new();
+                let mut hits = 0u64;
+                while let Some(d) = planner.next(&mut evicted).expect("valid stream") {
+                    if d.epoch == measured_epochs {
+                        break;
+                    }
+                    hits += u64::from(d.hit);
+                }
+                hits
+            })
+        });
+    }
+    group.finish();
+}
+
+fn index_build(c: &mut Criterion) {
+    let mut group = c.benchmark_group("index_build");
+    group.sample_size(10);
+    for (nodes, measured_epochs) in [(1u32, 2u32), (4, 8)] {
+        group.throughput(Throughput::Elements(u64::from(measured_epochs)));
+        group.bench_function(format!("per-epoch/{nodes}-node"), |b| {
+            b.iter(|| {
+                let mut index =
+                    NextUseIndex::new(stream(nodes, 90), SAMPLES as usize, true, SAMPLES as usize);
+                let mut sum = 0u64;
+                while let Some(a) = index.next_access().expect("valid stream") {
+                    if a.epoch == measured_epochs {
+                        break;
+                    }
+                    sum = sum.wrapping_add(a.next_use);
+                }
+                sum
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, decisions, planner_end_to_end, index_build);
+criterion_main!(benches);

@@ -4,6 +4,9 @@
 pub(crate) const FIT_WINDOW: usize = 64;
 /// Observations needed before the fit replaces the prior.
 pub(crate) const FIT_MIN_OBSERVATIONS: usize = 8;
+/// Once the window is full the fit is refreshed every this many observations: the
+/// allocator reads it once per window, and a refit costs a few microseconds.
+pub(crate) const REFIT_EVERY: usize = 4;
 /// Huber tuning constant (95% efficiency under Gaussian noise).
 const HUBER_K: f64 = 1.345;
 /// Reweighting passes per refit; the fit is warm-started, so passes accumulate over updates.
@@ -24,6 +27,7 @@ pub(crate) struct LineFit {
     ys: [f64; FIT_WINDOW],
     len: usize,
     next: usize,
+    since_refit: usize,
     intercept: f64,
     slope: f64,
 }
@@ -35,6 +39,7 @@ impl LineFit {
             ys: [0.0; FIT_WINDOW],
             len: 0,
             next: 0,
+            since_refit: 0,
             intercept,
             slope,
         }
@@ -61,7 +66,10 @@ impl LineFit {
         self.ys[self.next] = y;
         self.next = (self.next + 1) % FIT_WINDOW;
         self.len = (self.len + 1).min(FIT_WINDOW);
-        if self.len >= FIT_MIN_OBSERVATIONS {
+        self.since_refit += 1;
+        let due = self.len < FIT_WINDOW || self.since_refit >= REFIT_EVERY;
+        if self.len >= FIT_MIN_OBSERVATIONS && due {
+            self.since_refit = 0;
             self.refit();
         }
     }

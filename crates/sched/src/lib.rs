@@ -67,13 +67,22 @@
 //! The model starts from [`CostParams::PRIORS`] (or priors you give) and calibrates online:
 //! [`CostModel::observe_read`] feeds `(bytes, latency)` of each completed read to its tier's
 //! fit of `latency = a + b·bytes`; [`CostModel::observe_decode`] feeds per-sample averages to
-//! the fit of `c + e·bytes`. Each fit keeps the last 64 observations and is a Huber
-//! M-estimate, computed by iteratively reweighted least squares warm-started from the current
-//! estimate: weight `w_i = min(1, 1.345·s / |r_i|)` for residual `r_i`, with the robust scale
-//! `s = 1.4826 · median |r_i|`, so a single wild observation moves the fit by at most about
-//! `1.345·s / 64`. The prior stands until 8 observations arrived; when all sizes are equal the
-//! per-byte cost is not identifiable and keeps its previous value; both costs are clamped to
-//! be non-negative. [`CostModel::observe_throughput`] feeds bytes per second measured while a
+//! the fit of `c + e·bytes`. Each fit keeps the last 64 observations `(x_i, y_i)` and is a
+//! Huber M-estimate on relative residuals (latency noise grows with latency), computed by
+//! iteratively reweighted least squares warm-started from the current estimate `ŷ = a + b·x`:
+//!
+//! ```text
+//! r_i = (y_i − ŷ_i) / ŷ_i                  relative residual
+//! s   = 1.4826 · median_i |r_i|            robust scale
+//! w_i = min(1, 1.345·s / |r_i|) / ŷ_i²     Huber weight, on the absolute residual
+//! (a, b) = argmin Σ w_i (y_i − a − b·x_i)²  then clamped to a, b >= 0
+//! ```
+//!
+//! A single wild observation thus counts as if it were only about `1.345·s` off, in 64: it
+//! cannot swing the fit. The prior stands until 8 observations arrived; once 64 are held the
+//! fit is refreshed every 4th observation (a refit costs microseconds); when all sizes are
+//! equal the per-byte cost is not identifiable and keeps its previous value.
+//! [`CostModel::observe_throughput`] feeds bytes per second measured while a
 //! tier was saturated; `β` is the median of the last 16 (from the third on).
 //!
 //! # The allocator

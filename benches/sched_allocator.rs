@@ -105,7 +105,9 @@ fn bench(c: &mut Criterion) {
         .allocate(&loads, &model)
         .expect("valid input");
     let io: Vec<u32> = a.ranks.iter().map(|r| r.io_depth).collect();
+    let threads: Vec<u32> = a.ranks.iter().map(|r| r.decode_threads).collect();
     assert_eq!(io, greedy(&model, &loads, 256, true));
+    assert_eq!(threads, greedy(&model, &loads, 64, false));
     let report = a.imbalance();
     println!(
         "imbalance before {:.3} after {:.3}; max rank time {:.3} ms -> {:.3} ms",

@@ -10,6 +10,7 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use lobster_io::cache::gen::{lognormal_sizes, ShuffledStream};
 use lobster_io::cache::{
     Access, LruPolicy, NextUseIndex, Planner, Policy, PolicyKind, ReusePolicy, StaticPolicy,
+    StreamSource,
 };
 
 const SAMPLES: u32 = 1_281_167;
@@ -110,8 +111,9 @@ fn planner_end_to_end(c: &mut Criterion) {
     let cap = capacity(&sizes, 10);
     let mut group = c.benchmark_group("planner");
     group.sample_size(10);
-    // Enough epochs after the measured ones that look-ahead is not cut short by the end.
-    for (nodes, measured_epochs) in [(1u32, 2u32), (4, 8)] {
+    // Whole default batches (3 accesses per sample: 3 epochs at 1 node, 11 at 4), and enough
+    // epochs after them that look-ahead is not cut short by the end of the stream.
+    for (nodes, measured_epochs) in [(1u32, 3u32), (4, 11)] {
         let per_epoch = u64::from(SAMPLES / nodes);
         group.throughput(Throughput::Elements(per_epoch * u64::from(measured_epochs)));
         group.bench_function(format!("reuse/{nodes}-node/cache-10pct"), |b| {
@@ -137,12 +139,16 @@ fn planner_end_to_end(c: &mut Criterion) {
 fn index_build(c: &mut Criterion) {
     let mut group = c.benchmark_group("index_build");
     group.sample_size(10);
-    for (nodes, measured_epochs) in [(1u32, 2u32), (4, 8)] {
+    for (nodes, measured_epochs) in [(1u32, 3u32), (4, 11)] {
         group.throughput(Throughput::Elements(u64::from(measured_epochs)));
         group.bench_function(format!("per-epoch/{nodes}-node"), |b| {
             b.iter(|| {
-                let mut index =
-                    NextUseIndex::new(stream(nodes, 90), SAMPLES as usize, true, SAMPLES as usize);
+                let mut index = NextUseIndex::new(
+                    stream(nodes, 90),
+                    SAMPLES as usize,
+                    true,
+                    3 * SAMPLES as usize,
+                );
                 let mut sum = 0u64;
                 while let Some(a) = index.next_access().expect("valid stream") {
                     if a.epoch == measured_epochs {
@@ -157,5 +163,30 @@ fn index_build(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decisions, planner_end_to_end, index_build);
+/// The baseline the index pays per regeneration: one epoch from the generator.
+fn source_fill(c: &mut Criterion) {
+    let mut group = c.benchmark_group("source");
+    group.sample_size(10);
+    group.throughput(Throughput::Elements(1));
+    for nodes in [1u32, 4] {
+        let s = stream(nodes, 90);
+        let mut out = Vec::new();
+        group.bench_function(format!("fill_epoch/{nodes}-node"), |b| {
+            b.iter(|| {
+                out.clear();
+                s.fill_epoch(3, &mut out);
+                out.len()
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    decisions,
+    planner_end_to_end,
+    index_build,
+    source_fill
+);
 criterion_main!(benches);

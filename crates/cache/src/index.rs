@@ -89,7 +89,8 @@ pub struct Access {
     pub next_use: u64,
 }
 
-const NO_SLOT: u32 = u32::MAX;
+/// Batch slots are 32-bit; `NEXT_NEVER` and `NEXT_FAR` are not slots.
+const MAX_BATCH_ACCESSES: usize = NEXT_FAR as usize;
 const NEXT_NEVER: u32 = u32::MAX;
 const NEXT_FAR: u32 = u32::MAX - 1;
 /// Deltas from here on go to the `far` map; tiny under test so the checker covers that path.
@@ -99,15 +100,15 @@ const FAR_FROM: u64 = if cfg!(any(test, fuzzing)) {
     NEXT_FAR as u64
 };
 
-/// Records `pos` as the next use of batch slot `slot`.
+/// Encodes next use `pos` relative to `base`, spilling far ones to `far` under `key`.
 #[inline]
-fn set_next(next: &mut [u32], far: &mut HashMap<u32, u64>, base: u64, slot: u32, pos: u64) {
+fn encode(far: &mut HashMap<u32, u64>, base: u64, key: u32, pos: u64) -> u32 {
     let delta = pos - base;
     if delta < FAR_FROM {
-        next[slot as usize] = delta as u32;
+        delta as u32
     } else {
-        next[slot as usize] = NEXT_FAR;
-        far.insert(slot, pos);
+        far.insert(key, pos);
+        NEXT_FAR
     }
 }
 
@@ -115,15 +116,17 @@ fn set_next(next: &mut [u32], far: &mut HashMap<u32, u64>, base: u64, slot: u32,
 /// batch of epochs.
 ///
 /// How: epochs are read into a batch of at most `batch_accesses_max` accesses (at least one
-/// epoch). A forward pass over the batch links each access to the next access of the same
-/// sample within the batch; for each sample's last access in the batch it then regenerates
-/// the following epochs, one at a time, only until every such access has found its next use
-/// or the stream ends (then the next use is [`NEVER`]). A node that sees each sample with
-/// probability `f` per epoch needs about `ln(batch samples) / -ln(1 - f)` epochs of
-/// look-ahead per batch, so larger batches amortise it over more epochs.
+/// epoch). The samples of the batch are marked in a bit set; the following epochs are then
+/// regenerated one at a time, only until every marked sample has been found once more or
+/// the stream ends (then its next use is [`NEVER`]). A backward pass over the batch then
+/// gives each access the next use of its sample and replaces it by its own position. A node
+/// that sees each sample with probability `f` per epoch needs about
+/// `ln(batch samples) / -ln(1 - f)` epochs of look-ahead per batch, so larger batches
+/// amortise it over more epochs.
 ///
-/// Memory: 4 bytes per sample (the link table) + 8 bytes per access of the batch + one
-/// epoch of scratch (4 bytes per access).
+/// Memory: 4 bytes + 1 bit per sample + 8 bytes per access of the batch + one epoch of
+/// scratch (4 bytes per access). Next uses are stored as 32-bit offsets from the batch
+/// start; the rare ones beyond 2^32 accesses go to a map.
 #[derive(Debug)]
 pub struct NextUseIndex<S> {
     source: S,
@@ -143,7 +146,13 @@ pub struct NextUseIndex<S> {
     batch_position: u64,
     following_position: u64,
     following_epoch: u32,
-    last_slot: Vec<u32>,
+    /// Per sample: next use after the part of the batch already scanned backwards, as in
+    /// `next` (meaningful only for samples of the batch).
+    next_of: Vec<u32>,
+    /// `next_of` values that do not fit in 32 bits.
+    far_of: HashMap<SampleId, u64>,
+    /// Samples of the batch whose next use after the batch is not found yet.
+    pending: Vec<u64>,
     scratch: Vec<SampleId>,
     epochs_generated: u64,
 }
@@ -160,7 +169,7 @@ impl<S: StreamSource> NextUseIndex<S> {
             num_samples,
             epochs,
             look_ahead,
-            batch_accesses_max: batch_accesses_max.clamp(1, NO_SLOT as usize - 1),
+            batch_accesses_max: batch_accesses_max.clamp(1, MAX_BATCH_ACCESSES),
             samples: Vec::new(),
             next: Vec::new(),
             far: HashMap::new(),
@@ -170,8 +179,14 @@ impl<S: StreamSource> NextUseIndex<S> {
             batch_position: 0,
             following_position: 0,
             following_epoch: 0,
-            last_slot: if look_ahead {
-                vec![NO_SLOT; num_samples]
+            next_of: if look_ahead {
+                vec![NEXT_NEVER; num_samples]
+            } else {
+                Vec::new()
+            },
+            far_of: HashMap::new(),
+            pending: if look_ahead {
+                vec![0; num_samples.div_ceil(64)]
             } else {
                 Vec::new()
             },
@@ -221,7 +236,9 @@ impl<S: StreamSource> NextUseIndex<S> {
 
     /// Heap bytes held by the index.
     pub fn memory_bytes(&self) -> usize {
-        self.last_slot.capacity() * size_of::<u32>()
+        self.next_of.capacity() * size_of::<u32>()
+            + self.pending.capacity() * size_of::<u64>()
+            + self.far_of.capacity() * size_of::<(SampleId, u64)>()
             + (self.samples.capacity() + self.scratch.capacity()) * size_of::<SampleId>()
             + self.next.capacity() * size_of::<u32>()
             + self.far.capacity() * size_of::<(u32, u64)>()
@@ -238,10 +255,10 @@ impl<S: StreamSource> NextUseIndex<S> {
         self.source.fill_epoch(epoch, &mut self.scratch);
         self.epochs_generated += 1;
         assert!(
-            self.scratch.len() < NO_SLOT as usize,
+            self.scratch.len() <= MAX_BATCH_ACCESSES,
             "epoch {epoch} has {} accesses; at most {} are supported",
             self.scratch.len(),
-            NO_SLOT - 1
+            MAX_BATCH_ACCESSES
         );
         let n = self.num_samples;
         if let Some(&sample) = self.scratch.iter().find(|&&s| s as usize >= n) {
@@ -276,17 +293,15 @@ impl<S: StreamSource> NextUseIndex<S> {
             return Ok(false);
         }
         let base = self.batch_position;
-        let mut pos = base;
         let mut e = self.following_epoch;
         if !self.look_ahead {
             self.fill(e)?;
             self.bounds.push((e, 0));
             std::mem::swap(&mut self.samples, &mut self.scratch);
             self.following_epoch = e + 1;
-            self.following_position = pos + self.samples.len() as u64;
+            self.following_position = base + self.samples.len() as u64;
             return Ok(true);
         }
-        let mut pending = 0usize;
         let mut scratch_holds_next = false;
         while e < self.epochs {
             self.fill(e)?;
@@ -299,35 +314,34 @@ impl<S: StreamSource> NextUseIndex<S> {
             self.bounds.push((e, self.samples.len()));
             // Exact growth: the batch is the bulk of the planner's memory.
             self.samples.reserve_exact(self.scratch.len());
-            self.next.reserve_exact(self.scratch.len());
-            for &s in &self.scratch {
-                let slot = &mut self.last_slot[s as usize];
-                if *slot != NO_SLOT {
-                    set_next(&mut self.next, &mut self.far, base, *slot, pos);
-                    pending -= 1;
-                }
-                *slot = self.samples.len() as u32;
-                pending += 1;
-                self.samples.push(s);
-                self.next.push(NEXT_NEVER);
-                pos += 1;
-            }
+            self.samples.extend_from_slice(&self.scratch);
             e += 1;
         }
+        let len = self.samples.len();
         self.following_epoch = e;
-        self.following_position = pos;
-        // Look ahead only as far as the batch's last accesses need.
+        self.following_position = base + len as u64;
+
+        // Which samples need a next use after the batch (a bit set small enough for cache).
+        let mut pending = 0usize;
+        for &s in &self.samples {
+            let (w, b) = (s as usize / 64, 1u64 << (s % 64));
+            if self.pending[w] & b == 0 {
+                self.pending[w] |= b;
+                pending += 1;
+            }
+        }
+        // Look ahead only as far as those need.
+        let mut pos = base + len as u64;
         'ahead: while pending > 0 && e < self.epochs {
             if !scratch_holds_next {
                 self.fill(e)?;
             }
             scratch_holds_next = false;
             for &s in &self.scratch {
-                let slot = &mut self.last_slot[s as usize];
-                if *slot != NO_SLOT {
-                    let q = *slot;
-                    *slot = NO_SLOT;
-                    set_next(&mut self.next, &mut self.far, base, q, pos);
+                let (w, b) = (s as usize / 64, 1u64 << (s % 64));
+                if self.pending[w] & b != 0 {
+                    self.pending[w] &= !b;
+                    self.next_of[s as usize] = encode(&mut self.far_of, base, s, pos);
                     pending -= 1;
                     if pending == 0 {
                         break 'ahead;
@@ -337,9 +351,33 @@ impl<S: StreamSource> NextUseIndex<S> {
             }
             e += 1;
         }
-        for &s in &self.samples {
-            self.last_slot[s as usize] = NO_SLOT;
+        if pending > 0 {
+            // Never used again.
+            for (w, word) in self.pending.iter_mut().enumerate() {
+                while *word != 0 {
+                    let b = word.trailing_zeros() as usize;
+                    *word &= *word - 1;
+                    self.next_of[w * 64 + b] = NEXT_NEVER;
+                }
+            }
         }
+        // Backwards through the batch: each access takes its sample's next use, then becomes
+        // it. Writes `next` in order; one random read-modify-write per access.
+        self.next.clear();
+        self.next.reserve_exact(len);
+        self.next.resize(len, NEXT_NEVER);
+        for q in (0..len).rev() {
+            let s = self.samples[q];
+            let mut v = self.next_of[s as usize];
+            if v == NEXT_FAR {
+                let p = self.far_of.remove(&s).expect("far next use recorded");
+                self.far.insert(q as u32, p);
+            }
+            self.next[q] = v;
+            v = encode(&mut self.far_of, base, s, base + q as u64);
+            self.next_of[s as usize] = v;
+        }
+        self.far_of.clear();
         Ok(true)
     }
 }

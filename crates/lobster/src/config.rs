@@ -1,0 +1,297 @@
+//! The loader's configuration, validated before any thread starts.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::emulate::StorageEmulation;
+use crate::error::Error;
+
+/// Which cache the planner runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CachePolicy {
+    /// No cache: every access reads storage (PyTorch's DataLoader).
+    None,
+    /// Lobster: evict the sample whose next use is farthest away, bypass when admitting would
+    /// harm samples needed sooner.
+    Reuse,
+    /// Least recently used.
+    Lru,
+    /// NoPFS placement: pin the most accessed samples before the stream starts.
+    Static,
+}
+
+impl fmt::Display for CachePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CachePolicy::None => "none",
+            CachePolicy::Reuse => "reuse",
+            CachePolicy::Lru => "lru",
+            CachePolicy::Static => "static",
+        })
+    }
+}
+
+impl FromStr for CachePolicy {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "none" => Ok(CachePolicy::None),
+            "reuse" => Ok(CachePolicy::Reuse),
+            "lru" => Ok(CachePolicy::Lru),
+            "static" => Ok(CachePolicy::Static),
+            other => Err(Error::invalid(
+                "cache policy",
+                other,
+                "none, reuse, lru or static",
+            )),
+        }
+    }
+}
+
+/// How I/O concurrency and decode threads are split among the node's ranks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Schedule {
+    /// Lobster: every window, lobster-sched gives io_depth and decode threads to the ranks
+    /// predicted to be slowest; `hysteresis` is the predicted gain a change must exceed.
+    Allocate {
+        /// Fraction of the predicted slowest-rank time a new allocation must save.
+        hysteresis: f64,
+    },
+    /// An equal, fixed split of both budgets.
+    EqualSplit,
+}
+
+/// How a sample is loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Execution {
+    /// Reads go to the io_uring engine with per-rank io_depth; decode threads only decode.
+    Pipelined,
+    /// A fixed set of workers per rank, each reading a sample with a blocking read and then
+    /// decoding it (PyTorch's DataLoader and NoPFS): I/O concurrency is the worker count.
+    ReadThenDecode,
+}
+
+/// Everything the loader needs besides the dataset and the decode function.
+#[derive(Clone, Debug)]
+pub struct LoaderConfig {
+    /// Nodes in the job.
+    pub nodes: usize,
+    /// This node's index, `0..nodes`.
+    pub node: usize,
+    /// Ranks (GPUs) on each node.
+    pub ranks_per_node: usize,
+    /// Samples per batch per rank.
+    pub batch_size: usize,
+    /// Epochs to load.
+    pub epochs: u32,
+    /// Drop the tail of each epoch instead of padding (PyTorch's `drop_last`).
+    pub drop_last: bool,
+    /// Cache policy.
+    pub cache_policy: CachePolicy,
+    /// Node cache capacity in bytes (ignored with `CachePolicy::None`).
+    pub cache_capacity_bytes: u64,
+    /// Reads in flight the node's ranks share.
+    pub io_depth_budget: usize,
+    /// Decode threads the node's ranks share.
+    pub decode_threads: usize,
+    /// Iterations the planner may run ahead of the slowest rank.
+    pub prefetch_iterations: usize,
+    /// Iterations per allocation window.
+    pub window_iterations: usize,
+    /// How budgets are split.
+    pub schedule: Schedule,
+    /// How samples are loaded.
+    pub execution: Execution,
+    /// Which I/O backend runs the reads.
+    pub backend: lobster_uring::Backend,
+    /// Read with O_DIRECT (bypassing the page cache).
+    pub direct: bool,
+    /// An emulated storage tier charged on every storage read.
+    pub storage_emulation: Option<StorageEmulation>,
+}
+
+impl Default for LoaderConfig {
+    fn default() -> Self {
+        Self {
+            nodes: 1,
+            node: 0,
+            ranks_per_node: 1,
+            batch_size: 32,
+            epochs: 1,
+            drop_last: false,
+            cache_policy: CachePolicy::Reuse,
+            cache_capacity_bytes: 1 << 30,
+            io_depth_budget: 32,
+            decode_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            prefetch_iterations: 2,
+            window_iterations: 1,
+            schedule: Schedule::Allocate { hysteresis: 0.05 },
+            execution: Execution::Pipelined,
+            backend: lobster_uring::Backend::Auto,
+            direct: false,
+            storage_emulation: None,
+        }
+    }
+}
+
+/// Bounds on the knobs, so a typo cannot ask for a million threads.
+pub(crate) const THREADS_MAX: usize = 1024;
+pub(crate) const IO_DEPTH_MAX: usize = 65_536;
+pub(crate) const PREFETCH_MAX: usize = 1024;
+
+impl LoaderConfig {
+    /// Ranks in the whole job.
+    pub fn world(&self) -> usize {
+        self.nodes * self.ranks_per_node
+    }
+
+    /// Checks every parameter against its allowed range; `samples` is the dataset's size.
+    pub fn validate(&self, samples: usize) -> Result<(), Error> {
+        let range = |name: &'static str, value: usize, lo: usize, hi: usize| {
+            if (lo..=hi).contains(&value) {
+                Ok(())
+            } else {
+                Err(Error::invalid(name, value, format!("{lo}..={hi}")))
+            }
+        };
+        range("nodes", self.nodes, 1, 1 << 20)?;
+        range("ranks_per_node", self.ranks_per_node, 1, THREADS_MAX)?;
+        range("node", self.node, 0, self.nodes - 1)?;
+        range("epochs", self.epochs as usize, 1, u32::MAX as usize)?;
+        let world = self.world();
+        let per_rank = if self.drop_last {
+            samples / world
+        } else {
+            samples.div_ceil(world)
+        };
+        if per_rank == 0 {
+            return Err(Error::invalid(
+                "world",
+                world,
+                format!("at most the {samples} samples when drop_last is set"),
+            ));
+        }
+        range("batch_size", self.batch_size, 1, per_rank)?;
+        if self.cache_policy != CachePolicy::None && self.cache_capacity_bytes == 0 {
+            return Err(Error::invalid(
+                "cache_capacity_bytes",
+                0,
+                "at least 1 with a cache policy (use the policy none for no cache)",
+            ));
+        }
+        let ranks = self.ranks_per_node;
+        range("io_depth_budget", self.io_depth_budget, ranks, IO_DEPTH_MAX)?;
+        range("decode_threads", self.decode_threads, ranks, THREADS_MAX)?;
+        range(
+            "prefetch_iterations",
+            self.prefetch_iterations,
+            1,
+            PREFETCH_MAX,
+        )?;
+        range("window_iterations", self.window_iterations, 1, PREFETCH_MAX)?;
+        if let Schedule::Allocate { hysteresis } = self.schedule {
+            if !(0.0..1.0).contains(&hysteresis) {
+                return Err(Error::invalid("hysteresis", hysteresis, "0 <= h < 1"));
+            }
+        }
+        if let Some(e) = self.storage_emulation {
+            if !(e.bandwidth_bytes_per_s.is_finite() && e.bandwidth_bytes_per_s > 0.0) {
+                return Err(Error::invalid(
+                    "storage bandwidth_bytes_per_s",
+                    e.bandwidth_bytes_per_s,
+                    "a positive number",
+                ));
+            }
+            range("storage latency_us", e.latency_us as usize, 0, 10_000_000)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_bad_parameter_is_named() {
+        let ok = LoaderConfig {
+            ranks_per_node: 2,
+            decode_threads: 2,
+            ..LoaderConfig::default()
+        };
+        ok.validate(1000).unwrap();
+        let cases: Vec<(LoaderConfig, &str)> = vec![
+            (
+                LoaderConfig {
+                    ranks_per_node: 0,
+                    ..ok.clone()
+                },
+                "ranks_per_node",
+            ),
+            (
+                LoaderConfig {
+                    node: 1,
+                    ..ok.clone()
+                },
+                "node",
+            ),
+            (
+                LoaderConfig {
+                    batch_size: 501,
+                    ..ok.clone()
+                },
+                "batch_size",
+            ),
+            (
+                LoaderConfig {
+                    batch_size: 0,
+                    ..ok.clone()
+                },
+                "batch_size",
+            ),
+            (
+                LoaderConfig {
+                    cache_capacity_bytes: 0,
+                    ..ok.clone()
+                },
+                "cache_capacity_bytes",
+            ),
+            (
+                LoaderConfig {
+                    io_depth_budget: 0,
+                    ..ok.clone()
+                },
+                "io_depth_budget",
+            ),
+            (
+                LoaderConfig {
+                    decode_threads: 1,
+                    ..ok.clone()
+                },
+                "decode_threads",
+            ),
+            (
+                LoaderConfig {
+                    prefetch_iterations: 0,
+                    ..ok.clone()
+                },
+                "prefetch_iterations",
+            ),
+            (
+                LoaderConfig {
+                    epochs: 0,
+                    ..ok.clone()
+                },
+                "epochs",
+            ),
+        ];
+        for (config, parameter) in cases {
+            let err = config.validate(1000).unwrap_err();
+            match &err {
+                Error::InvalidParameter { parameter: p, .. } => assert_eq!(*p, parameter, "{err}"),
+                other => panic!("expected InvalidParameter for {parameter}, got {other}"),
+            }
+            assert!(err.to_string().contains("allowed"), "{err}");
+        }
+    }
+}

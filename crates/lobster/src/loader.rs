@@ -1,0 +1,325 @@
+//! The loader builder, the loader, and one batch iterator per local rank.
+
+use std::sync::Arc;
+
+use crate::config::{CachePolicy, Execution, LoaderConfig, Schedule};
+use crate::dataset::{Dataset, SampleMeta};
+use crate::emulate::{Device, StorageEmulation};
+use crate::error::{Cause, Error};
+use crate::metrics::RunMetrics;
+use crate::pipeline::{self, Context, DecodeFn, Layout, Pipeline};
+use crate::sampler::{DistributedSampler, EpochOrder};
+
+/// One decoded sample of a batch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample<T> {
+    /// The sample's id in the dataset.
+    pub id: u32,
+    /// Its label.
+    pub label: u32,
+    /// What the decode function made of its bytes.
+    pub value: T,
+}
+
+/// One rank's batch for one iteration, in the sampler's order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch<T> {
+    /// The epoch.
+    pub epoch: u32,
+    /// The iteration within the epoch.
+    pub iteration: u32,
+    /// The samples, in the order the sampler gave them to this rank.
+    pub samples: Vec<Sample<T>>,
+}
+
+/// Builds a [`Loader`]: the dataset, the job's layout, the cache, the budgets and the decode
+/// function. Every setting is checked by [`build`](LoaderBuilder::build) before any thread
+/// starts.
+pub struct LoaderBuilder<T> {
+    dataset: Arc<Dataset>,
+    config: LoaderConfig,
+    order: EpochOrder,
+    decode: Option<DecodeFn<T>>,
+}
+
+impl<T> std::fmt::Debug for LoaderBuilder<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoaderBuilder")
+            .field("config", &self.config)
+            .field("order", &self.order)
+            .finish_non_exhaustive()
+    }
+}
+
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty),* $(,)?) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, value: $ty) -> Self {
+                self.config.$name = value;
+                self
+            }
+        )*
+    };
+}
+
+impl<T: Send + 'static> LoaderBuilder<T> {
+    /// A builder over `dataset` with [`LoaderConfig::default`] and the PyTorch shuffle with
+    /// seed 0.
+    pub fn new(dataset: impl Into<Arc<Dataset>>) -> Self {
+        Self {
+            dataset: dataset.into(),
+            config: LoaderConfig::default(),
+            order: EpochOrder::Shuffle { seed: 0 },
+            decode: None,
+        }
+    }
+
+    /// Replaces the whole configuration.
+    pub fn config(mut self, config: LoaderConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The world: `nodes` nodes of `ranks_per_node` ranks; this process is node `node`.
+    pub fn world(mut self, nodes: usize, ranks_per_node: usize, node: usize) -> Self {
+        self.config.nodes = nodes;
+        self.config.ranks_per_node = ranks_per_node;
+        self.config.node = node;
+        self
+    }
+
+    /// Shuffle like `DistributedSampler(shuffle=True, seed=seed)`.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.order = EpochOrder::Shuffle { seed };
+        self
+    }
+
+    /// Where each epoch's order comes from (shuffled, sequential or explicit).
+    pub fn epoch_order(mut self, order: EpochOrder) -> Self {
+        self.order = order;
+        self
+    }
+
+    /// The cache: a policy and its capacity in bytes.
+    pub fn cache(mut self, policy: CachePolicy, capacity_bytes: u64) -> Self {
+        self.config.cache_policy = policy;
+        self.config.cache_capacity_bytes = capacity_bytes;
+        self
+    }
+
+    setters! {
+        /// Samples per batch per rank.
+        batch_size: usize,
+        /// Epochs to load.
+        epochs: u32,
+        /// Drop each epoch's tail instead of padding it.
+        drop_last: bool,
+        /// Reads in flight the node's ranks share.
+        io_depth_budget: usize,
+        /// Decode threads the node's ranks share.
+        decode_threads: usize,
+        /// Iterations the loader may run ahead of the slowest rank.
+        prefetch_iterations: usize,
+        /// Iterations per allocation window.
+        window_iterations: usize,
+        /// How the budgets are split among ranks.
+        schedule: Schedule,
+        /// Pipelined (io_uring reads, separate decode) or read-then-decode workers.
+        execution: Execution,
+        /// The I/O backend.
+        backend: lobster_uring::Backend,
+        /// Read with O_DIRECT.
+        direct: bool,
+    }
+
+    /// Charge every storage read an emulated shared tier's latency and bandwidth.
+    pub fn storage_emulation(mut self, emulation: Option<StorageEmulation>) -> Self {
+        self.config.storage_emulation = emulation;
+        self
+    }
+
+    /// The function that turns a sample's bytes into `T`, run on the decode threads.
+    pub fn decode<F, E>(mut self, decode: F) -> Self
+    where
+        F: Fn(&[u8], &SampleMeta) -> Result<T, E> + Send + Sync + 'static,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        self.decode = Some(Arc::new(move |bytes: &[u8], meta: &SampleMeta| {
+            decode(bytes, meta).map_err(|e| Cause::from(e.into()))
+        }));
+        self
+    }
+
+    /// Checks the configuration and starts the pipeline.
+    pub fn build(self) -> Result<Loader<T>, Error> {
+        let config = self.config;
+        let dataset = self.dataset;
+        config.validate(dataset.len())?;
+        let decode = self
+            .decode
+            .ok_or_else(|| Error::invalid("decode", "none", "a decode function"))?;
+        let sampler =
+            DistributedSampler::new(dataset.len(), config.world(), config.drop_last, self.order)?;
+        if let Some(n) = sampler.explicit_epochs() {
+            if (config.epochs as usize) > n {
+                return Err(Error::invalid(
+                    "epochs",
+                    config.epochs,
+                    format!("at most the {n} explicit epoch orders"),
+                ));
+            }
+        }
+        let layout = Layout {
+            per_rank: sampler.per_rank(),
+            sampler,
+            world: config.world(),
+            first_rank: config.node * config.ranks_per_node,
+            ranks: config.ranks_per_node,
+            batch: config.batch_size,
+            epochs: config.epochs,
+        };
+        let reader = match config.execution {
+            Execution::Pipelined => Some(build_reader(&config, &dataset)?),
+            Execution::ReadThenDecode => None,
+        };
+        let backend = reader.as_ref().map(|r| r.backend().clone());
+        let device = config.storage_emulation.map(|e| Arc::new(Device::new(e)));
+        let ctx = Context {
+            layout,
+            config: config.clone(),
+            dataset,
+            decode,
+            device,
+        };
+        let pipeline = Pipeline::start(ctx, reader)?;
+        let handles = (0..config.ranks_per_node)
+            .map(|rank| RankHandle {
+                shared: pipeline.shared.clone(),
+                rank,
+                iterations: pipeline.layout.iterations(),
+                done: false,
+            })
+            .collect();
+        Ok(Loader {
+            pipeline,
+            handles: Some(handles),
+            config,
+            backend,
+        })
+    }
+}
+
+/// Pool buffers: every read in flight plus every read sample waiting for decode in the
+/// prefetch window, so a submission never waits on a buffer only a later stage frees.
+fn build_reader(config: &LoaderConfig, dataset: &Dataset) -> Result<lobster_uring::Reader, Error> {
+    let largest = dataset
+        .samples()
+        .iter()
+        .map(|s| s.size_bytes)
+        .max()
+        .unwrap_or(0);
+    // O_DIRECT widens a read to the alignment on both ends.
+    let buffer_size_bytes = (largest as usize + 2 * 4096).next_multiple_of(4096);
+    let window_samples = (config.prefetch_iterations + config.window_iterations)
+        * config.ranks_per_node
+        * config.batch_size;
+    let buffer_count = config.io_depth_budget + window_samples + 16;
+    lobster_uring::Reader::builder()
+        .backend(config.backend)
+        .buffer_size_bytes(buffer_size_bytes)
+        .buffer_count(buffer_count)
+        .classes(
+            config.ranks_per_node,
+            (config.io_depth_budget / config.ranks_per_node).max(1),
+        )
+        .queue_capacity(window_samples.max(1))
+        .build()
+        .map_err(|e| Error::Engine {
+            part: "I/O reader",
+            cause: Arc::new(e),
+        })
+}
+
+/// A running loader. Take the rank handles with [`ranks`](Loader::ranks), give one to each
+/// rank's training thread, and keep the loader alive while they iterate; dropping it stops
+/// and joins every thread it started.
+#[derive(Debug)]
+pub struct Loader<T> {
+    pipeline: Pipeline<T>,
+    handles: Option<Vec<RankHandle<T>>>,
+    config: LoaderConfig,
+    backend: Option<lobster_uring::BackendInfo>,
+}
+
+impl<T> Loader<T> {
+    /// One handle per local rank, in rank order; `None` after the first call.
+    pub fn ranks(&mut self) -> Option<Vec<RankHandle<T>>> {
+        self.handles.take()
+    }
+
+    /// The configuration the loader runs with.
+    pub fn config(&self) -> &LoaderConfig {
+        &self.config
+    }
+
+    /// The I/O backend and why it was chosen (`None` for read-then-decode workers).
+    pub fn backend(&self) -> Option<&lobster_uring::BackendInfo> {
+        self.backend.as_ref()
+    }
+
+    /// Batches per epoch per rank.
+    pub fn iterations_per_epoch(&self) -> usize {
+        self.pipeline.layout.iterations()
+    }
+
+    /// The run's metrics so far.
+    pub fn metrics(&self) -> RunMetrics {
+        pipeline::lock(&self.pipeline.shared.collector).summary()
+    }
+}
+
+/// One local rank's batches, epoch after epoch, in plan order. `Send`: the rank's training
+/// thread owns it.
+pub struct RankHandle<T> {
+    shared: Arc<pipeline::Shared<T>>,
+    rank: usize,
+    iterations: usize,
+    done: bool,
+}
+
+impl<T> std::fmt::Debug for RankHandle<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RankHandle")
+            .field("rank", &self.rank)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> RankHandle<T> {
+    /// The local rank this handle serves.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+}
+
+impl<T> Iterator for RankHandle<T> {
+    type Item = Result<Batch<T>, Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let next = pipeline::next_batch(&self.shared, self.rank, self.iterations);
+        if matches!(next, None | Some(Err(Error::Stopped { .. }))) {
+            self.done = true;
+        }
+        next
+    }
+}
+
+impl<T> Drop for RankHandle<T> {
+    fn drop(&mut self) {
+        pipeline::detach(&self.shared, self.rank);
+    }
+}

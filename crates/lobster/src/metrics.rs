@@ -1,0 +1,314 @@
+//! Metrics per rank per iteration and per run, bounded in memory however long the run.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// One rank's figures for one iteration.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct IterationMetrics {
+    /// Epoch of the batch.
+    pub epoch: u32,
+    /// Iteration within the epoch.
+    pub iteration: u32,
+    /// Local rank.
+    pub rank: usize,
+    /// Time the rank's pipeline spent producing this batch, after the previous one was ready.
+    pub load_s: f64,
+    /// Time the rank's training thread waited for this batch.
+    pub stall_s: f64,
+    /// Samples served from the node cache.
+    pub hits: u32,
+    /// Samples read from storage.
+    pub misses: u32,
+    /// Bytes served from the cache.
+    pub hit_bytes: u64,
+    /// Bytes read from storage.
+    pub miss_bytes: u64,
+    /// Summed decode time of the batch's samples.
+    pub decode_s: f64,
+}
+
+/// One allocation decision of lobster-sched.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AllocationRecord {
+    /// Epoch of the window's first iteration.
+    pub epoch: u32,
+    /// The window's first iteration.
+    pub iteration: u32,
+    /// io_depth per local rank.
+    pub io_depth: Vec<u32>,
+    /// Decode threads per local rank.
+    pub decode_threads: Vec<u32>,
+    /// Predicted imbalance (max / mean rank time) of the equal split.
+    pub predicted_imbalance_equal: f64,
+    /// Predicted imbalance of this allocation.
+    pub predicted_imbalance: f64,
+}
+
+/// A run's summary.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RunMetrics {
+    /// Samples delivered to all local ranks.
+    pub samples: u64,
+    /// Wall time from the loader's start to the last batch taken.
+    pub elapsed_s: f64,
+    /// Wall time of each completed epoch (first batch issued to last batch taken).
+    pub epoch_seconds: Vec<f64>,
+    /// `samples / elapsed_s`.
+    pub samples_per_second: f64,
+    /// Time ranks waited for batches over the ranks' total time.
+    pub stall_fraction: f64,
+    /// Median per-iteration imbalance (max over ranks of load time / mean).
+    pub imbalance_p50: f64,
+    /// 95th percentile of the per-iteration imbalance.
+    pub imbalance_p95: f64,
+    /// Cache hits over accesses.
+    pub hit_ratio: f64,
+    /// Cache hits.
+    pub hits: u64,
+    /// Accesses.
+    pub accesses: u64,
+    /// The most recent per-iteration figures (bounded, oldest dropped first).
+    pub iterations: Vec<IterationMetrics>,
+    /// The most recent allocations (bounded, oldest dropped first).
+    pub allocations: Vec<AllocationRecord>,
+}
+
+/// Per-iteration records kept for the API and JSON; older ones are dropped.
+pub(crate) const HISTORY_MAX: usize = 1 << 16;
+
+/// Imbalance ratios in [1, 11) at 0.1% resolution; larger ones land in the last bin.
+const BIN_WIDTH: f64 = 0.001;
+const BINS: usize = 10_000;
+
+/// A fixed-size histogram so percentiles cost no memory per iteration.
+#[derive(Clone, Debug)]
+pub(crate) struct RatioHistogram {
+    counts: Vec<u64>,
+    total: u64,
+}
+
+impl RatioHistogram {
+    pub(crate) fn new() -> Self {
+        Self {
+            counts: vec![0; BINS],
+            total: 0,
+        }
+    }
+
+    pub(crate) fn record(&mut self, ratio: f64) {
+        let bin = if ratio.is_finite() {
+            ((ratio - 1.0).max(0.0) / BIN_WIDTH) as usize
+        } else {
+            BINS - 1
+        };
+        self.counts[bin.min(BINS - 1)] += 1;
+        self.total += 1;
+    }
+
+    /// The `q` quantile (0..=1), as the upper edge of its bin; 1.0 when empty.
+    pub(crate) fn quantile(&self, q: f64) -> f64 {
+        if self.total == 0 {
+            return 1.0;
+        }
+        let rank = ((q * self.total as f64).ceil() as u64).clamp(1, self.total);
+        let mut seen = 0;
+        for (bin, &count) in self.counts.iter().enumerate() {
+            seen += count;
+            if seen >= rank {
+                return 1.0 + (bin as f64 + 1.0) * BIN_WIDTH;
+            }
+        }
+        1.0 + BINS as f64 * BIN_WIDTH
+    }
+}
+
+/// An iteration being completed by the node's ranks.
+#[derive(Clone, Debug)]
+struct OpenIteration {
+    key: (u32, u32),
+    load_s: Vec<Option<f64>>,
+}
+
+/// The collector the pipeline and the rank handles write to.
+#[derive(Debug)]
+pub(crate) struct Collector {
+    ranks: usize,
+    started: Instant,
+    last_taken: Instant,
+    samples: u64,
+    hits: u64,
+    accesses: u64,
+    stall: Duration,
+    imbalance: RatioHistogram,
+    open: VecDeque<OpenIteration>,
+    history: VecDeque<IterationMetrics>,
+    allocations: VecDeque<AllocationRecord>,
+    epoch_started: Vec<Option<Instant>>,
+    epoch_taken: Vec<(usize, Option<Instant>)>,
+}
+
+impl Collector {
+    pub(crate) fn new(ranks: usize, epochs: u32) -> Self {
+        let now = Instant::now();
+        Self {
+            ranks,
+            started: now,
+            last_taken: now,
+            samples: 0,
+            hits: 0,
+            accesses: 0,
+            stall: Duration::ZERO,
+            imbalance: RatioHistogram::new(),
+            open: VecDeque::new(),
+            history: VecDeque::new(),
+            allocations: VecDeque::new(),
+            epoch_started: vec![None; epochs as usize],
+            epoch_taken: vec![(0, None); epochs as usize],
+        }
+    }
+
+    pub(crate) fn epoch_issued(&mut self, epoch: u32, at: Instant) {
+        self.epoch_started[epoch as usize].get_or_insert(at);
+    }
+
+    /// A rank took a batch; `last_of_epoch` marks the epoch's final batch for that rank.
+    pub(crate) fn batch_taken(&mut self, m: IterationMetrics, samples: usize, last_of_epoch: bool) {
+        let now = Instant::now();
+        self.last_taken = now;
+        self.samples += samples as u64;
+        self.hits += u64::from(m.hits);
+        self.accesses += u64::from(m.hits + m.misses);
+        self.stall += Duration::from_secs_f64(m.stall_s);
+        if last_of_epoch {
+            let entry = &mut self.epoch_taken[m.epoch as usize];
+            entry.0 += 1;
+            if entry.0 == self.ranks {
+                entry.1 = Some(now);
+            }
+        }
+        let key = (m.epoch, m.iteration);
+        let index = match self.open.iter().position(|o| o.key == key) {
+            Some(i) => i,
+            None => {
+                self.open.push_back(OpenIteration {
+                    key,
+                    load_s: vec![None; self.ranks],
+                });
+                self.open.len() - 1
+            }
+        };
+        self.open[index].load_s[m.rank] = Some(m.load_s);
+        if self.open[index].load_s.iter().all(Option::is_some) {
+            let done = self.open.remove(index).expect("index is in range");
+            let loads: Vec<f64> = done.load_s.into_iter().flatten().collect();
+            self.imbalance.record(imbalance(&loads));
+        }
+        // A detached rank leaves iterations open forever; keep that bounded.
+        while self.open.len() > HISTORY_MAX {
+            self.open.pop_front();
+        }
+        if self.history.len() == HISTORY_MAX {
+            self.history.pop_front();
+        }
+        self.history.push_back(m);
+    }
+
+    pub(crate) fn allocation(&mut self, record: AllocationRecord) {
+        if self.allocations.len() == HISTORY_MAX {
+            self.allocations.pop_front();
+        }
+        self.allocations.push_back(record);
+    }
+
+    pub(crate) fn summary(&self) -> RunMetrics {
+        let elapsed_s = (self.last_taken - self.started).as_secs_f64();
+        let epoch_seconds = self
+            .epoch_started
+            .iter()
+            .zip(&self.epoch_taken)
+            .filter_map(|(start, (_, end))| {
+                Some((end.as_ref()?.saturating_duration_since(*start.as_ref()?)).as_secs_f64())
+            })
+            .collect();
+        let rank_time_s = elapsed_s * self.ranks as f64;
+        RunMetrics {
+            samples: self.samples,
+            elapsed_s,
+            epoch_seconds,
+            samples_per_second: if elapsed_s > 0.0 {
+                self.samples as f64 / elapsed_s
+            } else {
+                0.0
+            },
+            stall_fraction: if rank_time_s > 0.0 {
+                (self.stall.as_secs_f64() / rank_time_s).min(1.0)
+            } else {
+                0.0
+            },
+            imbalance_p50: self.imbalance.quantile(0.5),
+            imbalance_p95: self.imbalance.quantile(0.95),
+            hit_ratio: if self.accesses > 0 {
+                self.hits as f64 / self.accesses as f64
+            } else {
+                0.0
+            },
+            hits: self.hits,
+            accesses: self.accesses,
+            iterations: self.history.iter().cloned().collect(),
+            allocations: self.allocations.iter().cloned().collect(),
+        }
+    }
+}
+
+/// Max over mean of per-rank times; 1.0 for no ranks or no time at all.
+pub fn imbalance(times: &[f64]) -> f64 {
+    let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
+    let max = times.iter().copied().fold(0.0, f64::max);
+    if mean > 0.0 {
+        max / mean
+    } else {
+        1.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_quantiles_match_sorted_data() {
+        let mut h = RatioHistogram::new();
+        let data: Vec<f64> = (0..1000).map(|i| 1.0 + f64::from(i) * 0.002).collect();
+        for &x in &data {
+            h.record(x);
+        }
+        for q in [0.5, 0.95] {
+            let exact = data[(q * 1000.0) as usize - 1];
+            assert!((h.quantile(q) - exact).abs() <= 2.0 * BIN_WIDTH, "q={q}");
+        }
+    }
+
+    #[test]
+    fn imbalance_is_max_over_mean() {
+        assert_eq!(imbalance(&[1.0, 1.0, 2.0, 4.0]), 2.0);
+        assert_eq!(imbalance(&[]), 1.0);
+    }
+
+    #[test]
+    fn an_iteration_counts_once_every_rank_took_it() {
+        let mut c = Collector::new(2, 1);
+        let m = |rank, load_s| IterationMetrics {
+            rank,
+            load_s,
+            ..Default::default()
+        };
+        c.batch_taken(m(0, 1.0), 4, false);
+        assert_eq!(c.imbalance.total, 0);
+        c.batch_taken(m(1, 3.0), 4, false);
+        assert_eq!(c.imbalance.total, 1);
+        assert!((c.summary().imbalance_p50 - 1.5).abs() < 0.002);
+    }
+}

@@ -1,0 +1,1208 @@
+//! The pipeline: planner, I/O dispatcher, decode workers and per-rank reorder buffers.
+//!
+//! The planner thread walks the node stream in canonical order and makes every cache
+//! decision, so hits and misses are a pure function of the inputs. A miss becomes a read (to
+//! the dispatcher, which holds each rank to its io_depth, or to a worker that reads and then
+//! decodes); a hit waits on the slot the earlier miss fills. Decoded samples land in their
+//! rank's reorder buffer, which hands out whole batches in plan order.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::fs::File;
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use crossbeam_channel::{select, Receiver, Sender};
+use lobster_cache::{Planner, StreamSource};
+use lobster_sched::{AllocConfig, Allocator, Budgets, CostModel, RankLoad, Tier};
+use lobster_uring::{Completion, FileId, OpenOptions, ReadRequest, Reader};
+use slab::Slab;
+
+use crate::config::{CachePolicy, Execution, LoaderConfig, Schedule};
+use crate::dataset::{Dataset, SampleMeta};
+use crate::emulate::Device;
+use crate::error::{Cause, Error};
+use crate::metrics::{AllocationRecord, Collector, IterationMetrics};
+use crate::sampler::DistributedSampler;
+
+/// The user's decode function, type-erased.
+pub(crate) type DecodeFn<T> = Arc<dyn Fn(&[u8], &SampleMeta) -> Result<T, Cause> + Send + Sync>;
+
+/// Locks a mutex; a panic elsewhere must not hide the state from the threads shutting down.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The node's shape in the job and the canonical order of its stream.
+#[derive(Clone, Debug)]
+pub(crate) struct Layout {
+    pub(crate) sampler: DistributedSampler,
+    pub(crate) world: usize,
+    pub(crate) first_rank: usize,
+    pub(crate) ranks: usize,
+    pub(crate) batch: usize,
+    pub(crate) per_rank: usize,
+    pub(crate) epochs: u32,
+}
+
+impl Layout {
+    pub(crate) fn iterations(&self) -> usize {
+        self.per_rank.div_ceil(self.batch)
+    }
+
+    pub(crate) fn batch_len(&self, iteration: usize) -> usize {
+        self.batch.min(self.per_rank - iteration * self.batch)
+    }
+
+    /// Visits the node's accesses of one epoch in canonical order:
+    /// (iteration, local rank, position in batch, sample).
+    pub(crate) fn walk_epoch(&self, epoch: u32, mut visit: impl FnMut(usize, usize, usize, u32)) {
+        let order = self.sampler.epoch_indices(epoch);
+        for iteration in 0..self.iterations() {
+            for rank in 0..self.ranks {
+                for pos in 0..self.batch_len(iteration) {
+                    let k = iteration * self.batch + pos;
+                    visit(
+                        iteration,
+                        rank,
+                        pos,
+                        order[self.first_rank + rank + k * self.world],
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl StreamSource for Layout {
+    fn epochs(&self) -> u32 {
+        self.epochs
+    }
+
+    fn fill_epoch(&self, epoch: u32, out: &mut Vec<u32>) {
+        self.walk_epoch(epoch, |_, _, _, sample| out.push(sample));
+    }
+}
+
+/// Bytes of one sample, or why they could not be had. Shared by every access that needs them.
+type Loaded = Result<Bytes, Error>;
+
+/// Where a sample's bytes will appear; hits and the miss that reads it wait on the same slot.
+#[derive(Debug)]
+struct Slot {
+    state: Mutex<SlotState>,
+}
+
+#[derive(Debug)]
+enum SlotState {
+    Pending(Vec<Task>),
+    Ready(Loaded),
+}
+
+impl Slot {
+    fn new() -> Arc<Self> {
+        Arc::new(Slot {
+            state: Mutex::new(SlotState::Pending(Vec::new())),
+        })
+    }
+}
+
+/// One access on its way to a rank's batch.
+#[derive(Debug)]
+struct Task {
+    epoch: u32,
+    iteration: u32,
+    rank: usize,
+    pos: usize,
+    sample: u32,
+    slot: Arc<Slot>,
+    /// The slot's bytes are kept in the cache: store a right-sized copy, not a pool buffer.
+    admitted: bool,
+    /// ReadThenDecode: the worker that takes this task reads the sample itself.
+    read_here: bool,
+}
+
+/// A task whose bytes are known, waiting for a decode thread.
+#[derive(Debug)]
+struct Ready {
+    task: Task,
+    bytes: Loaded,
+}
+
+/// A batch being assembled in a rank's reorder buffer.
+#[derive(Debug)]
+struct PendingBatch<T> {
+    epoch: u32,
+    iteration: u32,
+    items: Vec<Option<Result<crate::Sample<T>, Error>>>,
+    remaining: usize,
+    issued: Instant,
+    ready_at: Option<Instant>,
+    metrics: IterationMetrics,
+}
+
+#[derive(Debug)]
+struct RankBuffer<T> {
+    batches: VecDeque<PendingBatch<T>>,
+    /// The planner has queued every batch of this rank.
+    planned_all: bool,
+    /// The training thread let go of its handle: drop its batches.
+    detached: bool,
+    prev_ready: Option<Instant>,
+}
+
+struct RankShared<T> {
+    buffer: Mutex<RankBuffer<T>>,
+    ready: Condvar,
+}
+
+/// Decode queues and who serves them.
+#[derive(Debug)]
+struct DecodeState {
+    queues: Vec<VecDeque<Ready>>,
+    /// Worker index to the rank it serves first.
+    assignment: Vec<usize>,
+}
+
+/// Backpressure: how far each rank's training thread has got.
+#[derive(Debug)]
+struct Progress {
+    /// Batches taken per rank (counted across epochs); `usize::MAX` once detached.
+    taken: Vec<usize>,
+}
+
+/// State every pipeline thread and rank handle shares.
+pub(crate) struct Shared<T> {
+    pub(crate) stop: AtomicBool,
+    /// Accesses planned and not yet delivered to a reorder buffer.
+    outstanding: AtomicUsize,
+    planner_done: AtomicBool,
+    ranks: Vec<RankShared<T>>,
+    decode: Mutex<DecodeState>,
+    decode_cv: Condvar,
+    progress: Mutex<Progress>,
+    progress_cv: Condvar,
+    pub(crate) collector: Mutex<Collector>,
+    model: Mutex<CostModel>,
+    /// A failure that ends the pipeline (planner or dispatcher error).
+    failure: Mutex<Option<Error>>,
+}
+
+impl<T> std::fmt::Debug for Shared<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("stop", &self.stop)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A sample read request for the dispatcher.
+#[derive(Debug)]
+struct IoRequest {
+    rank: usize,
+    sample: u32,
+    slot: Arc<Slot>,
+    admitted: bool,
+}
+
+#[derive(Debug)]
+enum ToDispatcher {
+    Read(IoRequest),
+    Depths(Vec<u32>),
+}
+
+/// Everything the threads need, fixed at build time.
+pub(crate) struct Context<T> {
+    pub(crate) layout: Layout,
+    pub(crate) config: LoaderConfig,
+    pub(crate) dataset: Arc<Dataset>,
+    pub(crate) decode: DecodeFn<T>,
+    pub(crate) device: Option<Arc<Device>>,
+}
+
+/// The running pipeline: its threads and shared state.
+pub(crate) struct Pipeline<T> {
+    pub(crate) shared: Arc<Shared<T>>,
+    threads: Vec<JoinHandle<()>>,
+    reader: Option<Reader>,
+    pub(crate) layout: Layout,
+}
+
+impl<T> std::fmt::Debug for Pipeline<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("threads", &self.threads.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Open files the dispatcher keeps at most; least recently opened idle ones close first.
+const OPEN_FILES_MAX: usize = 1024;
+
+impl<T: Send + 'static> Pipeline<T> {
+    pub(crate) fn start(ctx: Context<T>, reader: Option<Reader>) -> Result<Self, Error> {
+        let ranks = ctx.layout.ranks;
+        let config = &ctx.config;
+        let workers = config.decode_threads;
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            outstanding: AtomicUsize::new(0),
+            planner_done: AtomicBool::new(false),
+            ranks: (0..ranks)
+                .map(|_| RankShared {
+                    buffer: Mutex::new(RankBuffer {
+                        batches: VecDeque::new(),
+                        planned_all: false,
+                        detached: false,
+                        prev_ready: None,
+                    }),
+                    ready: Condvar::new(),
+                })
+                .collect(),
+            decode: Mutex::new(DecodeState {
+                queues: (0..ranks).map(|_| VecDeque::new()).collect(),
+                assignment: spread(&equal_split(workers as u32, ranks)),
+            }),
+            decode_cv: Condvar::new(),
+            progress: Mutex::new(Progress {
+                taken: vec![0; ranks],
+            }),
+            progress_cv: Condvar::new(),
+            collector: Mutex::new(Collector::new(ranks, ctx.layout.epochs)),
+            model: Mutex::new(CostModel::new()),
+            failure: Mutex::new(None),
+        });
+        let ctx = Arc::new(ctx);
+        let mut threads = Vec::new();
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name)
+                .spawn(f)
+                .map_err(|e| Error::Stopped {
+                    reason: format!("cannot start a thread: {e}"),
+                })
+        };
+        let (to_dispatcher, dispatcher_rx) = crossbeam_channel::unbounded();
+        if let Some(reader) = &reader {
+            let (c, s, r) = (ctx.clone(), shared.clone(), reader.clone());
+            threads.push(spawn(
+                "lobster-dispatch".into(),
+                Box::new(move || {
+                    let result = dispatcher(&c, &s, &r, dispatcher_rx);
+                    if let Err(e) = result {
+                        fail(&s, e);
+                    }
+                }),
+            )?);
+        }
+        for w in 0..workers {
+            let (c, s) = (ctx.clone(), shared.clone());
+            threads.push(spawn(
+                format!("lobster-decode-{w}"),
+                Box::new(move || decode_worker(&c, &s, w)),
+            )?);
+        }
+        {
+            let (c, s) = (ctx.clone(), shared.clone());
+            let tx = reader.is_some().then_some(to_dispatcher);
+            threads.push(spawn(
+                "lobster-plan".into(),
+                Box::new(move || {
+                    if let Err(e) = planner(&c, &s, tx) {
+                        fail(&s, e);
+                    }
+                    s.planner_done.store(true, Ordering::SeqCst);
+                    s.decode_cv.notify_all();
+                }),
+            )?);
+        }
+        Ok(Pipeline {
+            shared,
+            threads,
+            reader,
+            layout: ctx.layout.clone(),
+        })
+    }
+}
+
+impl<T> Pipeline<T> {
+    /// Stops every thread and waits for them; in-flight reads are waited for by the reader.
+    pub(crate) fn shutdown(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        wake_all(&self.shared);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        self.reader = None;
+    }
+}
+
+impl<T> Drop for Pipeline<T> {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn wake_all<T>(shared: &Shared<T>) {
+    // Take each lock before notifying so a thread between its check and its wait is not missed.
+    drop(lock(&shared.decode));
+    shared.decode_cv.notify_all();
+    drop(lock(&shared.progress));
+    shared.progress_cv.notify_all();
+    for r in &shared.ranks {
+        drop(lock(&r.buffer));
+        r.ready.notify_all();
+    }
+}
+
+/// Records a pipeline failure and stops; rank handles report it.
+fn fail<T>(shared: &Shared<T>, error: Error) {
+    lock(&shared.failure).get_or_insert(error);
+    shared.stop.store(true, Ordering::SeqCst);
+    wake_all(shared);
+}
+
+/// `budget` split as evenly as possible over `ranks`, the remainder to the first ranks.
+pub(crate) fn equal_split(budget: u32, ranks: usize) -> Vec<u32> {
+    let n = ranks as u32;
+    (0..n)
+        .map(|r| budget / n + u32::from(r < budget % n))
+        .collect()
+}
+
+/// Per-rank thread counts to a worker-to-rank assignment.
+fn spread(threads: &[u32]) -> Vec<usize> {
+    threads
+        .iter()
+        .enumerate()
+        .flat_map(|(r, &t)| std::iter::repeat_n(r, t as usize))
+        .collect()
+}
+
+/// One access the planner decided, not yet handed out.
+struct Planned {
+    epoch: u32,
+    iteration: usize,
+    rank: usize,
+    pos: usize,
+    sample: u32,
+    slot: Arc<Slot>,
+    hit: bool,
+    admitted: bool,
+}
+
+/// The cache decisions, with or without a cache.
+enum Decider {
+    Cache(Box<Planner<Layout>>),
+    NoCache,
+}
+
+fn planner<T: Send + 'static>(
+    ctx: &Context<T>,
+    shared: &Shared<T>,
+    to_dispatcher: Option<Sender<ToDispatcher>>,
+) -> Result<(), Error> {
+    let layout = &ctx.layout;
+    let config = &ctx.config;
+    let samples = ctx.dataset.samples();
+    let sizes: Arc<[u32]> = samples
+        .iter()
+        .map(|s| {
+            u32::try_from(s.size_bytes).map_err(|_| {
+                Error::dataset(
+                    &*s.path,
+                    format!(
+                        "{} bytes: samples of 4 GiB or more are not supported",
+                        s.size_bytes
+                    ),
+                )
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let engine = |part: &'static str| {
+        move |e: Box<dyn std::error::Error + Send + Sync>| Error::Engine {
+            part,
+            cause: Arc::from(e),
+        }
+    };
+    let mut decider = match config.cache_policy {
+        CachePolicy::None => Decider::NoCache,
+        policy => {
+            let kind = match policy {
+                CachePolicy::Reuse => lobster_cache::PolicyKind::Reuse,
+                CachePolicy::Lru => lobster_cache::PolicyKind::Lru,
+                _ => lobster_cache::PolicyKind::Static,
+            };
+            let p = Planner::new(
+                layout.clone(),
+                sizes.clone(),
+                config.cache_capacity_bytes,
+                kind,
+            )
+            .map_err(|e| engine("cache planner")(Box::new(e)))?;
+            Decider::Cache(Box::new(p))
+        }
+    };
+    let mut allocator = match config.schedule {
+        Schedule::Allocate { hysteresis } if config.execution == Execution::Pipelined => {
+            let mut alloc = AllocConfig::new(Budgets {
+                io_depth_total: config.io_depth_budget as u32,
+                decode_threads_total: config.decode_threads as u32,
+            });
+            alloc.hysteresis_fraction = hysteresis;
+            Some(Allocator::new(alloc).map_err(|e| engine("allocator")(Box::new(e)))?)
+        }
+        _ => None,
+    };
+    // The node's cache: the slot of every sample the policy holds.
+    let mut cached: HashMap<u32, Arc<Slot>> = HashMap::new();
+    let mut evicted = Vec::new();
+    let iterations = layout.iterations();
+    let mut window: Vec<Planned> = Vec::new();
+    let mut global_iteration = 0usize;
+    for epoch in 0..layout.epochs {
+        // The node stream of this epoch, grouped by window.
+        let mut accesses = Vec::with_capacity(layout.per_rank * layout.ranks);
+        layout.walk_epoch(epoch, |it, rank, pos, sample| {
+            accesses.push((it, rank, pos, sample))
+        });
+        let mut next = 0;
+        let mut first = 0;
+        while first < iterations {
+            let last = (first + config.window_iterations).min(iterations);
+            wait_for_room(
+                shared,
+                global_iteration + (last - first),
+                config.prefetch_iterations,
+            )?;
+            window.clear();
+            while next < accesses.len() && accesses[next].0 < last {
+                let (iteration, rank, pos, sample) = accesses[next];
+                next += 1;
+                let (hit, admitted) = match &mut decider {
+                    Decider::NoCache => (false, false),
+                    Decider::Cache(p) => {
+                        let d = p
+                            .next(&mut evicted)
+                            .map_err(|e| engine("cache planner")(Box::new(e)))?
+                            .ok_or_else(|| Error::Stopped {
+                                reason: "cache planner ended early".into(),
+                            })?;
+                        assert_eq!(
+                            d.sample, sample,
+                            "the planner and the node stream disagree at {}",
+                            d.position
+                        );
+                        (d.hit, d.admitted)
+                    }
+                };
+                let slot = if hit {
+                    cached.get(&sample).cloned().expect("a hit is cached")
+                } else {
+                    Slot::new()
+                };
+                for e in evicted.drain(..) {
+                    cached.remove(&e);
+                }
+                if admitted {
+                    cached.insert(sample, slot.clone());
+                }
+                window.push(Planned {
+                    epoch,
+                    iteration,
+                    rank,
+                    pos,
+                    sample,
+                    slot,
+                    hit,
+                    admitted,
+                });
+            }
+            let issued = Instant::now();
+            lock(&shared.collector).epoch_issued(epoch, issued);
+            if let Some(alloc) = allocator.as_mut() {
+                let record = allocate(ctx, shared, alloc, &window, epoch, first)?;
+                if let Some(tx) = &to_dispatcher {
+                    let _ = tx.send(ToDispatcher::Depths(record.io_depth.clone()));
+                }
+                lock(&shared.decode).assignment = spread(&record.decode_threads);
+                lock(&shared.collector).allocation(record);
+            }
+            open_batches(ctx, shared, &window, epoch, first, last, issued);
+            for p in window.drain(..) {
+                shared.outstanding.fetch_add(1, Ordering::SeqCst);
+                let task = Task {
+                    epoch: p.epoch,
+                    iteration: p.iteration as u32,
+                    rank: p.rank,
+                    pos: p.pos,
+                    sample: p.sample,
+                    slot: p.slot.clone(),
+                    admitted: p.admitted,
+                    read_here: !p.hit && to_dispatcher.is_none(),
+                };
+                if task.read_here {
+                    push_ready(
+                        shared,
+                        Ready {
+                            task,
+                            bytes: Ok(Bytes::new()),
+                        },
+                    );
+                } else {
+                    wait_on_slot(shared, task);
+                    if !p.hit {
+                        if let Some(tx) = &to_dispatcher {
+                            let req = IoRequest {
+                                rank: p.rank,
+                                sample: p.sample,
+                                slot: p.slot,
+                                admitted: p.admitted,
+                            };
+                            if tx.send(ToDispatcher::Read(req)).is_err() {
+                                return Err(Error::Stopped {
+                                    reason: "the I/O dispatcher ended".into(),
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+            global_iteration += last - first;
+            first = last;
+        }
+    }
+    for r in &shared.ranks {
+        lock(&r.buffer).planned_all = true;
+        r.ready.notify_all();
+    }
+    Ok(())
+}
+
+/// Blocks until every rank has taken enough batches for `until` to be within the window.
+fn wait_for_room<T>(shared: &Shared<T>, until: usize, prefetch: usize) -> Result<(), Error> {
+    let mut progress = lock(&shared.progress);
+    loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            return Err(Error::Stopped {
+                reason: "loader dropped".into(),
+            });
+        }
+        let slowest = progress.taken.iter().copied().min().unwrap_or(usize::MAX);
+        if until <= slowest.saturating_add(prefetch) {
+            return Ok(());
+        }
+        progress = shared
+            .progress_cv
+            .wait(progress)
+            .unwrap_or_else(|p| p.into_inner());
+    }
+}
+
+/// Runs lobster-sched on the window's exact per-rank load.
+fn allocate<T>(
+    ctx: &Context<T>,
+    shared: &Shared<T>,
+    allocator: &mut Allocator,
+    window: &[Planned],
+    epoch: u32,
+    first: usize,
+) -> Result<AllocationRecord, Error> {
+    let mut loads = vec![RankLoad::default(); ctx.layout.ranks];
+    let samples = ctx.dataset.samples();
+    for p in window {
+        let bytes = samples[p.sample as usize].size_bytes;
+        let tier = if p.hit { Tier::Cache } else { Tier::Storage };
+        loads[p.rank].add_read(tier, bytes);
+        loads[p.rank].add_decode(bytes);
+    }
+    let model = lock(&shared.model);
+    let allocation = allocator
+        .allocate(&loads, &model)
+        .map_err(|e| Error::Engine {
+            part: "allocator",
+            cause: Arc::new(e),
+        })?;
+    drop(model);
+    let report = allocation.imbalance();
+    let mut threads: Vec<u32> = allocation.ranks.iter().map(|r| r.decode_threads).collect();
+    // Threads the allocator left spare still decode: give them to the slowest ranks.
+    let spare = ctx.config.decode_threads as u32 - threads.iter().sum::<u32>();
+    let mut order: Vec<usize> = (0..threads.len()).collect();
+    order.sort_by(|&a, &b| {
+        allocation.ranks[b]
+            .time_s
+            .total_cmp(&allocation.ranks[a].time_s)
+    });
+    for i in 0..spare as usize {
+        threads[order[i % order.len()]] += 1;
+    }
+    Ok(AllocationRecord {
+        epoch,
+        iteration: first as u32,
+        io_depth: allocation.ranks.iter().map(|r| r.io_depth).collect(),
+        decode_threads: threads,
+        predicted_imbalance_equal: report.before,
+        predicted_imbalance: report.after,
+    })
+}
+
+/// Queues the window's batches in the reorder buffers, with their planned hit/miss figures.
+fn open_batches<T>(
+    ctx: &Context<T>,
+    shared: &Shared<T>,
+    window: &[Planned],
+    epoch: u32,
+    first: usize,
+    last: usize,
+    issued: Instant,
+) {
+    let samples = ctx.dataset.samples();
+    for (rank, r) in shared.ranks.iter().enumerate() {
+        let mut buffer = lock(&r.buffer);
+        if buffer.detached {
+            continue;
+        }
+        for iteration in first..last {
+            let len = ctx.layout.batch_len(iteration);
+            let mut metrics = IterationMetrics {
+                epoch,
+                iteration: iteration as u32,
+                rank,
+                ..Default::default()
+            };
+            for p in window
+                .iter()
+                .filter(|p| p.rank == rank && p.iteration == iteration)
+            {
+                let bytes = samples[p.sample as usize].size_bytes;
+                if p.hit {
+                    metrics.hits += 1;
+                    metrics.hit_bytes += bytes;
+                } else {
+                    metrics.misses += 1;
+                    metrics.miss_bytes += bytes;
+                }
+            }
+            buffer.batches.push_back(PendingBatch {
+                epoch,
+                iteration: iteration as u32,
+                items: (0..len).map(|_| None).collect(),
+                remaining: len,
+                issued,
+                ready_at: None,
+                metrics,
+            });
+        }
+    }
+}
+
+/// Hands `task` to the decode queues once its slot is filled.
+fn wait_on_slot<T>(shared: &Shared<T>, task: Task) {
+    let slot = task.slot.clone();
+    let mut state = lock(&slot.state);
+    match &mut *state {
+        SlotState::Pending(waiters) => waiters.push(task),
+        SlotState::Ready(loaded) => {
+            let bytes = loaded.clone();
+            drop(state);
+            push_ready(shared, Ready { task, bytes });
+        }
+    }
+}
+
+/// Fills a slot and releases every task waiting on it.
+fn fill_slot<T>(shared: &Shared<T>, slot: &Slot, loaded: Loaded, admitted: bool) {
+    // A cached sample gets its own right-sized copy so pool buffers only hold samples in
+    // flight; the pool stays small however large the cache.
+    let loaded = match loaded {
+        Ok(b) if admitted => Ok(Bytes::copy_from_slice(&b)),
+        other => other,
+    };
+    let waiters = {
+        let mut state = lock(&slot.state);
+        match std::mem::replace(&mut *state, SlotState::Ready(loaded.clone())) {
+            SlotState::Pending(waiters) => waiters,
+            SlotState::Ready(_) => unreachable!("a slot is filled once"),
+        }
+    };
+    for task in waiters {
+        push_ready(
+            shared,
+            Ready {
+                task,
+                bytes: loaded.clone(),
+            },
+        );
+    }
+}
+
+fn push_ready<T>(shared: &Shared<T>, ready: Ready) {
+    let rank = ready.task.rank;
+    lock(&shared.decode).queues[rank].push_back(ready);
+    shared.decode_cv.notify_all();
+}
+
+/// Takes the next task for worker `w`: its rank's first; in the pipelined mode, idle workers
+/// then help the rank with the most queued work.
+fn take_task<T>(ctx: &Context<T>, shared: &Shared<T>, w: usize) -> Option<Ready> {
+    let pipelined = ctx.config.execution == Execution::Pipelined;
+    let mut state = lock(&shared.decode);
+    loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            return None;
+        }
+        let own = state.assignment.get(w).copied();
+        if let Some(r) = own {
+            if let Some(t) = state.queues[r].pop_front() {
+                return Some(t);
+            }
+        }
+        if pipelined || own.is_none() {
+            let longest =
+                (0..state.queues.len()).max_by_key(|&r| (state.queues[r].len(), Reverse(r)));
+            if let Some(r) = longest {
+                if let Some(t) = state.queues[r].pop_front() {
+                    return Some(t);
+                }
+            }
+        }
+        if shared.planner_done.load(Ordering::SeqCst)
+            && shared.outstanding.load(Ordering::SeqCst) == 0
+        {
+            return None;
+        }
+        state = shared
+            .decode_cv
+            .wait_timeout(state, Duration::from_millis(100))
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+}
+
+fn decode_worker<T: Send + 'static>(ctx: &Context<T>, shared: &Shared<T>, w: usize) {
+    while let Some(Ready { task, bytes }) = take_task(ctx, shared, w) {
+        let meta = &ctx.dataset.samples()[task.sample as usize];
+        let bytes = if task.read_here {
+            let loaded = blocking_read(ctx, meta);
+            fill_slot(shared, &task.slot, loaded.clone(), task.admitted);
+            loaded
+        } else {
+            bytes
+        };
+        let started = Instant::now();
+        let item = bytes.and_then(|b| {
+            if b.len() as u64 != meta.size_bytes {
+                return Err(Error::SizeChanged {
+                    sample: meta.id,
+                    path: meta.path.to_path_buf(),
+                    expected_bytes: meta.size_bytes,
+                    actual_bytes: b.len() as u64,
+                });
+            }
+            // A panicking decoder fails its sample, not the worker: the batch must still come.
+            let decoded =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (ctx.decode)(&b, meta)))
+                    .unwrap_or_else(|panic| {
+                        Err(Cause::from(
+                            Box::<dyn std::error::Error + Send + Sync>::from(panic_message(&panic)),
+                        ))
+                    });
+            let value = decoded.map_err(|cause| Error::Decode {
+                sample: meta.id,
+                path: meta.path.to_path_buf(),
+                cause,
+            })?;
+            Ok(crate::Sample {
+                id: meta.id,
+                label: meta.label,
+                value,
+            })
+        });
+        let elapsed = started.elapsed();
+        lock(&shared.model).observe_decode(1, meta.size_bytes, elapsed);
+        deliver(shared, &task, item, elapsed);
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic".into());
+    format!("the decode function panicked: {text}")
+}
+
+/// A worker's blocking read (the ReadThenDecode baselines), charged to the emulated tier.
+fn blocking_read<T>(ctx: &Context<T>, meta: &SampleMeta) -> Loaded {
+    let issued = Instant::now();
+    let read = || -> std::io::Result<Vec<u8>> {
+        let mut file = File::open(&meta.path)?;
+        let mut buf = Vec::with_capacity(meta.size_bytes as usize);
+        // One byte more than expected reveals a file that grew since the dataset was opened.
+        (&mut file)
+            .take(meta.size_bytes + 1)
+            .read_to_end(&mut buf)?;
+        Ok(buf)
+    };
+    let bytes = read().map_err(|e| Error::Read {
+        sample: meta.id,
+        path: meta.path.to_path_buf(),
+        offset: 0,
+        cause: Arc::new(e),
+    })?;
+    if let Some(device) = &ctx.device {
+        let finish = device.finish_time(issued, bytes.len() as u64);
+        sleep_until(finish);
+    }
+    Ok(Bytes::from(bytes))
+}
+
+fn sleep_until(t: Instant) {
+    let now = Instant::now();
+    if t > now {
+        std::thread::sleep(t - now);
+    }
+}
+
+/// Puts a decoded sample in its batch and wakes the rank if the batch is complete.
+fn deliver<T>(
+    shared: &Shared<T>,
+    task: &Task,
+    item: Result<crate::Sample<T>, Error>,
+    decode: Duration,
+) {
+    let rank = &shared.ranks[task.rank];
+    let mut buffer = lock(&rank.buffer);
+    if let Some(batch) = buffer
+        .batches
+        .iter_mut()
+        .find(|b| b.epoch == task.epoch && b.iteration == task.iteration)
+    {
+        debug_assert!(
+            batch.items[task.pos].is_none(),
+            "a position is delivered once"
+        );
+        batch.items[task.pos] = Some(item);
+        batch.remaining -= 1;
+        batch.metrics.decode_s += decode.as_secs_f64();
+        if batch.remaining == 0 {
+            batch.ready_at = Some(Instant::now());
+            rank.ready.notify_all();
+        }
+    }
+    drop(buffer);
+    if shared.outstanding.fetch_sub(1, Ordering::SeqCst) == 1 {
+        shared.decode_cv.notify_all();
+    }
+}
+
+/// A read handed to the reader, until it completes on the (emulated) storage.
+#[derive(Debug)]
+struct InFlight {
+    req: IoRequest,
+    issued: Instant,
+    /// Bytes the reader returned, held until the emulated tier delivers them.
+    parked: Option<Bytes>,
+}
+
+/// Open files by sample, closed least-recently-opened first when idle.
+#[derive(Debug, Default)]
+struct OpenFiles {
+    by_sample: HashMap<u32, (FileId, usize)>,
+    order: VecDeque<u32>,
+}
+
+impl OpenFiles {
+    fn acquire(
+        &mut self,
+        reader: &Reader,
+        meta: &SampleMeta,
+        direct: bool,
+    ) -> Result<FileId, Error> {
+        if let Some((file, users)) = self.by_sample.get_mut(&meta.id) {
+            *users += 1;
+            return Ok(*file);
+        }
+        while self.by_sample.len() >= OPEN_FILES_MAX {
+            let Some(i) = self.order.iter().position(|s| self.by_sample[s].1 == 0) else {
+                break;
+            };
+            let sample = self.order.remove(i).expect("position is in range");
+            let (file, _) = self
+                .by_sample
+                .remove(&sample)
+                .expect("order mirrors the map");
+            // A close error leaves nothing to undo: the id is gone either way.
+            let _ = reader.close(file);
+        }
+        let file = reader
+            .open(&meta.path, OpenOptions { direct })
+            .map_err(|e| Error::Read {
+                sample: meta.id,
+                path: meta.path.to_path_buf(),
+                offset: 0,
+                cause: Arc::new(e),
+            })?;
+        self.by_sample.insert(meta.id, (file, 1));
+        self.order.push_back(meta.id);
+        Ok(file)
+    }
+
+    fn release(&mut self, sample: u32) {
+        if let Some((_, users)) = self.by_sample.get_mut(&sample) {
+            *users -= 1;
+        }
+    }
+}
+
+/// Holds each rank to its io_depth of storage reads in flight (emulated time included) and
+/// turns completions into filled slots.
+fn dispatcher<T>(
+    ctx: &Context<T>,
+    shared: &Shared<T>,
+    reader: &Reader,
+    requests: Receiver<ToDispatcher>,
+) -> Result<(), Error> {
+    let ranks = ctx.layout.ranks;
+    let samples = ctx.dataset.samples();
+    let mut depth: Vec<u32> = equal_split(ctx.config.io_depth_budget as u32, ranks);
+    let mut pending: Vec<VecDeque<IoRequest>> = (0..ranks).map(|_| VecDeque::new()).collect();
+    let mut in_flight = vec![0u32; ranks];
+    let mut reads: Slab<InFlight> = Slab::new();
+    let mut timers: BinaryHeap<Reverse<(Instant, usize)>> = BinaryHeap::new();
+    let mut files = OpenFiles::default();
+    let completions = reader.completions();
+    let mut requests = Some(requests);
+    for (r, &d) in depth.iter().enumerate() {
+        set_depth(reader, r, d)?;
+    }
+    loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        for r in 0..ranks {
+            while in_flight[r] < depth[r] {
+                let Some(req) = pending[r].pop_front() else {
+                    break;
+                };
+                let meta = &samples[req.sample as usize];
+                let file = match files.acquire(reader, meta, ctx.config.direct) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        fill_slot(shared, &req.slot, Err(e), false);
+                        continue;
+                    }
+                };
+                let key = reads.insert(InFlight {
+                    req,
+                    issued: Instant::now(),
+                    parked: None,
+                });
+                in_flight[r] += 1;
+                let request = ReadRequest {
+                    file,
+                    offset: 0,
+                    len: meta.size_bytes as usize,
+                    class: r,
+                    tag: key as u64,
+                };
+                if let Err(e) = reader.submit(request) {
+                    let done = reads.remove(key);
+                    in_flight[r] -= 1;
+                    files.release(done.req.sample);
+                    let err = read_error(meta, e);
+                    fill_slot(shared, &done.req.slot, Err(err), false);
+                }
+            }
+        }
+        let requests_done = requests.is_none();
+        if requests_done && reads.is_empty() && pending.iter().all(VecDeque::is_empty) {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let wait = timers
+            .peek()
+            .map_or(Duration::from_millis(100), |Reverse((t, _))| {
+                t.saturating_duration_since(now)
+            })
+            .min(Duration::from_millis(100));
+        let never = crossbeam_channel::never();
+        let rx = requests.as_ref().unwrap_or(&never);
+        select! {
+            recv(rx) -> msg => match msg {
+                Ok(ToDispatcher::Read(req)) => pending[req.rank].push_back(req),
+                Ok(ToDispatcher::Depths(d)) => {
+                    for (r, &v) in d.iter().enumerate() {
+                        set_depth(reader, r, v)?;
+                    }
+                    depth = d;
+                }
+                Err(_) => requests = None,
+            },
+            recv(completions) -> c => {
+                let Ok(c) = c else {
+                    return Err(Error::Stopped { reason: "the reader's completion queue closed".into() });
+                };
+                on_completion(ctx, shared, &mut reads, &mut timers, &mut in_flight, &mut files, c);
+            },
+            default(wait) => {}
+        }
+        let now = Instant::now();
+        while let Some(Reverse((t, key))) = timers.peek().copied() {
+            if t > now {
+                break;
+            }
+            timers.pop();
+            let mut done = reads.remove(key);
+            in_flight[done.req.rank] -= 1;
+            files.release(done.req.sample);
+            let bytes = done.parked.take().expect("a timed read has its bytes");
+            finish_with(ctx, shared, done, Ok(bytes));
+        }
+    }
+}
+
+/// The reader finished a read: charge the emulated tier, or complete it now.
+fn on_completion<T>(
+    ctx: &Context<T>,
+    shared: &Shared<T>,
+    reads: &mut Slab<InFlight>,
+    timers: &mut BinaryHeap<Reverse<(Instant, usize)>>,
+    in_flight: &mut [u32],
+    files: &mut OpenFiles,
+    c: Completion,
+) {
+    let key = c.tag as usize;
+    let meta = &ctx.dataset.samples()[reads[key].req.sample as usize];
+    match c.result {
+        Ok(bytes) => {
+            if let Some(device) = &ctx.device {
+                let finish = device.finish_time(reads[key].issued, meta.size_bytes);
+                if finish > Instant::now() {
+                    reads[key].parked = Some(bytes);
+                    timers.push(Reverse((finish, key)));
+                    return;
+                }
+            }
+            let done = reads.remove(key);
+            in_flight[done.req.rank] -= 1;
+            files.release(done.req.sample);
+            finish_with(ctx, shared, done, Ok(bytes));
+        }
+        Err(e) => {
+            let done = reads.remove(key);
+            in_flight[done.req.rank] -= 1;
+            files.release(done.req.sample);
+            let err = read_error(meta, e);
+            finish_with(ctx, shared, done, Err(err));
+        }
+    }
+}
+
+fn finish_with<T>(ctx: &Context<T>, shared: &Shared<T>, done: InFlight, loaded: Loaded) {
+    let meta = &ctx.dataset.samples()[done.req.sample as usize];
+    if loaded.is_ok() {
+        lock(&shared.model).observe_read(Tier::Storage, meta.size_bytes, done.issued.elapsed());
+    }
+    fill_slot(shared, &done.req.slot, loaded, done.req.admitted);
+}
+
+fn set_depth(reader: &Reader, class: usize, depth: u32) -> Result<(), Error> {
+    reader
+        .set_io_depth(class, depth as usize)
+        .map_err(|e| Error::Engine {
+            part: "reader io_depth",
+            cause: Arc::new(e),
+        })
+}
+
+fn read_error(meta: &SampleMeta, e: lobster_uring::ReadError) -> Error {
+    Error::Read {
+        sample: meta.id,
+        path: meta.path.to_path_buf(),
+        offset: 0,
+        cause: Arc::new(e),
+    }
+}
+
+/// A rank's view: takes batches in plan order.
+pub(crate) fn next_batch<T>(
+    shared: &Shared<T>,
+    rank: usize,
+    iterations: usize,
+) -> Option<Result<crate::Batch<T>, Error>> {
+    let r = &shared.ranks[rank];
+    let started = Instant::now();
+    let mut buffer = lock(&r.buffer);
+    loop {
+        if let Some(front) = buffer.batches.front() {
+            if front.remaining == 0 {
+                break;
+            }
+        } else if buffer.planned_all {
+            return None;
+        }
+        if shared.stop.load(Ordering::SeqCst) {
+            let failure = lock(&shared.failure).clone();
+            return Some(Err(failure.unwrap_or(Error::Stopped {
+                reason: "loader dropped".into(),
+            })));
+        }
+        buffer = r.ready.wait(buffer).unwrap_or_else(|p| p.into_inner());
+    }
+    let batch = buffer.batches.pop_front().expect("front checked");
+    let ready_at = batch.ready_at.expect("a complete batch has its time");
+    let load_from = buffer
+        .prev_ready
+        .map_or(batch.issued, |p| p.max(batch.issued));
+    buffer.prev_ready = Some(ready_at);
+    drop(buffer);
+    let stall = started.elapsed();
+    let mut metrics = batch.metrics;
+    metrics.load_s = ready_at.saturating_duration_since(load_from).as_secs_f64();
+    metrics.stall_s = stall.as_secs_f64();
+    let len = batch.items.len();
+    {
+        let mut progress = lock(&shared.progress);
+        progress.taken[rank] += 1;
+    }
+    shared.progress_cv.notify_all();
+    let mut items = Vec::with_capacity(len);
+    let mut first_error = None;
+    for item in batch.items {
+        match item.expect("a complete batch has every item") {
+            Ok(s) => items.push(s),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    let last_of_epoch = batch.iteration as usize + 1 == iterations;
+    lock(&shared.collector).batch_taken(metrics, len, last_of_epoch);
+    Some(match first_error {
+        Some(e) => Err(e),
+        None => Ok(crate::Batch {
+            epoch: batch.epoch,
+            iteration: batch.iteration,
+            samples: items,
+        }),
+    })
+}
+
+/// A rank's handle was dropped: its batches are discarded and it no longer holds back the
+/// planner.
+pub(crate) fn detach<T>(shared: &Shared<T>, rank: usize) {
+    {
+        let mut buffer = lock(&shared.ranks[rank].buffer);
+        buffer.detached = true;
+        buffer.batches.clear();
+    }
+    lock(&shared.progress).taken[rank] = usize::MAX;
+    shared.progress_cv.notify_all();
+}

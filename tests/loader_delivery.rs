@@ -1,0 +1,267 @@
+//! The loader delivers every planned sample exactly once per epoch per rank, in plan order,
+//! with the right label and bytes; hits and misses do not depend on threads or backends.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use lobster_io::uring::Backend;
+use lobster_io::{
+    Batch, CachePolicy, Dataset, DistributedSampler, EpochOrder, Execution, Loader, LoaderBuilder,
+    Schedule,
+};
+
+/// The bytes of sample `i`: its id, then a length that varies with it.
+fn content(i: u32) -> Vec<u8> {
+    let len = 100 + (i as usize * 7919) % 3000;
+    let mut v = format!("sample {i};").into_bytes();
+    v.extend((0..len).map(|k| (k as u32 ^ i) as u8));
+    v
+}
+
+fn make_dataset(dir: &Path, samples: u32, classes: u32) -> Arc<Dataset> {
+    for i in 0..samples {
+        let class = dir.join(format!("c{}", i % classes));
+        std::fs::create_dir_all(&class).unwrap();
+        std::fs::write(class.join(format!("{i:06}.bin")), content(i)).unwrap();
+    }
+    Arc::new(Dataset::open_image_folder(dir).unwrap())
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Setup {
+    policy: CachePolicy,
+    execution: Execution,
+    backend: Backend,
+    decode_threads: usize,
+    schedule: Schedule,
+}
+
+const NODES: usize = 3;
+const RANKS: usize = 2;
+const BATCH: usize = 7;
+const EPOCHS: u32 = 4;
+const SEED: u64 = 11;
+
+fn build(ds: &Arc<Dataset>, s: Setup, node: usize) -> Loader<Vec<u8>> {
+    LoaderBuilder::new(ds.clone())
+        .world(NODES, RANKS, node)
+        .seed(SEED)
+        .batch_size(BATCH)
+        .epochs(EPOCHS)
+        .cache(s.policy, ds.total_bytes() / 5)
+        .execution(s.execution)
+        .backend(s.backend)
+        .decode_threads(s.decode_threads)
+        .io_depth_budget(8)
+        .schedule(s.schedule)
+        .decode(|bytes: &[u8], _meta| Ok::<_, std::io::Error>(bytes.to_vec()))
+        .build()
+        .unwrap()
+}
+
+/// Runs every rank on its own thread and returns each rank's batches.
+fn run(loader: &mut Loader<Vec<u8>>) -> Vec<Vec<Batch<Vec<u8>>>> {
+    let handles = loader.ranks().unwrap();
+    std::thread::scope(|s| {
+        let threads: Vec<_> = handles
+            .into_iter()
+            .map(|h| s.spawn(move || h.map(|b| b.unwrap()).collect::<Vec<_>>()))
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    })
+}
+
+fn check_delivery(ds: &Dataset, node: usize, got: &[Vec<Batch<Vec<u8>>>]) {
+    let sampler = DistributedSampler::new(
+        ds.len(),
+        NODES * RANKS,
+        false,
+        EpochOrder::Shuffle { seed: SEED },
+    )
+    .unwrap();
+    for (rank, batches) in got.iter().enumerate() {
+        let mut expected = Vec::new();
+        for epoch in 0..EPOCHS {
+            let indices = sampler.rank_indices(epoch, node * RANKS + rank);
+            for (iteration, chunk) in indices.chunks(BATCH).enumerate() {
+                expected.push((epoch, iteration as u32, chunk.to_vec()));
+            }
+        }
+        let actual: Vec<_> = batches
+            .iter()
+            .map(|b| {
+                (
+                    b.epoch,
+                    b.iteration,
+                    b.samples.iter().map(|s| s.id).collect::<Vec<_>>(),
+                )
+            })
+            .collect();
+        assert_eq!(actual, expected, "rank {rank}: batches in plan order");
+        for b in batches {
+            for s in &b.samples {
+                let meta = &ds.samples()[s.id as usize];
+                assert_eq!(s.label, meta.label, "label of sample {}", s.id);
+                assert_eq!(s.value, content(meta.path_id()), "bytes of sample {}", s.id);
+            }
+        }
+    }
+}
+
+trait PathId {
+    fn path_id(&self) -> u32;
+}
+
+impl PathId for lobster_io::SampleMeta {
+    /// The generator's index, from the file name.
+    fn path_id(&self) -> u32 {
+        self.path
+            .file_stem()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+}
+
+fn setups() -> Vec<Setup> {
+    let base = Setup {
+        policy: CachePolicy::Reuse,
+        execution: Execution::Pipelined,
+        backend: Backend::Uring,
+        decode_threads: 3,
+        schedule: Schedule::Allocate { hysteresis: 0.05 },
+    };
+    let mut v = Vec::new();
+    for policy in [
+        CachePolicy::Reuse,
+        CachePolicy::Static,
+        CachePolicy::Lru,
+        CachePolicy::None,
+    ] {
+        for backend in [Backend::Uring, Backend::Pread] {
+            v.push(Setup {
+                policy,
+                backend,
+                ..base
+            });
+        }
+        v.push(Setup {
+            policy,
+            execution: Execution::ReadThenDecode,
+            schedule: Schedule::EqualSplit,
+            ..base
+        });
+    }
+    v.push(Setup {
+        decode_threads: 2,
+        schedule: Schedule::EqualSplit,
+        ..base
+    });
+    v.push(Setup {
+        decode_threads: 5,
+        ..base
+    });
+    v
+}
+
+#[test]
+fn every_sample_is_delivered_once_per_epoch_in_plan_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), 101, 4);
+    for setup in setups() {
+        for node in [0, 2] {
+            eprintln!("{setup:?} node {node}");
+            let mut loader = build(&ds, setup, node);
+            let got = run(&mut loader);
+            check_delivery(&ds, node, &got);
+            let m = loader.metrics();
+            let per_rank: usize = got[0].iter().map(|b| b.samples.len()).sum();
+            assert_eq!(m.samples as usize, per_rank * RANKS, "{setup:?}");
+        }
+    }
+}
+
+#[test]
+fn hits_and_misses_do_not_depend_on_threads_or_backends() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), 101, 4);
+    for policy in [CachePolicy::Reuse, CachePolicy::Static, CachePolicy::Lru] {
+        let mut seen = Vec::new();
+        for setup in setups().into_iter().filter(|s| s.policy == policy) {
+            let mut loader = build(&ds, setup, 1);
+            let _ = run(&mut loader);
+            let m = loader.metrics();
+            let per_iteration: Vec<_> = m
+                .iterations
+                .iter()
+                .map(|i| (i.epoch, i.iteration, i.rank, i.hits, i.misses))
+                .collect();
+            seen.push((setup, m.hits, m.accesses, per_iteration));
+        }
+        assert!(seen[0].1 > 0, "{policy:?} has hits in this setting");
+        for s in &seen[1..] {
+            assert_eq!(
+                (s.1, s.2),
+                (seen[0].1, seen[0].2),
+                "{:?} vs {:?}",
+                s.0,
+                seen[0].0
+            );
+            let mut a = s.3.clone();
+            let mut b = seen[0].3.clone();
+            a.sort();
+            b.sort();
+            assert_eq!(a, b, "per-iteration hits of {:?} vs {:?}", s.0, seen[0].0);
+        }
+    }
+}
+
+#[test]
+fn a_sample_whose_decode_fails_names_its_id_and_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), 60, 3);
+    let bad = 17u32;
+    for execution in [Execution::Pipelined, Execution::ReadThenDecode] {
+        let mut loader = LoaderBuilder::new(ds.clone())
+            .world(1, 2, 0)
+            .batch_size(5)
+            .execution(execution)
+            .decode_threads(2)
+            .decode(move |bytes: &[u8], meta| {
+                if meta.id == bad {
+                    Err(format!("corrupt header ({} bytes)", bytes.len()))
+                } else {
+                    Ok(())
+                }
+            })
+            .build()
+            .unwrap();
+        let handles = loader.ranks().unwrap();
+        let errors: Vec<(usize, String)> = std::thread::scope(|s| {
+            let threads: Vec<_> = handles
+                .into_iter()
+                .map(|h| {
+                    s.spawn(move || {
+                        let rank = h.rank();
+                        h.filter_map(|b| b.err())
+                            .map(|e| (rank, e.to_string()))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .flat_map(|t| t.join().unwrap())
+                .collect()
+        });
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        let path = ds.samples()[bad as usize].path.display().to_string();
+        assert!(
+            errors[0].1.contains("sample 17") && errors[0].1.contains(&path),
+            "{errors:?}"
+        );
+        assert!(errors[0].1.contains("corrupt header"), "{errors:?}");
+    }
+}

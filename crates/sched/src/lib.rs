@@ -100,7 +100,9 @@
 //! (the result of the bottleneck greedy, found by a search over the candidate levels rather
 //! than unit by unit; cost `O(ranks² · log budget)`). Units that lower no rank's predicted
 //! time stay unassigned ([`Allocation::io_depth_spare`]). Hysteresis keeps the previous
-//! allocation unless the new one is predicted better by more than `hysteresis_fraction`.
+//! allocation unless the new one is predicted better by more than `hysteresis_fraction`
+//! (both judged under the current loads and model), and only while the previous one is no
+//! worse than the equal split, so an allocation is never worse than the equal split.
 //! [`imbalance`] and [`Allocation::imbalance`] report max/mean of the predicted rank times
 //! before (equal split) and after allocation.
 #![forbid(unsafe_code)]

@@ -34,10 +34,20 @@ fn capacity(sizes: &[u32], pct: u64) -> u64 {
     sizes.iter().map(|&s| u64::from(s)).sum::<u64>() * pct / 100
 }
 
-fn all_accesses(nodes: u32, epochs: u32) -> Vec<Access> {
-    let mut index = NextUseIndex::new(stream(nodes, epochs), SAMPLES as usize, true, usize::MAX);
+/// The accesses of the first `epochs` epochs of a 90-epoch stream, with next uses that
+/// look past them as the planner's would.
+fn first_accesses(nodes: u32, epochs: u32) -> Vec<Access> {
+    let mut index = NextUseIndex::new(
+        stream(nodes, 90),
+        SAMPLES as usize,
+        true,
+        3 * SAMPLES as usize,
+    );
     let mut out = Vec::new();
     while let Some(a) = index.next_access().expect("valid stream") {
+        if a.epoch == epochs {
+            break;
+        }
         out.push(a);
     }
     out
@@ -71,7 +81,7 @@ fn decisions(c: &mut Criterion) {
     let mut group = c.benchmark_group("decide");
     group.sample_size(10);
     for (nodes, warm_epochs, epochs) in [(1u32, 1u32, 2u32), (4, 3, 4)] {
-        let all = all_accesses(nodes, epochs);
+        let all = first_accesses(nodes, epochs);
         let split = all.iter().position(|a| a.epoch == warm_epochs).unwrap();
         let (warm, measured) = all.split_at(split);
         group.throughput(Throughput::Elements(measured.len() as u64));

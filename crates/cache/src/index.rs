@@ -229,6 +229,12 @@ impl<S: StreamSource> NextUseIndex<S> {
         }
     }
 
+    /// Up to `n` samples accessed next, as far as the current batch reaches.
+    pub fn upcoming(&self, n: usize) -> &[SampleId] {
+        let end = self.samples.len().min(self.cursor + n);
+        &self.samples[self.cursor.min(end)..end]
+    }
+
     /// Epochs generated so far, counting every regeneration (look-ahead included).
     pub fn epochs_generated(&self) -> u64 {
         self.epochs_generated

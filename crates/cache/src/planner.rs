@@ -13,6 +13,10 @@ use crate::{CacheError, SampleId};
 /// Default batch: accesses held per sample of the size table.
 const DEFAULT_BATCH_PER_SAMPLE: usize = 3;
 
+/// Decisions between two [`Policy::warm`] calls, each for the group after the next one (so
+/// the loads have a group's worth of decisions to complete).
+const WARM_AHEAD: usize = 16;
+
 /// One cache decision, for the access at `position`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
@@ -93,6 +97,7 @@ pub struct Planner<S> {
     policy: Box<dyn Policy>,
     sizes: Arc<[u32]>,
     stats: Stats,
+    until_warm: usize,
 }
 
 impl<S: StreamSource> Planner<S> {
@@ -156,6 +161,7 @@ impl<S: StreamSource> Planner<S> {
             policy,
             sizes,
             stats: Stats::default(),
+            until_warm: 0,
         })
     }
 
@@ -169,6 +175,13 @@ impl<S: StreamSource> Planner<S> {
     #[inline]
     pub fn next(&mut self, evicted: &mut Vec<SampleId>) -> Result<Option<Decision>, CacheError> {
         evicted.clear();
+        self.until_warm = self.until_warm.saturating_sub(1);
+        if self.until_warm == 0 {
+            self.until_warm = WARM_AHEAD;
+            let upcoming = self.index.upcoming(2 * WARM_AHEAD);
+            self.policy
+                .warm(upcoming.get(WARM_AHEAD..).unwrap_or_default());
+        }
         let Some(a) = self.index.next_access()? else {
             return Ok(None);
         };

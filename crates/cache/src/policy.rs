@@ -56,6 +56,11 @@ pub trait Policy: fmt::Debug + Send {
 
     /// Heap bytes held by the policy's own tables (for the memory budget).
     fn memory_bytes(&self) -> usize;
+
+    /// Hint: these samples are accessed soon. Policies whose tables are too big for the
+    /// CPU caches load their entries now, all at once, so the misses overlap instead of
+    /// stalling one decision each. Never changes a decision.
+    fn warm(&self, _upcoming: &[SampleId]) {}
 }
 
 /// The three policies, by name: `reuse`, `lru`, `static`.

@@ -216,7 +216,11 @@ impl FixedTable {
             table: self.clone(),
         };
         for ring in &self.rings {
-            if ring.submitter().register_files_update(index, &[fd]).is_err() {
+            if ring
+                .submitter()
+                .register_files_update(index, &[fd])
+                .is_err()
+            {
                 return None; // dropping `slot` clears what was set and frees the index
             }
         }

@@ -61,9 +61,7 @@ mod uring;
 pub use error::ReadError;
 pub use files::{FileId, OpenOptions};
 pub use reader::{ActiveBackend, Backend, BackendInfo, Reader, ReaderBuilder, ReaderConfig};
-pub use sched::{
-    ClassStats, Completion, IoEvent, IoEventKind, Observer, ReadRequest, ReaderStats,
-};
+pub use sched::{ClassStats, Completion, IoEvent, IoEventKind, Observer, ReadRequest, ReaderStats};
 #[cfg(feature = "tokio-uring")]
 pub use tokio_reads::AsyncFile;
 

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::sched::{IoEventKind, Job, Shared, Step};
+use crate::sched::{Job, Shared, Step};
 
 /// Body of one pread worker: takes reads within the io_depth limits, one at a time.
 pub(crate) fn worker(shared: Arc<Shared>) {
@@ -10,7 +10,7 @@ pub(crate) fn worker(shared: Arc<Shared>) {
         let job = {
             let mut s = shared.lock();
             loop {
-                if let Some(job) = s.take_next() {
+                if let Some(job) = shared.take_next(&mut s) {
                     shared.room_made(&s);
                     break Some(job);
                 }
@@ -29,19 +29,18 @@ pub(crate) fn worker(shared: Arc<Shared>) {
             }
             return;
         };
-        let (job, result) = read(&shared, job);
-        shared.lock().finish(job.class);
+        let (job, result) = read(job);
+        shared.finish(&mut shared.lock(), &job);
         shared.deliver(job.complete(result));
     }
 }
 
-fn read(shared: &Shared, mut job: Job) -> (Job, Result<(), crate::ReadError>) {
+fn read(mut job: Job) -> (Job, Result<(), crate::ReadError>) {
     if job.is_empty() {
         return (job, Ok(()));
     }
     loop {
         let (offset, buf_offset, len) = job.next_chunk();
-        shared.observe(IoEventKind::Issued, &job);
         // SAFETY: next_chunk stays inside the job's buffer, which the job owns exclusively.
         let n = unsafe {
             libc::pread(
@@ -58,7 +57,6 @@ fn read(shared: &Shared, mut job: Job) -> (Job, Result<(), crate::ReadError>) {
         } else {
             n as i32
         };
-        shared.observe(IoEventKind::Finished, &job);
         if let Step::Done(result) = job.on_result(res) {
             return (job, result);
         }

@@ -236,8 +236,13 @@ impl ReaderBuilder {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Plan {
     /// Try io_uring; `forced` means fail rather than fall back.
-    Uring { forced: bool, why: String },
-    Pread { why: String },
+    Uring {
+        forced: bool,
+        why: String,
+    },
+    Pread {
+        why: String,
+    },
 }
 
 pub(crate) fn plan(backend: Backend, env: Option<&str>) -> Plan {
@@ -258,7 +263,9 @@ pub(crate) fn plan(backend: Backend, env: Option<&str>) -> Plan {
                 why: "forced by LOBSTER_IO=pread".into(),
             },
             Some(other) if !other.is_empty() => {
-                log::warn!("lobster-uring: ignoring LOBSTER_IO={other:?} (expected pread or uring)");
+                log::warn!(
+                    "lobster-uring: ignoring LOBSTER_IO={other:?} (expected pread or uring)"
+                );
                 Plan::Uring {
                     forced: false,
                     why: "io_uring available".into(),
@@ -349,10 +356,9 @@ impl Reader {
                             threads: setup.rings.len(),
                             ring_capacity: setup.cap,
                             fixed_buffers: setup.fixed_buffers,
-                            fixed_file_slots: setup
-                                .fixed
-                                .as_ref()
-                                .map_or(0, |_| config.fixed_files.min(crate::uring::nofile_limit() as u32)),
+                            fixed_file_slots: setup.fixed.as_ref().map_or(0, |_| {
+                                config.fixed_files.min(crate::uring::nofile_limit() as u32)
+                            }),
                         };
                         let shared = Arc::new(Shared::new(
                             &config.io_depths,
@@ -373,23 +379,22 @@ impl Reader {
                                 fixed_buffers: setup.fixed_buffers,
                                 async_punt: config.async_punt,
                             };
-                            threads.push(spawn(format!("lobster-uring-{id}"), move || engine.run())?);
+                            threads
+                                .push(spawn(format!("lobster-uring-{id}"), move || engine.run())?);
                         }
-                        return Ok(Reader {
+                        Ok(Reader {
                             inner: Arc::new(ReaderInner {
                                 shared,
                                 threads,
                                 backend,
                                 completions,
                             }),
-                        });
-                    }
-                    Err(e) if forced => {
-                        return Err(ReadError::Setup {
-                            what: e.what,
-                            source: e.source,
                         })
                     }
+                    Err(e) if forced => Err(ReadError::Setup {
+                        what: e.what,
+                        source: e.source,
+                    }),
                     Err(e) => {
                         let reason = format!(
                             "io_uring unusable ({} failed: {}); falling back to {} pread threads",
@@ -568,7 +573,10 @@ mod tests {
 
     #[test]
     fn lobster_io_overrides_auto_only() {
-        assert!(matches!(plan(Backend::Auto, Some("pread")), Plan::Pread { .. }));
+        assert!(matches!(
+            plan(Backend::Auto, Some("pread")),
+            Plan::Pread { .. }
+        ));
         assert!(matches!(
             plan(Backend::Auto, Some("uring")),
             Plan::Uring { forced: true, .. }
@@ -585,7 +593,10 @@ mod tests {
             plan(Backend::Uring, Some("pread")),
             Plan::Uring { forced: true, .. }
         ));
-        assert!(matches!(plan(Backend::Pread, Some("uring")), Plan::Pread { .. }));
+        assert!(matches!(
+            plan(Backend::Pread, Some("uring")),
+            Plan::Pread { .. }
+        ));
     }
 
     #[test]

@@ -53,9 +53,9 @@ pub struct Completion {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum IoEventKind {
-    /// A read (or the next chunk or retry of one) is about to be handed to the kernel.
+    /// The read was taken from its class queue and is about to be handed to the kernel.
     Issued,
-    /// The kernel finished that read (chunk, retry).
+    /// The kernel finished the read (all its chunks and retries).
     Finished,
 }
 
@@ -71,9 +71,10 @@ pub struct IoEvent {
     pub tag: u64,
 }
 
-/// A hook called from the backend threads for every read entering and leaving the kernel.
-/// `Issued` is called before the read can start and `Finished` after it ended, so counting
-/// them never under-counts the reads in the kernel. Keep it cheap.
+/// A hook called for every read that starts counting against its class's io_depth
+/// (`Issued`, before any part of it reaches the kernel) and stops counting (`Finished`, after
+/// its last part left the kernel). Called under the scheduler lock, so the events of all
+/// threads are seen in one order consistent with the limits; keep it cheap.
 pub type Observer = Arc<dyn Fn(IoEvent) + Send + Sync>;
 
 /// Per-class counters, see [`crate::Reader::stats`].
@@ -146,7 +147,10 @@ impl Job {
         if req.len == 0 {
             return Ok((req.offset, 0, 0));
         }
-        let end = req.offset.checked_add(req.len as u64).ok_or_else(too_large)?;
+        let end = req
+            .offset
+            .checked_add(req.len as u64)
+            .ok_or_else(too_large)?;
         let read_start = req.offset - req.offset % file.align;
         let read_end = end.div_ceil(file.align) * file.align;
         let read_len = usize::try_from(read_end - read_start).map_err(|_| too_large())?;
@@ -220,11 +224,12 @@ impl Job {
         // (which only happens at EOF; a further read there would fail with EINVAL).
         let at_eof = res == 0 || (self.file.direct && self.done as u64 % self.file.align != 0);
         if at_eof || self.done >= self.read_len {
+            let read_end = self.read_start + self.done as u64;
             return Step::Done(Err(ReadError::UnexpectedEof {
                 path: self.file.path.clone(),
                 offset: self.offset,
                 len: self.len,
-                file_end: self.read_start + self.done as u64,
+                file_end: file_size(&self.file).map_or(read_end, |size| size.min(read_end)),
             }));
         }
         Step::Again
@@ -299,7 +304,7 @@ impl Sched {
 
     /// Pops the oldest request of the next class (round robin) that is below its io_depth,
     /// and counts it in flight.
-    pub(crate) fn take_next(&mut self) -> Option<Job> {
+    fn take_next(&mut self) -> Option<Job> {
         let n = self.classes.len();
         for i in 0..n {
             let c = (self.cursor + i) % n;
@@ -318,7 +323,7 @@ impl Sched {
     }
 
     /// A job of `class` left the kernel for good.
-    pub(crate) fn finish(&mut self, class: usize) {
+    fn finish(&mut self, class: usize) {
         let class = &mut self.classes[class];
         class.in_flight -= 1;
         class.completed += 1;
@@ -344,6 +349,17 @@ impl Sched {
             })
             .collect()
     }
+}
+
+/// Current size of the file, to report where it ended.
+fn file_size(file: &FileEntry) -> Option<u64> {
+    // SAFETY: stat is plain old data; all-zero is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: the fd is open (the entry owns it) and st is a valid buffer.
+    if unsafe { libc::fstat(file.raw_fd(), &mut st) } != 0 {
+        return None;
+    }
+    u64::try_from(st.st_size).ok()
 }
 
 /// Whom to wake after the scheduler state changed.
@@ -414,7 +430,20 @@ impl Shared {
         self.lock().classes.len()
     }
 
-    pub(crate) fn observe(&self, kind: IoEventKind, job: &Job) {
+    /// [`Sched::take_next`], telling the observer.
+    pub(crate) fn take_next(&self, s: &mut Sched) -> Option<Job> {
+        let job = s.take_next()?;
+        self.observe(IoEventKind::Issued, &job);
+        Some(job)
+    }
+
+    /// [`Sched::finish`], telling the observer.
+    pub(crate) fn finish(&self, s: &mut Sched, job: &Job) {
+        self.observe(IoEventKind::Finished, job);
+        s.finish(job.class);
+    }
+
+    fn observe(&self, kind: IoEventKind, job: &Job) {
         if let Some(observer) = &self.observer {
             observer(IoEvent {
                 kind,

@@ -10,7 +10,7 @@ use slab::Slab;
 
 use crate::files::FixedTable;
 use crate::pool::Pool;
-use crate::sched::{IoEventKind, Job, Shared, Step};
+use crate::sched::{Job, Shared, Step};
 
 /// user_data of the eventfd read each engine keeps in its ring.
 const WAKE_KEY: u64 = u64::MAX;
@@ -269,7 +269,7 @@ impl Engine {
                     cancelled = s.drain_queued();
                 } else {
                     while jobs.len() + taken.len() < self.cap {
-                        match s.take_next() {
+                        match shared.take_next(&mut s) {
                             Some(job) => taken.push(job),
                             None => break,
                         }
@@ -293,7 +293,6 @@ impl Engine {
             }
             for key in to_issue.drain(..) {
                 let job = &mut jobs[key];
-                shared.observe(IoEventKind::Issued, job);
                 let entry = self.read_sqe(key, job);
                 self.push(&entry);
             }
@@ -312,13 +311,10 @@ impl Engine {
                 }
             }
             if !wake_armed && !shutdown {
-                let entry = opcode::Read::new(
-                    types::Fd(wake_fd),
-                    (&mut *wake_buf as *mut u64).cast(),
-                    8,
-                )
-                .build()
-                .user_data(WAKE_KEY);
+                let entry =
+                    opcode::Read::new(types::Fd(wake_fd), (&mut *wake_buf as *mut u64).cast(), 8)
+                        .build()
+                        .user_data(WAKE_KEY);
                 self.push(&entry);
                 wake_armed = true;
             }
@@ -346,7 +342,6 @@ impl Engine {
                 }
                 let key = key as usize;
                 let job = &mut jobs[key];
-                shared.observe(IoEventKind::Finished, job);
                 match job.on_result(cqe.result()) {
                     Step::Again => to_issue.push(key),
                     Step::Done(result) => finished.push((jobs.remove(key), result)),
@@ -363,7 +358,7 @@ impl Engine {
         {
             let mut s = self.shared.lock();
             for (job, _) in finished.iter() {
-                s.finish(job.class);
+                self.shared.finish(&mut s, job);
             }
         }
         for (job, result) in finished.drain(..) {

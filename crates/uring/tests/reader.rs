@@ -1,0 +1,710 @@
+//! Behaviour of the reader, every test run against both backends.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use lobster_uring::{
+    ActiveBackend, Backend, Bytes, IoEvent, IoEventKind, OpenOptions, ReadError, ReadRequest,
+    Reader, ReaderBuilder,
+};
+
+/// Deterministic pseudo-random bytes and numbers (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// A directory on the target's file system (O_DIRECT needs a real one, not tmpfs).
+fn test_dir() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+}
+
+fn make_file(dir: &Path, name: &str, size: usize, seed: u64) -> (PathBuf, Vec<u8>) {
+    let mut rng = Rng(seed | 1);
+    let data: Vec<u8> = (0..size).map(|_| rng.next() as u8).collect();
+    let path = dir.join(name);
+    std::fs::write(&path, &data).unwrap();
+    (path, data)
+}
+
+/// The backends to test: both, unless this kernel cannot run io_uring (then said so).
+fn backends() -> Vec<Backend> {
+    match Reader::builder().backend(Backend::Uring).build() {
+        Ok(_) => vec![Backend::Uring, Backend::Pread],
+        Err(e) => {
+            eprintln!("io_uring unavailable on this kernel, testing pread only: {e}");
+            vec![Backend::Pread]
+        }
+    }
+}
+
+fn builder(backend: Backend) -> ReaderBuilder {
+    Reader::builder().backend(backend).pread_threads(8)
+}
+
+fn read_one(
+    reader: &Reader,
+    file: lobster_uring::FileId,
+    offset: u64,
+    len: usize,
+) -> Result<Bytes, ReadError> {
+    let rx = reader.completions();
+    reader.submit(ReadRequest {
+        file,
+        offset,
+        len,
+        class: 0,
+        tag: 7,
+    })?;
+    let c = rx.recv().unwrap();
+    assert_eq!(c.tag, 7);
+    c.result
+}
+
+#[test]
+fn random_ranges_match_std_fs_on_both_backends() {
+    let dir = test_dir();
+    let size = (6 << 20) + 123;
+    let (path, data) = make_file(dir.path(), "data", size, 1);
+    for backend in backends() {
+        for direct in [false, true] {
+            let reader = builder(backend)
+                .classes(3, 4)
+                .buffer_count(12)
+                .buffer_size_bytes(3 << 20)
+                .build()
+                .unwrap();
+            assert_eq!(
+                reader.backend().active,
+                if backend == Backend::Uring {
+                    ActiveBackend::Uring
+                } else {
+                    ActiveBackend::Pread
+                }
+            );
+            let file = reader.open(&path, OpenOptions { direct }).unwrap();
+            let rx = reader.completions();
+            let mut rng = Rng(99 + direct as u64);
+            let mut expected: HashMap<u64, (u64, usize)> = HashMap::new();
+            let total = 300;
+            let mut received = 0;
+            for tag in 0..total {
+                let len = match rng.below(10) {
+                    0 => 1 + rng.below(2_500_000) as usize, // over 1 MiB: O_DIRECT splits
+                    1..=4 => 4096 * (1 + rng.below(32) as usize),
+                    _ => 1 + rng.below(200_000) as usize,
+                };
+                let mut offset = rng.below((size - len) as u64);
+                if rng.below(2) == 0 {
+                    offset -= offset % 4096;
+                }
+                expected.insert(tag, (offset, len));
+                let class = (tag % 3) as usize;
+                reader
+                    .submit(ReadRequest {
+                        file,
+                        offset,
+                        len,
+                        class,
+                        tag,
+                    })
+                    .unwrap();
+                // Keep a few reads outstanding without exhausting the pool.
+                while tag - received >= 8 {
+                    check(&rx.recv().unwrap(), &expected, &data, backend, direct);
+                    received += 1;
+                }
+            }
+            while received < total {
+                check(&rx.recv().unwrap(), &expected, &data, backend, direct);
+                received += 1;
+            }
+            let stats = reader.stats();
+            assert_eq!(
+                stats.classes.iter().map(|c| c.completed).sum::<u64>(),
+                total
+            );
+            assert_eq!(
+                stats.buffers_free, stats.buffers_total,
+                "every buffer came back"
+            );
+        }
+    }
+}
+
+fn check(
+    c: &lobster_uring::Completion,
+    expected: &HashMap<u64, (u64, usize)>,
+    data: &[u8],
+    backend: Backend,
+    direct: bool,
+) {
+    let (offset, len) = expected[&c.tag];
+    assert_eq!(c.class, (c.tag % 3) as usize);
+    let bytes = c
+        .result
+        .as_ref()
+        .unwrap_or_else(|e| panic!("{backend:?} direct={direct}: {e}"));
+    assert_eq!(bytes.len(), len);
+    assert!(
+        bytes[..] == data[offset as usize..offset as usize + len],
+        "{backend:?} direct={direct}: bytes differ at offset {offset} len {len}"
+    );
+}
+
+#[test]
+fn errors_name_path_offset_and_os_error_and_the_reader_keeps_serving() {
+    let dir = test_dir();
+    let (path, data) = make_file(dir.path(), "ten-thousand", 10_000, 2);
+    for backend in backends() {
+        for direct in [false, true] {
+            let reader = builder(backend)
+                .buffer_size_bytes(64 << 10)
+                .build()
+                .unwrap();
+            let opts = OpenOptions { direct };
+
+            let missing = dir.path().join("missing");
+            let err = reader.open(&missing, opts).unwrap_err();
+            assert!(
+                matches!(&err, ReadError::Open { path, .. } if path == &missing),
+                "{err:?}"
+            );
+            assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
+            assert!(err.to_string().contains("missing"), "{err}");
+
+            let err = reader.open(dir.path(), opts).unwrap_err();
+            assert!(
+                matches!(&err, ReadError::Open { path, .. } if path == dir.path()),
+                "{err:?}"
+            );
+            assert_eq!(err.raw_os_error(), Some(libc::EISDIR));
+
+            let file = reader.open(&path, opts).unwrap();
+            for (offset, len) in [(9_000u64, 2_000usize), (20_000, 10)] {
+                let err = read_one(&reader, file, offset, len).unwrap_err();
+                match &err {
+                    ReadError::UnexpectedEof {
+                        path: p,
+                        offset: o,
+                        len: l,
+                        file_end,
+                    } => {
+                        assert_eq!((p, *o, *l, *file_end), (&path, offset, len, 10_000));
+                    }
+                    other => panic!("{backend:?} direct={direct}: {other:?}"),
+                }
+                let msg = err.to_string();
+                assert!(
+                    msg.contains(&offset.to_string()) && msg.contains("ten-thousand"),
+                    "{msg}"
+                );
+            }
+
+            // Unknown class, unknown file, too large: refused at submission.
+            let req = ReadRequest {
+                file,
+                offset: 0,
+                len: 10,
+                class: 5,
+                tag: 1,
+            };
+            assert!(matches!(
+                reader.submit(req),
+                Err(ReadError::InvalidClass {
+                    class: 5,
+                    classes: 1
+                })
+            ));
+            let req = ReadRequest {
+                file,
+                offset: 0,
+                len: 1 << 20,
+                class: 0,
+                tag: 1,
+            };
+            assert!(matches!(
+                reader.submit(req),
+                Err(ReadError::TooLarge { .. })
+            ));
+
+            // The engine still serves good reads after all that.
+            let ok = read_one(&reader, file, 1234, 5000).unwrap();
+            assert_eq!(&ok[..], &data[1234..6234]);
+            assert_eq!(read_one(&reader, file, 100, 0).unwrap().len(), 0);
+
+            reader.close(file).unwrap();
+            let req = ReadRequest {
+                file,
+                offset: 0,
+                len: 10,
+                class: 0,
+                tag: 1,
+            };
+            assert!(matches!(
+                reader.submit(req),
+                Err(ReadError::UnknownFile { .. })
+            ));
+            assert!(matches!(
+                reader.close(file),
+                Err(ReadError::UnknownFile { .. })
+            ));
+        }
+    }
+}
+
+#[test]
+fn a_file_truncated_after_open_gives_unexpected_eof() {
+    let dir = test_dir();
+    for backend in backends() {
+        for direct in [false, true] {
+            let (path, data) = make_file(dir.path(), "shrinks", 64 << 10, 3);
+            let reader = builder(backend)
+                .buffer_size_bytes(64 << 10)
+                .build()
+                .unwrap();
+            let file = reader.open(&path, OpenOptions { direct }).unwrap();
+            assert_eq!(
+                &read_one(&reader, file, 8192, 4096).unwrap()[..],
+                &data[8192..12288]
+            );
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len(5000)
+                .unwrap();
+            let err = read_one(&reader, file, 4096, 4096).unwrap_err();
+            assert!(
+                matches!(
+                    &err,
+                    ReadError::UnexpectedEof {
+                        offset: 4096,
+                        len: 4096,
+                        file_end: 5000,
+                        ..
+                    }
+                ),
+                "{backend:?} direct={direct}: {err:?}"
+            );
+            assert!(err.to_string().contains("shrinks"));
+            assert_eq!(
+                &read_one(&reader, file, 0, 4096).unwrap()[..],
+                &data[..4096]
+            );
+        }
+    }
+}
+
+#[test]
+fn in_flight_reads_per_class_never_exceed_io_depth_while_it_changes() {
+    const CLASSES: usize = 3;
+    let dir = test_dir();
+    let size = 32 << 20;
+    let (path, data) = make_file(dir.path(), "depth", size, 4);
+    for backend in backends() {
+        let in_flight: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..CLASSES).map(|_| AtomicUsize::new(0)).collect());
+        let allowed: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..CLASSES).map(|_| AtomicUsize::new(4)).collect());
+        let peak: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..CLASSES).map(|_| AtomicUsize::new(0)).collect());
+        let violated = Arc::new(AtomicBool::new(false));
+        let (f, a, p, v) = (
+            in_flight.clone(),
+            allowed.clone(),
+            peak.clone(),
+            violated.clone(),
+        );
+        let reader = builder(backend)
+            .classes(CLASSES, 4)
+            .pread_threads(16)
+            .buffer_count(48)
+            .buffer_size_bytes(64 << 10)
+            .observer(move |e: IoEvent| match e.kind {
+                IoEventKind::Issued => {
+                    let n = f[e.class].fetch_add(1, Ordering::SeqCst) + 1;
+                    p[e.class].fetch_max(n, Ordering::SeqCst);
+                    if n > a[e.class].load(Ordering::SeqCst) {
+                        v.store(true, Ordering::SeqCst);
+                    }
+                }
+                _ => {
+                    f[e.class].fetch_sub(1, Ordering::SeqCst);
+                }
+            })
+            .build()
+            .unwrap();
+        let file = reader.open(&path, OpenOptions { direct: true }).unwrap();
+        let total: u64 = 1500;
+        let consumer = {
+            let rx = reader.completions();
+            let data = data.clone();
+            std::thread::spawn(move || {
+                let mut rng = Rng(5);
+                for _ in 0..total {
+                    let c = rx.recv().unwrap();
+                    let offset = (c.tag >> 8) as usize;
+                    assert_eq!(&c.result.unwrap()[..], &data[offset..offset + (64 << 10)]);
+                    rng.next();
+                }
+            })
+        };
+        let submitter = {
+            let reader = reader.clone();
+            std::thread::spawn(move || {
+                let mut rng = Rng(6);
+                for i in 0..total {
+                    let offset = rng.below((size as u64) / 4096 - 16) * 4096;
+                    let class = (i % CLASSES as u64) as usize;
+                    let req = ReadRequest {
+                        file,
+                        offset,
+                        len: 64 << 10,
+                        class,
+                        tag: offset << 8 | i & 0xff,
+                    };
+                    reader.submit(req).unwrap();
+                }
+            })
+        };
+        let mut rng = Rng(7);
+        while !submitter.is_finished() {
+            let class = rng.below(CLASSES as u64) as usize;
+            let old = reader.io_depth(class).unwrap();
+            let new = 1 + rng.below(12) as usize;
+            // Reads issued under the old limit may still be in flight: the bound is the
+            // larger of the two until the change took effect, then the new one.
+            allowed[class].store(old.max(new), Ordering::SeqCst);
+            reader.set_io_depth(class, new).unwrap();
+            allowed[class].store(new, Ordering::SeqCst);
+            std::thread::yield_now();
+        }
+        submitter.join().unwrap();
+        for class in 0..CLASSES {
+            allowed[class].store(8, Ordering::SeqCst);
+            reader.set_io_depth(class, 8).unwrap();
+        }
+        consumer.join().unwrap();
+        assert!(
+            !violated.load(Ordering::SeqCst),
+            "{backend:?}: a class exceeded its io_depth"
+        );
+        let max_peak = peak.iter().map(|p| p.load(Ordering::SeqCst)).max().unwrap();
+        assert!(
+            max_peak >= 2,
+            "{backend:?}: reads never overlapped, the test proves nothing"
+        );
+        let stats = reader.stats();
+        for (class, s) in stats.classes.iter().enumerate() {
+            assert_eq!(s.in_flight, 0);
+            assert_eq!(in_flight[class].load(Ordering::SeqCst), 0);
+            assert!(s.peak_in_flight <= 12, "{s:?}");
+        }
+    }
+}
+
+#[test]
+fn dropping_the_reader_with_reads_in_flight_completes_or_cancels_each() {
+    let dir = test_dir();
+    let size = 16 << 20;
+    let (path, data) = make_file(dir.path(), "drop", size, 8);
+    for backend in backends() {
+        for direct in [false, true] {
+            let reader = builder(backend)
+                .classes(2, 4)
+                .buffer_count(64)
+                .buffer_size_bytes(256 << 10)
+                .build()
+                .unwrap();
+            let file = reader.open(&path, OpenOptions { direct }).unwrap();
+            let rx = reader.completions();
+            let mut rng = Rng(9);
+            let mut expected = HashMap::new();
+            for tag in 0..64u64 {
+                let offset = rng.below((size - (256 << 10)) as u64);
+                let len = 1 + rng.below(200_000) as usize;
+                expected.insert(tag, (offset as usize, len));
+                reader
+                    .submit(ReadRequest {
+                        file,
+                        offset,
+                        len,
+                        class: (tag % 2) as usize,
+                        tag,
+                    })
+                    .unwrap();
+            }
+            drop(reader);
+            let mut seen = 0;
+            let mut kept = Vec::new();
+            for c in rx.iter() {
+                let (offset, len) = expected[&c.tag];
+                match c.result {
+                    Ok(bytes) => {
+                        assert_eq!(&bytes[..], &data[offset..offset + len]);
+                        kept.push((bytes, offset, len));
+                    }
+                    Err(ReadError::Cancelled {
+                        offset: o, len: l, ..
+                    }) => {
+                        assert_eq!((o as usize, l), (offset, len))
+                    }
+                    Err(e) => panic!("{backend:?}: {e}"),
+                }
+                seen += 1;
+            }
+            assert_eq!(
+                seen, 64,
+                "{backend:?}: every request completes exactly once"
+            );
+            // Bytes outlive the reader and still hold the right data.
+            for (bytes, offset, len) in kept {
+                assert_eq!(&bytes[..], &data[offset..offset + len]);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_full_pool_blocks_submission_until_bytes_drop() {
+    let dir = test_dir();
+    let (path, data) = make_file(dir.path(), "pool", 1 << 20, 10);
+    for backend in backends() {
+        let reader = builder(backend)
+            .buffer_count(3)
+            .buffer_size_bytes(8192)
+            .build()
+            .unwrap();
+        let file = reader.open(&path, OpenOptions::default()).unwrap();
+        let rx = reader.completions();
+        let mut held = Vec::new();
+        for tag in 0..3 {
+            reader
+                .try_submit(ReadRequest {
+                    file,
+                    offset: tag * 100,
+                    len: 4096,
+                    class: 0,
+                    tag,
+                })
+                .unwrap();
+            held.push(rx.recv().unwrap().result.unwrap());
+        }
+        let req = ReadRequest {
+            file,
+            offset: 0,
+            len: 10,
+            class: 0,
+            tag: 9,
+        };
+        assert!(matches!(
+            reader.try_submit(req),
+            Err(ReadError::WouldBlock {
+                bound: "buffer pool"
+            })
+        ));
+        let clone = held[1].clone();
+        held.remove(1);
+        assert!(
+            matches!(reader.try_submit(req), Err(ReadError::WouldBlock { .. })),
+            "a clone still holds it"
+        );
+        drop(clone);
+        reader.try_submit(req).unwrap();
+        assert_eq!(&rx.recv().unwrap().result.unwrap()[..], &data[..10]);
+        // A blocking submit waits for the pool rather than failing.
+        let r2 = reader.clone();
+        let waiter = std::thread::spawn(move || r2.submit(ReadRequest { tag: 10, ..req }));
+        drop(held.pop());
+        waiter.join().unwrap().unwrap();
+        assert_eq!(rx.recv().unwrap().tag, 10);
+    }
+}
+
+#[test]
+fn a_full_class_queue_blocks_try_submit() {
+    let dir = test_dir();
+    let (path, _) = make_file(dir.path(), "queue", 1 << 16, 11);
+    for backend in backends() {
+        let reader = builder(backend)
+            .classes(1, 0)
+            .queue_capacity(2)
+            .build()
+            .unwrap();
+        let file = reader.open(&path, OpenOptions::default()).unwrap();
+        let req = ReadRequest {
+            file,
+            offset: 0,
+            len: 100,
+            class: 0,
+            tag: 0,
+        };
+        reader.try_submit(req).unwrap();
+        reader.try_submit(req).unwrap();
+        assert!(matches!(
+            reader.try_submit(req),
+            Err(ReadError::WouldBlock {
+                bound: "class queue"
+            })
+        ));
+        assert_eq!(
+            reader.stats().classes[0].queued,
+            2,
+            "depth 0 pauses the class"
+        );
+        reader.set_io_depth(0, 1).unwrap();
+        let rx = reader.completions();
+        rx.recv().unwrap().result.unwrap();
+        rx.recv().unwrap().result.unwrap();
+    }
+}
+
+#[test]
+fn files_beyond_the_fixed_table_are_read_through_plain_fds() {
+    let dir = test_dir();
+    let files: Vec<_> = (0..5)
+        .map(|i| make_file(dir.path(), &format!("f{i}"), 9000, 20 + i))
+        .collect();
+    for backend in backends() {
+        let reader = builder(backend).fixed_files(2).build().unwrap();
+        if backend == Backend::Uring {
+            assert_eq!(
+                reader.backend().fixed_file_slots,
+                2,
+                "{:?}",
+                reader.backend()
+            );
+        }
+        let mut ids: Vec<_> = files
+            .iter()
+            .map(|(p, _)| reader.open(p, OpenOptions::default()).unwrap())
+            .collect();
+        for (id, (_, data)) in ids.iter().zip(&files) {
+            assert_eq!(
+                &read_one(&reader, *id, 100, 8000).unwrap()[..],
+                &data[100..8100]
+            );
+        }
+        // Closing frees slots for files opened later.
+        reader.close(ids.remove(0)).unwrap();
+        let again = reader
+            .open(&files[0].0, OpenOptions { direct: true })
+            .unwrap();
+        assert_eq!(
+            &read_one(&reader, again, 4096, 4000).unwrap()[..],
+            &files[0].1[4096..8096]
+        );
+    }
+}
+
+/// Installs a seccomp filter on the calling thread (and threads it spawns) that fails
+/// io_uring_setup with EPERM, as container runtimes do.
+fn deny_io_uring_setup_on_this_thread() {
+    #[repr(C)]
+    struct SockFilter {
+        code: u16,
+        jt: u8,
+        jf: u8,
+        k: u32,
+    }
+    #[repr(C)]
+    struct SockFprog {
+        len: u16,
+        filter: *const SockFilter,
+    }
+    const BPF_LD_W_ABS: u16 = 0x20;
+    const BPF_JMP_JEQ_K: u16 = 0x15;
+    const BPF_RET_K: u16 = 0x06;
+    const RET_ALLOW: u32 = 0x7fff_0000;
+    const RET_ERRNO: u32 = 0x0005_0000;
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    const NR_IO_URING_SETUP: u32 = 425;
+    let stmt = |code, k| SockFilter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let filter = [
+        stmt(BPF_LD_W_ABS, 4), // seccomp_data.arch
+        SockFilter {
+            code: BPF_JMP_JEQ_K,
+            jt: 1,
+            jf: 0,
+            k: AUDIT_ARCH_X86_64,
+        },
+        stmt(BPF_RET_K, RET_ALLOW),
+        stmt(BPF_LD_W_ABS, 0), // seccomp_data.nr
+        SockFilter {
+            code: BPF_JMP_JEQ_K,
+            jt: 0,
+            jf: 1,
+            k: NR_IO_URING_SETUP,
+        },
+        stmt(BPF_RET_K, RET_ERRNO | libc::EPERM as u32),
+        stmt(BPF_RET_K, RET_ALLOW),
+    ];
+    let prog = SockFprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr(),
+    };
+    // SAFETY: plain prctl calls; `prog` points at a filter that lives across the call (the
+    // kernel copies it).
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        assert_eq!(
+            libc::prctl(
+                libc::PR_SET_SECCOMP,
+                2, /* SECCOMP_MODE_FILTER */
+                &prog as *const SockFprog
+            ),
+            0,
+            "seccomp: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn the_pread_fallback_is_chosen_when_ring_setup_fails_and_works() {
+    let dir = test_dir();
+    let (path, data) = make_file(dir.path(), "fallback", 1 << 20, 12);
+    // A thread of its own: the filter stays with it and its children.
+    std::thread::spawn(move || {
+        deny_io_uring_setup_on_this_thread();
+        let err = Reader::builder()
+            .backend(Backend::Uring)
+            .build()
+            .unwrap_err();
+        assert!(matches!(err, ReadError::Setup { .. }), "{err:?}");
+        assert_eq!(err.raw_os_error(), Some(libc::EPERM));
+
+        let reader = Reader::builder().backend(Backend::Auto).build().unwrap();
+        let info = reader.backend();
+        if std::env::var("LOBSTER_IO").as_deref() != Ok("pread") {
+            assert!(info.reason.contains("io_uring_setup"), "{info:?}");
+            assert!(info.reason.contains("not permitted"), "{info:?}");
+        }
+        assert_eq!(info.active, ActiveBackend::Pread);
+        let file = reader.open(&path, OpenOptions { direct: true }).unwrap();
+        assert_eq!(
+            &read_one(&reader, file, 513, 70_000).unwrap()[..],
+            &data[513..70_513]
+        );
+    })
+    .join()
+    .unwrap();
+}

@@ -41,7 +41,7 @@ fn first_accesses(nodes: u32, epochs: u32) -> Vec<Access> {
         stream(nodes, 90),
         SAMPLES as usize,
         true,
-        3 * SAMPLES as usize,
+        5 * SAMPLES as usize / 2,
     );
     let mut out = Vec::new();
     while let Some(a) = index.next_access().expect("valid stream") {
@@ -121,9 +121,9 @@ fn planner_end_to_end(c: &mut Criterion) {
     let cap = capacity(&sizes, 10);
     let mut group = c.benchmark_group("planner");
     group.sample_size(10);
-    // Whole default batches (3 accesses per sample: 3 epochs at 1 node, 11 at 4), and enough
+    // Whole default batches (2.5 accesses per sample: 2 epochs at 1 node, 10 at 4), and enough
     // epochs after them that look-ahead is not cut short by the end of the stream.
-    for (nodes, measured_epochs) in [(1u32, 3u32), (4, 11)] {
+    for (nodes, measured_epochs) in [(1u32, 2u32), (4, 10)] {
         let per_epoch = u64::from(SAMPLES / nodes);
         group.throughput(Throughput::Elements(per_epoch * u64::from(measured_epochs)));
         group.bench_function(format!("reuse/{nodes}-node/cache-10pct"), |b| {
@@ -149,7 +149,7 @@ fn planner_end_to_end(c: &mut Criterion) {
 fn index_build(c: &mut Criterion) {
     let mut group = c.benchmark_group("index_build");
     group.sample_size(10);
-    for (nodes, measured_epochs) in [(1u32, 3u32), (4, 11)] {
+    for (nodes, measured_epochs) in [(1u32, 2u32), (4, 10)] {
         group.throughput(Throughput::Elements(u64::from(measured_epochs)));
         group.bench_function(format!("per-epoch/{nodes}-node"), |b| {
             b.iter(|| {
@@ -157,7 +157,7 @@ fn index_build(c: &mut Criterion) {
                     stream(nodes, 90),
                     SAMPLES as usize,
                     true,
-                    3 * SAMPLES as usize,
+                    5 * SAMPLES as usize / 2,
                 );
                 let mut sum = 0u64;
                 while let Some(a) = index.next_access().expect("valid stream") {

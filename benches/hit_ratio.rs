@@ -86,7 +86,7 @@ fn main() {
     let n = 1_281_167u32;
     let big: Arc<[u32]> = lognormal_sizes(n as usize, MEDIAN_BYTES, SIGMA, SEED).into();
     let big_bytes: u64 = big.iter().map(|&s| u64::from(s)).sum();
-    for (nodes, pct) in [(1u32, 10u64), (4, 10), (4, 50)] {
+    for (nodes, pct) in [(1u32, 10u64), (1, 50), (4, 10), (4, 50)] {
         let decided_epochs = 23;
         let stream = ShuffledStream {
             num_samples: n,

@@ -10,8 +10,8 @@ use crate::reuse::ReusePolicy;
 use crate::static_::StaticPolicy;
 use crate::{CacheError, SampleId};
 
-/// Default batch: accesses held per sample of the size table.
-const DEFAULT_BATCH_PER_SAMPLE: usize = 3;
+/// Default batch: twice the accesses held per sample of the size table (2.5 per sample).
+const DEFAULT_BATCH_PER_SAMPLE_X2: usize = 5;
 
 /// Decisions between two [`Policy::warm`] calls, each for the group after the next one (so
 /// the loads have a group's worth of decisions to complete).
@@ -76,7 +76,7 @@ impl Stats {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PlannerConfig {
     /// Accesses held per batch of epochs (8 bytes each); at least one epoch is always held.
-    /// `None`: three per sample of the size table. Larger batches regenerate fewer
+    /// `None`: 2.5 per sample of the size table. Larger batches regenerate fewer
     /// look-ahead epochs per epoch of the stream.
     pub batch_accesses_max: Option<usize>,
 }
@@ -84,13 +84,14 @@ pub struct PlannerConfig {
 /// Makes every cache decision of a stream, in stream order, without allocating per call.
 ///
 /// Memory (reuse, the policy that looks ahead), in bytes per sample of the size table
-/// (`N`): 4 (links) + 8 (cache keys) + 8 per access of the batch (by default at most `3N`
-/// accesses, so up to 24) + 4 per access of the largest epoch (scratch) + up to 18 per
-/// cached sample (heap of 12-byte entries, at most 1.5 per cached sample + 1024). At
-/// ImageNet-1k scale (1.28 M samples, 110 KB median) with a cache of 10% of the dataset:
-/// about 43 bytes per sample; [`memory_bytes`](Planner::memory_bytes) reports the real
-/// figure. The size table itself (4 bytes per sample) is shared with the caller. LRU and
-/// static need no look-ahead: one epoch plus 9 (LRU) or 2 (static) bytes per sample.
+/// (`N`): 4 (links) + 8 (cache keys) + 8 per access of the batch (by default at most
+/// `2.5 N` accesses, so up to 20) + 4 per access of the largest epoch (scratch) + up to 20
+/// per cached sample (heap of 16-byte entries, at most 1.25 per cached sample + 1024).
+/// Measured at ImageNet-1k scale (1.28 M samples, 110 KB median): 35-38 bytes per sample
+/// with a cache of 10% of the dataset, 47 with 50%; [`memory_bytes`](Planner::memory_bytes)
+/// reports the real figure. The size table itself (4 bytes per sample) is shared with the
+/// caller. LRU and static need no look-ahead: one epoch plus 9 (LRU) or 2 (static) bytes
+/// per sample.
 #[derive(Debug)]
 pub struct Planner<S> {
     index: NextUseIndex<S>,
@@ -155,7 +156,7 @@ impl<S: StreamSource> Planner<S> {
         let look_ahead = kind == PolicyKind::Reuse;
         let batch = config
             .batch_accesses_max
-            .unwrap_or(DEFAULT_BATCH_PER_SAMPLE * n);
+            .unwrap_or(DEFAULT_BATCH_PER_SAMPLE_X2 * n / 2);
         Ok(Planner {
             index: NextUseIndex::new(source, n, look_ahead, batch),
             policy,

@@ -134,7 +134,7 @@ impl QuadHeap {
 ///   enough, nothing is evicted and `s` is not admitted.
 ///
 /// Memory: 8 bytes per sample in the size table, plus a max-heap of at most
-/// `1.5 * cached + 1024` entries of 16 bytes (stale entries are dropped lazily).
+/// `1.25 * cached + 1024` entries of 16 bytes (stale entries are dropped lazily).
 #[derive(Debug)]
 pub struct ReusePolicy {
     sizes: Arc<[u32]>,
@@ -176,7 +176,7 @@ impl ReusePolicy {
     }
 
     fn compact_if_stale(&mut self) {
-        if self.heap.len() > self.live + self.live / 2 + STALE_SLACK {
+        if self.heap.len() > self.live + self.live / 4 + STALE_SLACK {
             let key = &self.key;
             self.heap.retain(|e| key[e.sample as usize] == e.next_use());
             debug_assert_eq!(self.heap.len(), self.live);

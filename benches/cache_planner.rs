@@ -84,6 +84,8 @@ fn decisions(c: &mut Criterion) {
         let all = first_accesses(nodes, epochs);
         let split = all.iter().position(|a| a.epoch == warm_epochs).unwrap();
         let (warm, measured) = all.split_at(split);
+        let measured_samples: Vec<_> = measured.iter().map(|a| a.sample).collect();
+        let sample_chunks: Vec<&[u32]> = measured_samples.chunks(16).collect();
         group.throughput(Throughput::Elements(measured.len() as u64));
         for kind in PolicyKind::ALL {
             group.bench_function(format!("{kind}/{nodes}-node/cache-10pct"), |b| {
@@ -100,11 +102,17 @@ fn decisions(c: &mut Criterion) {
                     |mut p| {
                         let mut evicted = Vec::new();
                         let mut hits = 0u64;
-                        for a in measured {
-                            evicted.clear();
-                            hits += u64::from(
-                                p.access(a.sample, a.position, a.next_use, &mut evicted).hit,
-                            );
+                        // As the planner does: every 16 decisions, warm the 16 after next.
+                        for (i, chunk) in measured.chunks(16).enumerate() {
+                            if let Some(ahead) = sample_chunks.get(i + 1) {
+                                p.warm(ahead);
+                            }
+                            for a in chunk {
+                                evicted.clear();
+                                hits += u64::from(
+                                    p.access(a.sample, a.position, a.next_use, &mut evicted).hit,
+                                );
+                            }
                         }
                         (p, hits)
                     },

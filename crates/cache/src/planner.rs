@@ -261,3 +261,63 @@ fn count_accesses<S: StreamSource>(
     }
     Ok((counts, first))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::VecSource;
+
+    #[test]
+    fn sample_without_a_size_is_an_error_naming_it_and_its_epoch() {
+        let sizes: Arc<[u32]> = vec![1; 3].into();
+        for kind in PolicyKind::ALL {
+            let source = VecSource::new(vec![vec![0, 1], vec![2, 7]]);
+            let result =
+                Planner::new(source, sizes.clone(), 10, kind).and_then(|mut p| p.run_to_end());
+            match result {
+                Err(CacheError::SampleOutOfRange {
+                    sample: 7,
+                    epoch: 1,
+                    num_samples: 3,
+                }) => {}
+                other => panic!("{kind}: expected sample 7 out of range, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn policy_names_round_trip_and_unknown_names_are_refused() {
+        for kind in PolicyKind::ALL {
+            assert_eq!(kind.to_string().parse::<PolicyKind>().unwrap(), kind);
+        }
+        let err = "fifo".parse::<PolicyKind>().unwrap_err();
+        assert!(err.to_string().contains("\"fifo\""), "{err}");
+    }
+
+    #[test]
+    fn decisions_carry_positions_epochs_and_sizes() {
+        let source = VecSource::new(vec![vec![1, 0], vec![], vec![0]]);
+        let sizes: Arc<[u32]> = vec![5, 9].into();
+        let mut planner = Planner::new(source, sizes, 100, PolicyKind::Lru).unwrap();
+        let mut evicted = Vec::new();
+        let mut seen = Vec::new();
+        while let Some(d) = planner.next(&mut evicted).unwrap() {
+            seen.push((d.position, d.epoch, d.sample, d.size_bytes, d.hit));
+        }
+        assert_eq!(
+            seen,
+            vec![(0, 0, 1, 9, false), (1, 0, 0, 5, false), (2, 2, 0, 5, true)]
+        );
+        let stats = planner.stats();
+        assert_eq!(
+            (
+                stats.accesses,
+                stats.hits,
+                stats.misses,
+                stats.hit_bytes,
+                stats.miss_bytes
+            ),
+            (3, 1, 2, 5, 14)
+        );
+    }
+}

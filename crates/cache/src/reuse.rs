@@ -192,12 +192,16 @@ impl Policy for ReusePolicy {
     fn access(
         &mut self,
         sample: SampleId,
-        _position: u64,
+        position: u64,
         next_use: u64,
         evicted: &mut Vec<SampleId>,
     ) -> Outcome {
         let size = self.size(sample);
         if self.key[sample as usize] != NOT_CACHED {
+            debug_assert_eq!(
+                self.key[sample as usize], position,
+                "sample {sample} hit at a position other than its recorded next use"
+            );
             if next_use == NEVER {
                 self.key[sample as usize] = NOT_CACHED;
                 self.used_bytes -= size;

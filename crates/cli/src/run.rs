@@ -1,0 +1,558 @@
+//! `lobster run`: simulated synchronous training on this node, Lobster against its baselines
+//! on the same data in the same process.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use lobster_io::uring::Backend;
+use lobster_io::{
+    CachePolicy, Dataset, Execution, LoaderBuilder, LoaderConfig, RunMetrics, SampleMeta, Schedule,
+    StorageEmulation,
+};
+use serde::Serialize;
+
+/// The loading strategies compared, all run by the same loader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// PyTorch's DataLoader: fixed equal workers per rank that read then decode; no cache.
+    Pytorch,
+    /// NoPFS: static placement cache; fixed equal workers that read then decode.
+    Nopfs,
+    /// Lobster: reuse-distance cache; io_uring io_depth and decode threads allocated per rank.
+    Lobster,
+    /// Ablation: Lobster's cache with fixed equal read-then-decode workers.
+    LobsterCacheOnly,
+    /// Ablation: NoPFS's cache with Lobster's per-rank allocation.
+    LobsterAllocOnly,
+}
+
+impl Policy {
+    const ALL: [Policy; 5] = [
+        Policy::Pytorch,
+        Policy::Nopfs,
+        Policy::LobsterCacheOnly,
+        Policy::LobsterAllocOnly,
+        Policy::Lobster,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Policy::Pytorch => "pytorch",
+            Policy::Nopfs => "nopfs",
+            Policy::Lobster => "lobster",
+            Policy::LobsterCacheOnly => "lobster-cache-only",
+            Policy::LobsterAllocOnly => "lobster-alloc-only",
+        }
+    }
+
+    /// (cache, execution, schedule).
+    fn parts(self, hysteresis: f64) -> (CachePolicy, Execution, Schedule) {
+        let allocate = Schedule::Allocate { hysteresis };
+        match self {
+            Policy::Pytorch => (CachePolicy::None, Execution::ReadThenDecode, Schedule::EqualSplit),
+            Policy::Nopfs => (CachePolicy::Static, Execution::ReadThenDecode, Schedule::EqualSplit),
+            Policy::Lobster => (CachePolicy::Reuse, Execution::Pipelined, allocate),
+            Policy::LobsterCacheOnly => {
+                (CachePolicy::Reuse, Execution::ReadThenDecode, Schedule::EqualSplit)
+            }
+            Policy::LobsterAllocOnly => (CachePolicy::Static, Execution::Pipelined, allocate),
+        }
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `all` or a comma-separated list of policies.
+#[derive(Clone, Debug)]
+pub struct Policies(Vec<Policy>);
+
+impl FromStr for Policies {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "all" {
+            return Ok(Policies(Policy::ALL.to_vec()));
+        }
+        let mut out = Vec::new();
+        for name in s.split(',') {
+            let p = Policy::ALL
+                .into_iter()
+                .find(|p| p.name() == name.trim())
+                .ok_or_else(|| {
+                    format!(
+                        "unknown policy {name:?}: expected all, or a list of pytorch, nopfs, \
+                         lobster, lobster-cache-only, lobster-alloc-only"
+                    )
+                })?;
+            if !out.contains(&p) {
+                out.push(p);
+            }
+        }
+        Ok(Policies(out))
+    }
+}
+
+/// How samples are decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Decoder {
+    /// Real JPEG decoding (zune-jpeg).
+    Jpeg,
+    /// No decoding: the bytes are the sample.
+    Raw,
+    /// A CPU cost per KiB (`--decode-us-per-kb`), checksumming the bytes.
+    Synthetic,
+}
+
+/// Arguments of `lobster run`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct RunArgs {
+    /// An ImageFolder dataset; without it the default dataset is generated once into the
+    /// cache directory (~/.cache/lobster-io) and reused.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Samples of the generated default dataset.
+    #[arg(long, default_value_t = 4000)]
+    pub samples: u32,
+    /// Nodes in the job.
+    #[arg(long, default_value_t = 4)]
+    pub nodes: usize,
+    /// This node's index.
+    #[arg(long, default_value_t = 0)]
+    pub node: usize,
+    /// Ranks (GPUs) per node.
+    #[arg(long, default_value_t = 4)]
+    pub ranks_per_node: usize,
+    /// Samples per batch per rank.
+    #[arg(long, default_value_t = 16)]
+    pub batch: usize,
+    /// Epochs.
+    #[arg(long, default_value_t = 8)]
+    pub epochs: u32,
+    /// Sampler seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Node cache capacity in bytes (overrides --cache-frac).
+    #[arg(long)]
+    pub cache_bytes: Option<u64>,
+    /// Node cache capacity as a fraction of the dataset's bytes.
+    #[arg(long, default_value_t = 0.25)]
+    pub cache_frac: f64,
+    /// `all`, or a comma-separated list of pytorch, nopfs, lobster, lobster-cache-only,
+    /// lobster-alloc-only.
+    #[arg(long, default_value = "all")]
+    pub policy: Policies,
+    /// Reads in flight the node's ranks share (Lobster's io_depth budget).
+    #[arg(long, default_value_t = 32)]
+    pub io_depth: usize,
+    /// Decode threads the node's ranks share; the read-then-decode baselines get this many
+    /// workers, split equally.
+    #[arg(long, default_value_t = 8)]
+    pub decode_threads: usize,
+    /// Iterations the loader may run ahead of the slowest rank.
+    #[arg(long, default_value_t = 2)]
+    pub prefetch: usize,
+    /// Fraction of predicted time an allocation change must save.
+    #[arg(long, default_value_t = 0.05)]
+    pub hysteresis: f64,
+    /// The decoder.
+    #[arg(long, value_enum, default_value_t = Decoder::Synthetic)]
+    pub decoder: Decoder,
+    /// CPU microseconds per KiB for the synthetic decoder.
+    #[arg(long, default_value_t = 4.0)]
+    pub decode_us_per_kb: f64,
+    /// Simulated compute per iteration, milliseconds.
+    #[arg(long, default_value_t = 25.0)]
+    pub compute_ms: f64,
+    /// Emulated shared storage bandwidth, MB/s (0: no emulation).
+    #[arg(long, default_value_t = 120.0)]
+    pub storage_mbps: f64,
+    /// Emulated storage latency per request, microseconds.
+    #[arg(long, default_value_t = 4000)]
+    pub storage_latency_us: u64,
+    /// I/O backend of the pipelined policies.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
+    /// Read with O_DIRECT.
+    #[arg(long)]
+    pub direct: bool,
+    /// Write the configuration and results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// The I/O backend, as the CLI spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendArg {
+    /// io_uring, falling back to pread if a ring cannot be set up.
+    Auto,
+    /// io_uring.
+    Uring,
+    /// The pread thread pool.
+    Pread,
+}
+
+/// Mean size of the generated default dataset's files, KiB.
+const DEFAULT_MEAN_KB: f64 = 110.0;
+const DEFAULT_CLASSES: u32 = 10;
+const DEFAULT_GEN_SEED: u64 = 0;
+
+#[derive(Debug, Serialize)]
+struct RunConfig {
+    data: PathBuf,
+    samples: usize,
+    dataset_bytes: u64,
+    nodes: usize,
+    node: usize,
+    ranks_per_node: usize,
+    batch: usize,
+    epochs: u32,
+    seed: u64,
+    cache_bytes: u64,
+    io_depth: usize,
+    decode_threads: usize,
+    prefetch: usize,
+    hysteresis: f64,
+    decoder: Decoder,
+    decode_us_per_kb: f64,
+    compute_ms: f64,
+    storage_mbps: f64,
+    storage_latency_us: u64,
+    backend: BackendArg,
+    direct: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct PolicyResult {
+    policy: Policy,
+    epoch_seconds: Vec<f64>,
+    samples_per_second: f64,
+    stall_fraction: f64,
+    imbalance_p50: f64,
+    imbalance_p95: f64,
+    hit_ratio: f64,
+    speedup_vs_pytorch: Option<f64>,
+    peak_rss_bytes: u64,
+    backend: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Report<'a> {
+    config: &'a RunConfig,
+    results: &'a [PolicyResult],
+}
+
+pub fn run(args: &RunArgs) -> Result<()> {
+    let data = match &args.data {
+        Some(d) => d.clone(),
+        None => default_dataset(args.samples, args.quiet)?,
+    };
+    let dataset = Arc::new(
+        Dataset::open_image_folder(&data)
+            .with_context(|| format!("opening the dataset {}", data.display()))?,
+    );
+    if !(args.cache_frac.is_finite() && (0.0..=1.0).contains(&args.cache_frac)) {
+        bail!("--cache-frac = {}: allowed 0 to 1", args.cache_frac);
+    }
+    if !(args.compute_ms.is_finite() && args.compute_ms >= 0.0) {
+        bail!("--compute-ms = {}: allowed a number >= 0", args.compute_ms);
+    }
+    if !(args.decode_us_per_kb.is_finite() && args.decode_us_per_kb >= 0.0) {
+        bail!("--decode-us-per-kb = {}: allowed a number >= 0", args.decode_us_per_kb);
+    }
+    if !(args.storage_mbps.is_finite() && args.storage_mbps >= 0.0) {
+        bail!("--storage-mbps = {}: allowed 0 (no emulation) or more", args.storage_mbps);
+    }
+    let cache_bytes = args
+        .cache_bytes
+        .unwrap_or((dataset.total_bytes() as f64 * args.cache_frac) as u64);
+    let config = RunConfig {
+        data: data.clone(),
+        samples: dataset.len(),
+        dataset_bytes: dataset.total_bytes(),
+        nodes: args.nodes,
+        node: args.node,
+        ranks_per_node: args.ranks_per_node,
+        batch: args.batch,
+        epochs: args.epochs,
+        seed: args.seed,
+        cache_bytes,
+        io_depth: args.io_depth,
+        decode_threads: args.decode_threads,
+        prefetch: args.prefetch,
+        hysteresis: args.hysteresis,
+        decoder: args.decoder,
+        decode_us_per_kb: args.decode_us_per_kb,
+        compute_ms: args.compute_ms,
+        storage_mbps: args.storage_mbps,
+        storage_latency_us: args.storage_latency_us,
+        backend: args.backend,
+        direct: args.direct,
+    };
+    println!(
+        "dataset {} ({} samples, {:.1} MiB); node {} of {} with {} ranks; batch {}; {} epochs; \
+         cache {:.1} MiB",
+        data.display(),
+        dataset.len(),
+        mib(dataset.total_bytes()),
+        args.node,
+        args.nodes,
+        args.ranks_per_node,
+        args.batch,
+        args.epochs,
+        mib(cache_bytes)
+    );
+    if args.storage_mbps > 0.0 {
+        println!(
+            "emulated shared storage: {} MB/s, {} us per request; compute {} ms per iteration",
+            args.storage_mbps, args.storage_latency_us, args.compute_ms
+        );
+    }
+    let mut results: Vec<PolicyResult> = Vec::new();
+    for &policy in &args.policy.0 {
+        let (metrics, backend, peak_rss_bytes) = run_policy(args, &dataset, cache_bytes, policy)?;
+        results.push(PolicyResult {
+            policy,
+            epoch_seconds: metrics.epoch_seconds.clone(),
+            samples_per_second: metrics.samples_per_second,
+            stall_fraction: metrics.stall_fraction,
+            imbalance_p50: metrics.imbalance_p50,
+            imbalance_p95: metrics.imbalance_p95,
+            hit_ratio: metrics.hit_ratio,
+            speedup_vs_pytorch: None,
+            peak_rss_bytes,
+            backend,
+        });
+    }
+    let baseline = results
+        .iter()
+        .find(|r| r.policy == Policy::Pytorch)
+        .map(|r| r.samples_per_second);
+    for r in &mut results {
+        r.speedup_vs_pytorch = baseline.map(|b| r.samples_per_second / b);
+    }
+    print_table(&results);
+    if let Some(path) = &args.json {
+        let report = Report { config: &config, results: &results };
+        let text = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 20) as f64
+}
+
+/// The generated default dataset, made once and reused.
+fn default_dataset(samples: u32, quiet: bool) -> Result<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("lobster-io");
+    let dir = base.join(format!(
+        "imagefolder-{samples}-{DEFAULT_CLASSES}-{DEFAULT_MEAN_KB}kb-seed{DEFAULT_GEN_SEED}"
+    ));
+    let done = dir.join(".complete");
+    if done.exists() {
+        return Ok(dir);
+    }
+    if dir.exists() {
+        // A generation that did not finish: start over.
+        std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
+    }
+    if !quiet {
+        println!("generating the default dataset once into {} ...", dir.display());
+    }
+    crate::gen::generate(&dir, samples, DEFAULT_CLASSES, DEFAULT_MEAN_KB, DEFAULT_GEN_SEED)?;
+    std::fs::write(&done, b"").with_context(|| format!("writing {}", done.display()))?;
+    Ok(dir)
+}
+
+/// Runs one policy to the end; returns its metrics, backend and peak resident memory.
+fn run_policy(
+    args: &RunArgs,
+    dataset: &Arc<Dataset>,
+    cache_bytes: u64,
+    policy: Policy,
+) -> Result<(RunMetrics, String, u64)> {
+    reset_peak_rss();
+    let (cache, execution, schedule) = policy.parts(args.hysteresis);
+    let config = LoaderConfig {
+        nodes: args.nodes,
+        node: args.node,
+        ranks_per_node: args.ranks_per_node,
+        batch_size: args.batch,
+        epochs: args.epochs,
+        drop_last: false,
+        cache_policy: cache,
+        cache_capacity_bytes: if cache == CachePolicy::None { 0 } else { cache_bytes },
+        io_depth_budget: args.io_depth,
+        decode_threads: args.decode_threads,
+        prefetch_iterations: args.prefetch,
+        window_iterations: 1,
+        schedule,
+        execution,
+        backend: match args.backend {
+            BackendArg::Auto => Backend::Auto,
+            BackendArg::Uring => Backend::Uring,
+            BackendArg::Pread => Backend::Pread,
+        },
+        direct: args.direct,
+        storage_emulation: (args.storage_mbps > 0.0).then_some(StorageEmulation {
+            bandwidth_bytes_per_s: args.storage_mbps * 1e6,
+            latency_us: args.storage_latency_us,
+        }),
+    };
+    let decoder = args.decoder;
+    let us_per_kb = args.decode_us_per_kb;
+    let mut loader = LoaderBuilder::new(dataset.clone())
+        .config(config)
+        .seed(args.seed)
+        .decode(move |bytes: &[u8], meta: &SampleMeta| decode(decoder, us_per_kb, bytes, meta))
+        .build()
+        .with_context(|| format!("starting the {policy} loader"))?;
+    let backend = loader
+        .backend()
+        .map_or("read-then-decode workers".to_string(), |b| format!("{:?}", b.active).to_lowercase());
+    let iterations = loader.iterations_per_epoch();
+    let bar = progress_bar(args, policy, iterations as u64 * u64::from(args.epochs));
+    let handles = loader.ranks().context("rank handles already taken")?;
+    let barrier = Barrier::new(handles.len());
+    let compute = Duration::from_secs_f64(args.compute_ms / 1e3);
+    std::thread::scope(|s| -> Result<()> {
+        let threads: Vec<_> = handles
+            .into_iter()
+            .map(|handle| {
+                let (barrier, bar) = (&barrier, &bar);
+                s.spawn(move || -> Result<()> {
+                    let rank = handle.rank();
+                    for batch in handle {
+                        let batch = batch.with_context(|| format!("{policy}: rank {rank}"))?;
+                        std::hint::black_box(&batch);
+                        std::thread::sleep(compute);
+                        if barrier.wait().is_leader() {
+                            bar.inc(1);
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("a training thread panicked")?;
+        }
+        Ok(())
+    })?;
+    bar.finish_and_clear();
+    let metrics = loader.metrics();
+    drop(loader);
+    Ok((metrics, backend, peak_rss_bytes()))
+}
+
+fn progress_bar(args: &RunArgs, policy: Policy, total: u64) -> ProgressBar {
+    if args.quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>20} [{bar:40}] {pos}/{len} iterations {elapsed}")
+            .expect("the template is valid")
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(policy.name());
+    bar
+}
+
+/// An error of the CLI's decoders.
+#[derive(Debug)]
+struct DecodeError(String);
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+/// Decodes one sample; the value is a small digest so nothing is optimised away.
+fn decode(decoder: Decoder, us_per_kb: f64, bytes: &[u8], meta: &SampleMeta) -> Result<u64, DecodeError> {
+    match decoder {
+        Decoder::Raw => Ok(bytes.len() as u64),
+        Decoder::Jpeg => {
+            let mut d = zune_jpeg::JpegDecoder::new(bytes);
+            let pixels = d
+                .decode()
+                .map_err(|e| DecodeError(format!("JPEG of {}: {e:?}", meta.path.display())))?;
+            Ok(pixels.iter().step_by(4099).map(|&b| u64::from(b)).sum())
+        }
+        Decoder::Synthetic => {
+            let budget = Duration::from_secs_f64(us_per_kb * bytes.len() as f64 / 1024.0 / 1e6);
+            let started = Instant::now();
+            let mut digest = 0u64;
+            // Spin on the bytes until the CPU cost is paid: a stand-in for decode + augment.
+            while started.elapsed() < budget {
+                for chunk in bytes.chunks(4096) {
+                    digest = digest.wrapping_mul(31).wrapping_add(u64::from(chunk[0]));
+                }
+            }
+            Ok(digest)
+        }
+    }
+}
+
+fn print_table(results: &[PolicyResult]) {
+    println!(
+        "\n{:<20} {:>12} {:>11} {:>8} {:>9} {:>9} {:>9} {:>9}",
+        "policy", "epoch s", "samples/s", "stall %", "imb p50", "imb p95", "hit ratio", "speedup"
+    );
+    for r in results {
+        let mean_epoch = r.epoch_seconds.iter().sum::<f64>() / r.epoch_seconds.len().max(1) as f64;
+        println!(
+            "{:<20} {:>12.2} {:>11.0} {:>8.1} {:>9.3} {:>9.3} {:>9.3} {:>9}",
+            r.policy.name(),
+            mean_epoch,
+            r.samples_per_second,
+            r.stall_fraction * 100.0,
+            r.imbalance_p50,
+            r.imbalance_p95,
+            r.hit_ratio,
+            r.speedup_vs_pytorch.map_or("-".to_string(), |s| format!("{s:.2}x")),
+        );
+    }
+}
+
+/// Resets the kernel's peak-RSS mark so each policy's peak is its own.
+fn reset_peak_rss() {
+    // Writing 5 to clear_refs resets VmHWM (Linux 4.0+); without it the peak is cumulative.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// VmHWM of this process, in bytes (0 where /proc is unavailable).
+fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}

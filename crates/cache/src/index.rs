@@ -100,6 +100,9 @@ const FAR_FROM: u64 = if cfg!(any(test, fuzzing)) {
     NEXT_FAR as u64
 };
 
+/// Accesses per group whose table entries are loaded together in the backward pass.
+const WARM_AHEAD: usize = 16;
+
 /// Encodes next use `pos` relative to `base`, spilling far ones to `far` under `key`.
 #[inline]
 fn encode(far: &mut HashMap<u32, u64>, base: u64, key: u32, pos: u64) -> u32 {
@@ -373,6 +376,15 @@ impl<S: StreamSource> NextUseIndex<S> {
         self.next.reserve_exact(len);
         self.next.resize(len, NEXT_NEVER);
         for q in (0..len).rev() {
+            if q % WARM_AHEAD == 0 && q >= 2 * WARM_AHEAD {
+                // Load the entries of the group after next all at once, so the misses overlap
+                // each other and the current group's work.
+                let group = &self.samples[q - 2 * WARM_AHEAD..q - WARM_AHEAD];
+                let acc = group
+                    .iter()
+                    .fold(0u32, |acc, &s| acc.wrapping_add(self.next_of[s as usize]));
+                std::hint::black_box(acc);
+            }
             let s = self.samples[q];
             let mut v = self.next_of[s as usize];
             if v == NEXT_FAR {

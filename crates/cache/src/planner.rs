@@ -169,7 +169,10 @@ impl<S: StreamSource> Planner<S> {
     /// Decides the next access of the stream; `None` at its end.
     ///
     /// `evicted` is cleared, then receives the samples to drop from the store, in order
-    /// (possibly the accessed sample itself, on a reuse hit with no next use).
+    /// (possibly the accessed sample itself, on a reuse hit with no next use: take a hit's
+    /// bytes before dropping the evicted samples). The bytes of the samples cached after
+    /// this decision never exceed the capacity, so a store of the same capacity that drops
+    /// `evicted` before inserting an admitted sample never refuses it.
     ///
     /// # Errors
     /// [`CacheError::SampleOutOfRange`] if the stream names a sample without a size.
@@ -266,6 +269,40 @@ fn count_accesses<S: StreamSource>(
 mod tests {
     use super::*;
     use crate::VecSource;
+
+    #[test]
+    fn a_store_mirroring_the_decisions_never_refuses_and_always_has_the_hits() {
+        use crate::gen::{lognormal_sizes, ShuffledStream};
+        use crate::Store;
+        let sizes: Arc<[u32]> = lognormal_sizes(300, 2000.0, 0.7, 5).into();
+        let total: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
+        for kind in PolicyKind::ALL {
+            let stream = ShuffledStream {
+                num_samples: 300,
+                epochs: 8,
+                nodes: 4,
+                node: 1,
+                seed: 3,
+            };
+            let mut planner = Planner::new(stream, sizes.clone(), total / 8, kind).unwrap();
+            let store = Store::new(total / 8);
+            let mut evicted = Vec::new();
+            while let Some(d) = planner.next(&mut evicted).unwrap() {
+                if d.hit {
+                    let bytes = store.get(d.sample).expect("a hit is in the store");
+                    assert_eq!(bytes.len(), d.size_bytes as usize);
+                }
+                for &e in &evicted {
+                    assert!(store.remove(e).is_some(), "{kind}: evicted {e} not stored");
+                }
+                if d.admitted {
+                    let bytes = bytes::Bytes::from(vec![0u8; d.size_bytes as usize]);
+                    store.insert(d.sample, bytes).unwrap();
+                }
+                assert_eq!(store.used_bytes(), planner.policy().used_bytes(), "{kind}");
+            }
+        }
+    }
 
     #[test]
     fn sample_without_a_size_is_an_error_naming_it_and_its_epoch() {

@@ -92,7 +92,8 @@ pub struct LoaderConfig {
     pub cache_capacity_bytes: u64,
     /// Reads in flight the node's ranks share.
     pub io_depth_budget: usize,
-    /// Decode threads the node's ranks share.
+    /// Decode threads the node's ranks share; 0 picks the machine's cores, at least one per
+    /// rank.
     pub decode_threads: usize,
     /// Iterations the planner may run ahead of the slowest rank.
     pub prefetch_iterations: usize,
@@ -122,7 +123,7 @@ impl Default for LoaderConfig {
             cache_policy: CachePolicy::Reuse,
             cache_capacity_bytes: 1 << 30,
             io_depth_budget: 32,
-            decode_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            decode_threads: 0,
             prefetch_iterations: 2,
             window_iterations: 1,
             schedule: Schedule::Allocate { hysteresis: 0.05 },
@@ -143,6 +144,16 @@ impl LoaderConfig {
     /// Ranks in the whole job.
     pub fn world(&self) -> usize {
         self.nodes * self.ranks_per_node
+    }
+
+    /// The config with automatic settings resolved (`decode_threads` 0).
+    pub fn resolved(&self) -> LoaderConfig {
+        let mut c = self.clone();
+        if c.decode_threads == 0 {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            c.decode_threads = cores.max(c.ranks_per_node).min(THREADS_MAX);
+        }
+        c
     }
 
     /// Checks every parameter against its allowed range; `samples` is the dataset's size.
@@ -181,7 +192,9 @@ impl LoaderConfig {
         }
         let ranks = self.ranks_per_node;
         range("io_depth_budget", self.io_depth_budget, ranks, IO_DEPTH_MAX)?;
-        range("decode_threads", self.decode_threads, ranks, THREADS_MAX)?;
+        if self.decode_threads != 0 {
+            range("decode_threads", self.decode_threads, ranks, THREADS_MAX)?;
+        }
         range(
             "prefetch_iterations",
             self.prefetch_iterations,

@@ -1,9 +1,56 @@
 //! lobster-io: load balance-aware sample loading for distributed DNN training.
 //!
-//! The facade over the three engine crates, re-exported whole so one dependency is enough:
-//! [`uring`] reads samples with io_uring and per-rank io_depth, [`cache`] decides hits and
-//! evictions on the known access stream, [`sched`] splits io_depth and decode threads among
-//! the node's ranks.
+//! Synchronous training waits every step for the slowest rank's batch. lobster-io plans
+//! instead of guessing, because the shuffle seed fixes every rank's access order: the cache
+//! evicts the sample whose next use is farthest away ([`cache`]), reads go to io_uring with a
+//! per-rank io_depth ([`uring`]), and every window the ranks predicted to be slowest get more
+//! io_depth and decode threads ([`sched`]). The three engine crates are re-exported whole, so
+//! one dependency is enough.
+//!
+//! A loader embedded in a training job: one [`RankHandle`] per local rank, each driven by its
+//! rank's thread.
+//!
+//! ```
+//! use lobster_io::{CachePolicy, Dataset, LoaderBuilder};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # for i in 0..40u32 {
+//! #     let class = dir.path().join(format!("class{}", i % 4));
+//! #     std::fs::create_dir_all(&class)?;
+//! #     std::fs::write(class.join(format!("{i:03}.jpg")), vec![i as u8; 100 + i as usize])?;
+//! # }
+//! // root/<class>/<file>, like torchvision's ImageFolder.
+//! let dataset = Dataset::open_image_folder(dir.path())?;
+//! let mut loader = LoaderBuilder::new(dataset)
+//!     .world(2, 2, 0) // 2 nodes of 2 ranks; this is node 0
+//!     .seed(42) // DistributedSampler(shuffle=True, seed=42)
+//!     .batch_size(4)
+//!     .epochs(2)
+//!     .cache(CachePolicy::Reuse, 2 << 10)
+//!     .io_depth_budget(8)
+//!     .decode_threads(2)
+//!     .decode(|bytes: &[u8], meta| Ok::<_, std::io::Error>((meta.label, bytes.len())))
+//!     .build()?;
+//! let ranks = loader.ranks().expect("first call");
+//! std::thread::scope(|s| {
+//!     for handle in ranks {
+//!         s.spawn(move || {
+//!             for batch in handle {
+//!                 let batch = batch.expect("no sample fails here");
+//!                 // The training step consumes batch.samples (id, label, decoded value).
+//!                 assert!(batch.samples.len() <= 4);
+//!             }
+//!         });
+//!     }
+//! });
+//! let metrics = loader.metrics();
+//! assert_eq!(metrics.samples, 2 * 2 * 10); // 2 ranks x 2 epochs x 10 samples each
+//! println!("hit ratio {:.2}, stall {:.1}%", metrics.hit_ratio, 100.0 * metrics.stall_fraction);
+//! # Ok(())
+//! # }
+//! ```
+#![warn(missing_docs)]
 
 pub use lobster_cache as cache;
 pub use lobster_sched as sched;
@@ -25,3 +72,7 @@ pub use error::{Cause, Error};
 pub use loader::{Batch, Loader, LoaderBuilder, RankHandle, Sample};
 pub use metrics::{imbalance, AllocationRecord, IterationMetrics, RunMetrics};
 pub use sampler::{torch_randperm, DistributedSampler, EpochOrder};
+
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -117,7 +117,8 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         drop_last: bool,
         /// Reads in flight the node's ranks share.
         io_depth_budget: usize,
-        /// Decode threads the node's ranks share.
+        /// Decode threads the node's ranks share (0: the machine's cores, at least one per
+        /// rank).
         decode_threads: usize,
         /// Iterations the loader may run ahead of the slowest rank.
         prefetch_iterations: usize,
@@ -153,9 +154,9 @@ impl<T: Send + 'static> LoaderBuilder<T> {
 
     /// Checks the configuration and starts the pipeline.
     pub fn build(self) -> Result<Loader<T>, Error> {
-        let config = self.config;
         let dataset = self.dataset;
-        config.validate(dataset.len())?;
+        self.config.validate(dataset.len())?;
+        let config = self.config.resolved();
         let decode = self
             .decode
             .ok_or_else(|| Error::invalid("decode", "none", "a decode function"))?;

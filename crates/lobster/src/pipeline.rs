@@ -114,6 +114,8 @@ impl Slot {
 /// One access on its way to a rank's batch.
 #[derive(Debug)]
 struct Task {
+    /// Position in the node stream: lower goes first in every queue.
+    seq: u64,
     epoch: u32,
     iteration: u32,
     rank: usize,
@@ -131,6 +133,27 @@ struct Task {
 struct Ready {
     task: Task,
     bytes: Loaded,
+}
+
+// Queues are min-heaps on the stream position, so the oldest iteration is served first.
+impl PartialEq for Ready {
+    fn eq(&self, other: &Self) -> bool {
+        self.task.seq == other.task.seq
+    }
+}
+
+impl Eq for Ready {}
+
+impl PartialOrd for Ready {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Ready {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.task.seq.cmp(&self.task.seq)
+    }
 }
 
 /// A batch being assembled in a rank's reorder buffer.
@@ -163,7 +186,7 @@ struct RankShared<T> {
 /// Decode queues and who serves them.
 #[derive(Debug)]
 struct DecodeState {
-    queues: Vec<VecDeque<Ready>>,
+    queues: Vec<BinaryHeap<Ready>>,
     /// Worker index to the rank it serves first.
     assignment: Vec<usize>,
 }
@@ -203,6 +226,7 @@ impl<T> std::fmt::Debug for Shared<T> {
 /// A sample read request for the dispatcher.
 #[derive(Debug)]
 struct IoRequest {
+    seq: u64,
     rank: usize,
     sample: u32,
     slot: Arc<Slot>,
@@ -264,7 +288,7 @@ impl<T: Send + 'static> Pipeline<T> {
                 })
                 .collect(),
             decode: Mutex::new(DecodeState {
-                queues: (0..ranks).map(|_| VecDeque::new()).collect(),
+                queues: (0..ranks).map(|_| BinaryHeap::new()).collect(),
                 assignment: spread(&equal_split(workers as u32, ranks)),
             }),
             decode_cv: Condvar::new(),
@@ -464,6 +488,7 @@ fn planner<T: Send + 'static>(
     let iterations = layout.iterations();
     let mut window: Vec<Planned> = Vec::new();
     let mut global_iteration = 0usize;
+    let mut seq = 0u64;
     for epoch in 0..layout.epochs {
         // The node stream of this epoch, grouped by window.
         let mut accesses = Vec::with_capacity(layout.per_rank * layout.ranks);
@@ -534,8 +559,10 @@ fn planner<T: Send + 'static>(
             }
             open_batches(ctx, shared, &window, epoch, first, last, issued);
             for p in window.drain(..) {
+                seq += 1;
                 shared.outstanding.fetch_add(1, Ordering::SeqCst);
                 let task = Task {
+                    seq,
                     epoch: p.epoch,
                     iteration: p.iteration as u32,
                     rank: p.rank,
@@ -558,6 +585,7 @@ fn planner<T: Send + 'static>(
                     if !p.hit {
                         if let Some(tx) = &to_dispatcher {
                             let req = IoRequest {
+                                seq,
                                 rank: p.rank,
                                 sample: p.sample,
                                 slot: p.slot,
@@ -629,6 +657,7 @@ fn allocate<T>(
         })?;
     drop(model);
     let report = allocation.imbalance();
+
     let mut threads: Vec<u32> = allocation.ranks.iter().map(|r| r.decode_threads).collect();
     // Threads the allocator left spare still decode: give them to the slowest ranks.
     let spare = ctx.config.decode_threads as u32 - threads.iter().sum::<u32>();
@@ -743,12 +772,13 @@ fn fill_slot<T>(shared: &Shared<T>, slot: &Slot, loaded: Loaded, admitted: bool)
 
 fn push_ready<T>(shared: &Shared<T>, ready: Ready) {
     let rank = ready.task.rank;
-    lock(&shared.decode).queues[rank].push_back(ready);
+    lock(&shared.decode).queues[rank].push(ready);
     shared.decode_cv.notify_all();
 }
 
-/// Takes the next task for worker `w`: its rank's first; in the pipelined mode, idle workers
-/// then help the rank with the most queued work.
+/// Takes the next task for worker `w`: its rank's oldest first; in the pipelined mode an
+/// idle worker then helps with the oldest task of any rank, so no thread idles while a batch
+/// waits (read-then-decode workers belong to their rank, as in PyTorch's DataLoader).
 fn take_task<T>(ctx: &Context<T>, shared: &Shared<T>, w: usize) -> Option<Ready> {
     let pipelined = ctx.config.execution == Execution::Pipelined;
     let mut state = lock(&shared.decode);
@@ -758,17 +788,16 @@ fn take_task<T>(ctx: &Context<T>, shared: &Shared<T>, w: usize) -> Option<Ready>
         }
         let own = state.assignment.get(w).copied();
         if let Some(r) = own {
-            if let Some(t) = state.queues[r].pop_front() {
+            if let Some(t) = state.queues[r].pop() {
                 return Some(t);
             }
         }
         if pipelined || own.is_none() {
-            let longest =
-                (0..state.queues.len()).max_by_key(|&r| (state.queues[r].len(), Reverse(r)));
-            if let Some(r) = longest {
-                if let Some(t) = state.queues[r].pop_front() {
-                    return Some(t);
-                }
+            let oldest = (0..state.queues.len())
+                .filter_map(|r| state.queues[r].peek().map(|t| (t.task.seq, r)))
+                .min();
+            if let Some((_, r)) = oldest {
+                return state.queues[r].pop();
             }
         }
         if shared.planner_done.load(Ordering::SeqCst)
@@ -986,11 +1015,16 @@ fn dispatcher<T>(
         if shared.stop.load(Ordering::SeqCst) {
             return Ok(());
         }
-        for r in 0..ranks {
-            while in_flight[r] < depth[r] {
-                let Some(req) = pending[r].pop_front() else {
-                    break;
-                };
+        // Oldest request first among the ranks below their io_depth: the storage works on the
+        // current iteration before the prefetched ones.
+        while let Some(r) = (0..ranks)
+            .filter(|&r| in_flight[r] < depth[r])
+            .filter_map(|r| pending[r].front().map(|q| (q.seq, r)))
+            .min()
+            .map(|(_, r)| r)
+        {
+            {
+                let req = pending[r].pop_front().expect("front checked");
                 let meta = &samples[req.sample as usize];
                 let file = match files.acquire(reader, meta, ctx.config.direct) {
                     Ok(f) => f,

@@ -489,7 +489,8 @@ impl Reader {
             .ok_or(ReadError::UnknownFile { file })
     }
 
-    fn make_job(&self, req: &ReadRequest, blocking: bool) -> Result<Job, ReadError> {
+    /// Checks a request against the classes, the open files and the buffer size.
+    fn check(&self, req: &ReadRequest) -> Result<Arc<FileEntry>, ReadError> {
         let shared = &self.inner.shared;
         let classes = shared.classes();
         if req.class >= classes {
@@ -503,6 +504,12 @@ impl Reader {
             .get(req.file)
             .ok_or(ReadError::UnknownFile { file: req.file })?;
         Job::plan(&file, req, shared.pool.buffer_size())?;
+        Ok(file)
+    }
+
+    fn make_job(&self, req: &ReadRequest, blocking: bool) -> Result<Job, ReadError> {
+        let shared = &self.inner.shared;
+        let file = self.check(req)?;
         let buf = if blocking {
             shared.pool.acquire()
         } else {
@@ -519,6 +526,31 @@ impl Reader {
     pub fn submit(&self, req: ReadRequest) -> Result<(), ReadError> {
         let job = self.make_job(&req, true)?;
         self.inner.shared.enqueue(job, true)
+    }
+
+    /// Submits several reads with one lock round and one wake-up of the backend, which
+    /// matters when reads are cheap (page-cache hits). Every request is checked before any
+    /// is queued; then they are queued in order, waiting for buffers and queue room as
+    /// [`Reader::submit`] does (reads already taken from the pool are queued before
+    /// waiting, so a batch larger than the pool cannot wait on itself).
+    pub fn submit_batch(&self, reqs: &[ReadRequest]) -> Result<(), ReadError> {
+        let files = reqs
+            .iter()
+            .map(|req| self.check(req))
+            .collect::<Result<Vec<_>, _>>()?;
+        let shared = &self.inner.shared;
+        let mut jobs = Vec::with_capacity(reqs.len());
+        for (req, file) in reqs.iter().zip(files) {
+            let buf = match shared.pool.try_acquire() {
+                Some(buf) => buf,
+                None => {
+                    shared.enqueue_many(std::mem::take(&mut jobs))?;
+                    shared.pool.acquire()
+                }
+            };
+            jobs.push(Job::new(file, req, buf));
+        }
+        shared.enqueue_many(jobs)
     }
 
     /// Like [`Reader::submit`], but returns [`ReadError::WouldBlock`] instead of waiting.

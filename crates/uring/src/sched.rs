@@ -453,6 +453,45 @@ impl Shared {
         }
     }
 
+    /// Queues jobs in order under one lock and with at most one wake-up, waiting for room
+    /// in the class queues (after waking an engine for what is already queued).
+    pub(crate) fn enqueue_many(&self, jobs: Vec<Job>) -> Result<(), ReadError> {
+        let mut s = self.lock();
+        let mut wake_needed = false;
+        for job in jobs {
+            loop {
+                if s.shutdown {
+                    return Err(ReadError::ShutDown);
+                }
+                if s.classes[job.class].queue.len() < self.queue_capacity {
+                    break;
+                }
+                if wake_needed {
+                    wake_needed = false;
+                    let wake = self.wake_one(&mut s);
+                    drop(s);
+                    self.wake(wake);
+                    s = self.lock();
+                    continue;
+                }
+                s.space_waiters += 1;
+                s = self.space.wait(s).unwrap_or_else(|e| e.into_inner());
+                s.space_waiters -= 1;
+            }
+            let state = &mut s.classes[job.class];
+            wake_needed |= state.in_flight < state.depth;
+            state.queue.push_back(job);
+        }
+        let wake = if wake_needed {
+            self.wake_one(&mut s)
+        } else {
+            Wake::Nobody
+        };
+        drop(s);
+        self.wake(wake);
+        Ok(())
+    }
+
     /// Queues a job, waiting for room in its class queue if `blocking`.
     pub(crate) fn enqueue(&self, job: Job, blocking: bool) -> Result<(), ReadError> {
         let class = job.class;

@@ -708,3 +708,56 @@ fn the_pread_fallback_is_chosen_when_ring_setup_fails_and_works() {
     .join()
     .unwrap();
 }
+
+#[test]
+fn submit_batch_checks_every_request_first_and_may_exceed_the_pool() {
+    let dir = test_dir();
+    let (path, data) = make_file(dir.path(), "batch", 1 << 20, 13);
+    let data = Arc::new(data);
+    for backend in backends() {
+        let data = data.clone();
+        let reader = builder(backend)
+            .classes(2, 2)
+            .buffer_count(4)
+            .buffer_size_bytes(8192)
+            .build()
+            .unwrap();
+        let file = reader.open(&path, OpenOptions::default()).unwrap();
+        let rx = reader.completions();
+        let mut reqs: Vec<ReadRequest> = (0..10u64)
+            .map(|tag| ReadRequest {
+                file,
+                offset: tag * 1000,
+                len: 3000 + tag as usize,
+                class: (tag % 2) as usize,
+                tag,
+            })
+            .collect();
+        reqs[7].class = 2;
+        assert!(matches!(
+            reader.submit_batch(&reqs),
+            Err(ReadError::InvalidClass { class: 2, .. })
+        ));
+        assert!(
+            rx.try_recv().is_err(),
+            "nothing of a refused batch was queued"
+        );
+        assert_eq!(reader.stats().buffers_free, 4);
+        reqs[7].class = 1;
+        // Ten reads through a pool of four: the consumer frees buffers as the batch goes in.
+        let consumer = std::thread::spawn(move || {
+            let mut tags: Vec<u64> = (0..10)
+                .map(|_| {
+                    let c = rx.recv().unwrap();
+                    let (o, l) = (c.tag as usize * 1000, 3000 + c.tag as usize);
+                    assert_eq!(&c.result.unwrap()[..], &data[o..o + l]);
+                    c.tag
+                })
+                .collect();
+            tags.sort_unstable();
+            tags
+        });
+        reader.submit_batch(&reqs).unwrap();
+        assert_eq!(consumer.join().unwrap(), (0..10).collect::<Vec<u64>>());
+    }
+}

@@ -4,6 +4,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 mod gen;
 mod order;
+mod read_bench;
 mod replay;
 
 #[derive(Debug, Parser)]
@@ -25,6 +26,8 @@ enum Command {
     Order(order::OrderArgs),
     /// Replay an access trace through a cache policy and count hits.
     Replay(replay::ReplayArgs),
+    /// Random aligned reads through the io_uring reader: MB/s, IOPS, p50/p99 latency.
+    ReadBench(read_bench::ReadBenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -37,5 +40,6 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Gen(args)) => gen::run(&args),
         Some(Command::Order(args)) => order::run(&args),
         Some(Command::Replay(args)) => replay::run(&args),
+        Some(Command::ReadBench(args)) => read_bench::run(&args),
     }
 }

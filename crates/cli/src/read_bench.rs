@@ -1,0 +1,258 @@
+//! `lobster read-bench`: random aligned reads through the lobster-uring reader.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use lobster_io::uring::{Backend, OpenOptions, ReadRequest, Reader};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum BackendArg {
+    Auto,
+    Uring,
+    Pread,
+}
+
+#[derive(Debug, Args)]
+pub struct ReadBenchArgs {
+    /// File to read (a few GiB, larger than the page cache share you want to avoid).
+    #[arg(long)]
+    file: PathBuf,
+    /// Block size, e.g. 4k, 128k, 1m (bytes without suffix); offsets are multiples of it.
+    #[arg(long, value_parser = parse_size)]
+    bs: usize,
+    /// Reads in flight (the io_depth of the one class).
+    #[arg(long)]
+    depth: usize,
+    /// Open with O_DIRECT (bypass the page cache).
+    #[arg(long)]
+    direct: bool,
+    /// How long to run.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Backend (auto honours LOBSTER_IO).
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    backend: BackendArg,
+    /// io_uring rings (engine threads); page-cache copies run on these threads.
+    #[arg(long, default_value_t = 1)]
+    rings: usize,
+    /// Set IOSQE_ASYNC: the kernel's workers copy page-cache hits.
+    #[arg(long)]
+    async_punt: bool,
+    /// Threads of the pread backend (default: the depth).
+    #[arg(long)]
+    pread_threads: Option<usize>,
+    /// Seed of the offset generator.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print one JSON object (mb_per_s, iops, p50_us, p99_us, ...).
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim().to_ascii_lowercase();
+    let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = match &s[digits.len()..] {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        other => return Err(format!("unknown size unit {other:?}")),
+    };
+    let n: usize = digits.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    match n.checked_mul(unit) {
+        Some(v) if v > 0 => Ok(v),
+        _ => Err(format!("{s:?}: size must be positive and fit in usize")),
+    }
+}
+
+/// Latency histogram in 0.1 µs steps up to 100 ms (bounded memory), plus an overflow count.
+struct Histogram {
+    buckets: Vec<u64>,
+    count: u64,
+}
+
+const STEPS_PER_US: u64 = 10;
+const MAX_US: u64 = 100_000;
+
+impl Histogram {
+    fn new() -> Histogram {
+        Histogram {
+            buckets: vec![0; (MAX_US * STEPS_PER_US) as usize + 1],
+            count: 0,
+        }
+    }
+
+    fn record(&mut self, d: Duration) {
+        let step = (d.as_nanos() as u64 * STEPS_PER_US / 1000).min(MAX_US * STEPS_PER_US);
+        self.buckets[step as usize] += 1;
+        self.count += 1;
+    }
+
+    /// The latency below which a fraction `q` of reads fell, in µs.
+    fn quantile_us(&self, q: f64) -> f64 {
+        if self.count == 0 {
+            return 0.0;
+        }
+        let rank = ((q * self.count as f64).ceil() as u64).clamp(1, self.count);
+        let mut seen = 0;
+        for (step, n) in self.buckets.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return step as f64 / STEPS_PER_US as f64;
+            }
+        }
+        MAX_US as f64
+    }
+}
+
+pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
+    if args.depth == 0 {
+        bail!("--depth must be at least 1");
+    }
+    let size = std::fs::metadata(&args.file)
+        .with_context(|| format!("reading the size of {}", args.file.display()))?
+        .len();
+    let blocks = size / args.bs as u64;
+    if blocks == 0 {
+        bail!("{} is smaller than one block of {} bytes", args.file.display(), args.bs);
+    }
+    let backend = match args.backend {
+        BackendArg::Auto => Backend::Auto,
+        BackendArg::Uring => Backend::Uring,
+        BackendArg::Pread => Backend::Pread,
+    };
+    let ring_entries = ((args.depth + 1).div_ceil(args.rings)).next_power_of_two().max(8) as u32;
+    let reader = Reader::builder()
+        .backend(backend)
+        .rings(args.rings)
+        .ring_entries(ring_entries)
+        .async_punt(args.async_punt)
+        .pread_threads(args.pread_threads.unwrap_or(args.depth).min(1024))
+        .classes(1, args.depth)
+        .queue_capacity(args.depth)
+        .buffer_count(args.depth + 2 * args.rings)
+        .buffer_size_bytes(args.bs)
+        .build()
+        .context("building the reader")?;
+    let file = reader
+        .open(&args.file, OpenOptions { direct: args.direct })
+        .context("opening the file")?;
+    let rx = reader.completions();
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let mut started = vec![Instant::now(); args.depth];
+    let mut hist = Histogram::new();
+    // Completions are drained in bursts and their slots resubmitted as one batch: one lock
+    // round and at most one wake-up of the engine per burst.
+    let mut batch: Vec<ReadRequest> = Vec::with_capacity(args.depth);
+    let mut next_request = |slot: usize, started: &mut [Instant], now: Instant| {
+        started[slot] = now;
+        ReadRequest {
+            file,
+            offset: rng.gen_range(0..blocks) * args.bs as u64,
+            len: args.bs,
+            class: 0,
+            tag: slot as u64,
+        }
+    };
+    let begin = Instant::now();
+    let deadline = begin + Duration::from_secs_f64(args.seconds);
+    for slot in 0..args.depth {
+        batch.push(next_request(slot, &mut started, begin));
+    }
+    reader.submit_batch(&batch)?;
+    let mut outstanding = args.depth;
+    let mut bytes_read: u64 = 0;
+    let mut end = begin;
+    while outstanding > 0 {
+        batch.clear();
+        let mut next = Some(rx.recv().context("the reader stopped")?);
+        let now = Instant::now();
+        while let Some(c) = next {
+            let data = c.result.context("read failed")?;
+            let slot = c.tag as usize;
+            hist.record(now - started[slot]);
+            bytes_read += data.len() as u64;
+            drop(data);
+            if now < deadline {
+                batch.push(next_request(slot, &mut started, now));
+            } else {
+                outstanding -= 1;
+            }
+            next = rx.try_recv().ok();
+        }
+        end = now;
+        reader.submit_batch(&batch)?;
+    }
+    let secs = (end - begin).as_secs_f64();
+    let mb_per_s = bytes_read as f64 / secs / 1e6;
+    let iops = hist.count as f64 / secs;
+    let (p50, p99) = (hist.quantile_us(0.50), hist.quantile_us(0.99));
+    let info = reader.backend();
+    let backend_name = format!("{:?}", info.active).to_lowercase();
+    if args.json {
+        let out = serde_json::json!({
+            "mb_per_s": mb_per_s,
+            "iops": iops,
+            "p50_us": p50,
+            "p99_us": p99,
+            "backend": backend_name,
+            "threads": info.threads,
+            "bs": args.bs,
+            "depth": args.depth,
+            "direct": args.direct,
+            "seconds": secs,
+            "reads": hist.count,
+        });
+        println!("{out}");
+    } else {
+        println!(
+            "read-bench {}: backend {} ({}), {} thread(s), bs {} depth {}{}",
+            args.file.display(),
+            backend_name,
+            info.reason,
+            info.threads,
+            args.bs,
+            args.depth,
+            if args.direct { " O_DIRECT" } else { "" }
+        );
+        println!(
+            "{mb_per_s:.1} MB/s, {iops:.0} IOPS, p50 {p50:.1} us, p99 {p99:.1} us ({} reads in {secs:.2} s)",
+            hist.count
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("128KiB"), Ok(128 << 10));
+        assert_eq!(parse_size("1m"), Ok(1 << 20));
+        assert_eq!(parse_size("512"), Ok(512));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("4q").is_err());
+    }
+
+    #[test]
+    fn quantiles_follow_a_reference_sort() {
+        let mut h = Histogram::new();
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut all: Vec<u64> = (0..10_000).map(|_| rng.gen_range(1..5_000_000)).collect();
+        for &ns in &all {
+            h.record(Duration::from_nanos(ns));
+        }
+        all.sort_unstable();
+        for q in [0.5, 0.9, 0.99] {
+            let reference_us = all[(q * all.len() as f64).ceil() as usize - 1] as f64 / 1000.0;
+            assert!((h.quantile_us(q) - reference_us).abs() <= 0.1, "q {q}");
+        }
+    }
+}

@@ -236,7 +236,11 @@ struct IoRequest {
 #[derive(Debug)]
 enum ToDispatcher {
     Read(IoRequest),
-    Depths(Vec<u32>),
+    /// io_depth per rank for the requests from stream position `from_seq` on.
+    Depths {
+        from_seq: u64,
+        io_depth: Vec<u32>,
+    },
 }
 
 /// Everything the threads need, fixed at build time.
@@ -552,7 +556,11 @@ fn planner<T: Send + 'static>(
             if let Some(alloc) = allocator.as_mut() {
                 let record = allocate(ctx, shared, alloc, &window, epoch, first)?;
                 if let Some(tx) = &to_dispatcher {
-                    let _ = tx.send(ToDispatcher::Depths(record.io_depth.clone()));
+                    let io_depth = record.io_depth.clone();
+                    let _ = tx.send(ToDispatcher::Depths {
+                        from_seq: seq + 1,
+                        io_depth,
+                    });
                 }
                 lock(&shared.decode).assignment = spread(&record.decode_threads);
                 lock(&shared.collector).allocation(record);
@@ -1006,6 +1014,7 @@ fn dispatcher<T>(
     let mut reads: Slab<InFlight> = Slab::new();
     let mut timers: BinaryHeap<Reverse<(Instant, usize)>> = BinaryHeap::new();
     let mut files = OpenFiles::default();
+    let mut allocations: VecDeque<(u64, Vec<u32>)> = VecDeque::new();
     let completions = reader.completions();
     let mut requests = Some(requests);
     for (r, &d) in depth.iter().enumerate() {
@@ -1014,6 +1023,21 @@ fn dispatcher<T>(
     loop {
         if shared.stop.load(Ordering::SeqCst) {
             return Ok(());
+        }
+        // A window's allocation takes effect when its first request is the oldest pending one,
+        // not when it was planned, which is up to the prefetch window earlier.
+        let oldest = (0..ranks)
+            .filter_map(|r| pending[r].front().map(|q| q.seq))
+            .min();
+        while let Some((from_seq, _)) = allocations.front() {
+            if oldest.is_none_or(|o| o < *from_seq) {
+                break;
+            }
+            let (_, d) = allocations.pop_front().expect("front checked");
+            for (r, &v) in d.iter().enumerate() {
+                set_depth(reader, r, v)?;
+            }
+            depth = d;
         }
         // Oldest request first among the ranks below their io_depth: the storage works on the
         // current iteration before the prefetched ones.
@@ -1071,11 +1095,8 @@ fn dispatcher<T>(
         select! {
             recv(rx) -> msg => match msg {
                 Ok(ToDispatcher::Read(req)) => pending[req.rank].push_back(req),
-                Ok(ToDispatcher::Depths(d)) => {
-                    for (r, &v) in d.iter().enumerate() {
-                        set_depth(reader, r, v)?;
-                    }
-                    depth = d;
+                Ok(ToDispatcher::Depths { from_seq, io_depth }) => {
+                    allocations.push_back((from_seq, io_depth));
                 }
                 Err(_) => requests = None,
             },

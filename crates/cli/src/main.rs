@@ -1,25 +1,33 @@
 //! The `lobster` command.
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
 mod gen;
 mod order;
 mod read_bench;
 mod replay;
+mod run;
 
 #[derive(Debug, Parser)]
 #[command(
     name = "lobster",
     version,
-    about = "Load balance-aware sample loading for distributed DNN training"
+    about = "Load balance-aware sample loading for distributed DNN training",
+    long_about = "Load balance-aware sample loading for distributed DNN training.\n\n\
+                  Without a subcommand, runs the main job (`lobster run`) with its options.",
+    args_conflicts_with_subcommands = true
 )]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    #[command(flatten)]
+    run: run::RunArgs,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// The main job: simulated synchronous training, Lobster against its baselines.
+    Run(run::RunArgs),
     /// Generate a synthetic ImageFolder of real JPEG files.
     Gen(gen::GenArgs),
     /// Print one rank's sample indices for an epoch as a JSON list.
@@ -33,10 +41,8 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        None => {
-            Cli::command().print_help()?;
-            Ok(())
-        }
+        None => run::run(&cli.run),
+        Some(Command::Run(args)) => run::run(&args),
         Some(Command::Gen(args)) => gen::run(&args),
         Some(Command::Order(args)) => order::run(&args),
         Some(Command::Replay(args)) => replay::run(&args),

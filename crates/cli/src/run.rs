@@ -55,12 +55,22 @@ impl Policy {
     fn parts(self, hysteresis: f64) -> (CachePolicy, Execution, Schedule) {
         let allocate = Schedule::Allocate { hysteresis };
         match self {
-            Policy::Pytorch => (CachePolicy::None, Execution::ReadThenDecode, Schedule::EqualSplit),
-            Policy::Nopfs => (CachePolicy::Static, Execution::ReadThenDecode, Schedule::EqualSplit),
+            Policy::Pytorch => (
+                CachePolicy::None,
+                Execution::ReadThenDecode,
+                Schedule::EqualSplit,
+            ),
+            Policy::Nopfs => (
+                CachePolicy::Static,
+                Execution::ReadThenDecode,
+                Schedule::EqualSplit,
+            ),
             Policy::Lobster => (CachePolicy::Reuse, Execution::Pipelined, allocate),
-            Policy::LobsterCacheOnly => {
-                (CachePolicy::Reuse, Execution::ReadThenDecode, Schedule::EqualSplit)
-            }
+            Policy::LobsterCacheOnly => (
+                CachePolicy::Reuse,
+                Execution::ReadThenDecode,
+                Schedule::EqualSplit,
+            ),
             Policy::LobsterAllocOnly => (CachePolicy::Static, Execution::Pipelined, allocate),
         }
     }
@@ -145,7 +155,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub cache_bytes: Option<u64>,
     /// Node cache capacity as a fraction of the dataset's bytes.
-    #[arg(long, default_value_t = 0.25)]
+    #[arg(long, default_value_t = 0.2)]
     pub cache_frac: f64,
     /// `all`, or a comma-separated list of pytorch, nopfs, lobster, lobster-cache-only,
     /// lobster-alloc-only.
@@ -177,7 +187,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 120.0)]
     pub storage_mbps: f64,
     /// Emulated storage latency per request, microseconds.
-    #[arg(long, default_value_t = 4000)]
+    #[arg(long, default_value_t = 8000)]
     pub storage_latency_us: u64,
     /// I/O backend of the pipelined policies.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
@@ -271,10 +281,16 @@ pub fn run(args: &RunArgs) -> Result<()> {
         bail!("--compute-ms = {}: allowed a number >= 0", args.compute_ms);
     }
     if !(args.decode_us_per_kb.is_finite() && args.decode_us_per_kb >= 0.0) {
-        bail!("--decode-us-per-kb = {}: allowed a number >= 0", args.decode_us_per_kb);
+        bail!(
+            "--decode-us-per-kb = {}: allowed a number >= 0",
+            args.decode_us_per_kb
+        );
     }
     if !(args.storage_mbps.is_finite() && args.storage_mbps >= 0.0) {
-        bail!("--storage-mbps = {}: allowed 0 (no emulation) or more", args.storage_mbps);
+        bail!(
+            "--storage-mbps = {}: allowed 0 (no emulation) or more",
+            args.storage_mbps
+        );
     }
     let cache_bytes = args
         .cache_bytes
@@ -346,7 +362,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
     }
     print_table(&results);
     if let Some(path) = &args.json {
-        let report = Report { config: &config, results: &results };
+        let report = Report {
+            config: &config,
+            results: &results,
+        };
         let text = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
         println!("wrote {}", path.display());
@@ -377,9 +396,18 @@ fn default_dataset(samples: u32, quiet: bool) -> Result<PathBuf> {
         std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
     }
     if !quiet {
-        println!("generating the default dataset once into {} ...", dir.display());
+        println!(
+            "generating the default dataset once into {} ...",
+            dir.display()
+        );
     }
-    crate::gen::generate(&dir, samples, DEFAULT_CLASSES, DEFAULT_MEAN_KB, DEFAULT_GEN_SEED)?;
+    crate::gen::generate(
+        &dir,
+        samples,
+        DEFAULT_CLASSES,
+        DEFAULT_MEAN_KB,
+        DEFAULT_GEN_SEED,
+    )?;
     std::fs::write(&done, b"").with_context(|| format!("writing {}", done.display()))?;
     Ok(dir)
 }
@@ -401,7 +429,11 @@ fn run_policy(
         epochs: args.epochs,
         drop_last: false,
         cache_policy: cache,
-        cache_capacity_bytes: if cache == CachePolicy::None { 0 } else { cache_bytes },
+        cache_capacity_bytes: if cache == CachePolicy::None {
+            0
+        } else {
+            cache_bytes
+        },
         io_depth_budget: args.io_depth,
         decode_threads: args.decode_threads,
         prefetch_iterations: args.prefetch,
@@ -429,7 +461,9 @@ fn run_policy(
         .with_context(|| format!("starting the {policy} loader"))?;
     let backend = loader
         .backend()
-        .map_or("read-then-decode workers".to_string(), |b| format!("{:?}", b.active).to_lowercase());
+        .map_or("read-then-decode workers".to_string(), |b| {
+            format!("{:?}", b.active).to_lowercase()
+        });
     let iterations = loader.iterations_per_epoch();
     let bar = progress_bar(args, policy, iterations as u64 * u64::from(args.epochs));
     let handles = loader.ranks().context("rank handles already taken")?;
@@ -492,7 +526,12 @@ impl fmt::Display for DecodeError {
 impl std::error::Error for DecodeError {}
 
 /// Decodes one sample; the value is a small digest so nothing is optimised away.
-fn decode(decoder: Decoder, us_per_kb: f64, bytes: &[u8], meta: &SampleMeta) -> Result<u64, DecodeError> {
+fn decode(
+    decoder: Decoder,
+    us_per_kb: f64,
+    bytes: &[u8],
+    meta: &SampleMeta,
+) -> Result<u64, DecodeError> {
     match decoder {
         Decoder::Raw => Ok(bytes.len() as u64),
         Decoder::Jpeg => {
@@ -533,7 +572,8 @@ fn print_table(results: &[PolicyResult]) {
             r.imbalance_p50,
             r.imbalance_p95,
             r.hit_ratio,
-            r.speedup_vs_pytorch.map_or("-".to_string(), |s| format!("{s:.2}x")),
+            r.speedup_vs_pytorch
+                .map_or("-".to_string(), |s| format!("{s:.2}x")),
         );
     }
 }

@@ -1,0 +1,175 @@
+//! `lobster gen`, `lobster order` and `lobster run` end to end, through the built binary.
+
+use std::process::Command;
+
+fn lobster() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_lobster"))
+}
+
+fn gen(dir: &std::path::Path, samples: u32) {
+    let out = lobster()
+        .args([
+            "gen",
+            "--samples",
+            &samples.to_string(),
+            "--classes",
+            "3",
+            "--mean-kb",
+            "8",
+        ])
+        .arg("--out")
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn run_writes_every_policy_with_the_documented_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    gen(&data, 64);
+    let json = dir.path().join("run.json");
+    let out = lobster()
+        .args([
+            "run",
+            "--quiet",
+            "--epochs",
+            "2",
+            "--nodes",
+            "2",
+            "--ranks-per-node",
+            "2",
+        ])
+        .args([
+            "--batch",
+            "4",
+            "--compute-ms",
+            "0",
+            "--storage-mbps",
+            "0",
+            "--decoder",
+            "jpeg",
+        ])
+        .arg("--data")
+        .arg(&data)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("speedup"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["config"]["ranks_per_node"], 2);
+    let results = report["results"].as_array().unwrap();
+    let policies: Vec<&str> = results
+        .iter()
+        .map(|r| r["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        policies,
+        [
+            "pytorch",
+            "nopfs",
+            "lobster-cache-only",
+            "lobster-alloc-only",
+            "lobster"
+        ]
+    );
+    for r in results {
+        for key in [
+            "epoch_seconds",
+            "samples_per_second",
+            "stall_fraction",
+            "imbalance_p50",
+            "imbalance_p95",
+            "hit_ratio",
+            "speedup_vs_pytorch",
+            "peak_rss_bytes",
+        ] {
+            assert!(!r[key].is_null(), "{key} in {r}");
+        }
+        assert_eq!(r["epoch_seconds"].as_array().unwrap().len(), 2, "{r}");
+        assert!(r["samples_per_second"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(results[0]["hit_ratio"], 0.0, "pytorch has no cache");
+}
+
+#[test]
+fn run_rejects_nonsense_parameters_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    gen(&data, 16);
+    for (flag, value, name) in [
+        ("--ranks-per-node", "0", "ranks_per_node"),
+        ("--batch", "0", "batch_size"),
+        ("--node", "9", "node"),
+        ("--decode-threads", "1", "decode_threads"),
+        ("--cache-frac", "2", "--cache-frac"),
+    ] {
+        let mut args = vec![
+            ("--ranks-per-node", "2"),
+            ("--nodes", "2"),
+            ("--batch", "2"),
+        ];
+        args.retain(|(f, _)| *f != flag);
+        args.push((flag, value));
+        let out = lobster()
+            .args(["run", "--quiet"])
+            .args(args.iter().flat_map(|(f, v)| [*f, *v]))
+            .arg("--data")
+            .arg(&data)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flag} {value} was accepted");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(name), "{flag} {value}: {stderr}");
+    }
+}
+
+#[test]
+fn a_missing_dataset_is_named() {
+    let out = lobster()
+        .args(["run", "--quiet", "--data", "/nonexistent/lobster-data"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/lobster-data"));
+}
+
+#[test]
+fn order_prints_the_rank_indices_as_json() {
+    let out = lobster()
+        .args([
+            "order",
+            "--samples",
+            "10",
+            "--seed",
+            "0",
+            "--epoch",
+            "0",
+            "--world",
+            "3",
+        ])
+        .args(["--rank", "0"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    // torch DistributedSampler(range(10), num_replicas=3, rank=0, seed=0), epoch 0.
+    let got: Vec<u32> = serde_json::from_slice(&out.stdout).unwrap();
+    let perm = lobster_io::torch_randperm(10, 0);
+    let mut padded = perm.clone();
+    padded.extend_from_slice(&perm[..2]);
+    let expected: Vec<u32> = padded.into_iter().step_by(3).collect();
+    assert_eq!(got, expected);
+}

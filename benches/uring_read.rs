@@ -1,0 +1,184 @@
+//! Per-read cost of the lobster-uring engine against `FileExt::read_at` for 4 KiB
+//! page-cache hits, on both backends; ends with a plain ratio table measured in the same run.
+//!
+//! `cargo bench -p lobster-benches --bench uring_read`
+
+use std::fs::File;
+use std::hint::black_box;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, Criterion, Throughput};
+use lobster_io::uring::{Backend, OpenOptions, ReadRequest, Reader};
+
+const FILE_BYTES: u64 = 64 << 20;
+const BS: usize = 4096;
+const DEPTH: usize = 32;
+
+struct Rng(u64);
+
+impl Rng {
+    fn offset(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % (FILE_BYTES / BS as u64)) * BS as u64
+    }
+}
+
+/// A file written just now, so its pages are in the page cache.
+struct TestFile(PathBuf);
+
+impl TestFile {
+    fn new() -> TestFile {
+        let path = std::env::temp_dir().join(format!("lobster-uring-bench-{}", std::process::id()));
+        let chunk: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 7 + 3) as u8).collect();
+        let mut data = Vec::with_capacity(FILE_BYTES as usize);
+        while (data.len() as u64) < FILE_BYTES {
+            data.extend_from_slice(&chunk);
+        }
+        std::fs::write(&path, &data).expect("writing the bench file");
+        let file = File::open(&path).unwrap();
+        let mut buf = vec![0; 1 << 20];
+        for off in (0..FILE_BYTES).step_by(1 << 20) {
+            file.read_at(&mut buf, off).unwrap(); // warm
+        }
+        TestFile(path)
+    }
+}
+
+impl Drop for TestFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn reader(backend: Backend) -> Reader {
+    Reader::builder()
+        .backend(backend)
+        .pread_threads(2)
+        .classes(1, DEPTH)
+        .buffer_count(2 * DEPTH)
+        .buffer_size_bytes(BS)
+        .build()
+        .expect("building the reader")
+}
+
+/// `n` reads with `read_at` into one buffer.
+fn run_read_at(file: &File, rng: &mut Rng, n: u64) -> Duration {
+    let mut buf = vec![0u8; BS];
+    let start = Instant::now();
+    for _ in 0..n {
+        file.read_at(&mut buf, rng.offset()).unwrap();
+        black_box(&buf);
+    }
+    start.elapsed()
+}
+
+/// `n` reads through the reader, `depth` in flight, resubmitted in batches as they complete.
+fn run_reader(
+    reader: &Reader,
+    file: lobster_io::uring::FileId,
+    rng: &mut Rng,
+    n: u64,
+    depth: usize,
+) -> Duration {
+    let rx = reader.completions();
+    let mut req = |tag| ReadRequest {
+        file,
+        offset: rng.offset(),
+        len: BS,
+        class: 0,
+        tag,
+    };
+    let start = Instant::now();
+    let first = (depth as u64).min(n);
+    let batch: Vec<_> = (0..first).map(&mut req).collect();
+    reader.submit_batch(&batch).unwrap();
+    let (mut submitted, mut done) = (first, 0);
+    let mut batch = Vec::with_capacity(depth);
+    while done < n {
+        let mut next = Some(rx.recv().unwrap());
+        batch.clear();
+        while let Some(c) = next {
+            black_box(c.result.unwrap());
+            done += 1;
+            if submitted < n {
+                batch.push(req(submitted));
+                submitted += 1;
+            }
+            next = rx.try_recv().ok();
+        }
+        reader.submit_batch(&batch).unwrap();
+    }
+    start.elapsed()
+}
+
+fn bench(c: &mut Criterion) {
+    let tf = TestFile::new();
+    let file = File::open(&tf.0).unwrap();
+    let mut group = c.benchmark_group("read_4k_page_cache");
+    group.throughput(Throughput::Elements(1));
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    group.bench_function("read_at", |b| {
+        b.iter_custom(|n| run_read_at(&file, &mut rng, n))
+    });
+    for (name, backend) in [("uring", Backend::Uring), ("pread", Backend::Pread)] {
+        let Ok(r) = std::panic::catch_unwind(|| reader(backend)) else {
+            eprintln!("{name} backend unavailable, skipped");
+            continue;
+        };
+        let id = r.open(&tf.0, OpenOptions::default()).unwrap();
+        for depth in [1, DEPTH] {
+            group.bench_function(format!("{name}_depth{depth}"), |b| {
+                b.iter_custom(|n| run_reader(&r, id, &mut rng, n, depth))
+            });
+        }
+    }
+    group.finish();
+}
+
+/// Median of five runs of 200,000 reads each, as ns per read.
+fn median_ns(mut run: impl FnMut() -> Duration) -> f64 {
+    const N: u64 = 200_000;
+    let mut v: Vec<f64> = (0..5).map(|_| run().as_nanos() as f64 / N as f64).collect();
+    v.sort_by(f64::total_cmp);
+    v[2]
+}
+
+fn ratio_table() {
+    let tf = TestFile::new();
+    let file = File::open(&tf.0).unwrap();
+    let mut rng = Rng(42);
+    let base = median_ns(|| run_read_at(&file, &mut rng, 200_000));
+    println!("\nper-read cost, 4 KiB page-cache hits (median of 5 x 200k reads)");
+    println!(
+        "{:<22} {:>10} {:>16}",
+        "path", "ns/read", "ratio to read_at"
+    );
+    println!("{:<22} {:>10.0} {:>16.2}", "FileExt::read_at", base, 1.0);
+    for (name, backend) in [("uring", Backend::Uring), ("pread", Backend::Pread)] {
+        let Ok(r) = std::panic::catch_unwind(|| reader(backend)) else {
+            continue;
+        };
+        let id = r.open(&tf.0, OpenOptions::default()).unwrap();
+        for depth in [1, DEPTH] {
+            let ns = median_ns(|| run_reader(&r, id, &mut rng, 200_000, depth));
+            println!(
+                "{:<22} {:>10.0} {:>16.2}",
+                format!("{name} depth {depth}"),
+                ns,
+                ns / base
+            );
+        }
+    }
+}
+
+criterion_group!(benches, bench);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    ratio_table();
+}

@@ -23,7 +23,7 @@
 //!   why.
 //! - **Drop** cancels queued reads, waits for those in the kernel, and joins the threads.
 //!
-//! The optional feature `tokio-uring` adds [`AsyncFile`], reads as futures for loaders that
+//! The optional feature `tokio-uring` adds `AsyncFile`, reads as futures for loaders that
 //! already run on tokio-uring. The core does not use tokio-uring: it is unmaintained and
 //! pinned to io-uring 0.6.
 //!

@@ -6,9 +6,6 @@ use std::sync::Arc;
 use crate::policy::{Outcome, Policy, PolicyKind, NEVER};
 use crate::SampleId;
 
-/// Key of a sample that is not cached. Cached keys are next-use positions, never `NEVER`.
-const NOT_CACHED: u64 = NEVER;
-
 /// Heap entries beyond the live ones that are tolerated before compaction.
 const STALE_SLACK: usize = 1024;
 
@@ -133,16 +130,19 @@ impl QuadHeap {
 ///   are evicted farthest first until `s` fits; if all of them together would not free
 ///   enough, nothing is evicted and `s` is not admitted.
 ///
-/// Memory: 8 bytes per sample in the size table, plus a max-heap of at most
+/// Memory: 1 bit per sample in the size table, plus a max-heap of at most
 /// `1.25 * cached + 1024` entries of 16 bytes (stale entries are dropped lazily).
 #[derive(Debug)]
 pub struct ReusePolicy {
     sizes: Arc<[u32]>,
     capacity_bytes: u64,
     used_bytes: u64,
-    /// Next use of each cached sample, `NOT_CACHED` otherwise.
-    key: Vec<u64>,
-    /// Max-heap by next use; an entry is live iff `key[sample] == next_use`.
+    /// One bit per sample: cached.
+    cached: Vec<u64>,
+    /// Position of the latest access.
+    position: u64,
+    /// Max-heap by next use. An entry goes stale only when its sample is hit (at the
+    /// entry's next use), so an entry is live iff its next use is after `position`.
     heap: QuadHeap,
     live: usize,
     popped: Vec<Entry>,
@@ -156,7 +156,8 @@ impl ReusePolicy {
             sizes,
             capacity_bytes,
             used_bytes: 0,
-            key: vec![NOT_CACHED; n],
+            cached: vec![0; n.div_ceil(64)],
+            position: 0,
             heap: QuadHeap::default(),
             live: 0,
             popped: Vec::new(),
@@ -167,9 +168,24 @@ impl ReusePolicy {
         u64::from(self.sizes[sample as usize])
     }
 
+    #[inline]
+    fn is_cached(&self, sample: SampleId) -> bool {
+        self.cached[sample as usize / 64] & (1 << (sample % 64)) != 0
+    }
+
+    #[inline]
+    fn set_cached(&mut self, sample: SampleId, cached: bool) {
+        let (w, b) = (sample as usize / 64, 1u64 << (sample % 64));
+        if cached {
+            self.cached[w] |= b;
+        } else {
+            self.cached[w] &= !b;
+        }
+    }
+
     fn insert(&mut self, sample: SampleId, next_use: u64) {
         debug_assert_ne!(next_use, NEVER);
-        self.key[sample as usize] = next_use;
+        self.set_cached(sample, true);
         let size_bytes = self.sizes[sample as usize];
         self.heap.push(Entry::new(next_use, sample, size_bytes));
         self.compact_if_stale();
@@ -177,14 +193,14 @@ impl ReusePolicy {
 
     fn compact_if_stale(&mut self) {
         if self.heap.len() > self.live + self.live / 4 + STALE_SLACK {
-            let key = &self.key;
-            self.heap.retain(|e| key[e.sample as usize] == e.next_use());
+            let position = self.position;
+            self.heap.retain(|e| e.next_use() > position);
             debug_assert_eq!(self.heap.len(), self.live);
         }
     }
 
     fn is_live(&self, e: &Entry) -> bool {
-        self.key[e.sample as usize] == e.next_use()
+        e.next_use() > self.position
     }
 }
 
@@ -196,14 +212,15 @@ impl Policy for ReusePolicy {
         next_use: u64,
         evicted: &mut Vec<SampleId>,
     ) -> Outcome {
+        debug_assert!(
+            position > self.position || self.position == 0,
+            "positions must increase"
+        );
+        self.position = position;
         let size = self.size(sample);
-        if self.key[sample as usize] != NOT_CACHED {
-            debug_assert_eq!(
-                self.key[sample as usize], position,
-                "sample {sample} hit at a position other than its recorded next use"
-            );
+        if self.is_cached(sample) {
             if next_use == NEVER {
-                self.key[sample as usize] = NOT_CACHED;
+                self.set_cached(sample, false);
                 self.used_bytes -= size;
                 self.live -= 1;
                 evicted.push(sample);
@@ -236,10 +253,10 @@ impl Policy for ReusePolicy {
             let top_size = u64::from(top.size_bytes);
             if top_size >= need {
                 // The common case: the farthest sample alone makes room; s takes its place.
-                self.key[top.sample as usize] = NOT_CACHED;
+                self.set_cached(top.sample, false);
                 evicted.push(top.sample);
                 self.used_bytes = self.used_bytes - top_size + size;
-                self.key[sample as usize] = next_use;
+                self.set_cached(sample, true);
                 self.heap
                     .replace_top(Entry::new(next_use, sample, size as u32));
                 assert!(
@@ -277,12 +294,14 @@ impl Policy for ReusePolicy {
                 }
                 return miss;
             }
-            for e in self.popped.drain(..) {
-                self.key[e.sample as usize] = NOT_CACHED;
+            let mut popped = std::mem::take(&mut self.popped);
+            for e in popped.drain(..) {
+                self.set_cached(e.sample, false);
                 self.used_bytes -= u64::from(e.size_bytes);
                 self.live -= 1;
                 evicted.push(e.sample);
             }
+            self.popped = popped;
         }
         self.used_bytes += size;
         self.live += 1;
@@ -300,7 +319,7 @@ impl Policy for ReusePolicy {
     }
 
     fn contains(&self, sample: SampleId) -> bool {
-        self.key[sample as usize] != NOT_CACHED
+        self.is_cached(sample)
     }
 
     fn used_bytes(&self) -> u64 {
@@ -318,15 +337,13 @@ impl Policy for ReusePolicy {
     fn warm(&self, upcoming: &[SampleId]) {
         let mut acc = 0u64;
         for &s in upcoming {
-            acc = acc
-                .wrapping_add(self.key[s as usize])
-                .wrapping_add(u64::from(self.sizes[s as usize]));
+            acc = acc.wrapping_add(u64::from(self.sizes[s as usize]));
         }
         std::hint::black_box(acc);
     }
 
     fn memory_bytes(&self) -> usize {
-        self.key.capacity() * size_of::<u64>()
+        self.cached.capacity() * size_of::<u64>()
             + (self.heap.capacity() + self.popped.capacity()) * size_of::<Entry>()
     }
 }

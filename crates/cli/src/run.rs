@@ -256,6 +256,8 @@ struct PolicyResult {
     hit_ratio: f64,
     speedup_vs_pytorch: Option<f64>,
     peak_rss_bytes: u64,
+    cache_capacity_bytes: u64,
+    prefetch_window_bytes: u64,
     backend: String,
 }
 
@@ -339,7 +341,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
     }
     let mut results: Vec<PolicyResult> = Vec::new();
     for &policy in &args.policy.0 {
-        let (metrics, backend, peak_rss_bytes) = run_policy(args, &dataset, cache_bytes, policy)?;
+        let (metrics, backend, peak_rss_bytes, prefetch_window_bytes) =
+            run_policy(args, &dataset, cache_bytes, policy)?;
         results.push(PolicyResult {
             policy,
             epoch_seconds: metrics.epoch_seconds.clone(),
@@ -350,6 +353,12 @@ pub fn run(args: &RunArgs) -> Result<()> {
             hit_ratio: metrics.hit_ratio,
             speedup_vs_pytorch: None,
             peak_rss_bytes,
+            cache_capacity_bytes: if policy.parts(0.0).0 == CachePolicy::None {
+                0
+            } else {
+                cache_bytes
+            },
+            prefetch_window_bytes,
             backend,
         });
     }
@@ -412,13 +421,14 @@ fn default_dataset(samples: u32, quiet: bool) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Runs one policy to the end; returns its metrics, backend and peak resident memory.
+/// Runs one policy to the end; returns its metrics, backend, peak resident memory and
+/// prefetch window bound.
 fn run_policy(
     args: &RunArgs,
     dataset: &Arc<Dataset>,
     cache_bytes: u64,
     policy: Policy,
-) -> Result<(RunMetrics, String, u64)> {
+) -> Result<(RunMetrics, String, u64, u64)> {
     reset_peak_rss();
     let (cache, execution, schedule) = policy.parts(args.hysteresis);
     let config = LoaderConfig {
@@ -465,6 +475,7 @@ fn run_policy(
             format!("{:?}", b.active).to_lowercase()
         });
     let iterations = loader.iterations_per_epoch();
+    let window_bytes = loader.prefetch_window_bytes();
     let bar = progress_bar(args, policy, iterations as u64 * u64::from(args.epochs));
     let handles = loader.ranks().context("rank handles already taken")?;
     let barrier = Barrier::new(handles.len());
@@ -496,7 +507,7 @@ fn run_policy(
     bar.finish_and_clear();
     let metrics = loader.metrics();
     drop(loader);
-    Ok((metrics, backend, peak_rss_bytes()))
+    Ok((metrics, backend, peak_rss_bytes(), window_bytes))
 }
 
 fn progress_bar(args: &RunArgs, policy: Policy, total: u64) -> ProgressBar {

@@ -186,6 +186,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         };
         let backend = reader.as_ref().map(|r| r.backend().clone());
         let device = config.storage_emulation.map(|e| Arc::new(Device::new(e)));
+        let window_bytes = window_bytes(&config, &dataset);
         let ctx = Context {
             layout,
             config: config.clone(),
@@ -207,13 +208,20 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             handles: Some(handles),
             config,
             backend,
+            window_bytes,
         })
     }
 }
 
-/// Pool buffers: every read in flight plus every read sample waiting for decode in the
-/// prefetch window, so a submission never waits on a buffer only a later stage frees.
-fn build_reader(config: &LoaderConfig, dataset: &Dataset) -> Result<lobster_uring::Reader, Error> {
+/// Accesses the planner may have handed out and not yet delivered.
+fn window_samples(config: &LoaderConfig) -> usize {
+    (config.prefetch_iterations + config.window_iterations)
+        * config.ranks_per_node
+        * config.batch_size
+}
+
+/// Pool buffers (count, bytes each).
+fn pool_shape(config: &LoaderConfig, dataset: &Dataset) -> (usize, usize) {
     let largest = dataset
         .samples()
         .iter()
@@ -222,10 +230,35 @@ fn build_reader(config: &LoaderConfig, dataset: &Dataset) -> Result<lobster_urin
         .unwrap_or(0);
     // O_DIRECT widens a read to the alignment on both ends.
     let buffer_size_bytes = (largest as usize + 2 * 4096).next_multiple_of(4096);
-    let window_samples = (config.prefetch_iterations + config.window_iterations)
-        * config.ranks_per_node
-        * config.batch_size;
-    let buffer_count = config.io_depth_budget + window_samples + 16;
+    (
+        config.io_depth_budget + window_samples(config) + 16,
+        buffer_size_bytes,
+    )
+}
+
+/// The most bytes of samples in flight or waiting for decode: the reader's pool when
+/// pipelined, else every access of the prefetch window at the largest sample size.
+fn window_bytes(config: &LoaderConfig, dataset: &Dataset) -> u64 {
+    let (count, size) = match config.execution {
+        Execution::Pipelined => pool_shape(config, dataset),
+        Execution::ReadThenDecode => {
+            let largest = dataset
+                .samples()
+                .iter()
+                .map(|s| s.size_bytes)
+                .max()
+                .unwrap_or(0);
+            (window_samples(config), largest as usize)
+        }
+    };
+    (count * size) as u64
+}
+
+/// Pool buffers: every read in flight plus every read sample waiting for decode in the
+/// prefetch window, so a submission never waits on a buffer only a later stage frees.
+fn build_reader(config: &LoaderConfig, dataset: &Dataset) -> Result<lobster_uring::Reader, Error> {
+    let (buffer_count, buffer_size_bytes) = pool_shape(config, dataset);
+    let window_samples = window_samples(config);
     lobster_uring::Reader::builder()
         .backend(config.backend)
         .buffer_size_bytes(buffer_size_bytes)
@@ -251,6 +284,7 @@ pub struct Loader<T> {
     handles: Option<Vec<RankHandle<T>>>,
     config: LoaderConfig,
     backend: Option<lobster_uring::BackendInfo>,
+    window_bytes: u64,
 }
 
 impl<T> Loader<T> {
@@ -267,6 +301,12 @@ impl<T> Loader<T> {
     /// The I/O backend and why it was chosen (`None` for read-then-decode workers).
     pub fn backend(&self) -> Option<&lobster_uring::BackendInfo> {
         self.backend.as_ref()
+    }
+
+    /// Bound on the bytes of samples in flight or waiting for decode (the prefetch window);
+    /// the cache's bytes come on top, up to its capacity.
+    pub fn prefetch_window_bytes(&self) -> u64 {
+        self.window_bytes
     }
 
     /// Batches per epoch per rank.

@@ -632,6 +632,14 @@ mod tests {
     }
 
     #[test]
+    fn handles_and_completions_cross_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Reader>();
+        send_sync::<crate::Completion>();
+        send_sync::<ReadError>();
+    }
+
+    #[test]
     fn invalid_config_names_the_parameter() {
         let err = Reader::builder().io_depths(vec![]).build().unwrap_err();
         assert!(matches!(

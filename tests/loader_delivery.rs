@@ -265,3 +265,38 @@ fn a_sample_whose_decode_fails_names_its_id_and_path() {
         assert!(errors[0].1.contains("corrupt header"), "{errors:?}");
     }
 }
+
+#[test]
+fn a_file_that_changed_size_since_open_is_reported_as_such() {
+    for execution in [Execution::Pipelined, Execution::ReadThenDecode] {
+        for grow in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let ds = make_dataset(dir.path(), 30, 2);
+            let victim = &ds.samples()[7];
+            let mut bytes = std::fs::read(&victim.path).unwrap();
+            if grow {
+                bytes.extend_from_slice(b"appended");
+            } else {
+                bytes.truncate(bytes.len() / 2);
+            }
+            std::fs::write(&victim.path, &bytes).unwrap();
+            let mut loader = LoaderBuilder::new(ds.clone())
+                .world(1, 1, 0)
+                .batch_size(5)
+                .execution(execution)
+                .decode_threads(2)
+                .decode(|b: &[u8], _| Ok::<_, std::io::Error>(b.len()))
+                .build()
+                .unwrap();
+            let handle = loader.ranks().unwrap().pop().unwrap();
+            let errors: Vec<String> = handle
+                .filter_map(|b| b.err())
+                .map(|e| e.to_string())
+                .collect();
+            assert_eq!(errors.len(), 1, "{execution:?} grow={grow}: {errors:?}");
+            let e = &errors[0];
+            assert!(e.contains("sample 7") && e.contains("changed size"), "{e}");
+            assert!(e.contains(&victim.path.display().to_string()), "{e}");
+        }
+    }
+}

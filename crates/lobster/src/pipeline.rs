@@ -986,6 +986,20 @@ impl OpenFiles {
                 offset: 0,
                 cause: Arc::new(e),
             })?;
+        // A file that changed since the dataset was opened is reported as such, not read as
+        // a short or partial sample.
+        let size = std::fs::metadata(&meta.path).map(|m| m.len());
+        if let Ok(actual_bytes) = size {
+            if actual_bytes != meta.size_bytes {
+                let _ = reader.close(file);
+                return Err(Error::SizeChanged {
+                    sample: meta.id,
+                    path: meta.path.to_path_buf(),
+                    expected_bytes: meta.size_bytes,
+                    actual_bytes,
+                });
+            }
+        }
         self.by_sample.insert(meta.id, (file, 1));
         self.order.push_back(meta.id);
         Ok(file)

@@ -259,6 +259,10 @@ struct PolicyResult {
     cache_capacity_bytes: u64,
     prefetch_window_bytes: u64,
     backend: String,
+    /// Median predicted imbalance of the equal split and of lobster-sched's allocation over
+    /// the run's windows (allocating policies only).
+    predicted_imbalance_equal_split_p50: Option<f64>,
+    predicted_imbalance_allocated_p50: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -360,6 +364,15 @@ pub fn run(args: &RunArgs) -> Result<()> {
             },
             prefetch_window_bytes,
             backend,
+            predicted_imbalance_equal_split_p50: median(
+                metrics
+                    .allocations
+                    .iter()
+                    .map(|a| a.predicted_imbalance_equal),
+            ),
+            predicted_imbalance_allocated_p50: median(
+                metrics.allocations.iter().map(|a| a.predicted_imbalance),
+            ),
         });
     }
     let baseline = results
@@ -380,6 +393,12 @@ pub fn run(args: &RunArgs) -> Result<()> {
         println!("wrote {}", path.display());
     }
     Ok(())
+}
+
+fn median(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let mut v: Vec<f64> = values.filter(|x| x.is_finite()).collect();
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| v[v.len() / 2])
 }
 
 fn mib(bytes: u64) -> f64 {

@@ -1,6 +1,6 @@
 //! The next-use index: a multi-epoch stream, read a window of epochs at a time.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::mem::size_of;
 use std::sync::Arc;
 
@@ -103,6 +103,26 @@ const FAR_FROM: u64 = if cfg!(any(test, fuzzing)) {
 /// Accesses per group whose table entries are loaded together in the backward pass.
 const WARM_AHEAD: usize = 16;
 
+/// No batch: a sample the frontier has not seen.
+const NO_BATCH: u32 = u32::MAX;
+/// Batches the frontier may plan ahead of the one being built; small under test so the
+/// checker covers the fallback scan.
+const PLAN_MAX: usize = if cfg!(any(test, fuzzing)) { 6 } else { 256 };
+
+/// A batch whose epochs the frontier has read.
+#[derive(Debug)]
+struct Planned {
+    id: u32,
+    first_epoch: u32,
+    /// One past its last epoch so far (final once a later batch is planned or the frontier
+    /// has read the whole stream).
+    end_epoch: u32,
+    accesses: usize,
+    /// Next uses after this batch that lie beyond the batch after it: (sample, position
+    /// low, position high).
+    answers: Vec<[u32; 3]>,
+}
+
 /// Encodes next use `pos` relative to `base`, spilling far ones to `far` under `key`.
 #[inline]
 fn encode(far: &mut HashMap<u32, u64>, base: u64, key: u32, pos: u64) -> u32 {
@@ -119,17 +139,22 @@ fn encode(far: &mut HashMap<u32, u64>, base: u64, key: u32, pos: u64) -> u32 {
 /// batch of epochs.
 ///
 /// How: epochs are read into a batch of at most `batch_accesses_max` accesses (at least one
-/// epoch). The samples of the batch are marked in a bit set; the following epochs are then
-/// regenerated one at a time, only until every marked sample has been found once more or
-/// the stream ends (then its next use is [`NEVER`]). A backward pass over the batch then
-/// gives each access the next use of its sample and replaces it by its own position. A node
-/// that sees each sample with probability `f` per epoch needs about
-/// `ln(batch samples) / -ln(1 - f)` epochs of look-ahead per batch, so larger batches
-/// amortise it over more epochs.
+/// epoch). Each sample needs its first access after the batch: the epochs of the next batch
+/// are regenerated and scanned for them (near look-ahead). The few samples not found there
+/// (for a node that sees each sample with probability `f` per epoch, a fraction
+/// `(1 - f)^epochs per batch`) come from the frontier: a single pass over the stream, ahead
+/// of the batches, that reads each epoch once, remembers the latest batch of each sample,
+/// and records an answer when a sample comes back after skipping a whole batch. So each
+/// epoch is generated about three times (batch, near look-ahead, frontier) however long
+/// samples stay away, instead of once per batch that waits for them. Past its bounds (see
+/// memory) the frontier stops and the remaining samples are found by regenerating the
+/// following epochs, as many as they need. A backward pass over the batch then gives each
+/// access the next use of its sample and replaces it by its own position.
 ///
-/// Memory: 4 bytes + 1 bit per sample + 8 bytes per access of the batch + one epoch of
-/// scratch (4 bytes per access). Next uses are stored as 32-bit offsets from the batch
-/// start; the rare ones beyond 2^32 accesses go to a map.
+/// Memory: 8 bytes + 1 bit per sample + 8 bytes per access of the batch + one epoch of
+/// scratch (4 bytes per access) + 12 bytes per frontier answer (at most
+/// `num_samples / 4 + 1024` held, for at most 256 planned batches). Next uses are stored as
+/// 32-bit offsets from the batch start; the rare ones beyond 2^32 accesses go to a map.
 #[derive(Debug)]
 pub struct NextUseIndex<S> {
     source: S,
@@ -158,6 +183,15 @@ pub struct NextUseIndex<S> {
     pending: Vec<u64>,
     scratch: Vec<SampleId>,
     epochs_generated: u64,
+    /// Frontier: per sample, the id of the latest batch it was seen in (`NO_BATCH`).
+    last_batch: Vec<u32>,
+    /// Batches from the one built next (or being built) to the frontier's.
+    plan: VecDeque<Planned>,
+    front_epoch: u32,
+    front_position: u64,
+    next_batch_id: u32,
+    answers_held: usize,
+    answers_max: usize,
 }
 
 impl<S: StreamSource> NextUseIndex<S> {
@@ -195,6 +229,21 @@ impl<S: StreamSource> NextUseIndex<S> {
             },
             scratch: Vec::new(),
             epochs_generated: 0,
+            last_batch: if look_ahead {
+                vec![NO_BATCH; num_samples]
+            } else {
+                Vec::new()
+            },
+            plan: VecDeque::new(),
+            front_epoch: 0,
+            front_position: 0,
+            next_batch_id: 0,
+            answers_held: 0,
+            answers_max: if cfg!(any(test, fuzzing)) {
+                4
+            } else {
+                num_samples / 4 + 1024
+            },
         }
     }
 
@@ -252,6 +301,13 @@ impl<S: StreamSource> NextUseIndex<S> {
             + self.next.capacity() * size_of::<u32>()
             + self.far.capacity() * size_of::<(u32, u64)>()
             + self.bounds.capacity() * size_of::<(u32, usize)>()
+            + self.last_batch.capacity() * size_of::<u32>()
+            + self.plan.capacity() * size_of::<Planned>()
+            + self
+                .plan
+                .iter()
+                .map(|p| p.answers.capacity() * size_of::<[u32; 3]>())
+                .sum::<usize>()
     }
 
     /// The stream source.
@@ -289,6 +345,120 @@ impl<S: StreamSource> NextUseIndex<S> {
         }
     }
 
+    /// Puts epoch `e` (at most the frontier's) in `scratch`, through the frontier if it has
+    /// not read it yet.
+    fn obtain(&mut self, e: u32) -> Result<(), CacheError> {
+        debug_assert!(e <= self.front_epoch);
+        if e == self.front_epoch {
+            self.advance_front()
+        } else {
+            self.fill(e)
+        }
+    }
+
+    /// Whether epoch `e`, read by the frontier, belongs to the batch after the one being
+    /// built.
+    fn in_next_batch(&self, e: u32) -> bool {
+        self.plan.get(1).is_some_and(|p| e < p.end_epoch)
+    }
+
+    /// The frontier reads one more epoch into `scratch`: extends the plan and records the
+    /// samples that come back after skipping a whole batch.
+    fn advance_front(&mut self) -> Result<(), CacheError> {
+        let e = self.front_epoch;
+        self.fill(e)?;
+        let n = self.scratch.len();
+        let new_batch = match self.plan.back() {
+            None => true,
+            Some(p) => {
+                p.end_epoch < e
+                    || (p.end_epoch > p.first_epoch && p.accesses + n > self.batch_accesses_max)
+            }
+        };
+        if new_batch {
+            self.plan.push_back(Planned {
+                id: self.next_batch_id,
+                first_epoch: e,
+                end_epoch: e,
+                accesses: 0,
+                answers: Vec::new(),
+            });
+            self.next_batch_id += 1;
+        }
+        let oldest = self.plan[0].id;
+        let current = {
+            let p = self.plan.back_mut().expect("planned");
+            p.end_epoch = e + 1;
+            p.accesses += n;
+            p.id
+        };
+        for (i, &s) in self.scratch.iter().enumerate() {
+            let last = self.last_batch[s as usize];
+            if last == current {
+                continue;
+            }
+            self.last_batch[s as usize] = current;
+            // Back after skipping batch `last + 1`: `last` needs this position.
+            if last != NO_BATCH && last >= oldest && last + 1 < current {
+                let p = self.front_position + i as u64;
+                self.plan[(last - oldest) as usize]
+                    .answers
+                    .push([s, p as u32, (p >> 32) as u32]);
+                self.answers_held += 1;
+            }
+        }
+        self.front_epoch = e + 1;
+        self.front_position += n as u64;
+        Ok(())
+    }
+
+    /// Gives the batch being built (at `base`) the next uses the frontier found for it;
+    /// returns how many.
+    fn apply_answers(&mut self, base: u64) -> usize {
+        let answers = std::mem::take(&mut self.plan[0].answers);
+        self.answers_held -= answers.len();
+        for &[s, lo, hi] in &answers {
+            let (w, b) = (s as usize / 64, 1u64 << (s % 64));
+            debug_assert!(
+                self.pending[w] & b != 0,
+                "answer for sample {s} not pending"
+            );
+            self.pending[w] &= !b;
+            let p = u64::from(hi) << 32 | u64::from(lo);
+            self.next_of[s as usize] = encode(&mut self.far_of, base, s, p);
+        }
+        let found = answers.len();
+        // Keep the allocation for the answers to come.
+        self.plan[0].answers = answers;
+        self.plan[0].answers.clear();
+        found
+    }
+
+    /// Regenerates the epochs from the frontier on until the `pending` samples are found or
+    /// the stream ends (the frontier has found none of them before it); returns how many
+    /// are left.
+    fn scan_from_front(&mut self, base: u64, mut pending: usize) -> Result<usize, CacheError> {
+        let mut pos = self.front_position;
+        let mut e = self.front_epoch;
+        'ahead: while pending > 0 && e < self.epochs {
+            self.fill(e)?;
+            for &s in &self.scratch {
+                let (w, b) = (s as usize / 64, 1u64 << (s % 64));
+                if self.pending[w] & b != 0 {
+                    self.pending[w] &= !b;
+                    self.next_of[s as usize] = encode(&mut self.far_of, base, s, pos);
+                    pending -= 1;
+                    if pending == 0 {
+                        break 'ahead;
+                    }
+                }
+                pos += 1;
+            }
+            e += 1;
+        }
+        Ok(pending)
+    }
+
     /// Reads the next batch of epochs and resolves their next uses. False at the end.
     fn build_batch(&mut self) -> Result<bool, CacheError> {
         self.samples.clear();
@@ -311,13 +481,16 @@ impl<S: StreamSource> NextUseIndex<S> {
             self.following_position = base + self.samples.len() as u64;
             return Ok(true);
         }
-        let mut scratch_holds_next = false;
+        // The batch: the frontier's next planned batch (planned now if not yet reached).
+        let mut carried = false;
         while e < self.epochs {
-            self.fill(e)?;
-            if !self.bounds.is_empty()
-                && self.samples.len() + self.scratch.len() > self.batch_accesses_max
-            {
-                scratch_holds_next = true;
+            if e < self.front_epoch && e >= self.plan[0].end_epoch {
+                break;
+            }
+            self.obtain(e)?;
+            if e >= self.plan[0].end_epoch {
+                // The first epoch of the next batch, just read by the frontier.
+                carried = true;
                 break;
             }
             self.bounds.push((e, self.samples.len()));
@@ -329,6 +502,7 @@ impl<S: StreamSource> NextUseIndex<S> {
         let len = self.samples.len();
         self.following_epoch = e;
         self.following_position = base + len as u64;
+        let batch_id = self.plan[0].id;
 
         // Which samples need a next use after the batch (a bit set small enough for cache).
         let mut pending = 0usize;
@@ -339,27 +513,44 @@ impl<S: StreamSource> NextUseIndex<S> {
                 pending += 1;
             }
         }
-        // Look ahead only as far as those need.
+        // Near look-ahead: the next batch, whole (the frontier answers only beyond it).
         let mut pos = base + len as u64;
-        'ahead: while pending > 0 && e < self.epochs {
-            if !scratch_holds_next {
-                self.fill(e)?;
+        while pending > 0 && e < self.epochs {
+            if !carried {
+                if e < self.front_epoch && !self.in_next_batch(e) {
+                    break;
+                }
+                self.obtain(e)?;
+                if !self.in_next_batch(e) {
+                    break;
+                }
             }
-            scratch_holds_next = false;
+            carried = false;
             for &s in &self.scratch {
                 let (w, b) = (s as usize / 64, 1u64 << (s % 64));
                 if self.pending[w] & b != 0 {
                     self.pending[w] &= !b;
                     self.next_of[s as usize] = encode(&mut self.far_of, base, s, pos);
                     pending -= 1;
-                    if pending == 0 {
-                        break 'ahead;
-                    }
                 }
                 pos += 1;
             }
             e += 1;
         }
+        // The rest: answers of the frontier, which reads on while it may.
+        loop {
+            pending -= self.apply_answers(base);
+            if pending == 0 || self.front_epoch >= self.epochs {
+                break;
+            }
+            if self.answers_held >= self.answers_max || self.plan.len() >= PLAN_MAX {
+                pending = self.scan_from_front(base, pending)?;
+                break;
+            }
+            self.advance_front()?;
+        }
+        debug_assert_eq!(self.plan[0].id, batch_id);
+        self.plan.pop_front();
         if pending > 0 {
             // Never used again.
             for (w, word) in self.pending.iter_mut().enumerate() {

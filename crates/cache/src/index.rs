@@ -117,10 +117,13 @@ struct Planned {
     /// One past its last epoch so far (final once a later batch is planned or the frontier
     /// has read the whole stream).
     end_epoch: u32,
+    /// Position of its first access.
+    base: u64,
     accesses: usize,
-    /// Next uses after this batch that lie beyond the batch after it: (sample, position
-    /// low, position high).
-    answers: Vec<[u32; 3]>,
+    /// Next uses after this batch that lie beyond the batch after it: (sample, position -
+    /// `base`), those too far for 32 bits in `far_answers`.
+    answers: Vec<[u32; 2]>,
+    far_answers: Vec<(SampleId, u64)>,
 }
 
 /// Encodes next use `pos` relative to `base`, spilling far ones to `far` under `key`.
@@ -152,8 +155,8 @@ fn encode(far: &mut HashMap<u32, u64>, base: u64, key: u32, pos: u64) -> u32 {
 /// access the next use of its sample and replaces it by its own position.
 ///
 /// Memory: 8 bytes + 1 bit per sample + 8 bytes per access of the batch + one epoch of
-/// scratch (4 bytes per access) + 12 bytes per frontier answer (at most
-/// `num_samples / 4 + 1024` held, for at most 256 planned batches). Next uses are stored as
+/// scratch (4 bytes per access) + 8 bytes per frontier answer (it stops reading once it
+/// holds `num_samples / 4 + 1024`, or plans 256 batches). Next uses are stored as
 /// 32-bit offsets from the batch start; the rare ones beyond 2^32 accesses go to a map.
 #[derive(Debug)]
 pub struct NextUseIndex<S> {
@@ -306,7 +309,10 @@ impl<S: StreamSource> NextUseIndex<S> {
             + self
                 .plan
                 .iter()
-                .map(|p| p.answers.capacity() * size_of::<[u32; 3]>())
+                .map(|p| {
+                    p.answers.capacity() * size_of::<[u32; 2]>()
+                        + p.far_answers.capacity() * size_of::<(SampleId, u64)>()
+                })
                 .sum::<usize>()
     }
 
@@ -380,8 +386,10 @@ impl<S: StreamSource> NextUseIndex<S> {
                 id: self.next_batch_id,
                 first_epoch: e,
                 end_epoch: e,
+                base: self.front_position,
                 accesses: 0,
                 answers: Vec::new(),
+                far_answers: Vec::new(),
             });
             self.next_batch_id += 1;
         }
@@ -401,9 +409,11 @@ impl<S: StreamSource> NextUseIndex<S> {
             // Back after skipping batch `last + 1`: `last` needs this position.
             if last != NO_BATCH && last >= oldest && last + 1 < current {
                 let p = self.front_position + i as u64;
-                self.plan[(last - oldest) as usize]
-                    .answers
-                    .push([s, p as u32, (p >> 32) as u32]);
+                let batch = &mut self.plan[(last - oldest) as usize];
+                match u32::try_from(p - batch.base) {
+                    Ok(delta) if u64::from(delta) < FAR_FROM => batch.answers.push([s, delta]),
+                    _ => batch.far_answers.push((s, p)),
+                }
                 self.answers_held += 1;
             }
         }
@@ -415,22 +425,26 @@ impl<S: StreamSource> NextUseIndex<S> {
     /// Gives the batch being built (at `base`) the next uses the frontier found for it;
     /// returns how many.
     fn apply_answers(&mut self, base: u64) -> usize {
-        let answers = std::mem::take(&mut self.plan[0].answers);
-        self.answers_held -= answers.len();
-        for &[s, lo, hi] in &answers {
+        let mut answers = std::mem::take(&mut self.plan[0].answers);
+        let mut far_answers = std::mem::take(&mut self.plan[0].far_answers);
+        let found = answers.len() + far_answers.len();
+        self.answers_held -= found;
+        debug_assert_eq!(self.plan[0].base, base);
+        let near = answers
+            .drain(..)
+            .map(|[s, delta]| (s, base + u64::from(delta)));
+        for (s, p) in near.chain(far_answers.drain(..)) {
             let (w, b) = (s as usize / 64, 1u64 << (s % 64));
             debug_assert!(
                 self.pending[w] & b != 0,
                 "answer for sample {s} not pending"
             );
             self.pending[w] &= !b;
-            let p = u64::from(hi) << 32 | u64::from(lo);
             self.next_of[s as usize] = encode(&mut self.far_of, base, s, p);
         }
-        let found = answers.len();
-        // Keep the allocation for the answers to come.
+        // Keep the allocations for the answers to come.
         self.plan[0].answers = answers;
-        self.plan[0].answers.clear();
+        self.plan[0].far_answers = far_answers;
         found
     }
 

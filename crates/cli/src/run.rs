@@ -11,8 +11,8 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use lobster_io::uring::Backend;
 use lobster_io::{
-    CachePolicy, Dataset, Execution, LoaderBuilder, LoaderConfig, RunMetrics, SampleMeta, Schedule,
-    StorageEmulation,
+    CachePolicy, Dataset, ErrorPolicy, Execution, LoaderBuilder, LoaderConfig, RunMetrics,
+    SampleMeta, Schedule, StorageEmulation,
 };
 use serde::Serialize;
 
@@ -479,6 +479,8 @@ fn run_policy(
             bandwidth_bytes_per_s: args.storage_mbps * 1e6,
             latency_us: args.storage_latency_us,
         }),
+        error_policy: ErrorPolicy::Fail,
+        fault_injection: None,
     };
     let decoder = args.decoder;
     let us_per_kb = args.decode_us_per_kb;

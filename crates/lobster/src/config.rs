@@ -5,6 +5,7 @@ use std::str::FromStr;
 
 use crate::emulate::StorageEmulation;
 use crate::error::Error;
+use crate::faults::{ErrorPolicy, FailureBudget, FaultInjection};
 
 /// Which cache the planner runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,6 +110,10 @@ pub struct LoaderConfig {
     pub direct: bool,
     /// An emulated storage tier charged on every storage read.
     pub storage_emulation: Option<StorageEmulation>,
+    /// What a rank's iterator does with a sample that cannot be read or decoded.
+    pub error_policy: ErrorPolicy,
+    /// Deterministic faults injected into storage reads (tests and demos).
+    pub fault_injection: Option<FaultInjection>,
 }
 
 impl Default for LoaderConfig {
@@ -131,6 +136,8 @@ impl Default for LoaderConfig {
             backend: lobster_uring::Backend::Auto,
             direct: false,
             storage_emulation: None,
+            error_policy: ErrorPolicy::Fail,
+            fault_injection: None,
         }
     }
 }
@@ -216,6 +223,17 @@ impl LoaderConfig {
                 ));
             }
             range("storage latency_us", e.latency_us as usize, 0, 10_000_000)?;
+        }
+        if let ErrorPolicy::Skip {
+            max_failures: FailureBudget::Fraction(f),
+        } = self.error_policy
+        {
+            if !(0.0..=1.0).contains(&f) {
+                return Err(Error::invalid("max_failures", f, "a fraction 0..=1"));
+            }
+        }
+        if let Some(f) = &self.fault_injection {
+            f.validate()?;
         }
         Ok(())
     }

@@ -63,6 +63,20 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// With [`ErrorPolicy::Skip`](crate::ErrorPolicy::Skip), an epoch skipped more samples
+    /// than its budget allows.
+    TooManyFailures {
+        /// The epoch.
+        epoch: u32,
+        /// Accesses skipped in the epoch so far.
+        failed: u64,
+        /// Accesses the budget allows to skip in the epoch.
+        allowed: u64,
+        /// The node's accesses in the epoch.
+        accesses: u64,
+        /// The first failures of the epoch (bounded): sample id and cause.
+        first: Vec<(u32, String)>,
+    },
     /// An engine crate rejected its inputs.
     Engine {
         /// Which part.
@@ -89,6 +103,17 @@ impl Error {
         Error::Dataset {
             path: path.into(),
             reason: reason.to_string(),
+        }
+    }
+
+    /// The file the error concerns, where there is one.
+    pub fn path(&self) -> Option<&std::path::Path> {
+        match self {
+            Error::Read { path, .. }
+            | Error::SizeChanged { path, .. }
+            | Error::Decode { path, .. }
+            | Error::Dataset { path, .. } => Some(path),
+            _ => None,
         }
     }
 
@@ -149,6 +174,23 @@ impl fmt::Display for Error {
                 )
             }
             Error::Stopped { reason } => write!(f, "loader stopped: {reason}"),
+            Error::TooManyFailures {
+                epoch,
+                failed,
+                allowed,
+                accesses,
+                first,
+            } => {
+                write!(
+                    f,
+                    "epoch {epoch} skipped {failed} of {accesses} samples, more than the \
+                     {allowed} allowed; first failures:"
+                )?;
+                for (sample, cause) in first {
+                    write!(f, " [sample {sample}: {cause}]")?;
+                }
+                Ok(())
+            }
             Error::Engine { part, cause } => write!(f, "{part}: {cause}"),
         }
     }

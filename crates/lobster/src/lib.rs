@@ -60,6 +60,7 @@ mod config;
 mod dataset;
 mod emulate;
 mod error;
+mod faults;
 mod loader;
 mod metrics;
 mod pipeline;
@@ -69,8 +70,9 @@ pub use config::{CachePolicy, Execution, LoaderConfig, Schedule};
 pub use dataset::{Dataset, SampleMeta};
 pub use emulate::StorageEmulation;
 pub use error::{Cause, Error};
+pub use faults::{Decision, ErrorPolicy, FailureBudget, Fault, FaultInjection, READ_ATTEMPTS};
 pub use loader::{Batch, Loader, LoaderBuilder, RankHandle, Sample};
-pub use metrics::{imbalance, AllocationRecord, IterationMetrics, RunMetrics};
+pub use metrics::{imbalance, AllocationRecord, IterationMetrics, RunMetrics, SkippedSample};
 pub use sampler::{torch_randperm, DistributedSampler, EpochOrder};
 
 #[doc = include_str!("../../../README.md")]

@@ -6,6 +6,7 @@ use crate::config::{CachePolicy, Execution, LoaderConfig, Schedule};
 use crate::dataset::{Dataset, SampleMeta};
 use crate::emulate::{Device, StorageEmulation};
 use crate::error::{Cause, Error};
+use crate::faults::{ErrorPolicy, FaultInjection};
 use crate::metrics::RunMetrics;
 use crate::pipeline::{self, Context, DecodeFn, Layout, Pipeline};
 use crate::sampler::{DistributedSampler, EpochOrder};
@@ -28,8 +29,13 @@ pub struct Batch<T> {
     pub epoch: u32,
     /// The iteration within the epoch.
     pub iteration: u32,
-    /// The samples, in the order the sampler gave them to this rank.
+    /// The samples, in the order the sampler gave them to this rank. With
+    /// [`ErrorPolicy::Skip`] a batch is delivered short: samples that failed are left out
+    /// (the others keep their order) and listed in `skipped`; it is not refilled, so every
+    /// rank gets the same number of batches and steps stay in lockstep.
     pub samples: Vec<Sample<T>>,
+    /// Ids of the samples left out of this batch by [`ErrorPolicy::Skip`], in plan order.
+    pub skipped: Vec<u32>,
 }
 
 /// Builds a [`Loader`]: the dataset, the job's layout, the cache, the budgets and the decode
@@ -137,6 +143,20 @@ impl<T: Send + 'static> LoaderBuilder<T> {
     /// Charge every storage read an emulated shared tier's latency and bandwidth.
     pub fn storage_emulation(mut self, emulation: Option<StorageEmulation>) -> Self {
         self.config.storage_emulation = emulation;
+        self
+    }
+
+    /// What a rank's iterator does with a sample that cannot be read or decoded:
+    /// [`ErrorPolicy::Fail`] (the default) or skip it within a per-epoch budget.
+    pub fn on_error(mut self, policy: ErrorPolicy) -> Self {
+        self.config.error_policy = policy;
+        self
+    }
+
+    /// Inject deterministic faults into every storage read (tests and demos); `None` for
+    /// none.
+    pub fn inject_faults(mut self, faults: Option<FaultInjection>) -> Self {
+        self.config.fault_injection = faults;
         self
     }
 
@@ -352,7 +372,10 @@ impl<T> Iterator for RankHandle<T> {
             return None;
         }
         let next = pipeline::next_batch(&self.shared, self.rank, self.iterations);
-        if matches!(next, None | Some(Err(Error::Stopped { .. }))) {
+        if matches!(
+            next,
+            None | Some(Err(Error::Stopped { .. } | Error::TooManyFailures { .. }))
+        ) {
             self.done = true;
         }
         next

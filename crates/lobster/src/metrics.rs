@@ -47,6 +47,23 @@ pub struct AllocationRecord {
     pub predicted_imbalance: f64,
 }
 
+/// A sample left out of its batch under [`ErrorPolicy::Skip`](crate::ErrorPolicy::Skip).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SkippedSample {
+    /// Epoch of the access.
+    pub epoch: u32,
+    /// Iteration of the access.
+    pub iteration: u32,
+    /// Local rank whose batch lost it.
+    pub rank: usize,
+    /// The sample's id.
+    pub sample: u32,
+    /// The sample's file.
+    pub path: std::path::PathBuf,
+    /// Why it failed.
+    pub cause: String,
+}
+
 /// A run's summary.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RunMetrics {
@@ -74,10 +91,21 @@ pub struct RunMetrics {
     pub iterations: Vec<IterationMetrics>,
     /// The most recent allocations (bounded, oldest dropped first).
     pub allocations: Vec<AllocationRecord>,
+    /// Accesses skipped by the error policy.
+    pub skipped: u64,
+    /// The first skipped accesses, in the order ranks took their batches (bounded: later
+    /// ones are only counted in `skipped`).
+    pub skipped_samples: Vec<SkippedSample>,
 }
 
 /// Per-iteration records kept for the API and JSON; older ones are dropped.
 pub(crate) const HISTORY_MAX: usize = 1 << 16;
+
+/// Skipped accesses listed in the metrics; later ones are counted only.
+pub(crate) const SKIPPED_MAX: usize = 4096;
+
+/// Failures per epoch kept for a budget error's summary.
+pub(crate) const FIRST_FAILURES_MAX: usize = 5;
 
 /// Imbalance ratios in [1, 11) at 0.1% resolution; larger ones land in the last bin.
 const BIN_WIDTH: f64 = 0.001;
@@ -148,6 +176,10 @@ pub(crate) struct Collector {
     allocations: VecDeque<AllocationRecord>,
     epoch_started: Vec<Option<Instant>>,
     epoch_taken: Vec<(usize, Option<Instant>)>,
+    skipped: u64,
+    skipped_samples: Vec<SkippedSample>,
+    /// Per epoch: skipped accesses and the first few (sample, cause).
+    epoch_skipped: Vec<(u64, Vec<(u32, String)>)>,
 }
 
 impl Collector {
@@ -167,7 +199,24 @@ impl Collector {
             allocations: VecDeque::new(),
             epoch_started: vec![None; epochs as usize],
             epoch_taken: vec![(0, None); epochs as usize],
+            skipped: 0,
+            skipped_samples: Vec::new(),
+            epoch_skipped: vec![(0, Vec::new()); epochs as usize],
         }
+    }
+
+    /// Records a skipped access; returns the epoch's skipped count and first failures.
+    pub(crate) fn skipped(&mut self, s: SkippedSample) -> (u64, &[(u32, String)]) {
+        self.skipped += 1;
+        let epoch = &mut self.epoch_skipped[s.epoch as usize];
+        epoch.0 += 1;
+        if epoch.1.len() < FIRST_FAILURES_MAX {
+            epoch.1.push((s.sample, s.cause.clone()));
+        }
+        if self.skipped_samples.len() < SKIPPED_MAX {
+            self.skipped_samples.push(s);
+        }
+        (epoch.0, &epoch.1)
     }
 
     pub(crate) fn epoch_issued(&mut self, epoch: u32, at: Instant) {
@@ -259,6 +308,8 @@ impl Collector {
             accesses: self.accesses,
             iterations: self.history.iter().cloned().collect(),
             allocations: self.allocations.iter().cloned().collect(),
+            skipped: self.skipped,
+            skipped_samples: self.skipped_samples.clone(),
         }
     }
 }

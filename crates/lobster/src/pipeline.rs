@@ -26,7 +26,8 @@ use crate::config::{CachePolicy, Execution, LoaderConfig, Schedule};
 use crate::dataset::{Dataset, SampleMeta};
 use crate::emulate::Device;
 use crate::error::{Cause, Error};
-use crate::metrics::{AllocationRecord, Collector, IterationMetrics};
+use crate::faults::{self, AttemptError, ErrorPolicy, READ_ATTEMPTS};
+use crate::metrics::{AllocationRecord, Collector, IterationMetrics, SkippedSample};
 use crate::sampler::DistributedSampler;
 
 /// The user's decode function, type-erased.
@@ -213,6 +214,11 @@ pub(crate) struct Shared<T> {
     model: Mutex<CostModel>,
     /// A failure that ends the pipeline (planner or dispatcher error).
     failure: Mutex<Option<Error>>,
+    error_policy: ErrorPolicy,
+    /// The node's accesses per epoch, the base of a fractional failure budget.
+    epoch_accesses: u64,
+    /// An epoch went over its failure budget: every rank's next batch reports it.
+    budget_failure: Mutex<Option<Error>>,
 }
 
 impl<T> std::fmt::Debug for Shared<T> {
@@ -227,6 +233,7 @@ impl<T> std::fmt::Debug for Shared<T> {
 #[derive(Debug)]
 struct IoRequest {
     seq: u64,
+    epoch: u32,
     rank: usize,
     sample: u32,
     slot: Arc<Slot>,
@@ -303,6 +310,9 @@ impl<T: Send + 'static> Pipeline<T> {
             collector: Mutex::new(Collector::new(ranks, ctx.layout.epochs)),
             model: Mutex::new(CostModel::new()),
             failure: Mutex::new(None),
+            error_policy: config.error_policy,
+            epoch_accesses: (ctx.layout.per_rank * ranks) as u64,
+            budget_failure: Mutex::new(None),
         });
         let ctx = Arc::new(ctx);
         let mut threads = Vec::new();
@@ -594,6 +604,7 @@ fn planner<T: Send + 'static>(
                         if let Some(tx) = &to_dispatcher {
                             let req = IoRequest {
                                 seq,
+                                epoch: p.epoch,
                                 rank: p.rank,
                                 sample: p.sample,
                                 slot: p.slot,
@@ -825,7 +836,7 @@ fn decode_worker<T: Send + 'static>(ctx: &Context<T>, shared: &Shared<T>, w: usi
     while let Some(Ready { task, bytes }) = take_task(ctx, shared, w) {
         let meta = &ctx.dataset.samples()[task.sample as usize];
         let bytes = if task.read_here {
-            let loaded = blocking_read(ctx, meta);
+            let loaded = blocking_read(ctx, meta, task.epoch);
             fill_slot(shared, &task.slot, loaded.clone(), task.admitted);
             loaded
         } else {
@@ -875,9 +886,9 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
     format!("the decode function panicked: {text}")
 }
 
-/// A worker's blocking read (the ReadThenDecode baselines), charged to the emulated tier.
-fn blocking_read<T>(ctx: &Context<T>, meta: &SampleMeta) -> Loaded {
-    let issued = Instant::now();
+/// A worker's blocking read (the ReadThenDecode baselines), charged to the emulated tier;
+/// transient failures are retried with backoff, up to [`READ_ATTEMPTS`] attempts.
+fn blocking_read<T>(ctx: &Context<T>, meta: &SampleMeta, epoch: u32) -> Loaded {
     let read = || -> std::io::Result<Vec<u8>> {
         let mut file = File::open(&meta.path)?;
         let mut buf = Vec::with_capacity(meta.size_bytes as usize);
@@ -887,17 +898,43 @@ fn blocking_read<T>(ctx: &Context<T>, meta: &SampleMeta) -> Loaded {
             .read_to_end(&mut buf)?;
         Ok(buf)
     };
-    let bytes = read().map_err(|e| Error::Read {
-        sample: meta.id,
-        path: meta.path.to_path_buf(),
-        offset: 0,
-        cause: Arc::new(e),
-    })?;
-    if let Some(device) = &ctx.device {
-        let finish = device.finish_time(issued, bytes.len() as u64);
-        sleep_until(finish);
+    let mut attempt = 0;
+    loop {
+        let issued = Instant::now();
+        let result = read()
+            .map(|bytes| (Bytes::from(bytes), Duration::ZERO))
+            .map_err(|cause| AttemptError {
+                transient: faults::transient(&cause),
+                cause,
+            })
+            .and_then(|(bytes, delay)| match &ctx.config.fault_injection {
+                None => Ok((bytes, delay)),
+                Some(f) => f.apply(meta.id, epoch, attempt, bytes),
+            });
+        match result {
+            Ok((bytes, delay)) => {
+                if let Some(device) = &ctx.device {
+                    sleep_until(device.finish_time(issued, bytes.len() as u64));
+                }
+                if !delay.is_zero() {
+                    std::thread::sleep(delay);
+                }
+                return Ok(bytes);
+            }
+            Err(e) if e.transient && attempt + 1 < READ_ATTEMPTS => {
+                attempt += 1;
+                std::thread::sleep(faults::backoff(attempt));
+            }
+            Err(e) => {
+                return Err(Error::Read {
+                    sample: meta.id,
+                    path: meta.path.to_path_buf(),
+                    offset: 0,
+                    cause: Arc::new(e.cause),
+                })
+            }
+        }
     }
-    Ok(Bytes::from(bytes))
 }
 
 fn sleep_until(t: Instant) {
@@ -943,6 +980,9 @@ fn deliver<T>(
 #[derive(Debug)]
 struct InFlight {
     req: IoRequest,
+    file: FileId,
+    /// 0 for the first attempt; a retry waiting for its backoff keeps its io_depth slot.
+    attempt: u32,
     issued: Instant,
     /// Bytes the reader returned, held until the emulated tier delivers them.
     parked: Option<Bytes>,
@@ -1073,24 +1113,21 @@ fn dispatcher<T>(
                 };
                 let key = reads.insert(InFlight {
                     req,
+                    file,
+                    attempt: 0,
                     issued: Instant::now(),
                     parked: None,
                 });
                 in_flight[r] += 1;
-                let request = ReadRequest {
-                    file,
-                    offset: 0,
-                    len: meta.size_bytes as usize,
-                    class: r,
-                    tag: key as u64,
-                };
-                if let Err(e) = reader.submit(request) {
-                    let done = reads.remove(key);
-                    in_flight[r] -= 1;
-                    files.release(done.req.sample);
-                    let err = read_error(meta, e);
-                    fill_slot(shared, &done.req.slot, Err(err), false);
-                }
+                submit(
+                    ctx,
+                    shared,
+                    reader,
+                    &mut reads,
+                    &mut in_flight,
+                    &mut files,
+                    key,
+                );
             }
         }
         let requests_done = requests.is_none();
@@ -1128,12 +1165,55 @@ fn dispatcher<T>(
                 break;
             }
             timers.pop();
+            if reads[key].parked.is_none() {
+                // A retry's backoff is over.
+                submit(
+                    ctx,
+                    shared,
+                    reader,
+                    &mut reads,
+                    &mut in_flight,
+                    &mut files,
+                    key,
+                );
+                continue;
+            }
             let mut done = reads.remove(key);
             in_flight[done.req.rank] -= 1;
             files.release(done.req.sample);
             let bytes = done.parked.take().expect("a timed read has its bytes");
             finish_with(ctx, shared, done, Ok(bytes));
         }
+    }
+}
+
+/// Hands read `key` (a first attempt or a retry) to the reader; a refused submission fails
+/// the sample.
+fn submit<T>(
+    ctx: &Context<T>,
+    shared: &Shared<T>,
+    reader: &Reader,
+    reads: &mut Slab<InFlight>,
+    in_flight: &mut [u32],
+    files: &mut OpenFiles,
+    key: usize,
+) {
+    let read = &mut reads[key];
+    let meta = &ctx.dataset.samples()[read.req.sample as usize];
+    read.issued = Instant::now();
+    let request = ReadRequest {
+        file: read.file,
+        offset: 0,
+        len: meta.size_bytes as usize,
+        class: read.req.rank,
+        tag: key as u64,
+    };
+    if let Err(e) = reader.submit(request) {
+        let done = reads.remove(key);
+        in_flight[done.req.rank] -= 1;
+        files.release(done.req.sample);
+        let err = read_error(meta, e);
+        fill_slot(shared, &done.req.slot, Err(err), false);
     }
 }
 
@@ -1148,29 +1228,55 @@ fn on_completion<T>(
     c: Completion,
 ) {
     let key = c.tag as usize;
-    let meta = &ctx.dataset.samples()[reads[key].req.sample as usize];
-    match c.result {
-        Ok(bytes) => {
+    let read = &reads[key];
+    let meta = &ctx.dataset.samples()[read.req.sample as usize];
+    let result = match (c.result, &ctx.config.fault_injection) {
+        (Ok(bytes), None) => Ok((bytes, Duration::ZERO)),
+        (Ok(bytes), Some(f)) => f
+            .apply(meta.id, read.req.epoch, read.attempt, bytes)
+            .map_err(|e| (e.transient, read_error_cause(meta, Arc::new(e.cause)))),
+        (Err(e), _) => Err((read_error_transient(&e), read_error(meta, e))),
+    };
+    match result {
+        Ok((bytes, delay)) => {
+            let mut finish = Instant::now();
             if let Some(device) = &ctx.device {
-                let finish = device.finish_time(reads[key].issued, meta.size_bytes);
-                if finish > Instant::now() {
-                    reads[key].parked = Some(bytes);
-                    timers.push(Reverse((finish, key)));
-                    return;
-                }
+                finish = finish.max(device.finish_time(read.issued, meta.size_bytes));
+            }
+            finish += delay;
+            if finish > Instant::now() {
+                reads[key].parked = Some(bytes);
+                timers.push(Reverse((finish, key)));
+                return;
             }
             let done = reads.remove(key);
             in_flight[done.req.rank] -= 1;
             files.release(done.req.sample);
             finish_with(ctx, shared, done, Ok(bytes));
         }
-        Err(e) => {
+        Err((true, _)) if read.attempt + 1 < READ_ATTEMPTS => {
+            // Transient: retry after a backoff, keeping the io_depth slot and the open file.
+            let read = &mut reads[key];
+            read.attempt += 1;
+            timers.push(Reverse((
+                Instant::now() + faults::backoff(read.attempt),
+                key,
+            )));
+        }
+        Err((_, err)) => {
             let done = reads.remove(key);
             in_flight[done.req.rank] -= 1;
             files.release(done.req.sample);
-            let err = read_error(meta, e);
             finish_with(ctx, shared, done, Err(err));
         }
+    }
+}
+
+/// Whether the reader's error may go away on retry (it already retried EAGAIN/EINTR).
+fn read_error_transient(e: &lobster_uring::ReadError) -> bool {
+    match e {
+        lobster_uring::ReadError::Read { source, .. } => faults::transient(source),
+        _ => false,
     }
 }
 
@@ -1192,11 +1298,15 @@ fn set_depth(reader: &Reader, class: usize, depth: u32) -> Result<(), Error> {
 }
 
 fn read_error(meta: &SampleMeta, e: lobster_uring::ReadError) -> Error {
+    read_error_cause(meta, Arc::new(e))
+}
+
+fn read_error_cause(meta: &SampleMeta, cause: Cause) -> Error {
     Error::Read {
         sample: meta.id,
         path: meta.path.to_path_buf(),
         offset: 0,
-        cause: Arc::new(e),
+        cause,
     }
 }
 
@@ -1244,22 +1354,56 @@ pub(crate) fn next_batch<T>(
     shared.progress_cv.notify_all();
     let mut items = Vec::with_capacity(len);
     let mut first_error = None;
+    let mut failed = Vec::new();
+    let skip = matches!(shared.error_policy, ErrorPolicy::Skip { .. });
     for item in batch.items {
         match item.expect("a complete batch has every item") {
             Ok(s) => items.push(s),
+            Err(e) if skip => failed.push(e),
             Err(e) => {
                 first_error.get_or_insert(e);
             }
         }
     }
     let last_of_epoch = batch.iteration as usize + 1 == iterations;
-    lock(&shared.collector).batch_taken(metrics, len, last_of_epoch);
+    let mut collector = lock(&shared.collector);
+    collector.batch_taken(metrics, len - failed.len(), last_of_epoch);
+    let mut skipped = Vec::with_capacity(failed.len());
+    if let ErrorPolicy::Skip { max_failures } = shared.error_policy {
+        let allowed = max_failures.allowed(shared.epoch_accesses);
+        for e in failed {
+            let sample = e.sample().unwrap_or(u32::MAX);
+            skipped.push(sample);
+            let (count, first) = collector.skipped(SkippedSample {
+                epoch: batch.epoch,
+                iteration: batch.iteration,
+                rank,
+                sample,
+                path: e.path().map(Into::into).unwrap_or_default(),
+                cause: e.to_string(),
+            });
+            if count > allowed {
+                lock(&shared.budget_failure).get_or_insert_with(|| Error::TooManyFailures {
+                    epoch: batch.epoch,
+                    failed: count,
+                    allowed,
+                    accesses: shared.epoch_accesses,
+                    first: first.to_vec(),
+                });
+            }
+        }
+    }
+    drop(collector);
+    if let Some(e) = lock(&shared.budget_failure).clone() {
+        return Some(Err(e));
+    }
     Some(match first_error {
         Some(e) => Err(e),
         None => Ok(crate::Batch {
             epoch: batch.epoch,
             iteration: batch.iteration,
             samples: items,
+            skipped,
         }),
     })
 }

@@ -329,6 +329,11 @@ impl Sched {
         class.completed += 1;
     }
 
+    /// Requests waiting in all class queues.
+    pub(crate) fn queued(&self) -> usize {
+        self.classes.iter().map(|c| c.queue.len()).sum()
+    }
+
     /// Empties every queue (at shutdown).
     pub(crate) fn drain_queued(&mut self) -> Vec<Job> {
         self.classes
@@ -457,7 +462,8 @@ impl Shared {
     /// in the class queues (after waking an engine for what is already queued).
     pub(crate) fn enqueue_many(&self, jobs: Vec<Job>) -> Result<(), ReadError> {
         let mut s = self.lock();
-        let mut wake_needed = false;
+        // Requests of this batch the backend could start at once.
+        let mut woken_for = 0usize;
         for job in jobs {
             loop {
                 if s.shutdown {
@@ -466,8 +472,8 @@ impl Shared {
                 if s.classes[job.class].queue.len() < self.queue_capacity {
                     break;
                 }
-                if wake_needed {
-                    wake_needed = false;
+                if woken_for > 0 {
+                    woken_for = 0;
                     let wake = self.wake_one(&mut s);
                     drop(s);
                     self.wake(wake);
@@ -479,13 +485,15 @@ impl Shared {
                 s.space_waiters -= 1;
             }
             let state = &mut s.classes[job.class];
-            wake_needed |= state.in_flight < state.depth;
+            if state.in_flight + state.queue.len() < state.depth {
+                woken_for += 1;
+            }
             state.queue.push_back(job);
         }
-        let wake = if wake_needed {
-            self.wake_one(&mut s)
-        } else {
-            Wake::Nobody
+        let wake = match woken_for {
+            0 => Wake::Nobody,
+            1 => self.wake_one(&mut s),
+            _ => self.wake_all(&mut s),
         };
         drop(s);
         self.wake(wake);

@@ -268,14 +268,26 @@ impl Engine {
                 if shutdown {
                     cancelled = s.drain_queued();
                 } else {
-                    while jobs.len() + taken.len() < self.cap {
+                    // With several rings, take a fair share so that page-cache copies (done
+                    // inline by whoever submits) spread over the engine threads.
+                    let engines = shared.wakers.len();
+                    let share = if engines > 1 {
+                        s.queued().div_ceil(engines).max(1)
+                    } else {
+                        usize::MAX
+                    };
+                    let mut out_of_work = false;
+                    while jobs.len() + taken.len() < self.cap && taken.len() < share {
                         match shared.take_next(&mut s) {
                             Some(job) => taken.push(job),
-                            None => break,
+                            None => {
+                                out_of_work = true;
+                                break;
+                            }
                         }
                     }
-                    // Room left means no work left: submitters must wake us for new work.
-                    s.parked[self.id] = jobs.len() + taken.len() < self.cap;
+                    // No work left and room in the ring: submitters must wake us for more.
+                    s.parked[self.id] = out_of_work;
                     if !taken.is_empty() {
                         shared.room_made(&s);
                     }

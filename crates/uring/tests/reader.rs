@@ -78,8 +78,10 @@ fn random_ranges_match_std_fs_on_both_backends() {
     let size = (6 << 20) + 123;
     let (path, data) = make_file(dir.path(), "data", size, 1);
     for backend in backends() {
-        for direct in [false, true] {
+        // Two rings share the class queues and the fixed-file table.
+        for (direct, rings) in [(false, 1), (true, 1), (false, 2), (true, 2)] {
             let reader = builder(backend)
+                .rings(rings)
                 .classes(3, 4)
                 .buffer_count(12)
                 .buffer_size_bytes(3 << 20)
@@ -327,7 +329,9 @@ fn in_flight_reads_per_class_never_exceed_io_depth_while_it_changes() {
             peak.clone(),
             violated.clone(),
         );
+        // Two rings: the limits hold across engine threads.
         let reader = builder(backend)
+            .rings(2)
             .classes(CLASSES, 4)
             .pread_threads(16)
             .buffer_count(48)

@@ -4,14 +4,16 @@
 # Usage: benches/fio_compare.sh [FILE]
 #   FILE     test file of a few GiB with real data (default /work/bench-data/f4g.bin);
 #            create one with: dd if=/dev/urandom of=FILE bs=1M count=4096
-#   env: SECONDS_PER_RUN (default 8), RUNS (default 3), RINGS (reader engine threads, 1),
-#        LOBSTER (the binary; default: cargo build --release -p lobster-cli)
+#   env: SECONDS_PER_RUN (default 10), RUNS (default 3), LOBSTER (the binary; default:
+#        cargo build --release -p lobster-cli), CACHED_RINGS (reader rings for the page-cache
+#        cases, default 2; the O_DIRECT cases use one ring against one fio job)
 #
 # Cases and targets (ratio = read-bench MB/s / fio MB/s, median over the alternating pairs):
 #   O_DIRECT 128 KiB depth 32 vs fio io_uring      >= 0.95
 #   O_DIRECT   4 KiB depth 32 vs fio io_uring      >= 0.90
 #   page cache warm, 128 KiB and 4 KiB, depth 32   >= 0.90 of the better of fio io_uring and
-#     fio psync, each run with as many threads as the reader uses: RINGS engine threads plus
+#     fio psync, each run with as many threads as the reader uses: CACHED_RINGS engine
+#     threads (page-cache hits are copied inline by the thread that submits to a ring) plus
 #     the consumer thread that receives completions and submits the next reads.
 # O_DIRECT runs bypass the page cache; the page-cache runs read the whole file once first
 # (cat) and run fio with --invalidate=0 so fio does not drop it.
@@ -19,10 +21,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 FILE=${1:-/work/bench-data/f4g.bin}
-SECS=${SECONDS_PER_RUN:-8}
+SECS=${SECONDS_PER_RUN:-10}
 RUNS=${RUNS:-3}
-RINGS=${RINGS:-1}
-THREADS=$((RINGS + 1))
+CACHED_RINGS=${CACHED_RINGS:-2}
+THREADS=$((CACHED_RINGS + 1))
 if [[ -z "${LOBSTER:-}" ]]; then
     cargo build --release -q -p lobster-cli
     LOBSTER="${CARGO_TARGET_DIR:-target}/release/lobster"
@@ -39,7 +41,7 @@ print(sum(job["read"]["bw_bytes"] for job in j["jobs"]) / 1e6)'
 }
 
 rb_mb() {
-    "$LOBSTER" read-bench --file "$FILE" --seconds "$SECS" --rings "$RINGS" --backend uring --json "$@" |
+    "$LOBSTER" read-bench --file "$FILE" --seconds "$SECS" --backend uring --json "$@" |
         python3 -c 'import json,sys; print(json.load(sys.stdin)["mb_per_s"])'
 }
 
@@ -47,7 +49,7 @@ median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1
 ratio() { python3 -c "print(f'{$1 / $2:.3f}')"; }
 pass() { python3 -c "print('PASS' if $1 >= $2 else 'FAIL')"; }
 
-echo "fio_compare: $FILE, $SECS s per run, $RUNS alternating runs each, reader rings $RINGS ($THREADS threads with the consumer), $(date -u +%FT%TZ)"
+echo "fio_compare: $FILE, $SECS s per run, $RUNS alternating runs each, page-cache cases with $CACHED_RINGS rings ($THREADS threads with the consumer), $(date -u +%FT%TZ)"
 echo "kernel $(uname -r), $(nproc) cores, fio $(fio --version)"
 summary=()
 
@@ -55,7 +57,7 @@ direct_case() { # bs target
     local bs=$1 target=$2 fios=() rbs=() ratios=()
     for ((i = 1; i <= RUNS; i++)); do
         f=$(fio_mb --bs="$bs" --iodepth=32 --direct=1 --ioengine=io_uring)
-        r=$(rb_mb --bs "$bs" --depth 32 --direct)
+        r=$(rb_mb --bs "$bs" --depth 32 --direct --rings 1)
         fios+=("$f"); rbs+=("$r"); ratios+=("$(ratio "$r" "$f")")
         printf '  O_DIRECT %-5s run %d: fio io_uring %8.1f MB/s  read-bench %8.1f MB/s  ratio %s\n' "$bs" "$i" "$f" "$r" "${ratios[-1]}"
     done
@@ -69,7 +71,7 @@ cached_case() { # bs target
     for ((i = 1; i <= RUNS; i++)); do
         fu=$(fio_mb --bs="$bs" --iodepth=32 --ioengine=io_uring --numjobs="$THREADS" --invalidate=0)
         fp=$(fio_mb --bs="$bs" --ioengine=psync --numjobs="$THREADS" --invalidate=0)
-        r=$(rb_mb --bs "$bs" --depth 32)
+        r=$(rb_mb --bs "$bs" --depth 32 --rings "$CACHED_RINGS")
         best=$(python3 -c "print(max($fu, $fp))")
         fus+=("$fu"); fps+=("$fp"); rbs+=("$r"); ratios+=("$(ratio "$r" "$best")")
         printf '  cached   %-5s run %d: fio io_uring x%d %8.1f  psync x%d %8.1f  read-bench %8.1f MB/s  ratio %s\n' \

@@ -1,0 +1,362 @@
+//! Faults injected into storage reads: with the skip policy every sample not injected as failing
+//! is delivered once per epoch with the right bytes and the skipped set is the injected set;
+//! with the fail policy each fault surfaces on its rank naming its sample; same seed, same
+//! faults, on both I/O backends and both executions.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use lobster_io::uring::Backend;
+use lobster_io::{
+    Batch, CachePolicy, Dataset, DistributedSampler, EpochOrder, Error, ErrorPolicy, Execution,
+    FailureBudget, Fault, FaultInjection, Loader, LoaderBuilder,
+};
+
+/// The bytes of sample `i`: its id, then a length that varies with it.
+fn content(i: u32) -> Vec<u8> {
+    let len = 100 + (i as usize * 7919) % 3000;
+    let mut v = format!("sample {i};").into_bytes();
+    v.extend((0..len).map(|k| (k as u32 ^ i) as u8));
+    v
+}
+
+/// One class, so a sample's id is its generator index.
+fn make_dataset(dir: &Path, samples: u32) -> Arc<Dataset> {
+    let class = dir.join("c0");
+    std::fs::create_dir_all(&class).unwrap();
+    for i in 0..samples {
+        std::fs::write(class.join(format!("{i:06}.bin")), content(i)).unwrap();
+    }
+    Arc::new(Dataset::open_image_folder(dir).unwrap())
+}
+
+const SAMPLES: u32 = 150;
+const NODES: usize = 2;
+const RANKS: usize = 2;
+const NODE: usize = 1;
+const BATCH: usize = 5;
+const EPOCHS: u32 = 3;
+const SEED: u64 = 5;
+
+fn faults(seed: u64) -> FaultInjection {
+    FaultInjection {
+        seed,
+        eio: 0.04,
+        short: 0.5,
+        delay: 0.2,
+        corrupt: 0.04,
+        delay_us: 300,
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Setup {
+    execution: Execution,
+    backend: Backend,
+    cache: CachePolicy,
+}
+
+fn setups(cache: CachePolicy) -> Vec<Setup> {
+    let mut v = Vec::new();
+    for backend in [Backend::Uring, Backend::Pread] {
+        v.push(Setup {
+            execution: Execution::Pipelined,
+            backend,
+            cache,
+        });
+    }
+    v.push(Setup {
+        execution: Execution::ReadThenDecode,
+        backend: Backend::Pread,
+        cache,
+    });
+    v
+}
+
+/// A decoder that checks the content, so corrupted bytes fail to decode.
+fn build(ds: &Arc<Dataset>, s: Setup, policy: ErrorPolicy, f: FaultInjection) -> Loader<Vec<u8>> {
+    LoaderBuilder::new(ds.clone())
+        .world(NODES, RANKS, NODE)
+        .seed(SEED)
+        .batch_size(BATCH)
+        .epochs(EPOCHS)
+        .cache(s.cache, ds.total_bytes() / 4)
+        .execution(s.execution)
+        .backend(s.backend)
+        .decode_threads(3)
+        .io_depth_budget(6)
+        .on_error(policy)
+        .inject_faults(Some(f))
+        .decode(|bytes: &[u8], meta| {
+            if bytes == content(meta.id).as_slice() {
+                Ok(bytes.to_vec())
+            } else {
+                Err(format!("content of sample {} does not match", meta.id))
+            }
+        })
+        .build()
+        .unwrap()
+}
+
+type RankResults = Vec<Result<Batch<Vec<u8>>, Error>>;
+
+fn run(loader: &mut Loader<Vec<u8>>) -> Vec<RankResults> {
+    let handles = loader.ranks().unwrap();
+    std::thread::scope(|s| {
+        let threads: Vec<_> = handles
+            .into_iter()
+            .map(|h| s.spawn(move || h.collect::<Vec<_>>()))
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    })
+}
+
+/// Each local rank's plan: (epoch, iteration, sample ids) per batch.
+fn plan(ds: &Dataset) -> Vec<Vec<(u32, u32, Vec<u32>)>> {
+    let sampler = DistributedSampler::new(
+        ds.len(),
+        NODES * RANKS,
+        false,
+        EpochOrder::Shuffle { seed: SEED },
+    )
+    .unwrap();
+    (0..RANKS)
+        .map(|rank| {
+            let mut batches = Vec::new();
+            for epoch in 0..EPOCHS {
+                let indices = sampler.rank_indices(epoch, NODE * RANKS + rank);
+                for (iteration, chunk) in indices.chunks(BATCH).enumerate() {
+                    batches.push((epoch, iteration as u32, chunk.to_vec()));
+                }
+            }
+            batches
+        })
+        .collect()
+}
+
+/// (epoch, rank, sample) of every skipped access, from the metrics.
+fn skipped_set(loader: &Loader<Vec<u8>>) -> BTreeSet<(u32, usize, u32)> {
+    let m = loader.metrics();
+    assert_eq!(m.skipped as usize, m.skipped_samples.len());
+    m.skipped_samples
+        .iter()
+        .map(|s| (s.epoch, s.rank, s.sample))
+        .collect()
+}
+
+#[test]
+fn skip_delivers_every_sample_not_injected_and_skips_exactly_the_injected() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), SAMPLES);
+    let f = faults(SEED);
+    let skip = ErrorPolicy::Skip {
+        max_failures: FailureBudget::Fraction(1.0),
+    };
+    let plan = plan(&ds);
+    // Without a cache every access is a storage read, so the injector alone says which fail.
+    let mut expected_skipped = BTreeSet::new();
+    let mut kinds = BTreeSet::new();
+    for (rank, batches) in plan.iter().enumerate() {
+        for (epoch, _, ids) in batches {
+            for &s in ids {
+                if let Some(fault) = f.outcome(s, *epoch) {
+                    expected_skipped.insert((*epoch, rank, s));
+                    kinds.insert(format!("{fault:?}"));
+                }
+            }
+        }
+    }
+    assert_eq!(
+        kinds.len(),
+        3,
+        "every kind of failure is exercised: {kinds:?}"
+    );
+    for setup in setups(CachePolicy::None) {
+        let mut loader = build(&ds, setup, skip, f);
+        let got = run(&mut loader);
+        for (rank, results) in got.into_iter().enumerate() {
+            assert_eq!(results.len(), plan[rank].len(), "{setup:?} rank {rank}");
+            for (result, (epoch, iteration, ids)) in results.into_iter().zip(&plan[rank]) {
+                let batch = result.unwrap_or_else(|e| panic!("{setup:?}: {e}"));
+                assert_eq!((batch.epoch, batch.iteration), (*epoch, *iteration));
+                let (bad, good): (Vec<u32>, Vec<u32>) =
+                    ids.iter().partition(|&&s| f.outcome(s, *epoch).is_some());
+                let delivered: Vec<u32> = batch.samples.iter().map(|s| s.id).collect();
+                assert_eq!(delivered, good, "{setup:?} rank {rank} epoch {epoch}");
+                assert_eq!(batch.skipped, bad, "{setup:?} rank {rank} epoch {epoch}");
+                for s in &batch.samples {
+                    assert_eq!(s.value, content(s.id), "bytes of sample {}", s.id);
+                }
+            }
+        }
+        assert_eq!(skipped_set(&loader), expected_skipped, "{setup:?}");
+        let m = loader.metrics();
+        let accesses: usize = plan.iter().flatten().map(|b| b.2.len()).sum();
+        assert_eq!(
+            m.samples as usize + expected_skipped.len(),
+            accesses,
+            "{setup:?}"
+        );
+    }
+}
+
+#[test]
+fn with_a_cache_the_same_seed_skips_the_same_accesses_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), SAMPLES);
+    let skip = ErrorPolicy::Skip {
+        max_failures: FailureBudget::Count(u64::MAX),
+    };
+    let plan = plan(&ds);
+    for seed in [SEED, SEED + 1] {
+        let f = faults(seed);
+        let mut seen: Option<BTreeSet<_>> = None;
+        // Every setup twice: neither timing nor backend nor execution changes the faults.
+        for setup in setups(CachePolicy::Reuse).into_iter().flat_map(|s| [s, s]) {
+            let mut loader = build(&ds, setup, skip, f);
+            let got = run(&mut loader);
+            for (rank, results) in got.into_iter().enumerate() {
+                for (result, (epoch, _, ids)) in results.into_iter().zip(&plan[rank]) {
+                    let batch = result.unwrap();
+                    let mut all: Vec<u32> = batch.samples.iter().map(|s| s.id).collect();
+                    all.extend(&batch.skipped);
+                    all.sort();
+                    let mut want = ids.clone();
+                    want.sort();
+                    assert_eq!(all, want, "{setup:?}: delivered + skipped = planned");
+                    for s in &batch.samples {
+                        assert_eq!(s.value, content(s.id));
+                    }
+                    // A cache hit reuses the read that filled it: a skipped access's sample
+                    // failed its read in this epoch or an earlier one.
+                    for &s in &batch.skipped {
+                        assert!(
+                            (0..=*epoch).any(|e| f.outcome(s, e).is_some()),
+                            "{setup:?}: sample {s} skipped in epoch {epoch} without a fault"
+                        );
+                    }
+                }
+            }
+            let skipped = skipped_set(&loader);
+            assert!(!skipped.is_empty());
+            match &seen {
+                None => seen = Some(skipped),
+                Some(first) => assert_eq!(&skipped, first, "{setup:?} seed {seed}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn with_fail_each_fault_surfaces_on_its_rank_naming_its_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), SAMPLES);
+    let f = faults(SEED + 2);
+    let plan = plan(&ds);
+    for setup in setups(CachePolicy::None) {
+        let mut loader = build(&ds, setup, ErrorPolicy::Fail, f);
+        let got = run(&mut loader);
+        let mut errors = 0;
+        for (rank, results) in got.into_iter().enumerate() {
+            assert_eq!(results.len(), plan[rank].len(), "{setup:?} rank {rank}");
+            for (result, (epoch, _, ids)) in results.into_iter().zip(&plan[rank]) {
+                // The batch fails with its first failing sample in plan order.
+                let first_bad = ids
+                    .iter()
+                    .find_map(|&s| f.outcome(s, *epoch).map(|k| (s, k)));
+                match (result, first_bad) {
+                    (Ok(batch), None) => {
+                        let delivered: Vec<u32> = batch.samples.iter().map(|s| s.id).collect();
+                        assert_eq!(&delivered, ids);
+                        assert!(batch.skipped.is_empty());
+                    }
+                    (Err(e), Some((sample, kind))) => {
+                        errors += 1;
+                        assert_eq!(e.sample(), Some(sample), "{setup:?} rank {rank}: {e}");
+                        let text = e.to_string();
+                        assert!(text.contains(&format!("sample {sample}")), "{text}");
+                        let path = ds.samples()[sample as usize].path.display().to_string();
+                        assert!(text.contains(&path), "{text}");
+                        match kind {
+                            Fault::Eio | Fault::Short => {
+                                assert!(matches!(e, Error::Read { .. }), "{kind:?}: {e}");
+                                assert!(text.contains("injected"), "{text}");
+                            }
+                            Fault::Corrupt => {
+                                assert!(matches!(e, Error::Decode { .. }), "{kind:?}: {e}")
+                            }
+                        }
+                    }
+                    (result, expected) => panic!(
+                        "{setup:?} rank {rank} epoch {epoch}: got {:?}, expected failure {expected:?}",
+                        result.map(|b| b.samples.len())
+                    ),
+                }
+            }
+        }
+        assert!(errors > 0, "{setup:?}: faults were injected");
+        assert_eq!(loader.metrics().skipped, 0, "fail does not skip");
+    }
+}
+
+#[test]
+fn going_over_the_budget_fails_every_rank_with_a_summary_and_ends_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), SAMPLES);
+    let f = faults(SEED);
+    let allowed = 3;
+    let plan = plan(&ds);
+    let injected_in = |epoch: u32| -> BTreeSet<u32> {
+        plan.iter()
+            .flatten()
+            .filter(|b| b.0 == epoch)
+            .flat_map(|b| b.2.iter().copied())
+            .filter(|&s| f.outcome(s, epoch).is_some())
+            .collect()
+    };
+    assert!(
+        injected_in(0).len() > allowed as usize,
+        "the budget is exceeded"
+    );
+    for setup in setups(CachePolicy::None) {
+        let mut loader = build(
+            &ds,
+            setup,
+            ErrorPolicy::Skip {
+                max_failures: FailureBudget::Count(allowed),
+            },
+            f,
+        );
+        let got = run(&mut loader);
+        for (rank, results) in got.into_iter().enumerate() {
+            let last = results.last().expect("at least one batch");
+            let Err(
+                e @ Error::TooManyFailures {
+                    epoch,
+                    failed,
+                    allowed: a,
+                    first,
+                    ..
+                },
+            ) = last
+            else {
+                panic!("{setup:?} rank {rank}: ends with {last:?}");
+            };
+            assert_eq!(*a, allowed);
+            assert!(*failed > allowed, "{e}");
+            let injected = injected_in(*epoch);
+            assert!(!first.is_empty() && first.len() <= 5, "{e}");
+            for (sample, cause) in first {
+                assert!(
+                    injected.contains(sample),
+                    "{setup:?}: {sample} not injected"
+                );
+                assert!(e.to_string().contains(cause.as_str()));
+            }
+            // Only the last item is an error: the iterator ends after reporting it.
+            assert!(results[..results.len() - 1].iter().all(Result::is_ok));
+            assert!(results.len() < plan[rank].len(), "{setup:?}: stopped early");
+        }
+    }
+}

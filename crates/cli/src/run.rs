@@ -4,6 +4,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -11,8 +12,8 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use lobster_io::uring::Backend;
 use lobster_io::{
-    CachePolicy, Dataset, ErrorPolicy, Execution, LoaderBuilder, LoaderConfig, RunMetrics,
-    SampleMeta, Schedule, StorageEmulation,
+    CachePolicy, Dataset, ErrorPolicy, Execution, FailureBudget, FaultInjection, LoaderBuilder,
+    LoaderConfig, RunMetrics, SampleMeta, Schedule, SkippedSample, StorageEmulation,
 };
 use serde::Serialize;
 
@@ -201,6 +202,44 @@ pub struct RunArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// What a rank does with a sample that cannot be read or decoded: fail its batch, or skip
+    /// the sample (the batch arrives short) within --max-failures per epoch.
+    #[arg(long, value_enum, default_value_t = OnError::Fail)]
+    pub on_error: OnError,
+    /// With --on-error skip: samples an epoch may skip on this node, a count N or a
+    /// percentage P% of the epoch's accesses [default: 1%].
+    #[arg(long)]
+    pub max_failures: Option<FailureBudget>,
+    /// Inject deterministic faults into storage reads:
+    /// seed=S,eio=P,short=P,delay=P,corrupt=P[,delay_us=U] with P a probability per read.
+    /// Corruption is caught only by a decoder that checks its input (--decoder jpeg).
+    #[arg(long)]
+    pub inject_faults: Option<FaultInjection>,
+}
+
+/// What a rank does with a sample that fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnError {
+    /// The batch is an error naming the sample, its file and the cause; the run stops.
+    Fail,
+    /// The sample is left out of its batch and reported.
+    Skip,
+}
+
+/// The skip budget when --max-failures is not given.
+const DEFAULT_MAX_FAILURES: FailureBudget = FailureBudget::Fraction(0.01);
+
+impl RunArgs {
+    fn error_policy(&self) -> Result<ErrorPolicy> {
+        match (self.on_error, self.max_failures) {
+            (OnError::Fail, Some(_)) => bail!("--max-failures needs --on-error skip"),
+            (OnError::Fail, None) => Ok(ErrorPolicy::Fail),
+            (OnError::Skip, budget) => Ok(ErrorPolicy::Skip {
+                max_failures: budget.unwrap_or(DEFAULT_MAX_FAILURES),
+            }),
+        }
+    }
 }
 
 /// The I/O backend, as the CLI spells it.
@@ -243,6 +282,9 @@ struct RunConfig {
     storage_latency_us: u64,
     backend: BackendArg,
     direct: bool,
+    on_error: OnError,
+    max_failures: Option<String>,
+    inject_faults: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -263,6 +305,9 @@ struct PolicyResult {
     /// the run's windows (allocating policies only).
     predicted_imbalance_equal_split_p50: Option<f64>,
     predicted_imbalance_allocated_p50: Option<f64>,
+    /// Accesses skipped by --on-error skip, and the first of them with their causes.
+    skipped: u64,
+    skipped_samples: Vec<SkippedSample>,
 }
 
 #[derive(Debug, Serialize)]
@@ -323,6 +368,17 @@ pub fn run(args: &RunArgs) -> Result<()> {
         storage_latency_us: args.storage_latency_us,
         backend: args.backend,
         direct: args.direct,
+        on_error: args.on_error,
+        max_failures: match args.error_policy()? {
+            ErrorPolicy::Skip { max_failures } => Some(max_failures.to_string()),
+            _ => None,
+        },
+        inject_faults: args.inject_faults.map(|f| {
+            format!(
+                "seed={},eio={},short={},delay={},corrupt={},delay_us={}",
+                f.seed, f.eio, f.short, f.delay, f.corrupt, f.delay_us
+            )
+        }),
     };
     println!(
         "dataset {} ({} samples, {:.1} MiB); node {} of {} with {} ranks; batch {}; {} epochs; \
@@ -337,6 +393,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
         args.epochs,
         mib(cache_bytes)
     );
+    if let Some(f) = &config.inject_faults {
+        println!("injecting faults into storage reads: {f}");
+    }
     if args.storage_mbps > 0.0 {
         println!(
             "emulated shared storage: {} MB/s, {} us per request; compute {} ms per iteration",
@@ -373,6 +432,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
             predicted_imbalance_allocated_p50: median(
                 metrics.allocations.iter().map(|a| a.predicted_imbalance),
             ),
+            skipped: metrics.skipped,
+            skipped_samples: metrics.skipped_samples.clone(),
         });
     }
     let baseline = results
@@ -383,6 +444,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         r.speedup_vs_pytorch = baseline.map(|b| r.samples_per_second / b);
     }
     print_table(&results);
+    print_skipped(&results);
     if let Some(path) = &args.json {
         let report = Report {
             config: &config,
@@ -479,8 +541,8 @@ fn run_policy(
             bandwidth_bytes_per_s: args.storage_mbps * 1e6,
             latency_us: args.storage_latency_us,
         }),
-        error_policy: ErrorPolicy::Fail,
-        fault_injection: None,
+        error_policy: args.error_policy()?,
+        fault_injection: args.inject_faults,
     };
     let decoder = args.decoder;
     let us_per_kb = args.decode_us_per_kb;
@@ -500,20 +562,31 @@ fn run_policy(
     let bar = progress_bar(args, policy, iterations as u64 * u64::from(args.epochs));
     let handles = loader.ranks().context("rank handles already taken")?;
     let barrier = Barrier::new(handles.len());
+    // A rank whose batch failed still meets the others at the barrier once, so none waits
+    // forever; then every rank stops.
+    let abort = AtomicBool::new(false);
     let compute = Duration::from_secs_f64(args.compute_ms / 1e3);
     std::thread::scope(|s| -> Result<()> {
         let threads: Vec<_> = handles
             .into_iter()
             .map(|handle| {
-                let (barrier, bar) = (&barrier, &bar);
+                let (barrier, bar, abort) = (&barrier, &bar, &abort);
                 s.spawn(move || -> Result<()> {
                     let rank = handle.rank();
                     for batch in handle {
-                        let batch = batch.with_context(|| format!("{policy}: rank {rank}"))?;
-                        std::hint::black_box(&batch);
-                        std::thread::sleep(compute);
+                        let batch = batch.with_context(|| format!("{policy}: rank {rank}"));
+                        match &batch {
+                            Ok(batch) => {
+                                std::hint::black_box(batch);
+                                std::thread::sleep(compute);
+                            }
+                            Err(_) => abort.store(true, Ordering::SeqCst),
+                        }
                         if barrier.wait().is_leader() {
                             bar.inc(1);
+                        }
+                        if abort.load(Ordering::SeqCst) {
+                            return batch.map(drop);
                         }
                     }
                     Ok(())
@@ -610,6 +683,23 @@ fn print_table(results: &[PolicyResult]) {
     }
 }
 
+/// What the error policy skipped, per policy (nothing when nothing was skipped).
+fn print_skipped(results: &[PolicyResult]) {
+    for r in results.iter().filter(|r| r.skipped > 0) {
+        println!(
+            "{}: skipped {} samples (budget per epoch held)",
+            r.policy.name(),
+            r.skipped
+        );
+        for s in r.skipped_samples.iter().take(5) {
+            println!(
+                "  epoch {} rank {} sample {}: {}",
+                s.epoch, s.rank, s.sample, s.cause
+            );
+        }
+    }
+}
+
 /// Resets the kernel's peak-RSS mark so each policy's peak is its own.
 fn reset_peak_rss() {
     // Writing 5 to clear_refs resets VmHWM (Linux 4.0+); without it the peak is cumulative.
@@ -627,4 +717,173 @@ fn peak_rss_bytes() -> u64 {
                 .and_then(|kb| kb.parse::<u64>().ok())
         })
         .map_or(0, |kb| kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn parse(args: &[&str]) -> std::result::Result<RunArgs, String> {
+        Cli::try_parse_from(std::iter::once("lobster").chain(args.iter().copied()))
+            .map(|c| c.run)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn fault_flags_parse_and_bad_ones_are_named() {
+        let args = parse(&[
+            "--on-error",
+            "skip",
+            "--max-failures",
+            "2.5%",
+            "--inject-faults",
+            "seed=3,eio=0.01,short=0.1,delay=0.2,corrupt=0.02",
+        ])
+        .unwrap();
+        assert_eq!(
+            args.error_policy().unwrap(),
+            ErrorPolicy::Skip {
+                max_failures: FailureBudget::Fraction(0.025)
+            }
+        );
+        let f = args.inject_faults.unwrap();
+        assert_eq!(
+            (f.seed, f.eio, f.short, f.delay, f.corrupt),
+            (3, 0.01, 0.1, 0.2, 0.02)
+        );
+        assert_eq!(
+            parse(&["--on-error", "skip"])
+                .unwrap()
+                .error_policy()
+                .unwrap(),
+            ErrorPolicy::Skip {
+                max_failures: DEFAULT_MAX_FAILURES
+            }
+        );
+        for (args, named) in [
+            (&["--inject-faults", "seed=3,eio=1.5"][..], "eio"),
+            (&["--inject-faults", "seed=3,typo=0.1"][..], "typo"),
+            (&["--inject-faults", "seed=-1"][..], "seed"),
+            (&["--inject-faults", "short"][..], "short"),
+            (&["--on-error", "skip", "--max-failures", "ten"][..], "ten"),
+            (&["--on-error", "maybe"][..], "maybe"),
+        ] {
+            let e = parse(args).unwrap_err();
+            assert!(e.contains(named), "{args:?}: {e}");
+        }
+        let e = parse(&["--max-failures", "3"])
+            .unwrap()
+            .error_policy()
+            .unwrap_err();
+        assert!(e.to_string().contains("--on-error skip"), "{e}");
+    }
+
+    fn small_run(dir: &Path, extra: &[&str]) -> (RunArgs, PathBuf) {
+        let data = dir.join("data");
+        if !data.exists() {
+            crate::gen::generate(&data, 48, 3, 4.0, 1).unwrap();
+        }
+        let json = dir.join("run.json");
+        let data_s = data.to_str().unwrap();
+        let json_s = json.to_str().unwrap();
+        let mut args = vec![
+            "--quiet",
+            "--data",
+            data_s,
+            "--json",
+            json_s,
+            "--nodes",
+            "1",
+            "--ranks-per-node",
+            "2",
+            "--batch",
+            "4",
+            "--epochs",
+            "3",
+            "--compute-ms",
+            "0",
+            "--storage-mbps",
+            "0",
+            "--decoder",
+            "jpeg",
+            "--decode-threads",
+            "2",
+            "--io-depth",
+            "4",
+        ];
+        args.extend_from_slice(extra);
+        (parse(&args).unwrap(), json)
+    }
+
+    #[test]
+    fn skip_reports_the_same_injected_faults_on_both_executions() {
+        let dir = tempfile::tempdir().unwrap();
+        // nopfs and lobster-alloc-only share the static cache: same reads, same faults, one
+        // through read-then-decode workers, the other through the pipelined reader.
+        let (args, json) = small_run(
+            dir.path(),
+            &[
+                "--policy",
+                "nopfs,lobster-alloc-only",
+                "--on-error",
+                "skip",
+                "--max-failures",
+                "100%",
+                "--inject-faults",
+                "seed=4,eio=0.1,short=0.3,corrupt=0.1",
+            ],
+        );
+        run(&args).unwrap();
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+        let sets: Vec<BTreeSet<(u64, u64, u64)>> = report["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let list = r["skipped_samples"].as_array().unwrap();
+                assert_eq!(r["skipped"].as_u64().unwrap() as usize, list.len());
+                list.iter()
+                    .map(|s| {
+                        assert!(!s["cause"].as_str().unwrap().is_empty());
+                        let n = |k: &str| s[k].as_u64().unwrap();
+                        (n("epoch"), n("rank"), n("sample"))
+                    })
+                    .collect()
+            })
+            .collect();
+        assert_eq!(sets.len(), 2);
+        assert!(!sets[0].is_empty());
+        assert_eq!(sets[0], sets[1]);
+    }
+
+    #[test]
+    fn fail_stops_the_run_naming_the_sample() {
+        let dir = tempfile::tempdir().unwrap();
+        let (args, _) = small_run(
+            dir.path(),
+            &[
+                "--policy",
+                "lobster,pytorch",
+                "--inject-faults",
+                "seed=4,eio=0.2",
+            ],
+        );
+        let e = format!("{:#}", run(&args).unwrap_err());
+        assert!(e.contains("lobster: rank"), "{e}");
+        assert!(
+            e.contains("reading sample") && e.contains("injected EIO"),
+            "{e}"
+        );
+    }
 }

@@ -103,11 +103,17 @@ const FAR_FROM: u64 = if cfg!(any(test, fuzzing)) {
 /// Accesses per group whose table entries are loaded together in the backward pass.
 const WARM_AHEAD: usize = 16;
 
-/// No batch: a sample the frontier has not seen.
-const NO_BATCH: u32 = u32::MAX;
+/// The frontier keeps batch ids modulo `BATCH_MOD` in 16 bits; `NO_BATCH` is none. Every
+/// `SWEEP_EVERY` batches it forgets the batches too old to matter, so the age of every id
+/// it holds stays below `BATCH_MOD` and decodes exactly. Small under test, so the checker
+/// covers the wrap.
+const BATCH_MOD: u32 = if cfg!(any(test, fuzzing)) { 16 } else { 65_535 };
+const NO_BATCH: u16 = u16::MAX;
+const SWEEP_EVERY: u32 = if cfg!(any(test, fuzzing)) { 4 } else { 32_768 };
 /// Batches the frontier may plan ahead of the one being built; small under test so the
 /// checker covers the fallback scan.
 const PLAN_MAX: usize = if cfg!(any(test, fuzzing)) { 6 } else { 256 };
+const _: () = assert!(PLAN_MAX as u32 + 1 + SWEEP_EVERY < BATCH_MOD);
 
 /// A batch whose epochs the frontier has read.
 #[derive(Debug)]
@@ -186,8 +192,9 @@ pub struct NextUseIndex<S> {
     pending: Vec<u64>,
     scratch: Vec<SampleId>,
     epochs_generated: u64,
-    /// Frontier: per sample, the id of the latest batch it was seen in (`NO_BATCH`).
-    last_batch: Vec<u32>,
+    /// Frontier: per sample, the id (modulo `BATCH_MOD`) of the latest batch it was seen
+    /// in, or `NO_BATCH`.
+    last_batch: Vec<u16>,
     /// Batches from the one built next (or being built) to the frontier's.
     plan: VecDeque<Planned>,
     front_epoch: u32,
@@ -304,7 +311,7 @@ impl<S: StreamSource> NextUseIndex<S> {
             + self.next.capacity() * size_of::<u32>()
             + self.far.capacity() * size_of::<(u32, u64)>()
             + self.bounds.capacity() * size_of::<(u32, usize)>()
-            + self.last_batch.capacity() * size_of::<u32>()
+            + self.last_batch.capacity() * size_of::<u16>()
             + self.plan.capacity() * size_of::<Planned>()
             + self
                 .plan
@@ -392,6 +399,9 @@ impl<S: StreamSource> NextUseIndex<S> {
                 far_answers: Vec::new(),
             });
             self.next_batch_id += 1;
+            if self.next_batch_id % SWEEP_EVERY == 0 {
+                self.forget_old_batches();
+            }
         }
         let oldest = self.plan[0].id;
         let current = {
@@ -400,14 +410,22 @@ impl<S: StreamSource> NextUseIndex<S> {
             p.accesses += n;
             p.id
         };
+        let current_mod = (current % BATCH_MOD) as u16;
+        // Batches `last` with `2 <= current - last <= current - oldest` need an answer.
+        let outstanding = current - oldest;
         for (i, &s) in self.scratch.iter().enumerate() {
-            let last = self.last_batch[s as usize];
-            if last == current {
+            let last_mod = self.last_batch[s as usize];
+            if last_mod == current_mod {
                 continue;
             }
-            self.last_batch[s as usize] = current;
+            self.last_batch[s as usize] = current_mod;
+            if last_mod == NO_BATCH {
+                continue;
+            }
+            let age = (u32::from(current_mod) + BATCH_MOD - u32::from(last_mod)) % BATCH_MOD;
             // Back after skipping batch `last + 1`: `last` needs this position.
-            if last != NO_BATCH && last >= oldest && last + 1 < current {
+            if (2..=outstanding).contains(&age) {
+                let last = current - age;
                 let p = self.front_position + i as u64;
                 let batch = &mut self.plan[(last - oldest) as usize];
                 match u32::try_from(p - batch.base) {
@@ -420,6 +438,20 @@ impl<S: StreamSource> NextUseIndex<S> {
         self.front_epoch = e + 1;
         self.front_position += n as u64;
         Ok(())
+    }
+
+    /// Forgets the batches of samples last seen more than `PLAN_MAX + 1` batches before the
+    /// newest (none of them is still to be built), so held ids never age past `BATCH_MOD`.
+    fn forget_old_batches(&mut self) {
+        let newest = (self.next_batch_id - 1) % BATCH_MOD;
+        for last in &mut self.last_batch {
+            if *last != NO_BATCH {
+                let age = (newest + BATCH_MOD - u32::from(*last)) % BATCH_MOD;
+                if age > PLAN_MAX as u32 + 1 {
+                    *last = NO_BATCH;
+                }
+            }
+        }
     }
 
     /// Gives the batch being built (at `base`) the next uses the frontier found for it;

@@ -155,12 +155,13 @@ fn encode(far: &mut HashMap<u32, u64>, base: u64, key: u32, pos: u64) -> u32 {
 /// of the batches, that reads each epoch once, remembers the latest batch of each sample,
 /// and records an answer when a sample comes back after skipping a whole batch. So each
 /// epoch is generated about three times (batch, near look-ahead, frontier) however long
-/// samples stay away, instead of once per batch that waits for them. Past its bounds (see
+/// samples stay away, instead of once per batch that waits for them (the first batch still
+/// waits: the frontier's lead is built then, once per stream). Past its bounds (see
 /// memory) the frontier stops and the remaining samples are found by regenerating the
 /// following epochs, as many as they need. A backward pass over the batch then gives each
 /// access the next use of its sample and replaces it by its own position.
 ///
-/// Memory: 8 bytes + 1 bit per sample + 8 bytes per access of the batch + one epoch of
+/// Memory: 6 bytes + 1 bit per sample + 8 bytes per access of the batch + one epoch of
 /// scratch (4 bytes per access) + 8 bytes per frontier answer (it stops reading once it
 /// holds `num_samples / 4 + 1024`, or plans 256 batches). Next uses are stored as
 /// 32-bit offsets from the batch start; the rare ones beyond 2^32 accesses go to a map.

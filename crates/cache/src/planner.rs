@@ -76,22 +76,24 @@ impl Stats {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PlannerConfig {
     /// Accesses held per batch of epochs (8 bytes each); at least one epoch is always held.
-    /// `None`: 2.5 per sample of the size table. Larger batches regenerate fewer
-    /// look-ahead epochs per epoch of the stream.
+    /// `None`: 2.5 per sample of the size table. Larger batches leave fewer samples for the
+    /// frontier to answer (see [`NextUseIndex`](crate::NextUseIndex)).
     pub batch_accesses_max: Option<usize>,
 }
 
 /// Makes every cache decision of a stream, in stream order, without allocating per call.
 ///
 /// Memory (reuse, the policy that looks ahead), in bytes per sample of the size table
-/// (`N`): 4 (next use after the batch) + 1/8 (cached bit) + 8 per access of the batch (by default at most
-/// `2.5 N` accesses, so up to 20) + 4 per access of the largest epoch (scratch) + up to 20
-/// per cached sample (heap of 16-byte entries, at most 1.25 per cached sample + 1024).
-/// Measured at ImageNet-1k scale (1.28 M samples, 110 KB median): 35-38 bytes per sample
-/// with a cache of 10% of the dataset, 47 with 50%; [`memory_bytes`](Planner::memory_bytes)
-/// reports the real figure. The size table itself (4 bytes per sample) is shared with the
-/// caller. LRU and static need no look-ahead: one epoch plus 9 (LRU) or 2 (static) bytes
-/// per sample.
+/// (`N`): 6 (next use after the batch, frontier's latest batch) + 1/4 (pending and cached
+/// bits) + 8 per access of the batch (by default at most `2.5 N` accesses, so up to 20) +
+/// 4 per access of the largest epoch (scratch) + 8 per frontier answer (it stops reading at
+/// `N / 4 + 1024` held, so up to 2, 4 with the slack of growing vectors) + up to 20 per
+/// cached sample (heap of 16-byte entries, at most 1.25 per cached sample + 1024).
+/// Measured at ImageNet-1k scale (1.28 M samples, 110 KB median, 1 or 4 nodes): 31-35
+/// bytes per sample with a cache of 10% of the dataset, 39-45 with 50%;
+/// [`memory_bytes`](Planner::memory_bytes) reports the real figure. The size table itself
+/// (4 bytes per sample) is shared with the caller. LRU and static need no look-ahead: one
+/// epoch plus 9 (LRU) or 2 (static) bytes per sample.
 #[derive(Debug)]
 pub struct Planner<S> {
     index: NextUseIndex<S>,

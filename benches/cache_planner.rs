@@ -1,6 +1,7 @@
 //! Speed of lobster-cache at ImageNet-1k scale (1,281,167 samples): cache decisions per
 //! second for each policy (steady state, next uses precomputed), the planner end to end
-//! (index included), and the next-use index build per epoch.
+//! (index included) from a cold start and in steady state, and the next-use index build
+//! per epoch.
 //!
 //! Run: `cargo bench -p lobster-benches --bench cache_planner`
 
@@ -154,6 +155,48 @@ fn planner_end_to_end(c: &mut Criterion) {
     group.finish();
 }
 
+/// The planner past its first batch (whose look-ahead runs as far as the longest-absent
+/// sample, once per stream): whole default batches decided, every batch build included,
+/// on a stream long enough that look-ahead is never cut short by its end.
+fn planner_steady(c: &mut Criterion) {
+    let sizes = sizes();
+    let cap = capacity(&sizes, 10);
+    let mut group = c.benchmark_group("planner_steady");
+    group.sample_size(10);
+    // (nodes, epochs decided untimed = the first batch, epochs timed = whole batches)
+    for (nodes, warm_epochs, measured_epochs) in [(1u32, 2u64, 4u64), (4, 10, 30)] {
+        let mut epoch = Vec::new();
+        stream(nodes, 1).fill_epoch(0, &mut epoch);
+        let per_epoch = epoch.len() as u64;
+        group.throughput(Throughput::Elements(per_epoch * measured_epochs));
+        group.bench_function(format!("reuse/{nodes}-node/cache-10pct"), |b| {
+            b.iter_batched(
+                || {
+                    let mut planner =
+                        Planner::new(stream(nodes, 400), sizes.clone(), cap, PolicyKind::Reuse)
+                            .expect("valid stream");
+                    let mut evicted = Vec::new();
+                    for _ in 0..per_epoch * warm_epochs {
+                        planner.next(&mut evicted).expect("valid stream");
+                    }
+                    planner
+                },
+                |mut planner| {
+                    let mut evicted = Vec::new();
+                    let mut hits = 0u64;
+                    for _ in 0..per_epoch * measured_epochs {
+                        let d = planner.next(&mut evicted).expect("valid stream");
+                        hits += u64::from(d.expect("stream continues").hit);
+                    }
+                    (planner, hits)
+                },
+                BatchSize::PerIteration,
+            )
+        });
+    }
+    group.finish();
+}
+
 fn index_build(c: &mut Criterion) {
     let mut group = c.benchmark_group("index_build");
     group.sample_size(10);
@@ -204,6 +247,7 @@ criterion_group!(
     benches,
     decisions,
     planner_end_to_end,
+    planner_steady,
     index_build,
     source_fill
 );

@@ -118,14 +118,20 @@ pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
         .len();
     let blocks = size / args.bs as u64;
     if blocks == 0 {
-        bail!("{} is smaller than one block of {} bytes", args.file.display(), args.bs);
+        bail!(
+            "{} is smaller than one block of {} bytes",
+            args.file.display(),
+            args.bs
+        );
     }
     let backend = match args.backend {
         BackendArg::Auto => Backend::Auto,
         BackendArg::Uring => Backend::Uring,
         BackendArg::Pread => Backend::Pread,
     };
-    let ring_entries = ((args.depth + 1).div_ceil(args.rings)).next_power_of_two().max(8) as u32;
+    let ring_entries = ((args.depth + 1).div_ceil(args.rings))
+        .next_power_of_two()
+        .max(8) as u32;
     let reader = Reader::builder()
         .backend(backend)
         .rings(args.rings)
@@ -139,7 +145,12 @@ pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
         .build()
         .context("building the reader")?;
     let file = reader
-        .open(&args.file, OpenOptions { direct: args.direct })
+        .open(
+            &args.file,
+            OpenOptions {
+                direct: args.direct,
+            },
+        )
         .context("opening the file")?;
     let rx = reader.completions();
     let mut rng = StdRng::seed_from_u64(args.seed);

@@ -12,7 +12,7 @@ use rand_distr::{Distribution, LogNormal};
 /// Arguments of `lobster gen`.
 #[derive(Debug, clap::Args)]
 pub struct GenArgs {
-    /// Directory to create the dataset in (root/<class>/<file>.jpg).
+    /// Directory to create the dataset in (one sub-directory per class, JPEG files inside).
     #[arg(long)]
     pub out: PathBuf,
     /// Number of samples.

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use lobster_io::uring::Backend;
 use lobster_io::{
-    Batch, CachePolicy, Dataset, DistributedSampler, EpochOrder, Error, ErrorPolicy, Execution,
-    FailureBudget, Fault, FaultInjection, Loader, LoaderBuilder,
+    Batch, CachePolicy, Dataset, Decision, DistributedSampler, EpochOrder, Error, ErrorPolicy,
+    Execution, FailureBudget, Fault, FaultInjection, Loader, LoaderBuilder, READ_ATTEMPTS,
 };
 
 /// The bytes of sample `i`: its id, then a length that varies with it.
@@ -135,6 +135,26 @@ fn plan(ds: &Dataset) -> Vec<Vec<(u32, u32, Vec<u32>)>> {
         .collect()
 }
 
+/// Reference model of the retry loop over every read: (attempts the injector changed,
+/// retries, reads recovered by a retry).
+fn expected_counts(f: &FaultInjection, reads: impl Iterator<Item = (u32, u32)>) -> [u64; 3] {
+    let mut counts = [0; 3];
+    for (epoch, sample) in reads {
+        for attempt in 0..READ_ATTEMPTS {
+            let d = f.decide(sample, epoch, attempt);
+            counts[0] += u64::from(d != Decision::default());
+            let failed = d.eio || d.short;
+            if failed && attempt + 1 < READ_ATTEMPTS {
+                counts[1] += 1;
+                continue;
+            }
+            counts[2] += u64::from(!failed && attempt > 0);
+            break;
+        }
+    }
+    counts
+}
+
 /// (epoch, rank, sample) of every skipped access, from the metrics.
 fn skipped_set(loader: &Loader<Vec<u8>>) -> BTreeSet<(u32, usize, u32)> {
     let m = loader.metrics();
@@ -196,6 +216,17 @@ fn skip_delivers_every_sample_not_injected_and_skips_exactly_the_injected() {
         assert_eq!(
             m.samples as usize + expected_skipped.len(),
             accesses,
+            "{setup:?}"
+        );
+        let reads = plan
+            .iter()
+            .flatten()
+            .flat_map(|(epoch, _, ids)| ids.iter().map(move |&s| (*epoch, s)));
+        let counts = expected_counts(&f, reads);
+        assert!(counts.iter().all(|&c| c > 0), "{counts:?}");
+        assert_eq!(
+            [m.faults_injected, m.read_retries, m.reads_recovered],
+            counts,
             "{setup:?}"
         );
     }

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -308,6 +308,11 @@ struct PolicyResult {
     /// Accesses skipped by --on-error skip, and the first of them with their causes.
     skipped: u64,
     skipped_samples: Vec<SkippedSample>,
+    /// Storage read attempts changed by --inject-faults, attempts retried, and reads that
+    /// succeeded on a retry.
+    faults_injected: u64,
+    read_retries: u64,
+    reads_recovered: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -434,6 +439,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
             ),
             skipped: metrics.skipped,
             skipped_samples: metrics.skipped_samples.clone(),
+            faults_injected: metrics.faults_injected,
+            read_retries: metrics.read_retries,
+            reads_recovered: metrics.reads_recovered,
         });
     }
     let baseline = results
@@ -562,30 +570,33 @@ fn run_policy(
     let bar = progress_bar(args, policy, iterations as u64 * u64::from(args.epochs));
     let handles = loader.ranks().context("rank handles already taken")?;
     let barrier = Barrier::new(handles.len());
-    // A rank whose batch failed still meets the others at the barrier once, so none waits
-    // forever; then every rank stops.
-    let abort = AtomicBool::new(false);
+    // A rank whose batch failed still meets the others at that step's barrier, so none waits
+    // forever; then every rank stops. The flag holds the first failed step, so a failure in
+    // step k + 1 cannot stop a rank just released from step k's barrier before it gets there.
+    let failed_step = AtomicUsize::new(usize::MAX);
     let compute = Duration::from_secs_f64(args.compute_ms / 1e3);
     std::thread::scope(|s| -> Result<()> {
         let threads: Vec<_> = handles
             .into_iter()
             .map(|handle| {
-                let (barrier, bar, abort) = (&barrier, &bar, &abort);
+                let (barrier, bar, failed_step) = (&barrier, &bar, &failed_step);
                 s.spawn(move || -> Result<()> {
                     let rank = handle.rank();
-                    for batch in handle {
+                    for (step, batch) in handle.enumerate() {
                         let batch = batch.with_context(|| format!("{policy}: rank {rank}"));
                         match &batch {
                             Ok(batch) => {
                                 std::hint::black_box(batch);
                                 std::thread::sleep(compute);
                             }
-                            Err(_) => abort.store(true, Ordering::SeqCst),
+                            Err(_) => {
+                                failed_step.fetch_min(step, Ordering::SeqCst);
+                            }
                         }
                         if barrier.wait().is_leader() {
                             bar.inc(1);
                         }
-                        if abort.load(Ordering::SeqCst) {
+                        if failed_step.load(Ordering::SeqCst) <= step {
                             return batch.map(drop);
                         }
                     }
@@ -683,12 +694,19 @@ fn print_table(results: &[PolicyResult]) {
     }
 }
 
-/// What the error policy skipped, per policy (nothing when nothing was skipped).
+/// Faults met and what the error policy skipped, per policy (nothing when none).
 fn print_skipped(results: &[PolicyResult]) {
-    for r in results.iter().filter(|r| r.skipped > 0) {
+    for r in results
+        .iter()
+        .filter(|r| r.skipped + r.faults_injected + r.read_retries > 0)
+    {
         println!(
-            "{}: skipped {} samples (budget per epoch held)",
+            "{}: {} read attempts faulted by injection, {} retried, {} reads recovered by a \
+             retry; {} samples skipped (budget per epoch held)",
             r.policy.name(),
+            r.faults_injected,
+            r.read_retries,
+            r.reads_recovered,
             r.skipped
         );
         for s in r.skipped_samples.iter().take(5) {

@@ -336,7 +336,13 @@ impl<T> Loader<T> {
 
     /// The run's metrics so far.
     pub fn metrics(&self) -> RunMetrics {
-        pipeline::lock(&self.pipeline.shared.collector).summary()
+        let shared = &self.pipeline.shared;
+        let mut m = pipeline::lock(&shared.collector).summary();
+        let count = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        m.faults_injected = count(&shared.faults.injected);
+        m.read_retries = count(&shared.faults.retries);
+        m.reads_recovered = count(&shared.faults.recovered);
+        m
     }
 }
 

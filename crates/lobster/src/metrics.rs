@@ -96,6 +96,13 @@ pub struct RunMetrics {
     /// The first skipped accesses, in the order ranks took their batches (bounded: later
     /// ones are only counted in `skipped`).
     pub skipped_samples: Vec<SkippedSample>,
+    /// Storage read attempts the fault injector changed (failed, shortened, delayed or
+    /// corrupted).
+    pub faults_injected: u64,
+    /// Read attempts retried after a transient failure.
+    pub read_retries: u64,
+    /// Reads that succeeded after at least one retry.
+    pub reads_recovered: u64,
 }
 
 /// Per-iteration records kept for the API and JSON; older ones are dropped.
@@ -310,6 +317,9 @@ impl Collector {
             allocations: self.allocations.iter().cloned().collect(),
             skipped: self.skipped,
             skipped_samples: self.skipped_samples.clone(),
+            faults_injected: 0,
+            read_retries: 0,
+            reads_recovered: 0,
         }
     }
 }

@@ -10,7 +10,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::fs::File;
 use std::io::Read;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -26,7 +26,7 @@ use crate::config::{CachePolicy, Execution, LoaderConfig, Schedule};
 use crate::dataset::{Dataset, SampleMeta};
 use crate::emulate::Device;
 use crate::error::{Cause, Error};
-use crate::faults::{self, AttemptError, ErrorPolicy, READ_ATTEMPTS};
+use crate::faults::{self, AttemptError, Decision, ErrorPolicy, FaultInjection, READ_ATTEMPTS};
 use crate::metrics::{AllocationRecord, Collector, IterationMetrics, SkippedSample};
 use crate::sampler::DistributedSampler;
 
@@ -219,6 +219,18 @@ pub(crate) struct Shared<T> {
     epoch_accesses: u64,
     /// An epoch went over its failure budget: every rank's next batch reports it.
     budget_failure: Mutex<Option<Error>>,
+    pub(crate) faults: FaultCounters,
+}
+
+/// Counts of the fault paths, touched only when something fails or faults are injected.
+#[derive(Debug, Default)]
+pub(crate) struct FaultCounters {
+    /// Read attempts the fault injector changed.
+    pub(crate) injected: AtomicU64,
+    /// Read attempts retried after a transient failure.
+    pub(crate) retries: AtomicU64,
+    /// Reads that succeeded after at least one retry.
+    pub(crate) recovered: AtomicU64,
 }
 
 impl<T> std::fmt::Debug for Shared<T> {
@@ -313,6 +325,7 @@ impl<T: Send + 'static> Pipeline<T> {
             error_policy: config.error_policy,
             epoch_accesses: (ctx.layout.per_rank * ranks) as u64,
             budget_failure: Mutex::new(None),
+            faults: FaultCounters::default(),
         });
         let ctx = Arc::new(ctx);
         let mut threads = Vec::new();
@@ -836,7 +849,7 @@ fn decode_worker<T: Send + 'static>(ctx: &Context<T>, shared: &Shared<T>, w: usi
     while let Some(Ready { task, bytes }) = take_task(ctx, shared, w) {
         let meta = &ctx.dataset.samples()[task.sample as usize];
         let bytes = if task.read_here {
-            let loaded = blocking_read(ctx, meta, task.epoch);
+            let loaded = blocking_read(ctx, shared, meta, task.epoch);
             fill_slot(shared, &task.slot, loaded.clone(), task.admitted);
             loaded
         } else {
@@ -888,7 +901,7 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 
 /// A worker's blocking read (the ReadThenDecode baselines), charged to the emulated tier;
 /// transient failures are retried with backoff, up to [`READ_ATTEMPTS`] attempts.
-fn blocking_read<T>(ctx: &Context<T>, meta: &SampleMeta, epoch: u32) -> Loaded {
+fn blocking_read<T>(ctx: &Context<T>, shared: &Shared<T>, meta: &SampleMeta, epoch: u32) -> Loaded {
     let read = || -> std::io::Result<Vec<u8>> {
         let mut file = File::open(&meta.path)?;
         let mut buf = Vec::with_capacity(meta.size_bytes as usize);
@@ -909,7 +922,7 @@ fn blocking_read<T>(ctx: &Context<T>, meta: &SampleMeta, epoch: u32) -> Loaded {
             })
             .and_then(|(bytes, delay)| match &ctx.config.fault_injection {
                 None => Ok((bytes, delay)),
-                Some(f) => f.apply(meta.id, epoch, attempt, bytes),
+                Some(f) => inject(shared, f, meta.id, epoch, attempt, bytes),
             });
         match result {
             Ok((bytes, delay)) => {
@@ -919,9 +932,13 @@ fn blocking_read<T>(ctx: &Context<T>, meta: &SampleMeta, epoch: u32) -> Loaded {
                 if !delay.is_zero() {
                     std::thread::sleep(delay);
                 }
+                if attempt > 0 {
+                    shared.faults.recovered.fetch_add(1, Ordering::Relaxed);
+                }
                 return Ok(bytes);
             }
             Err(e) if e.transient && attempt + 1 < READ_ATTEMPTS => {
+                shared.faults.retries.fetch_add(1, Ordering::Relaxed);
                 attempt += 1;
                 std::thread::sleep(faults::backoff(attempt));
             }
@@ -1232,13 +1249,15 @@ fn on_completion<T>(
     let meta = &ctx.dataset.samples()[read.req.sample as usize];
     let result = match (c.result, &ctx.config.fault_injection) {
         (Ok(bytes), None) => Ok((bytes, Duration::ZERO)),
-        (Ok(bytes), Some(f)) => f
-            .apply(meta.id, read.req.epoch, read.attempt, bytes)
+        (Ok(bytes), Some(f)) => inject(shared, f, meta.id, read.req.epoch, read.attempt, bytes)
             .map_err(|e| (e.transient, read_error_cause(meta, Arc::new(e.cause)))),
         (Err(e), _) => Err((read_error_transient(&e), read_error(meta, e))),
     };
     match result {
         Ok((bytes, delay)) => {
+            if read.attempt > 0 {
+                shared.faults.recovered.fetch_add(1, Ordering::Relaxed);
+            }
             let mut finish = Instant::now();
             if let Some(device) = &ctx.device {
                 finish = finish.max(device.finish_time(read.issued, meta.size_bytes));
@@ -1256,6 +1275,7 @@ fn on_completion<T>(
         }
         Err((true, _)) if read.attempt + 1 < READ_ATTEMPTS => {
             // Transient: retry after a backoff, keeping the io_depth slot and the open file.
+            shared.faults.retries.fetch_add(1, Ordering::Relaxed);
             let read = &mut reads[key];
             read.attempt += 1;
             timers.push(Reverse((
@@ -1270,6 +1290,21 @@ fn on_completion<T>(
             finish_with(ctx, shared, done, Err(err));
         }
     }
+}
+
+/// Applies the injector to one attempt, counting the attempts it changes.
+fn inject<T>(
+    shared: &Shared<T>,
+    f: &FaultInjection,
+    sample: u32,
+    epoch: u32,
+    attempt: u32,
+    bytes: Bytes,
+) -> Result<(Bytes, Duration), AttemptError> {
+    if f.decide(sample, epoch, attempt) != Decision::default() {
+        shared.faults.injected.fetch_add(1, Ordering::Relaxed);
+    }
+    f.apply(sample, epoch, attempt, bytes)
 }
 
 /// Whether the reader's error may go away on retry (it already retried EAGAIN/EINTR).

@@ -391,3 +391,42 @@ fn going_over_the_budget_fails_every_rank_with_a_summary_and_ends_it() {
         }
     }
 }
+
+#[test]
+fn dropping_the_loader_while_faults_are_retried_returns_and_stops_the_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), SAMPLES);
+    // Nearly every attempt is short or delayed: reads sit in backoff or in delay timers.
+    let f = FaultInjection {
+        seed: 1,
+        short: 0.8,
+        delay: 0.2,
+        delay_us: 20_000,
+        ..FaultInjection::default()
+    };
+    let skip = ErrorPolicy::Skip {
+        max_failures: FailureBudget::Fraction(1.0),
+    };
+    for setup in setups(CachePolicy::Reuse) {
+        let mut loader = build(&ds, setup, skip, f);
+        let mut handles = loader.ranks().unwrap();
+        let first = handles[0].next().unwrap().unwrap();
+        assert_eq!(first.samples.len() + first.skipped.len(), BATCH);
+        let started = std::time::Instant::now();
+        drop(loader);
+        // Not a speed assertion: a hung join would never return; this bounds a broken one.
+        let took = started.elapsed();
+        assert!(
+            took < std::time::Duration::from_secs(10),
+            "{setup:?}: {took:?}"
+        );
+        // A rank blocked on a batch, or asking after the drop, is told the loader stopped.
+        for h in &mut handles {
+            for item in h.by_ref() {
+                if let Err(e) = item {
+                    assert!(matches!(e, Error::Stopped { .. }), "{setup:?}: {e}");
+                }
+            }
+        }
+    }
+}

@@ -7,6 +7,7 @@ mod order;
 mod read_bench;
 mod replay;
 mod run;
+mod soak;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -36,6 +37,9 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Random aligned reads through the io_uring reader: MB/s, IOPS, p50/p99 latency.
     ReadBench(read_bench::ReadBenchArgs),
+    /// Many epochs with faults injected: nothing lost, memory levels off, descriptors and
+    /// threads return after the loader is dropped.
+    Soak(soak::SoakArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -47,5 +51,6 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Order(args)) => order::run(&args),
         Some(Command::Replay(args)) => replay::run(&args),
         Some(Command::ReadBench(args)) => read_bench::run(&args),
+        Some(Command::Soak(args)) => soak::run(&args),
     }
 }

@@ -42,7 +42,7 @@ impl Policy {
         Policy::Lobster,
     ];
 
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Policy::Pytorch => "pytorch",
             Policy::Nopfs => "nopfs",
@@ -53,7 +53,7 @@ impl Policy {
     }
 
     /// (cache, execution, schedule).
-    fn parts(self, hysteresis: f64) -> (CachePolicy, Execution, Schedule) {
+    pub(crate) fn parts(self, hysteresis: f64) -> (CachePolicy, Execution, Schedule) {
         let allocate = Schedule::Allocate { hysteresis };
         match self {
             Policy::Pytorch => (
@@ -85,7 +85,7 @@ impl fmt::Display for Policy {
 
 /// `all` or a comma-separated list of policies.
 #[derive(Clone, Debug)]
-pub struct Policies(Vec<Policy>);
+pub struct Policies(pub(crate) Vec<Policy>);
 
 impl FromStr for Policies {
     type Err = String;
@@ -631,7 +631,7 @@ fn progress_bar(args: &RunArgs, policy: Policy, total: u64) -> ProgressBar {
 
 /// An error of the CLI's decoders.
 #[derive(Debug)]
-struct DecodeError(String);
+pub(crate) struct DecodeError(String);
 
 impl fmt::Display for DecodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -642,7 +642,7 @@ impl fmt::Display for DecodeError {
 impl std::error::Error for DecodeError {}
 
 /// Decodes one sample; the value is a small digest so nothing is optimised away.
-fn decode(
+pub(crate) fn decode(
     decoder: Decoder,
     us_per_kb: f64,
     bytes: &[u8],

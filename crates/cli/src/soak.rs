@@ -1,0 +1,334 @@
+//! `lobster soak`: many epochs with faults injected, checking that nothing is lost, memory
+//! levels off, and descriptors and threads come back once the loader is dropped.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use lobster_io::{
+    CachePolicy, Dataset, DistributedSampler, EpochOrder, ErrorPolicy, FailureBudget,
+    FaultInjection, LoaderBuilder, SampleMeta,
+};
+use serde::Serialize;
+
+use crate::run::{Decoder, Policies, Policy};
+
+/// Arguments of `lobster soak`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct SoakArgs {
+    /// An ImageFolder dataset; without it one is generated into a temporary directory.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Samples of the generated dataset.
+    #[arg(long, default_value_t = 1000)]
+    pub samples: u32,
+    /// Mean file size of the generated dataset, KiB.
+    #[arg(long, default_value_t = 16.0)]
+    pub mean_kb: f64,
+    /// Epochs (at least 3: memory is compared against its level after epoch 2).
+    #[arg(long, default_value_t = 20)]
+    pub epochs: u32,
+    /// Nodes in the job (this is node 0).
+    #[arg(long, default_value_t = 2)]
+    pub nodes: usize,
+    /// Ranks per node.
+    #[arg(long, default_value_t = 4)]
+    pub ranks_per_node: usize,
+    /// Samples per batch per rank.
+    #[arg(long, default_value_t = 16)]
+    pub batch: usize,
+    /// The loading policy (one of those of `lobster run`).
+    #[arg(long, default_value = "lobster")]
+    pub policy: Policies,
+    /// Node cache capacity as a fraction of the dataset's bytes.
+    #[arg(long, default_value_t = 0.2)]
+    pub cache_frac: f64,
+    /// Faults injected into storage reads (see `lobster run --inject-faults`).
+    #[arg(
+        long,
+        default_value = "seed=1,eio=0.005,short=0.05,delay=0.02,corrupt=0.005,delay_us=500"
+    )]
+    pub inject_faults: FaultInjection,
+    /// Samples an epoch may skip: a count N or a percentage P%.
+    #[arg(long, default_value = "5%")]
+    pub max_failures: FailureBudget,
+    /// The decoder (jpeg notices corruption; raw and synthetic do not).
+    #[arg(long, value_enum, default_value_t = Decoder::Jpeg)]
+    pub decoder: Decoder,
+    /// Allowed growth of resident memory after epoch 2 over its level then.
+    #[arg(long, default_value_t = 0.10)]
+    pub rss_growth_max: f64,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Debug, Serialize)]
+struct SoakReport {
+    policy: Policy,
+    epochs: u32,
+    samples_planned: u64,
+    samples_delivered: u64,
+    samples_skipped: u64,
+    samples_lost: u64,
+    faults_injected: u64,
+    read_retries: u64,
+    reads_recovered: u64,
+    rss_bytes_per_epoch: Vec<u64>,
+    rss_growth_after_epoch2: f64,
+    /// The loader's bound on bytes in flight or awaiting decode: pipelined reads land in a
+    /// pool mapped once and paged in as first used, so resident memory may creep up to it.
+    prefetch_window_bytes: u64,
+    fds_before: usize,
+    fds_after: usize,
+    threads_before: usize,
+    threads_after: usize,
+    elapsed_s: f64,
+}
+
+pub fn run(args: &SoakArgs) -> Result<()> {
+    if args.epochs < 3 {
+        bail!("--epochs = {}: allowed 3 or more", args.epochs);
+    }
+    if !(args.cache_frac.is_finite() && (0.0..=1.0).contains(&args.cache_frac)) {
+        bail!("--cache-frac = {}: allowed 0 to 1", args.cache_frac);
+    }
+    let &[policy] = args.policy.0.as_slice() else {
+        bail!("--policy: soak runs one policy at a time");
+    };
+    let (data, _generated) = match &args.data {
+        Some(d) => (d.clone(), None),
+        None => {
+            let dir = std::env::temp_dir().join(format!("lobster-soak-{}", std::process::id()));
+            println!(
+                "generating {} samples into {} ...",
+                args.samples,
+                dir.display()
+            );
+            crate::gen::generate(&dir, args.samples, 4, args.mean_kb, 0)?;
+            (dir.clone(), Some(RemoveOnDrop(dir)))
+        }
+    };
+    let dataset = Arc::new(
+        Dataset::open_image_folder(&data)
+            .with_context(|| format!("opening the dataset {}", data.display()))?,
+    );
+    let report = soak(args, policy, &dataset)?;
+    println!(
+        "{} epochs of {}: {} samples planned, {} delivered, {} skipped by policy, {} lost",
+        report.epochs,
+        policy,
+        report.samples_planned,
+        report.samples_delivered,
+        report.samples_skipped,
+        report.samples_lost
+    );
+    println!(
+        "faults: {} read attempts faulted, {} retried, {} reads recovered by a retry",
+        report.faults_injected, report.read_retries, report.reads_recovered
+    );
+    let mib: Vec<String> = report
+        .rss_bytes_per_epoch
+        .iter()
+        .map(|b| format!("{:.1}", *b as f64 / f64::from(1 << 20)))
+        .collect();
+    println!("resident MiB after each epoch: {}", mib.join(" "));
+    println!(
+        "resident growth after epoch 2: {:+.1}% (allowed {:.0}%); prefetch window bound {:.1} MiB",
+        100.0 * report.rss_growth_after_epoch2,
+        100.0 * args.rss_growth_max,
+        report.prefetch_window_bytes as f64 / f64::from(1 << 20)
+    );
+    println!(
+        "open descriptors {} -> {}, threads {} -> {} (before build -> after drop); {:.1} s",
+        report.fds_before,
+        report.fds_after,
+        report.threads_before,
+        report.threads_after,
+        report.elapsed_s
+    );
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let mut failures = Vec::new();
+    if report.samples_lost != 0 {
+        failures.push(format!("{} samples lost", report.samples_lost));
+    }
+    if report.rss_growth_after_epoch2 > args.rss_growth_max {
+        failures.push(format!(
+            "resident memory grew {:.1}% after epoch 2",
+            100.0 * report.rss_growth_after_epoch2
+        ));
+    }
+    if report.fds_after != report.fds_before {
+        failures.push(format!(
+            "open descriptors {} -> {}",
+            report.fds_before, report.fds_after
+        ));
+    }
+    if report.threads_after != report.threads_before {
+        failures.push(format!(
+            "threads {} -> {}",
+            report.threads_before, report.threads_after
+        ));
+    }
+    if !failures.is_empty() {
+        bail!("soak failed: {}", failures.join("; "));
+    }
+    println!("soak passed");
+    Ok(())
+}
+
+fn soak(args: &SoakArgs, policy: Policy, dataset: &Arc<Dataset>) -> Result<SoakReport> {
+    let (cache, execution, schedule) = policy.parts(0.05);
+    let world = args.nodes * args.ranks_per_node;
+    let per_rank =
+        DistributedSampler::new(dataset.len(), world, false, EpochOrder::Shuffle { seed: 0 })?
+            .per_rank();
+    let decoder = args.decoder;
+    let fds_before = count_dir("/proc/self/fd");
+    let threads_before = count_dir("/proc/self/task");
+    let started = Instant::now();
+    let mut loader = LoaderBuilder::new(dataset.clone())
+        .world(args.nodes, args.ranks_per_node, 0)
+        .batch_size(args.batch)
+        .epochs(args.epochs)
+        .cache(
+            cache,
+            if cache == CachePolicy::None {
+                0
+            } else {
+                (dataset.total_bytes() as f64 * args.cache_frac).max(1.0) as u64
+            },
+        )
+        .execution(execution)
+        .schedule(schedule)
+        .io_depth_budget(4 * args.ranks_per_node)
+        .decode_threads(2 * args.ranks_per_node)
+        .on_error(ErrorPolicy::Skip {
+            max_failures: args.max_failures,
+        })
+        .inject_faults(Some(args.inject_faults))
+        .decode(move |bytes: &[u8], meta: &SampleMeta| {
+            crate::run::decode(decoder, 1.0, bytes, meta)
+        })
+        .build()
+        .context("starting the loader")?;
+    let iterations = loader.iterations_per_epoch();
+    let prefetch_window_bytes = loader.prefetch_window_bytes();
+    let handles = loader.ranks().context("rank handles already taken")?;
+    let barrier = Barrier::new(handles.len());
+    let rss = Mutex::new(Vec::with_capacity(args.epochs as usize));
+    // As in `lobster run`: every rank meets the failing step's barrier, then all stop.
+    let failed_step = AtomicUsize::new(usize::MAX);
+    let counted = std::thread::scope(|s| -> Result<(u64, u64)> {
+        let threads: Vec<_> = handles
+            .into_iter()
+            .map(|handle| {
+                let (barrier, rss, failed_step) = (&barrier, &rss, &failed_step);
+                s.spawn(move || -> Result<(u64, u64)> {
+                    let rank = handle.rank();
+                    let (mut delivered, mut skipped) = (0, 0);
+                    for (step, batch) in handle.enumerate() {
+                        let mut last_of_epoch = false;
+                        match &batch {
+                            Ok(batch) => {
+                                delivered += batch.samples.len() as u64;
+                                skipped += batch.skipped.len() as u64;
+                                last_of_epoch = batch.iteration as usize + 1 == iterations;
+                            }
+                            Err(_) => {
+                                failed_step.fetch_min(step, Ordering::SeqCst);
+                            }
+                        }
+                        if barrier.wait().is_leader() && last_of_epoch {
+                            rss.lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(rss_bytes());
+                        }
+                        if failed_step.load(Ordering::SeqCst) <= step {
+                            batch.with_context(|| format!("rank {rank}"))?;
+                            break;
+                        }
+                    }
+                    Ok((delivered, skipped))
+                })
+            })
+            .collect();
+        let mut total = (0, 0);
+        for t in threads {
+            let (d, k) = t.join().expect("a rank thread panicked")?;
+            total.0 += d;
+            total.1 += k;
+        }
+        Ok(total)
+    })?;
+    let metrics = loader.metrics();
+    drop(loader);
+    let elapsed_s = started.elapsed().as_secs_f64();
+    let rss_bytes_per_epoch = rss.into_inner().unwrap_or_else(|p| p.into_inner());
+    let after_epoch2 = rss_bytes_per_epoch[1] as f64;
+    let later_max = rss_bytes_per_epoch[1..].iter().copied().max().unwrap_or(0) as f64;
+    let samples_planned = (per_rank * args.ranks_per_node) as u64 * u64::from(args.epochs);
+    let (delivered, skipped) = counted;
+    if (delivered, skipped) != (metrics.samples, metrics.skipped) {
+        bail!(
+            "the ranks counted {delivered} delivered and {skipped} skipped, the metrics {} and {}",
+            metrics.samples,
+            metrics.skipped
+        );
+    }
+    Ok(SoakReport {
+        policy,
+        epochs: args.epochs,
+        samples_planned,
+        samples_delivered: delivered,
+        samples_skipped: skipped,
+        samples_lost: samples_planned.saturating_sub(delivered + skipped),
+        faults_injected: metrics.faults_injected,
+        read_retries: metrics.read_retries,
+        reads_recovered: metrics.reads_recovered,
+        rss_growth_after_epoch2: if after_epoch2 > 0.0 {
+            later_max / after_epoch2 - 1.0
+        } else {
+            0.0
+        },
+        rss_bytes_per_epoch,
+        prefetch_window_bytes,
+        fds_before,
+        fds_after: count_dir("/proc/self/fd"),
+        threads_before,
+        threads_after: count_dir("/proc/self/task"),
+        elapsed_s,
+    })
+}
+
+fn count_dir(path: &str) -> usize {
+    std::fs::read_dir(path).map_or(0, |d| d.count())
+}
+
+/// VmRSS of this process, in bytes (0 where /proc is unavailable).
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// A generated dataset, removed when the soak ends.
+#[derive(Debug)]
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

@@ -3,6 +3,9 @@
 //! with the fail policy each fault surfaces on its rank naming its sample; same seed, same
 //! faults, on both I/O backends and both executions.
 
+mod common;
+
+use common::content;
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
@@ -12,14 +15,6 @@ use lobster_io::{
     Batch, CachePolicy, Dataset, Decision, DistributedSampler, EpochOrder, Error, ErrorPolicy,
     Execution, FailureBudget, Fault, FaultInjection, Loader, LoaderBuilder, READ_ATTEMPTS,
 };
-
-/// The bytes of sample `i`: its id, then a length that varies with it.
-fn content(i: u32) -> Vec<u8> {
-    let len = 100 + (i as usize * 7919) % 3000;
-    let mut v = format!("sample {i};").into_bytes();
-    v.extend((0..len).map(|k| (k as u32 ^ i) as u8));
-    v
-}
 
 /// One class, so a sample's id is its generator index.
 fn make_dataset(dir: &Path, samples: u32) -> Arc<Dataset> {

@@ -1,6 +1,9 @@
 //! The loader delivers every planned sample exactly once per epoch per rank, in plan order,
 //! with the right label and bytes; hits and misses do not depend on threads or backends.
 
+mod common;
+
+use common::content;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -9,14 +12,6 @@ use lobster_io::{
     Batch, CachePolicy, Dataset, DistributedSampler, EpochOrder, Execution, Loader, LoaderBuilder,
     Schedule,
 };
-
-/// The bytes of sample `i`: its id, then a length that varies with it.
-fn content(i: u32) -> Vec<u8> {
-    let len = 100 + (i as usize * 7919) % 3000;
-    let mut v = format!("sample {i};").into_bytes();
-    v.extend((0..len).map(|k| (k as u32 ^ i) as u8));
-    v
-}
 
 fn make_dataset(dir: &Path, samples: u32, classes: u32) -> Arc<Dataset> {
     for i in 0..samples {

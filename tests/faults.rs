@@ -425,3 +425,34 @@ fn dropping_the_loader_while_faults_are_retried_returns_and_stops_the_ranks() {
         }
     }
 }
+
+#[test]
+fn a_cached_sample_whose_read_failed_is_read_again_by_later_hits() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), SAMPLES);
+    let skip = ErrorPolicy::Skip {
+        max_failures: FailureBudget::Count(u64::MAX),
+    };
+    // Permanent read errors only: an access can then fail only through its own epoch's read.
+    let f = FaultInjection {
+        eio: 0.15,
+        short: 0.0,
+        delay: 0.0,
+        corrupt: 0.0,
+        ..faults(SEED + 3)
+    };
+    for setup in setups(CachePolicy::Reuse) {
+        let mut loader = build(&ds, setup, skip, f);
+        let _ = run(&mut loader);
+        let m = loader.metrics();
+        assert!(m.hits > 0, "{setup:?}: the cache serves hits");
+        let skipped = skipped_set(&loader);
+        assert!(!skipped.is_empty(), "{setup:?}: faults were injected");
+        for (epoch, _, sample) in skipped {
+            assert!(
+                f.outcome(sample, epoch).is_some(),
+                "{setup:?}: sample {sample} skipped in epoch {epoch}, whose reads of it succeed"
+            );
+        }
+    }
+}

@@ -127,6 +127,8 @@ struct Task {
     admitted: bool,
     /// ReadThenDecode: the worker that takes this task reads the sample itself.
     read_here: bool,
+    /// A cache hit: its bytes come from the read that admitted the sample.
+    hit: bool,
 }
 
 /// A task whose bytes are known, waiting for a decode thread.
@@ -602,6 +604,7 @@ fn planner<T: Send + 'static>(
                     slot: p.slot.clone(),
                     admitted: p.admitted,
                     read_here: !p.hit && to_dispatcher.is_none(),
+                    hit: p.hit,
                 };
                 if task.read_here {
                     push_ready(
@@ -852,6 +855,11 @@ fn decode_worker<T: Send + 'static>(ctx: &Context<T>, shared: &Shared<T>, w: usi
             let loaded = blocking_read(ctx, shared, meta, task.epoch);
             fill_slot(shared, &task.slot, loaded.clone(), task.admitted);
             loaded
+        } else if task.hit && matches!(bytes, Err(Error::Read { .. })) {
+            // The read that admitted this sample failed: read it again for this access rather
+            // than fail every later hit on it. The slot keeps the failure, so each such hit
+            // reads for itself and its outcome depends only on its own epoch, not on timing.
+            blocking_read(ctx, shared, meta, task.epoch)
         } else {
             bytes
         };

@@ -1013,6 +1013,48 @@ struct InFlight {
     parked: Option<Bytes>,
 }
 
+/// The dispatcher's reads between submission and delivery, and what they hold: an io_depth
+/// slot of their rank and an open file.
+#[derive(Debug)]
+struct Reads {
+    slab: Slab<InFlight>,
+    in_flight: Vec<u32>,
+    files: OpenFiles,
+    /// Emulated completions and retry backoffs, by due time.
+    timers: BinaryHeap<Reverse<(Instant, usize)>>,
+}
+
+impl Reads {
+    fn new(ranks: usize) -> Self {
+        Reads {
+            slab: Slab::new(),
+            in_flight: vec![0; ranks],
+            files: OpenFiles::default(),
+            timers: BinaryHeap::new(),
+        }
+    }
+
+    /// Takes a read that holds an io_depth slot and an open file.
+    fn start(&mut self, req: IoRequest, file: FileId) -> usize {
+        self.in_flight[req.rank] += 1;
+        self.slab.insert(InFlight {
+            req,
+            file,
+            attempt: 0,
+            issued: Instant::now(),
+            parked: None,
+        })
+    }
+
+    /// Ends read `key`, giving back its io_depth slot and its file.
+    fn retire(&mut self, key: usize) -> InFlight {
+        let done = self.slab.remove(key);
+        self.in_flight[done.req.rank] -= 1;
+        self.files.release(done.req.sample);
+        done
+    }
+}
+
 /// Open files by sample, closed least-recently-opened first when idle.
 #[derive(Debug, Default)]
 struct OpenFiles {
@@ -1089,10 +1131,7 @@ fn dispatcher<T>(
     let samples = ctx.dataset.samples();
     let mut depth: Vec<u32> = equal_split(ctx.config.io_depth_budget as u32, ranks);
     let mut pending: Vec<VecDeque<IoRequest>> = (0..ranks).map(|_| VecDeque::new()).collect();
-    let mut in_flight = vec![0u32; ranks];
-    let mut reads: Slab<InFlight> = Slab::new();
-    let mut timers: BinaryHeap<Reverse<(Instant, usize)>> = BinaryHeap::new();
-    let mut files = OpenFiles::default();
+    let mut reads = Reads::new(ranks);
     let mut allocations: VecDeque<(u64, Vec<u32>)> = VecDeque::new();
     let completions = reader.completions();
     let mut requests = Some(requests);
@@ -1121,46 +1160,27 @@ fn dispatcher<T>(
         // Oldest request first among the ranks below their io_depth: the storage works on the
         // current iteration before the prefetched ones.
         while let Some(r) = (0..ranks)
-            .filter(|&r| in_flight[r] < depth[r])
+            .filter(|&r| reads.in_flight[r] < depth[r])
             .filter_map(|r| pending[r].front().map(|q| (q.seq, r)))
             .min()
             .map(|(_, r)| r)
         {
-            {
-                let req = pending[r].pop_front().expect("front checked");
-                let meta = &samples[req.sample as usize];
-                let file = match files.acquire(reader, meta, ctx.config.direct) {
-                    Ok(f) => f,
-                    Err(e) => {
-                        fill_slot(shared, &req.slot, Err(e), false);
-                        continue;
-                    }
-                };
-                let key = reads.insert(InFlight {
-                    req,
-                    file,
-                    attempt: 0,
-                    issued: Instant::now(),
-                    parked: None,
-                });
-                in_flight[r] += 1;
-                submit(
-                    ctx,
-                    shared,
-                    reader,
-                    &mut reads,
-                    &mut in_flight,
-                    &mut files,
-                    key,
-                );
+            let req = pending[r].pop_front().expect("front checked");
+            let meta = &samples[req.sample as usize];
+            match reads.files.acquire(reader, meta, ctx.config.direct) {
+                Ok(file) => {
+                    let key = reads.start(req, file);
+                    submit(ctx, shared, reader, &mut reads, key);
+                }
+                Err(e) => fill_slot(shared, &req.slot, Err(e), false),
             }
         }
-        let requests_done = requests.is_none();
-        if requests_done && reads.is_empty() && pending.iter().all(VecDeque::is_empty) {
+        if requests.is_none() && reads.slab.is_empty() && pending.iter().all(VecDeque::is_empty) {
             return Ok(());
         }
         let now = Instant::now();
-        let wait = timers
+        let wait = reads
+            .timers
             .peek()
             .map_or(Duration::from_millis(100), |Reverse((t, _))| {
                 t.saturating_duration_since(now)
@@ -1180,50 +1200,32 @@ fn dispatcher<T>(
                 let Ok(c) = c else {
                     return Err(Error::Stopped { reason: "the reader's completion queue closed".into() });
                 };
-                on_completion(ctx, shared, &mut reads, &mut timers, &mut in_flight, &mut files, c);
+                on_completion(ctx, shared, &mut reads, c);
             },
             default(wait) => {}
         }
         let now = Instant::now();
-        while let Some(Reverse((t, key))) = timers.peek().copied() {
+        while let Some(Reverse((t, key))) = reads.timers.peek().copied() {
             if t > now {
                 break;
             }
-            timers.pop();
-            if reads[key].parked.is_none() {
+            reads.timers.pop();
+            match reads.slab[key].parked.take() {
+                Some(bytes) => {
+                    let done = reads.retire(key);
+                    finish_with(ctx, shared, done, Ok(bytes));
+                }
                 // A retry's backoff is over.
-                submit(
-                    ctx,
-                    shared,
-                    reader,
-                    &mut reads,
-                    &mut in_flight,
-                    &mut files,
-                    key,
-                );
-                continue;
+                None => submit(ctx, shared, reader, &mut reads, key),
             }
-            let mut done = reads.remove(key);
-            in_flight[done.req.rank] -= 1;
-            files.release(done.req.sample);
-            let bytes = done.parked.take().expect("a timed read has its bytes");
-            finish_with(ctx, shared, done, Ok(bytes));
         }
     }
 }
 
 /// Hands read `key` (a first attempt or a retry) to the reader; a refused submission fails
 /// the sample.
-fn submit<T>(
-    ctx: &Context<T>,
-    shared: &Shared<T>,
-    reader: &Reader,
-    reads: &mut Slab<InFlight>,
-    in_flight: &mut [u32],
-    files: &mut OpenFiles,
-    key: usize,
-) {
-    let read = &mut reads[key];
+fn submit<T>(ctx: &Context<T>, shared: &Shared<T>, reader: &Reader, reads: &mut Reads, key: usize) {
+    let read = &mut reads.slab[key];
     let meta = &ctx.dataset.samples()[read.req.sample as usize];
     read.issued = Instant::now();
     let request = ReadRequest {
@@ -1234,26 +1236,15 @@ fn submit<T>(
         tag: key as u64,
     };
     if let Err(e) = reader.submit(request) {
-        let done = reads.remove(key);
-        in_flight[done.req.rank] -= 1;
-        files.release(done.req.sample);
-        let err = read_error(meta, e);
-        fill_slot(shared, &done.req.slot, Err(err), false);
+        let done = reads.retire(key);
+        finish_with(ctx, shared, done, Err(read_error(meta, e)));
     }
 }
 
 /// The reader finished a read: charge the emulated tier, or complete it now.
-fn on_completion<T>(
-    ctx: &Context<T>,
-    shared: &Shared<T>,
-    reads: &mut Slab<InFlight>,
-    timers: &mut BinaryHeap<Reverse<(Instant, usize)>>,
-    in_flight: &mut [u32],
-    files: &mut OpenFiles,
-    c: Completion,
-) {
+fn on_completion<T>(ctx: &Context<T>, shared: &Shared<T>, reads: &mut Reads, c: Completion) {
     let key = c.tag as usize;
-    let read = &reads[key];
+    let read = &reads.slab[key];
     let meta = &ctx.dataset.samples()[read.req.sample as usize];
     let result = match (c.result, &ctx.config.fault_injection) {
         (Ok(bytes), None) => Ok((bytes, Duration::ZERO)),
@@ -1272,29 +1263,23 @@ fn on_completion<T>(
             }
             finish += delay;
             if finish > Instant::now() {
-                reads[key].parked = Some(bytes);
-                timers.push(Reverse((finish, key)));
+                reads.slab[key].parked = Some(bytes);
+                reads.timers.push(Reverse((finish, key)));
                 return;
             }
-            let done = reads.remove(key);
-            in_flight[done.req.rank] -= 1;
-            files.release(done.req.sample);
+            let done = reads.retire(key);
             finish_with(ctx, shared, done, Ok(bytes));
         }
         Err((true, _)) if read.attempt + 1 < READ_ATTEMPTS => {
             // Transient: retry after a backoff, keeping the io_depth slot and the open file.
             shared.faults.retries.fetch_add(1, Ordering::Relaxed);
-            let read = &mut reads[key];
+            let read = &mut reads.slab[key];
             read.attempt += 1;
-            timers.push(Reverse((
-                Instant::now() + faults::backoff(read.attempt),
-                key,
-            )));
+            let due = Instant::now() + faults::backoff(read.attempt);
+            reads.timers.push(Reverse((due, key)));
         }
         Err((_, err)) => {
-            let done = reads.remove(key);
-            in_flight[done.req.rank] -= 1;
-            files.release(done.req.sample);
+            let done = reads.retire(key);
             finish_with(ctx, shared, done, Err(err));
         }
     }

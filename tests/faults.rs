@@ -5,9 +5,8 @@
 
 mod common;
 
-use common::content;
+use common::{content, make_dataset};
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::sync::Arc;
 
 use lobster_io::uring::Backend;
@@ -16,16 +15,7 @@ use lobster_io::{
     Execution, FailureBudget, Fault, FaultInjection, Loader, LoaderBuilder, READ_ATTEMPTS,
 };
 
-/// One class, so a sample's id is its generator index.
-fn make_dataset(dir: &Path, samples: u32) -> Arc<Dataset> {
-    let class = dir.join("c0");
-    std::fs::create_dir_all(&class).unwrap();
-    for i in 0..samples {
-        std::fs::write(class.join(format!("{i:06}.bin")), content(i)).unwrap();
-    }
-    Arc::new(Dataset::open_image_folder(dir).unwrap())
-}
-
+// Datasets here have one class, so a sample's id is its generator index (see `content`).
 const SAMPLES: u32 = 150;
 const NODES: usize = 2;
 const RANKS: usize = 2;
@@ -163,7 +153,7 @@ fn skipped_set(loader: &Loader<Vec<u8>>) -> BTreeSet<(u32, usize, u32)> {
 #[test]
 fn skip_delivers_every_sample_not_injected_and_skips_exactly_the_injected() {
     let dir = tempfile::tempdir().unwrap();
-    let ds = make_dataset(dir.path(), SAMPLES);
+    let ds = make_dataset(dir.path(), SAMPLES, 1);
     let f = faults(SEED);
     let skip = ErrorPolicy::Skip {
         max_failures: FailureBudget::Fraction(1.0),
@@ -230,7 +220,7 @@ fn skip_delivers_every_sample_not_injected_and_skips_exactly_the_injected() {
 #[test]
 fn with_a_cache_the_same_seed_skips_the_same_accesses_everywhere() {
     let dir = tempfile::tempdir().unwrap();
-    let ds = make_dataset(dir.path(), SAMPLES);
+    let ds = make_dataset(dir.path(), SAMPLES, 1);
     let skip = ErrorPolicy::Skip {
         max_failures: FailureBudget::Count(u64::MAX),
     };
@@ -277,7 +267,7 @@ fn with_a_cache_the_same_seed_skips_the_same_accesses_everywhere() {
 #[test]
 fn with_fail_each_fault_surfaces_on_its_rank_naming_its_sample() {
     let dir = tempfile::tempdir().unwrap();
-    let ds = make_dataset(dir.path(), SAMPLES);
+    let ds = make_dataset(dir.path(), SAMPLES, 1);
     let f = faults(SEED + 2);
     let plan = plan(&ds);
     for setup in setups(CachePolicy::None) {
@@ -329,7 +319,7 @@ fn with_fail_each_fault_surfaces_on_its_rank_naming_its_sample() {
 #[test]
 fn going_over_the_budget_fails_every_rank_with_a_summary_and_ends_it() {
     let dir = tempfile::tempdir().unwrap();
-    let ds = make_dataset(dir.path(), SAMPLES);
+    let ds = make_dataset(dir.path(), SAMPLES, 1);
     let f = faults(SEED);
     let allowed = 3;
     let plan = plan(&ds);
@@ -390,7 +380,7 @@ fn going_over_the_budget_fails_every_rank_with_a_summary_and_ends_it() {
 #[test]
 fn dropping_the_loader_while_faults_are_retried_returns_and_stops_the_ranks() {
     let dir = tempfile::tempdir().unwrap();
-    let ds = make_dataset(dir.path(), SAMPLES);
+    let ds = make_dataset(dir.path(), SAMPLES, 1);
     // Nearly every attempt is short or delayed: reads sit in backoff or in delay timers.
     let f = FaultInjection {
         seed: 1,
@@ -429,7 +419,7 @@ fn dropping_the_loader_while_faults_are_retried_returns_and_stops_the_ranks() {
 #[test]
 fn a_cached_sample_whose_read_failed_is_read_again_by_later_hits() {
     let dir = tempfile::tempdir().unwrap();
-    let ds = make_dataset(dir.path(), SAMPLES);
+    let ds = make_dataset(dir.path(), SAMPLES, 1);
     let skip = ErrorPolicy::Skip {
         max_failures: FailureBudget::Count(u64::MAX),
     };

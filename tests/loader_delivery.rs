@@ -3,8 +3,7 @@
 
 mod common;
 
-use common::content;
-use std::path::Path;
+use common::{content, make_dataset};
 use std::sync::Arc;
 
 use lobster_io::uring::Backend;
@@ -12,15 +11,6 @@ use lobster_io::{
     Batch, CachePolicy, Dataset, DistributedSampler, EpochOrder, Execution, Loader, LoaderBuilder,
     Schedule,
 };
-
-fn make_dataset(dir: &Path, samples: u32, classes: u32) -> Arc<Dataset> {
-    for i in 0..samples {
-        let class = dir.join(format!("c{}", i % classes));
-        std::fs::create_dir_all(&class).unwrap();
-        std::fs::write(class.join(format!("{i:06}.bin")), content(i)).unwrap();
-    }
-    Arc::new(Dataset::open_image_folder(dir).unwrap())
-}
 
 #[derive(Clone, Copy, Debug)]
 struct Setup {

@@ -119,6 +119,11 @@ impl Dataset {
         self.samples.is_empty()
     }
 
+    /// The largest sample's size (0 for an empty dataset).
+    pub fn max_sample_bytes(&self) -> u64 {
+        self.samples.iter().map(|s| s.size_bytes).max().unwrap_or(0)
+    }
+
     /// The sum of all sample sizes.
     pub fn total_bytes(&self) -> u64 {
         self.samples.iter().map(|s| s.size_bytes).sum()

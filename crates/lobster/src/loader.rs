@@ -242,12 +242,7 @@ fn window_samples(config: &LoaderConfig) -> usize {
 
 /// Pool buffers (count, bytes each).
 fn pool_shape(config: &LoaderConfig, dataset: &Dataset) -> (usize, usize) {
-    let largest = dataset
-        .samples()
-        .iter()
-        .map(|s| s.size_bytes)
-        .max()
-        .unwrap_or(0);
+    let largest = dataset.max_sample_bytes();
     // O_DIRECT widens a read to the alignment on both ends.
     let buffer_size_bytes = (largest as usize + 2 * 4096).next_multiple_of(4096);
     (
@@ -261,15 +256,7 @@ fn pool_shape(config: &LoaderConfig, dataset: &Dataset) -> (usize, usize) {
 fn window_bytes(config: &LoaderConfig, dataset: &Dataset) -> u64 {
     let (count, size) = match config.execution {
         Execution::Pipelined => pool_shape(config, dataset),
-        Execution::ReadThenDecode => {
-            let largest = dataset
-                .samples()
-                .iter()
-                .map(|s| s.size_bytes)
-                .max()
-                .unwrap_or(0);
-            (window_samples(config), largest as usize)
-        }
+        Execution::ReadThenDecode => (window_samples(config), dataset.max_sample_bytes() as usize),
     };
     (count * size) as u64
 }

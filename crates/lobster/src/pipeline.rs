@@ -726,32 +726,35 @@ fn open_batches<T>(
     issued: Instant,
 ) {
     let samples = ctx.dataset.samples();
-    for (rank, r) in shared.ranks.iter().enumerate() {
-        let mut buffer = lock(&r.buffer);
-        if buffer.detached {
-            continue;
+    let span = last - first;
+    // One pass over the window: the figures of batch (rank, iteration) at rank * span + i.
+    let mut metrics: Vec<IterationMetrics> = (0..shared.ranks.len() * span)
+        .map(|k| IterationMetrics {
+            epoch,
+            iteration: (first + k % span) as u32,
+            rank: k / span,
+            ..Default::default()
+        })
+        .collect();
+    for p in window {
+        let m = &mut metrics[p.rank * span + (p.iteration - first)];
+        let bytes = samples[p.sample as usize].size_bytes;
+        if p.hit {
+            m.hits += 1;
+            m.hit_bytes += bytes;
+        } else {
+            m.misses += 1;
+            m.miss_bytes += bytes;
         }
-        for iteration in first..last {
-            let len = ctx.layout.batch_len(iteration);
-            let mut metrics = IterationMetrics {
-                epoch,
-                iteration: iteration as u32,
-                rank,
-                ..Default::default()
-            };
-            for p in window
-                .iter()
-                .filter(|p| p.rank == rank && p.iteration == iteration)
-            {
-                let bytes = samples[p.sample as usize].size_bytes;
-                if p.hit {
-                    metrics.hits += 1;
-                    metrics.hit_bytes += bytes;
-                } else {
-                    metrics.misses += 1;
-                    metrics.miss_bytes += bytes;
-                }
+    }
+    let mut metrics = metrics.into_iter();
+    for r in &shared.ranks {
+        let mut buffer = lock(&r.buffer);
+        for (iteration, m) in (first..last).zip(metrics.by_ref()) {
+            if buffer.detached {
+                continue;
             }
+            let len = ctx.layout.batch_len(iteration);
             buffer.batches.push_back(PendingBatch {
                 epoch,
                 iteration: iteration as u32,
@@ -759,7 +762,7 @@ fn open_batches<T>(
                 remaining: len,
                 issued,
                 ready_at: None,
-                metrics,
+                metrics: m,
             });
         }
     }

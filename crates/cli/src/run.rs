@@ -12,8 +12,9 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use lobster_io::uring::Backend;
 use lobster_io::{
-    CachePolicy, Dataset, ErrorPolicy, Execution, FailureBudget, FaultInjection, LoaderBuilder,
-    LoaderConfig, RunMetrics, SampleMeta, Schedule, SkippedSample, StorageEmulation,
+    AllocationRecord, CachePolicy, Dataset, ErrorPolicy, Execution, FailureBudget, FaultInjection,
+    IterationMetrics, LoaderBuilder, LoaderConfig, RunMetrics, SampleMeta, Schedule, SkippedSample,
+    StorageEmulation,
 };
 use serde::Serialize;
 
@@ -313,6 +314,10 @@ struct PolicyResult {
     faults_injected: u64,
     read_retries: u64,
     reads_recovered: u64,
+    /// Every rank's figures per iteration, and lobster-sched's decisions (bounded: the most
+    /// recent ones).
+    iterations: Vec<IterationMetrics>,
+    allocations: Vec<AllocationRecord>,
 }
 
 #[derive(Debug, Serialize)]
@@ -442,6 +447,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
             faults_injected: metrics.faults_injected,
             read_retries: metrics.read_retries,
             reads_recovered: metrics.reads_recovered,
+            iterations: metrics.iterations.clone(),
+            allocations: metrics.allocations.clone(),
         });
     }
     let baseline = results

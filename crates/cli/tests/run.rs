@@ -101,6 +101,34 @@ fn run_writes_every_policy_with_the_documented_keys() {
         }
         assert_eq!(r["epoch_seconds"].as_array().unwrap().len(), 2, "{r}");
         assert!(r["samples_per_second"].as_f64().unwrap() > 0.0);
+        // 2 epochs x 4 iterations x 2 ranks, and the median imbalance follows from them.
+        let iterations = r["iterations"].as_array().unwrap();
+        assert_eq!(iterations.len(), 16, "{r}");
+        let mut loads: std::collections::BTreeMap<(u64, u64), Vec<f64>> = Default::default();
+        for m in iterations {
+            let key = (
+                m["epoch"].as_u64().unwrap(),
+                m["iteration"].as_u64().unwrap(),
+            );
+            loads
+                .entry(key)
+                .or_default()
+                .push(m["load_s"].as_f64().unwrap());
+        }
+        let mut ratios: Vec<f64> = loads
+            .values()
+            .map(|l| {
+                assert_eq!(l.len(), 2);
+                lobster_io::imbalance(l)
+            })
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        let median = ratios[ratios.len().div_ceil(2) - 1];
+        let p50 = r["imbalance_p50"].as_f64().unwrap();
+        assert!(
+            p50 >= median && p50 <= median + 0.0011,
+            "imbalance_p50 {p50} is the median {median} to the histogram's 0.001"
+        );
     }
     assert_eq!(results[0]["hit_ratio"], 0.0, "pytorch has no cache");
 }

@@ -5,14 +5,14 @@
 
 mod common;
 
-use common::{content, make_dataset};
+use common::{content, make_dataset, rank_plan, run_ranks, Shape};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use lobster_io::uring::Backend;
 use lobster_io::{
-    Batch, CachePolicy, Dataset, Decision, DistributedSampler, EpochOrder, Error, ErrorPolicy,
-    Execution, FailureBudget, Fault, FaultInjection, Loader, LoaderBuilder, READ_ATTEMPTS,
+    Batch, CachePolicy, Dataset, Decision, Error, ErrorPolicy, Execution, FailureBudget, Fault,
+    FaultInjection, Loader, LoaderBuilder, READ_ATTEMPTS,
 };
 
 // Datasets here have one class, so a sample's id is its generator index (see `content`).
@@ -84,40 +84,21 @@ fn build(ds: &Arc<Dataset>, s: Setup, policy: ErrorPolicy, f: FaultInjection) ->
         .unwrap()
 }
 
-type RankResults = Vec<Result<Batch<Vec<u8>>, Error>>;
-
-fn run(loader: &mut Loader<Vec<u8>>) -> Vec<RankResults> {
-    let handles = loader.ranks().unwrap();
-    std::thread::scope(|s| {
-        let threads: Vec<_> = handles
-            .into_iter()
-            .map(|h| s.spawn(move || h.collect::<Vec<_>>()))
-            .collect();
-        threads.into_iter().map(|t| t.join().unwrap()).collect()
-    })
+fn run(loader: &mut Loader<Vec<u8>>) -> Vec<Vec<Result<Batch<Vec<u8>>, Error>>> {
+    run_ranks(loader)
 }
 
 /// Each local rank's plan: (epoch, iteration, sample ids) per batch.
 fn plan(ds: &Dataset) -> Vec<Vec<(u32, u32, Vec<u32>)>> {
-    let sampler = DistributedSampler::new(
-        ds.len(),
-        NODES * RANKS,
-        false,
-        EpochOrder::Shuffle { seed: SEED },
-    )
-    .unwrap();
-    (0..RANKS)
-        .map(|rank| {
-            let mut batches = Vec::new();
-            for epoch in 0..EPOCHS {
-                let indices = sampler.rank_indices(epoch, NODE * RANKS + rank);
-                for (iteration, chunk) in indices.chunks(BATCH).enumerate() {
-                    batches.push((epoch, iteration as u32, chunk.to_vec()));
-                }
-            }
-            batches
-        })
-        .collect()
+    let shape = Shape {
+        nodes: NODES,
+        ranks: RANKS,
+        node: NODE,
+        seed: SEED,
+        epochs: EPOCHS,
+        batch: BATCH,
+    };
+    rank_plan(ds.len(), shape)
 }
 
 /// Reference model of the retry loop over every read: (attempts the injector changed,
@@ -502,12 +483,8 @@ fn planned_accesses(ds: &Dataset, policy: lobster_io::cache::PolicyKind) -> Vec<
 /// Reference model of a run with a cache: a miss reads storage in its epoch; a hit takes the
 /// bytes its sample's admitting read left in the cache, unless that read failed or delivered
 /// corrupt bytes, in which case the hit reads storage again in its own epoch (and counts as a
-/// miss). Returns the skipped accesses (epoch, rank, sample), the storage reads (epoch,
-/// sample), and the hits actually served from the cache.
-fn cached_run_model(
-    f: &FaultInjection,
-    accesses: &[PlannedAccess],
-) -> (BTreeSet<(u32, usize, u32)>, Vec<(u32, u32)>, u64) {
+/// miss).
+fn cached_run_model(f: &FaultInjection, accesses: &[PlannedAccess]) -> ModelRun {
     let mut cached_bad = std::collections::HashMap::new();
     let (mut skipped, mut reads, mut hits) = (BTreeSet::new(), Vec::new(), 0);
     for a in accesses {
@@ -524,7 +501,21 @@ fn cached_run_model(
             cached_bad.insert(a.sample, f.outcome(a.sample, a.epoch).is_some());
         }
     }
-    (skipped, reads, hits)
+    ModelRun {
+        skipped,
+        reads,
+        hits,
+    }
+}
+
+/// What [`cached_run_model`] expects of a run.
+struct ModelRun {
+    /// Skipped accesses: (epoch, rank, sample).
+    skipped: BTreeSet<(u32, usize, u32)>,
+    /// Storage reads: (epoch, sample).
+    reads: Vec<(u32, u32)>,
+    /// Hits served from the cache.
+    hits: u64,
 }
 
 #[test]
@@ -554,7 +545,11 @@ fn with_a_cache_the_skipped_set_is_the_injected_set_and_corrupt_bytes_are_not_se
             ),
             (SEED + 4, faults(SEED + 4)),
         ] {
-            let (expected, reads, expected_hits) = cached_run_model(&f, &accesses);
+            let ModelRun {
+                skipped: expected,
+                reads,
+                hits: expected_hits,
+            } = cached_run_model(&f, &accesses);
             // The case this test is about: a hit on a sample whose cached copy is corrupt.
             let corrupt_cached_hits = {
                 let mut bad = std::collections::HashMap::new();

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{content, make_dataset, rank_plan, run_ranks, Shape};
+use common::{content, guarded, make_dataset, rank_plan, run_ranks, Shape};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -378,14 +378,8 @@ fn dropping_the_loader_while_faults_are_retried_returns_and_stops_the_ranks() {
         let mut handles = loader.ranks().unwrap();
         let first = handles[0].next().unwrap().unwrap();
         assert_eq!(first.samples.len() + first.skipped.len(), BATCH);
-        let started = std::time::Instant::now();
-        drop(loader);
-        // Not a speed assertion: a hung join would never return; this bounds a broken one.
-        let took = started.elapsed();
-        assert!(
-            took < std::time::Duration::from_secs(10),
-            "{setup:?}: {took:?}"
-        );
+        let ((), took) = guarded(format!("{setup:?}: dropping the loader"), || drop(loader));
+        println!("{setup:?}: drop took {:.1} ms", took.as_secs_f64() * 1e3);
         // A rank blocked on a batch, or asking after the drop, is told the loader stopped.
         for h in &mut handles {
             for item in h.by_ref() {

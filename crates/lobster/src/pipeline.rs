@@ -984,11 +984,12 @@ fn blocking_read<T>(ctx: &Context<T>, shared: &Shared<T>, meta: &SampleMeta, epo
             });
         match result {
             Ok((bytes, delay)) => {
+                let mut ready = Instant::now();
                 if let Some(device) = &ctx.device {
-                    sleep_until(device.finish_time(issued, bytes.len() as u64));
+                    ready = device.finish_time(issued, bytes.len() as u64);
                 }
-                if !delay.is_zero() {
-                    std::thread::sleep(delay);
+                if !sleep_unless_stopped(shared, ready.max(Instant::now()) + delay) {
+                    return Err(stopped());
                 }
                 if attempt > 0 {
                     shared.faults.recovered.fetch_add(1, Ordering::Relaxed);
@@ -998,7 +999,9 @@ fn blocking_read<T>(ctx: &Context<T>, shared: &Shared<T>, meta: &SampleMeta, epo
             Err(e) if e.transient && attempt + 1 < READ_ATTEMPTS => {
                 shared.faults.retries.fetch_add(1, Ordering::Relaxed);
                 attempt += 1;
-                std::thread::sleep(faults::backoff(attempt));
+                if !sleep_unless_stopped(shared, Instant::now() + faults::backoff(attempt)) {
+                    return Err(stopped());
+                }
             }
             Err(e) => {
                 return Err(Error::Read {
@@ -1012,10 +1015,30 @@ fn blocking_read<T>(ctx: &Context<T>, shared: &Shared<T>, meta: &SampleMeta, epo
     }
 }
 
-fn sleep_until(t: Instant) {
-    let now = Instant::now();
-    if t > now {
-        std::thread::sleep(t - now);
+/// Waits until `deadline` (emulated storage time, an injected delay, a retry's backoff) unless
+/// the loader stops first, so a drop never waits for a slow read; `false` if it stopped.
+fn sleep_unless_stopped<T>(shared: &Shared<T>, deadline: Instant) -> bool {
+    // The decode condition variable: `wake_all` notifies it under its lock when stopping.
+    let mut state = lock(&shared.decode);
+    loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            return false;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return true;
+        }
+        state = shared
+            .decode_cv
+            .wait_timeout(state, deadline - now)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+}
+
+fn stopped() -> Error {
+    Error::Stopped {
+        reason: "loader dropped".into(),
     }
 }
 

@@ -122,7 +122,9 @@ struct Task {
     rank: usize,
     pos: usize,
     sample: u32,
-    slot: Arc<Slot>,
+    /// `None` while the task waits in its slot's list: a waiting task holding its slot would
+    /// make a reference cycle, leaked when the loader stops before the slot is filled.
+    slot: Option<Arc<Slot>>,
     /// The slot's bytes are kept in the cache: store a right-sized copy, not a pool buffer.
     admitted: bool,
     /// ReadThenDecode: the worker that takes this task reads the sample itself.
@@ -601,7 +603,7 @@ fn planner<T: Send + 'static>(
                     rank: p.rank,
                     pos: p.pos,
                     sample: p.sample,
-                    slot: p.slot.clone(),
+                    slot: Some(p.slot.clone()),
                     admitted: p.admitted,
                     read_here: !p.hit && to_dispatcher.is_none(),
                     hit: p.hit,
@@ -769,21 +771,25 @@ fn open_batches<T>(
 }
 
 /// Hands `task` to the decode queues once its slot is filled.
-fn wait_on_slot<T>(shared: &Shared<T>, task: Task) {
-    let slot = task.slot.clone();
+fn wait_on_slot<T>(shared: &Shared<T>, mut task: Task) {
+    let slot = task
+        .slot
+        .take()
+        .expect("a task not yet waiting has its slot");
     let mut state = lock(&slot.state);
     match &mut *state {
         SlotState::Pending(waiters) => waiters.push(task),
         SlotState::Ready(loaded) => {
             let bytes = loaded.clone();
             drop(state);
+            task.slot = Some(slot.clone());
             push_ready(shared, Ready { task, bytes });
         }
     }
 }
 
 /// Fills a slot and releases every task waiting on it.
-fn fill_slot<T>(shared: &Shared<T>, slot: &Slot, loaded: Loaded, admitted: bool) {
+fn fill_slot<T>(shared: &Shared<T>, slot: &Arc<Slot>, loaded: Loaded, admitted: bool) {
     // A cached sample gets its own right-sized copy so pool buffers only hold samples in
     // flight; the pool stays small however large the cache.
     let loaded = match loaded {
@@ -797,7 +803,8 @@ fn fill_slot<T>(shared: &Shared<T>, slot: &Slot, loaded: Loaded, admitted: bool)
             SlotState::Ready(_) => unreachable!("a slot is filled once"),
         }
     };
-    for task in waiters {
+    for mut task in waiters {
+        task.slot = Some(slot.clone());
         push_ready(
             shared,
             Ready {
@@ -858,7 +865,8 @@ fn decode_worker<T: Send + 'static>(ctx: &Context<T>, shared: &Shared<T>, w: usi
         let mut reread = false;
         let bytes = if task.read_here {
             let loaded = blocking_read(ctx, shared, meta, task.epoch);
-            fill_slot(shared, &task.slot, loaded.clone(), task.admitted);
+            let slot = task.slot.as_ref().expect("a task read here never waited");
+            fill_slot(shared, slot, loaded.clone(), task.admitted);
             loaded
         } else if task.hit && matches!(bytes, Err(Error::Read { .. } | Error::Decode { .. })) {
             // The read that admitted this sample failed, or its bytes failed to decode: read it
@@ -885,7 +893,9 @@ fn decode_worker<T: Send + 'static>(ctx: &Context<T>, shared: &Shared<T>, w: usi
         }
         if task.admitted && !task.hit {
             if let Err(e @ Error::Decode { .. }) = &item.0 {
-                spoil_slot(&task.slot, e.clone());
+                if let Some(slot) = &task.slot {
+                    spoil_slot(slot, e.clone());
+                }
             }
         }
         deliver(

@@ -61,6 +61,16 @@ fn setups(cache: CachePolicy) -> Vec<Setup> {
 
 /// A decoder that checks the content, so corrupted bytes fail to decode.
 fn build(ds: &Arc<Dataset>, s: Setup, policy: ErrorPolicy, f: FaultInjection) -> Loader<Vec<u8>> {
+    build_with_threads(ds, s, policy, f, 3)
+}
+
+fn build_with_threads(
+    ds: &Arc<Dataset>,
+    s: Setup,
+    policy: ErrorPolicy,
+    f: FaultInjection,
+    decode_threads: usize,
+) -> Loader<Vec<u8>> {
     LoaderBuilder::new(ds.clone())
         .world(NODES, RANKS, NODE)
         .seed(SEED)
@@ -69,7 +79,7 @@ fn build(ds: &Arc<Dataset>, s: Setup, policy: ErrorPolicy, f: FaultInjection) ->
         .cache(s.cache, ds.total_bytes() / 4)
         .execution(s.execution)
         .backend(s.backend)
-        .decode_threads(3)
+        .decode_threads(decode_threads)
         .io_depth_budget(6)
         .on_error(policy)
         .inject_faults(Some(f))
@@ -569,8 +579,9 @@ fn with_a_cache_the_skipped_set_is_the_injected_set_and_corrupt_bytes_are_not_se
             );
             let counts = expected_counts(&f, reads.iter().copied());
             let mut seen = None;
-            for setup in setups(cache).into_iter().flat_map(|s| [s, s]) {
-                let mut loader = build(&ds, setup, skip, f);
+            // Every setup twice, with different decode thread counts.
+            for (setup, threads) in setups(cache).into_iter().flat_map(|s| [(s, 2), (s, 5)]) {
+                let mut loader = build_with_threads(&ds, setup, skip, f, threads);
                 let got = run(&mut loader);
                 for results in got {
                     for result in results {
@@ -597,7 +608,7 @@ fn with_a_cache_the_skipped_set_is_the_injected_set_and_corrupt_bytes_are_not_se
                 );
                 let figures = (m.hits, m.accesses, m.samples, m.faults_injected);
                 println!(
-                    "{cache:?} seed {seed} {setup:?}: hits {} of {} accesses, {} samples, \
+                    "{cache:?} seed {seed} {setup:?} {threads} decode threads: hits {} of {} accesses, {} samples, \
                      {} skipped, {} faults injected, {corrupt_cached_hits} hits on corrupt copies",
                     m.hits, m.accesses, m.samples, m.skipped, m.faults_injected
                 );

@@ -5,14 +5,14 @@
 
 mod common;
 
-use common::{content, make_dataset};
+use common::{content, guarded, make_dataset, rank_plan, run_ranks, Shape};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use lobster_io::uring::Backend;
 use lobster_io::{
-    Batch, CachePolicy, Dataset, Decision, DistributedSampler, EpochOrder, Error, ErrorPolicy,
-    Execution, FailureBudget, Fault, FaultInjection, Loader, LoaderBuilder, READ_ATTEMPTS,
+    Batch, CachePolicy, Dataset, Decision, Error, ErrorPolicy, Execution, FailureBudget, Fault,
+    FaultInjection, Loader, LoaderBuilder, READ_ATTEMPTS,
 };
 
 // Datasets here have one class, so a sample's id is its generator index (see `content`).
@@ -61,6 +61,16 @@ fn setups(cache: CachePolicy) -> Vec<Setup> {
 
 /// A decoder that checks the content, so corrupted bytes fail to decode.
 fn build(ds: &Arc<Dataset>, s: Setup, policy: ErrorPolicy, f: FaultInjection) -> Loader<Vec<u8>> {
+    build_with_threads(ds, s, policy, f, 3)
+}
+
+fn build_with_threads(
+    ds: &Arc<Dataset>,
+    s: Setup,
+    policy: ErrorPolicy,
+    f: FaultInjection,
+    decode_threads: usize,
+) -> Loader<Vec<u8>> {
     LoaderBuilder::new(ds.clone())
         .world(NODES, RANKS, NODE)
         .seed(SEED)
@@ -69,7 +79,7 @@ fn build(ds: &Arc<Dataset>, s: Setup, policy: ErrorPolicy, f: FaultInjection) ->
         .cache(s.cache, ds.total_bytes() / 4)
         .execution(s.execution)
         .backend(s.backend)
-        .decode_threads(3)
+        .decode_threads(decode_threads)
         .io_depth_budget(6)
         .on_error(policy)
         .inject_faults(Some(f))
@@ -84,40 +94,21 @@ fn build(ds: &Arc<Dataset>, s: Setup, policy: ErrorPolicy, f: FaultInjection) ->
         .unwrap()
 }
 
-type RankResults = Vec<Result<Batch<Vec<u8>>, Error>>;
-
-fn run(loader: &mut Loader<Vec<u8>>) -> Vec<RankResults> {
-    let handles = loader.ranks().unwrap();
-    std::thread::scope(|s| {
-        let threads: Vec<_> = handles
-            .into_iter()
-            .map(|h| s.spawn(move || h.collect::<Vec<_>>()))
-            .collect();
-        threads.into_iter().map(|t| t.join().unwrap()).collect()
-    })
+fn run(loader: &mut Loader<Vec<u8>>) -> Vec<Vec<Result<Batch<Vec<u8>>, Error>>> {
+    run_ranks(loader)
 }
 
 /// Each local rank's plan: (epoch, iteration, sample ids) per batch.
 fn plan(ds: &Dataset) -> Vec<Vec<(u32, u32, Vec<u32>)>> {
-    let sampler = DistributedSampler::new(
-        ds.len(),
-        NODES * RANKS,
-        false,
-        EpochOrder::Shuffle { seed: SEED },
-    )
-    .unwrap();
-    (0..RANKS)
-        .map(|rank| {
-            let mut batches = Vec::new();
-            for epoch in 0..EPOCHS {
-                let indices = sampler.rank_indices(epoch, NODE * RANKS + rank);
-                for (iteration, chunk) in indices.chunks(BATCH).enumerate() {
-                    batches.push((epoch, iteration as u32, chunk.to_vec()));
-                }
-            }
-            batches
-        })
-        .collect()
+    let shape = Shape {
+        nodes: NODES,
+        ranks: RANKS,
+        node: NODE,
+        seed: SEED,
+        epochs: EPOCHS,
+        batch: BATCH,
+    };
+    rank_plan(ds.len(), shape)
 }
 
 /// Reference model of the retry loop over every read: (attempts the injector changed,
@@ -244,11 +235,11 @@ fn with_a_cache_the_same_seed_skips_the_same_accesses_everywhere() {
                     for s in &batch.samples {
                         assert_eq!(s.value, content(s.id));
                     }
-                    // A cache hit reuses the read that filled it: a skipped access's sample
-                    // failed its read in this epoch or an earlier one.
+                    // A hit on a copy whose read failed or was corrupt reads storage again,
+                    // so a skipped access's sample failed a read in this very epoch.
                     for &s in &batch.skipped {
                         assert!(
-                            (0..=*epoch).any(|e| f.outcome(s, e).is_some()),
+                            f.outcome(s, *epoch).is_some(),
                             "{setup:?}: sample {s} skipped in epoch {epoch} without a fault"
                         );
                     }
@@ -397,14 +388,8 @@ fn dropping_the_loader_while_faults_are_retried_returns_and_stops_the_ranks() {
         let mut handles = loader.ranks().unwrap();
         let first = handles[0].next().unwrap().unwrap();
         assert_eq!(first.samples.len() + first.skipped.len(), BATCH);
-        let started = std::time::Instant::now();
-        drop(loader);
-        // Not a speed assertion: a hung join would never return; this bounds a broken one.
-        let took = started.elapsed();
-        assert!(
-            took < std::time::Duration::from_secs(10),
-            "{setup:?}: {took:?}"
-        );
+        let ((), took) = guarded(format!("{setup:?}: dropping the loader"), || drop(loader));
+        println!("{setup:?}: drop took {:.1} ms", took.as_secs_f64() * 1e3);
         // A rank blocked on a batch, or asking after the drop, is told the loader stopped.
         for h in &mut handles {
             for item in h.by_ref() {
@@ -443,6 +428,195 @@ fn a_cached_sample_whose_read_failed_is_read_again_by_later_hits() {
                 f.outcome(sample, epoch).is_some(),
                 "{setup:?}: sample {sample} skipped in epoch {epoch}, whose reads of it succeed"
             );
+        }
+    }
+}
+
+/// One access of the node stream as the planner decided it, in canonical order.
+struct PlannedAccess {
+    epoch: u32,
+    rank: usize,
+    sample: u32,
+    hit: bool,
+    admitted: bool,
+}
+
+/// The node stream in canonical order (epoch, iteration, local rank, position), with the cache
+/// planner's decision for each access.
+fn planned_accesses(ds: &Dataset, policy: lobster_io::cache::PolicyKind) -> Vec<PlannedAccess> {
+    let plan = plan(ds);
+    let mut stream: Vec<Vec<(usize, u32)>> = vec![Vec::new(); EPOCHS as usize];
+    let iterations = plan[0].len() / EPOCHS as usize;
+    for (epoch, order) in stream.iter_mut().enumerate() {
+        for iteration in 0..iterations {
+            for (rank, batches) in plan.iter().enumerate() {
+                let (e, i, ids) = &batches[epoch * iterations + iteration];
+                assert_eq!((*e as usize, *i as usize), (epoch, iteration));
+                order.extend(ids.iter().map(|&s| (rank, s)));
+            }
+        }
+    }
+    let sizes: Arc<[u32]> = ds.samples().iter().map(|s| s.size_bytes as u32).collect();
+    let source = lobster_io::cache::VecSource::new(
+        stream
+            .iter()
+            .map(|e| e.iter().map(|&(_, s)| s).collect())
+            .collect(),
+    );
+    let mut planner =
+        lobster_io::cache::Planner::new(source, sizes, ds.total_bytes() / 4, policy).unwrap();
+    let mut evicted = Vec::new();
+    let mut out = Vec::new();
+    for (epoch, order) in stream.iter().enumerate() {
+        for &(rank, sample) in order {
+            let d = planner.next(&mut evicted).unwrap().expect("one per access");
+            assert_eq!((d.sample, d.epoch), (sample, epoch as u32));
+            out.push(PlannedAccess {
+                epoch: epoch as u32,
+                rank,
+                sample,
+                hit: d.hit,
+                admitted: d.admitted,
+            });
+        }
+    }
+    assert!(planner.next(&mut evicted).unwrap().is_none());
+    out
+}
+
+/// Reference model of a run with a cache: a miss reads storage in its epoch; a hit takes the
+/// bytes its sample's admitting read left in the cache, unless that read failed or delivered
+/// corrupt bytes, in which case the hit reads storage again in its own epoch (and counts as a
+/// miss).
+fn cached_run_model(f: &FaultInjection, accesses: &[PlannedAccess]) -> ModelRun {
+    let mut cached_bad = std::collections::HashMap::new();
+    let (mut skipped, mut reads, mut hits) = (BTreeSet::new(), Vec::new(), 0);
+    for a in accesses {
+        let reads_storage = !a.hit || cached_bad[&a.sample];
+        if reads_storage {
+            reads.push((a.epoch, a.sample));
+            if f.outcome(a.sample, a.epoch).is_some() {
+                skipped.insert((a.epoch, a.rank, a.sample));
+            }
+        } else {
+            hits += 1;
+        }
+        if a.admitted && !a.hit {
+            cached_bad.insert(a.sample, f.outcome(a.sample, a.epoch).is_some());
+        }
+    }
+    ModelRun {
+        skipped,
+        reads,
+        hits,
+    }
+}
+
+/// What [`cached_run_model`] expects of a run.
+struct ModelRun {
+    /// Skipped accesses: (epoch, rank, sample).
+    skipped: BTreeSet<(u32, usize, u32)>,
+    /// Storage reads: (epoch, sample).
+    reads: Vec<(u32, u32)>,
+    /// Hits served from the cache.
+    hits: u64,
+}
+
+#[test]
+fn with_a_cache_the_skipped_set_is_the_injected_set_and_corrupt_bytes_are_not_served_again() {
+    use lobster_io::cache::PolicyKind;
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), SAMPLES, 1);
+    let skip = ErrorPolicy::Skip {
+        max_failures: FailureBudget::Count(u64::MAX),
+    };
+    for (cache, kind) in [
+        (CachePolicy::Reuse, PolicyKind::Reuse),
+        (CachePolicy::Static, PolicyKind::Static),
+    ] {
+        let accesses = planned_accesses(&ds, kind);
+        for (seed, f) in [
+            // Corruption only: every failure comes from bytes the decoder rejects.
+            (
+                SEED,
+                FaultInjection {
+                    eio: 0.0,
+                    short: 0.0,
+                    delay: 0.0,
+                    corrupt: 0.15,
+                    ..faults(SEED)
+                },
+            ),
+            (SEED + 4, faults(SEED + 4)),
+        ] {
+            let ModelRun {
+                skipped: expected,
+                reads,
+                hits: expected_hits,
+            } = cached_run_model(&f, &accesses);
+            // The case this test is about: a hit on a sample whose cached copy is corrupt.
+            let corrupt_cached_hits = {
+                let mut bad = std::collections::HashMap::new();
+                accesses
+                    .iter()
+                    .filter(|a| {
+                        if a.admitted && !a.hit {
+                            bad.insert(a.sample, f.outcome(a.sample, a.epoch));
+                        }
+                        a.hit && bad[&a.sample] == Some(Fault::Corrupt)
+                    })
+                    .count()
+            };
+            assert!(
+                corrupt_cached_hits > 0,
+                "{cache:?} seed {seed}: hits on corrupt cached copies are exercised"
+            );
+            assert!(!expected.is_empty());
+            let planned_hits = accesses.iter().filter(|a| a.hit).count() as u64;
+            assert!(
+                expected_hits < planned_hits,
+                "some planned hits read storage"
+            );
+            let counts = expected_counts(&f, reads.iter().copied());
+            let mut seen = None;
+            // Every setup twice, with different decode thread counts.
+            for (setup, threads) in setups(cache).into_iter().flat_map(|s| [(s, 2), (s, 5)]) {
+                let mut loader = build_with_threads(&ds, setup, skip, f, threads);
+                let got = run(&mut loader);
+                for results in got {
+                    for result in results {
+                        for s in &result.unwrap().samples {
+                            assert_eq!(s.value, content(s.id), "{setup:?}: bytes of {}", s.id);
+                        }
+                    }
+                }
+                let m = loader.metrics();
+                assert_eq!(
+                    skipped_set(&loader),
+                    expected,
+                    "{setup:?} seed {seed}: skipped = injected"
+                );
+                assert_eq!(m.accesses as usize, accesses.len(), "{setup:?}");
+                assert_eq!(
+                    m.hits, expected_hits,
+                    "{setup:?} seed {seed}: re-reads of planned hits count as misses"
+                );
+                assert_eq!(
+                    [m.faults_injected, m.read_retries, m.reads_recovered],
+                    counts,
+                    "{setup:?} seed {seed}: the fault counters include the re-reads"
+                );
+                let figures = (m.hits, m.accesses, m.samples, m.faults_injected);
+                println!(
+                    "{cache:?} seed {seed} {setup:?} {threads} decode threads: hits {} of {} accesses, {} samples, \
+                     {} skipped, {} faults injected, {corrupt_cached_hits} hits on corrupt copies",
+                    m.hits, m.accesses, m.samples, m.skipped, m.faults_injected
+                );
+                match seen {
+                    None => seen = Some(figures),
+                    Some(first) => assert_eq!(figures, first, "{setup:?}: same seed, same figures"),
+                }
+            }
         }
     }
 }

@@ -122,7 +122,9 @@ struct Task {
     rank: usize,
     pos: usize,
     sample: u32,
-    slot: Arc<Slot>,
+    /// `None` while the task waits in its slot's list: a waiting task holding its slot would
+    /// make a reference cycle, leaked when the loader stops before the slot is filled.
+    slot: Option<Arc<Slot>>,
     /// The slot's bytes are kept in the cache: store a right-sized copy, not a pool buffer.
     admitted: bool,
     /// ReadThenDecode: the worker that takes this task reads the sample itself.
@@ -601,7 +603,7 @@ fn planner<T: Send + 'static>(
                     rank: p.rank,
                     pos: p.pos,
                     sample: p.sample,
-                    slot: p.slot.clone(),
+                    slot: Some(p.slot.clone()),
                     admitted: p.admitted,
                     read_here: !p.hit && to_dispatcher.is_none(),
                     hit: p.hit,
@@ -769,21 +771,25 @@ fn open_batches<T>(
 }
 
 /// Hands `task` to the decode queues once its slot is filled.
-fn wait_on_slot<T>(shared: &Shared<T>, task: Task) {
-    let slot = task.slot.clone();
+fn wait_on_slot<T>(shared: &Shared<T>, mut task: Task) {
+    let slot = task
+        .slot
+        .take()
+        .expect("a task not yet waiting has its slot");
     let mut state = lock(&slot.state);
     match &mut *state {
         SlotState::Pending(waiters) => waiters.push(task),
         SlotState::Ready(loaded) => {
             let bytes = loaded.clone();
             drop(state);
+            task.slot = Some(slot.clone());
             push_ready(shared, Ready { task, bytes });
         }
     }
 }
 
 /// Fills a slot and releases every task waiting on it.
-fn fill_slot<T>(shared: &Shared<T>, slot: &Slot, loaded: Loaded, admitted: bool) {
+fn fill_slot<T>(shared: &Shared<T>, slot: &Arc<Slot>, loaded: Loaded, admitted: bool) {
     // A cached sample gets its own right-sized copy so pool buffers only hold samples in
     // flight; the pool stays small however large the cache.
     let loaded = match loaded {
@@ -797,7 +803,8 @@ fn fill_slot<T>(shared: &Shared<T>, slot: &Slot, loaded: Loaded, admitted: bool)
             SlotState::Ready(_) => unreachable!("a slot is filled once"),
         }
     };
-    for task in waiters {
+    for mut task in waiters {
+        task.slot = Some(slot.clone());
         push_ready(
             shared,
             Ready {
@@ -854,50 +861,100 @@ fn take_task<T>(ctx: &Context<T>, shared: &Shared<T>, w: usize) -> Option<Ready>
 fn decode_worker<T: Send + 'static>(ctx: &Context<T>, shared: &Shared<T>, w: usize) {
     while let Some(Ready { task, bytes }) = take_task(ctx, shared, w) {
         let meta = &ctx.dataset.samples()[task.sample as usize];
+        // A planned hit that had to read storage after all (counted as the miss it is).
+        let mut reread = false;
         let bytes = if task.read_here {
             let loaded = blocking_read(ctx, shared, meta, task.epoch);
-            fill_slot(shared, &task.slot, loaded.clone(), task.admitted);
+            let slot = task.slot.as_ref().expect("a task read here never waited");
+            fill_slot(shared, slot, loaded.clone(), task.admitted);
             loaded
-        } else if task.hit && matches!(bytes, Err(Error::Read { .. })) {
-            // The read that admitted this sample failed: read it again for this access rather
-            // than fail every later hit on it. The slot keeps the failure, so each such hit
-            // reads for itself and its outcome depends only on its own epoch, not on timing.
+        } else if task.hit && matches!(bytes, Err(Error::Read { .. } | Error::Decode { .. })) {
+            // The read that admitted this sample failed, or its bytes failed to decode: read it
+            // again for this access rather than fail every later hit on it. The slot keeps the
+            // failure, so each such hit reads for itself and its outcome depends only on its
+            // own epoch, not on timing.
+            reread = true;
             blocking_read(ctx, shared, meta, task.epoch)
         } else {
             bytes
         };
-        let started = Instant::now();
-        let item = bytes.and_then(|b| {
-            if b.len() as u64 != meta.size_bytes {
-                return Err(Error::SizeChanged {
-                    sample: meta.id,
-                    path: meta.path.to_path_buf(),
-                    expected_bytes: meta.size_bytes,
-                    actual_bytes: b.len() as u64,
-                });
+        let mut item = decode_sample(ctx, shared, meta, bytes);
+        if task.hit && !reread && matches!(item.0, Err(Error::Decode { .. })) {
+            // Cached bytes the admitting access has not yet found bad (it may still be
+            // decoding them): the same verdict, reached before the mark.
+            reread = true;
+            let again = decode_sample(
+                ctx,
+                shared,
+                meta,
+                blocking_read(ctx, shared, meta, task.epoch),
+            );
+            item = (again.0, item.1 + again.1);
+        }
+        if task.admitted && !task.hit {
+            if let Err(e @ Error::Decode { .. }) = &item.0 {
+                if let Some(slot) = &task.slot {
+                    spoil_slot(slot, e.clone());
+                }
             }
-            // A panicking decoder fails its sample, not the worker: the batch must still come.
-            let decoded =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (ctx.decode)(&b, meta)))
-                    .unwrap_or_else(|panic| {
-                        Err(Cause::from(
-                            Box::<dyn std::error::Error + Send + Sync>::from(panic_message(&panic)),
-                        ))
-                    });
-            let value = decoded.map_err(|cause| Error::Decode {
+        }
+        deliver(
+            shared,
+            &task,
+            item.0,
+            item.1,
+            reread.then_some(meta.size_bytes),
+        );
+    }
+}
+
+/// Checks a sample's length and runs the user's decode function on it.
+fn decode_sample<T>(
+    ctx: &Context<T>,
+    shared: &Shared<T>,
+    meta: &SampleMeta,
+    bytes: Loaded,
+) -> (Result<crate::Sample<T>, Error>, Duration) {
+    let started = Instant::now();
+    let item = bytes.and_then(|b| {
+        if b.len() as u64 != meta.size_bytes {
+            return Err(Error::SizeChanged {
                 sample: meta.id,
                 path: meta.path.to_path_buf(),
-                cause,
-            })?;
-            Ok(crate::Sample {
-                id: meta.id,
-                label: meta.label,
-                value,
-            })
-        });
-        let elapsed = started.elapsed();
-        lock(&shared.model).observe_decode(1, meta.size_bytes, elapsed);
-        deliver(shared, &task, item, elapsed);
+                expected_bytes: meta.size_bytes,
+                actual_bytes: b.len() as u64,
+            });
+        }
+        // A panicking decoder fails its sample, not the worker: the batch must still come.
+        let decoded =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (ctx.decode)(&b, meta)))
+                .unwrap_or_else(|panic| {
+                    Err(Cause::from(
+                        Box::<dyn std::error::Error + Send + Sync>::from(panic_message(&panic)),
+                    ))
+                });
+        let value = decoded.map_err(|cause| Error::Decode {
+            sample: meta.id,
+            path: meta.path.to_path_buf(),
+            cause,
+        })?;
+        Ok(crate::Sample {
+            id: meta.id,
+            label: meta.label,
+            value,
+        })
+    });
+    let elapsed = started.elapsed();
+    lock(&shared.model).observe_decode(1, meta.size_bytes, elapsed);
+    (item, elapsed)
+}
+
+/// The bytes a storage read admitted to the cache failed to decode (corrupt on the way, or bad
+/// on disk): later hits read storage instead, and the cached copy is freed.
+fn spoil_slot(slot: &Slot, error: Error) {
+    let mut state = lock(&slot.state);
+    if let SlotState::Ready(loaded @ Ok(_)) = &mut *state {
+        *loaded = Err(error);
     }
 }
 
@@ -937,11 +994,12 @@ fn blocking_read<T>(ctx: &Context<T>, shared: &Shared<T>, meta: &SampleMeta, epo
             });
         match result {
             Ok((bytes, delay)) => {
+                let mut ready = Instant::now();
                 if let Some(device) = &ctx.device {
-                    sleep_until(device.finish_time(issued, bytes.len() as u64));
+                    ready = device.finish_time(issued, bytes.len() as u64);
                 }
-                if !delay.is_zero() {
-                    std::thread::sleep(delay);
+                if !sleep_unless_stopped(shared, ready.max(Instant::now()) + delay) {
+                    return Err(stopped());
                 }
                 if attempt > 0 {
                     shared.faults.recovered.fetch_add(1, Ordering::Relaxed);
@@ -951,7 +1009,9 @@ fn blocking_read<T>(ctx: &Context<T>, shared: &Shared<T>, meta: &SampleMeta, epo
             Err(e) if e.transient && attempt + 1 < READ_ATTEMPTS => {
                 shared.faults.retries.fetch_add(1, Ordering::Relaxed);
                 attempt += 1;
-                std::thread::sleep(faults::backoff(attempt));
+                if !sleep_unless_stopped(shared, Instant::now() + faults::backoff(attempt)) {
+                    return Err(stopped());
+                }
             }
             Err(e) => {
                 return Err(Error::Read {
@@ -965,10 +1025,30 @@ fn blocking_read<T>(ctx: &Context<T>, shared: &Shared<T>, meta: &SampleMeta, epo
     }
 }
 
-fn sleep_until(t: Instant) {
-    let now = Instant::now();
-    if t > now {
-        std::thread::sleep(t - now);
+/// Waits until `deadline` (emulated storage time, an injected delay, a retry's backoff) unless
+/// the loader stops first, so a drop never waits for a slow read; `false` if it stopped.
+fn sleep_unless_stopped<T>(shared: &Shared<T>, deadline: Instant) -> bool {
+    // The decode condition variable: `wake_all` notifies it under its lock when stopping.
+    let mut state = lock(&shared.decode);
+    loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            return false;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return true;
+        }
+        state = shared
+            .decode_cv
+            .wait_timeout(state, deadline - now)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+}
+
+fn stopped() -> Error {
+    Error::Stopped {
+        reason: "loader dropped".into(),
     }
 }
 
@@ -978,6 +1058,7 @@ fn deliver<T>(
     task: &Task,
     item: Result<crate::Sample<T>, Error>,
     decode: Duration,
+    reread_bytes: Option<u64>,
 ) {
     let rank = &shared.ranks[task.rank];
     let mut buffer = lock(&rank.buffer);
@@ -990,6 +1071,14 @@ fn deliver<T>(
             batch.items[task.pos].is_none(),
             "a position is delivered once"
         );
+        if let Some(bytes) = reread_bytes {
+            // A planned hit that read storage: the batch's figures say where its bytes came from.
+            let m = &mut batch.metrics;
+            m.hits -= 1;
+            m.hit_bytes -= bytes;
+            m.misses += 1;
+            m.miss_bytes += bytes;
+        }
         batch.items[task.pos] = Some(item);
         batch.remaining -= 1;
         batch.metrics.decode_s += decode.as_secs_f64();

@@ -106,7 +106,10 @@ impl Buddy {
             self.free[o as usize].insert(page + (1 << o));
         }
         self.free_pages -= 1 << order;
-        debug_assert!(self.free_pages <= self.pages, "more handed out than the budget");
+        debug_assert!(
+            self.free_pages <= self.pages,
+            "more handed out than the budget"
+        );
         Some(page)
     }
 
@@ -169,10 +172,7 @@ impl Pool {
             inner: Arc::new(PoolInner {
                 base,
                 map_len,
-                state: Mutex::new(Buddy::new(
-                    pages,
-                    (max_block / PAGE_BYTES).trailing_zeros(),
-                )),
+                state: Mutex::new(Buddy::new(pages, (max_block / PAGE_BYTES).trailing_zeros())),
                 available: Condvar::new(),
             }),
         })
@@ -233,7 +233,10 @@ impl Pool {
     pub(crate) fn acquire(&self, len: usize) -> Option<PoolBuf> {
         let order = order_of(len);
         let mut s = self.inner.lock();
-        assert!(order <= s.max_order, "a read of {len} bytes exceeds the pool's largest block");
+        assert!(
+            order <= s.max_order,
+            "a read of {len} bytes exceeds the pool's largest block"
+        );
         if s.closed {
             return None;
         }
@@ -418,10 +421,17 @@ mod tests {
             assert_eq!(b.capacity(), block_bytes(len));
             assert!(b.capacity() < 2 * len.div_ceil(PAGE_BYTES) * PAGE_BYTES);
             assert_eq!(b.as_mut_ptr() as usize % BUFFER_ALIGN, 0, "page-aligned");
-            assert_eq!(page_of(&pool, &mut b) * PAGE_BYTES % b.capacity(), 0, "buddy-aligned");
+            assert_eq!(
+                page_of(&pool, &mut b) * PAGE_BYTES % b.capacity(),
+                0,
+                "buddy-aligned"
+            );
             held.push(b);
         }
-        assert!(pool.try_acquire((128 << 10) + 1).is_none(), "over the largest block");
+        assert!(
+            pool.try_acquire((128 << 10) + 1).is_none(),
+            "over the largest block"
+        );
     }
 
     #[test]
@@ -516,7 +526,10 @@ mod tests {
         let small = spawn("small", 4096);
         wait_for_waiters(&pool, 2);
         // A small block is free, yet the small request waits behind the large one.
-        assert!(pool.try_acquire(4096).is_none(), "try_acquire must not jump the queue");
+        assert!(
+            pool.try_acquire(4096).is_none(),
+            "try_acquire must not jump the queue"
+        );
         drop(low);
         let big = big.join().unwrap();
         let small = small.join().unwrap();
@@ -589,7 +602,10 @@ mod tests {
             held.clear();
             assert_eq!(pool.free_bytes(), pool.budget_bytes());
             if budget_pages >= max_pages {
-                assert!(pool.try_acquire(max_read).is_some(), "coalesced after all frees");
+                assert!(
+                    pool.try_acquire(max_read).is_some(),
+                    "coalesced after all frees"
+                );
             }
         }
     }

@@ -172,10 +172,7 @@ fn errors_name_path_offset_and_os_error_and_the_reader_keeps_serving() {
     let (path, data) = make_file(dir.path(), "ten-thousand", 10_000, 2);
     for backend in backends() {
         for direct in [false, true] {
-            let reader = builder(backend)
-                .max_read_bytes(64 << 10)
-                .build()
-                .unwrap();
+            let reader = builder(backend).max_read_bytes(64 << 10).build().unwrap();
             let opts = OpenOptions { direct };
 
             let missing = dir.path().join("missing");
@@ -273,10 +270,7 @@ fn a_file_truncated_after_open_gives_unexpected_eof() {
     for backend in backends() {
         for direct in [false, true] {
             let (path, data) = make_file(dir.path(), "shrinks", 64 << 10, 3);
-            let reader = builder(backend)
-                .max_read_bytes(64 << 10)
-                .build()
-                .unwrap();
+            let reader = builder(backend).max_read_bytes(64 << 10).build().unwrap();
             let file = reader.open(&path, OpenOptions { direct }).unwrap();
             assert_eq!(
                 &read_one(&reader, file, 8192, 4096).unwrap()[..],

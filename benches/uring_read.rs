@@ -59,8 +59,8 @@ fn reader(backend: Backend) -> Reader {
         .backend(backend)
         .pread_threads(2)
         .classes(1, DEPTH)
-        .buffer_count(2 * DEPTH)
-        .buffer_size_bytes(BS)
+        .pool_bytes(2 * DEPTH * BS.div_ceil(4096).next_power_of_two() * 4096)
+        .max_read_bytes(BS)
         .build()
         .expect("building the reader")
 }

@@ -140,8 +140,12 @@ pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
         .pread_threads(args.pread_threads.unwrap_or(args.depth).min(1024))
         .classes(1, args.depth)
         .queue_capacity(args.depth)
-        .buffer_count(args.depth + 2 * args.rings)
-        .buffer_size_bytes(args.bs)
+        // One block per read in flight, plus slack for completions not yet resubmitted.
+        .pool_bytes(
+            (args.depth + 2 * args.rings)
+                .saturating_mul(args.bs.div_ceil(4096).next_power_of_two() * 4096),
+        )
+        .max_read_bytes(args.bs)
         .build()
         .context("building the reader")?;
     let file = reader

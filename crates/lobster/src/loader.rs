@@ -240,36 +240,80 @@ fn window_samples(config: &LoaderConfig) -> usize {
         * config.batch_size
 }
 
-/// Pool buffers (count, bytes each).
-fn pool_shape(config: &LoaderConfig, dataset: &Dataset) -> (usize, usize) {
-    let largest = dataset.max_sample_bytes();
-    // O_DIRECT widens a read to the alignment on both ends.
-    let buffer_size_bytes = (largest as usize + 2 * 4096).next_multiple_of(4096);
-    (
-        config.io_depth_budget + window_samples(config) + 16,
-        buffer_size_bytes,
-    )
+/// The reader's allocation unit and O_DIRECT alignment we plan for.
+const PAGE_BYTES: u64 = 4096;
+
+/// Bytes the reader reads for a sample of `size` bytes (at offset 0): the sample itself, or
+/// with O_DIRECT the sample widened to the alignment on both ends.
+fn read_bytes(config: &LoaderConfig, size: u64) -> u64 {
+    if config.direct {
+        (size + 2 * PAGE_BYTES).next_multiple_of(PAGE_BYTES)
+    } else {
+        size.max(1)
+    }
 }
 
-/// The most bytes of samples in flight or waiting for decode: the reader's pool when
-/// pipelined, else every access of the prefetch window at the largest sample size.
+/// The pool block a read takes: the next power of two pages at or above it.
+fn block_bytes(read: u64) -> u64 {
+    read.div_ceil(PAGE_BYTES).next_power_of_two() * PAGE_BYTES
+}
+
+/// Accesses that may hold a pool block at once: those of iterations the planner handed out
+/// and the slowest rank has not taken (it plans at most `prefetch_iterations` ahead of it, a
+/// window at a time). Reads in flight and samples awaiting decode are among them.
+fn pool_accesses(config: &LoaderConfig) -> usize {
+    config.prefetch_iterations.max(config.window_iterations)
+        * config.ranks_per_node
+        * config.batch_size
+}
+
+/// The reader's pool: (budget, largest read). Sized from the dataset's actual sizes, not its
+/// largest: every access that may hold a block at once ([`pool_accesses`]) at the mean
+/// block size the dataset's samples take, plus two largest blocks, so a run of large samples
+/// or a fragmented pool still has room; rounded up to whole largest blocks.
+///
+/// Correctness does not depend on it: blocks are held by reads in flight, completions the
+/// dispatcher has not taken yet, reads parked for emulated storage time, and samples awaiting
+/// decode. Decode workers always drain (they take no pool memory and wait on nothing that
+/// does), and the dispatcher never waits for pool memory (`Reader::submit` leaves a read that
+/// finds no free block waiting in the reader), so every block is eventually returned and
+/// coalesced and any budget of one largest block or more makes progress. A budget below
+/// the working set costs throughput (reads wait for memory), not a deadlock.
+fn pool_shape(config: &LoaderConfig, dataset: &Dataset) -> (u64, u64) {
+    let samples = dataset.samples();
+    let largest_read = read_bytes(config, dataset.max_sample_bytes());
+    let largest_block = block_bytes(largest_read);
+    let blocks_total: u64 = samples
+        .iter()
+        .map(|s| block_bytes(read_bytes(config, s.size_bytes)))
+        .sum();
+    let mean_block = blocks_total.div_ceil(samples.len().max(1) as u64);
+    let accesses = pool_accesses(config) as u64;
+    let budget = (accesses * mean_block + 2 * largest_block).next_multiple_of(largest_block);
+    (budget, largest_read)
+}
+
+/// The most bytes of samples in flight or waiting for decode: the reader's pool budget when
+/// pipelined (committed up front), else every access of the prefetch window at the largest
+/// sample size.
 fn window_bytes(config: &LoaderConfig, dataset: &Dataset) -> u64 {
-    let (count, size) = match config.execution {
-        Execution::Pipelined => pool_shape(config, dataset),
-        Execution::ReadThenDecode => (window_samples(config), dataset.max_sample_bytes() as usize),
-    };
-    (count * size) as u64
+    match config.execution {
+        Execution::Pipelined => pool_shape(config, dataset).0,
+        Execution::ReadThenDecode => window_samples(config) as u64 * dataset.max_sample_bytes(),
+    }
 }
 
-/// Pool buffers: every read in flight plus every read sample waiting for decode in the
-/// prefetch window, so a submission never waits on a buffer only a later stage frees.
+/// The reader, with the pool of [`pool_shape`] and class queues that hold the whole
+/// prefetch window, so a submission never waits on a later stage.
 fn build_reader(config: &LoaderConfig, dataset: &Dataset) -> Result<lobster_uring::Reader, Error> {
-    let (buffer_count, buffer_size_bytes) = pool_shape(config, dataset);
+    let (pool_bytes, max_read_bytes) = pool_shape(config, dataset);
     let window_samples = window_samples(config);
+    // Past usize, the reader's own range check names the parameter.
+    let fit = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
     lobster_uring::Reader::builder()
         .backend(config.backend)
-        .buffer_size_bytes(buffer_size_bytes)
-        .buffer_count(buffer_count)
+        .max_read_bytes(fit(max_read_bytes))
+        .pool_bytes(fit(pool_bytes))
         .classes(
             config.ranks_per_node,
             (config.io_depth_budget / config.ranks_per_node).max(1),
@@ -378,5 +422,92 @@ impl<T> Iterator for RankHandle<T> {
 impl<T> Drop for RankHandle<T> {
     fn drop(&mut self) {
         pipeline::detach(&self.shared, self.rank);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::CachePolicy;
+
+    /// 64 samples, every other one 200 KiB (a 256 KiB block), the rest 1 KiB.
+    fn dataset(dir: &std::path::Path) -> Arc<Dataset> {
+        for class in ["a", "b"] {
+            std::fs::create_dir_all(dir.join(class)).unwrap();
+        }
+        for i in 0..64u32 {
+            let size = if i % 2 == 0 { 200 << 10 } else { 1 << 10 };
+            let bytes: Vec<u8> = (0..size).map(|k| (k as u32 ^ i) as u8).collect();
+            let class = if i % 3 == 0 { "a" } else { "b" };
+            std::fs::write(dir.join(class).join(format!("{i:03}.bin")), bytes).unwrap();
+        }
+        Arc::new(Dataset::open_image_folder(dir).unwrap())
+    }
+
+    /// The budget follows the dataset's block sizes (reference: blocks found by doubling),
+    /// is far below every access at the largest size, and a loader whose window of large
+    /// samples exceeds it still delivers every sample intact: reads wait for memory, the
+    /// pipeline does not deadlock.
+    #[test]
+    fn the_pool_is_sized_by_mean_block_and_a_window_larger_than_it_still_drains() {
+        let dir = tempfile::tempdir().unwrap();
+        let ds = dataset(dir.path());
+        let mut loader = LoaderBuilder::new(ds.clone())
+            .world(1, 2, 0)
+            .batch_size(8)
+            .epochs(3)
+            .cache(CachePolicy::None, 0)
+            .io_depth_budget(4)
+            .decode_threads(2)
+            .prefetch_iterations(1)
+            .decode(|bytes: &[u8], meta: &SampleMeta| {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                let id = meta.path.file_stem().unwrap().to_str().unwrap();
+                let id: u32 = id.parse().unwrap();
+                let ok = bytes
+                    .iter()
+                    .enumerate()
+                    .all(|(k, &b)| b == (k as u32 ^ id) as u8);
+                if ok {
+                    Ok(bytes.len())
+                } else {
+                    Err(format!("sample {id}: bytes differ"))
+                }
+            })
+            .build()
+            .unwrap();
+        let block = |read: u64| {
+            let mut b = 4096;
+            while b < read {
+                b *= 2;
+            }
+            b
+        };
+        let mean_block = ds
+            .samples()
+            .iter()
+            .map(|s| block(s.size_bytes))
+            .sum::<u64>()
+            .div_ceil(64);
+        let largest = block(ds.max_sample_bytes());
+        // One iteration ahead of the slowest rank, two ranks of eight.
+        let accesses = 2 * 8;
+        let budget = loader.prefetch_window_bytes();
+        assert_eq!(budget % largest, 0);
+        assert!(budget >= accesses * mean_block + 2 * largest);
+        assert!(budget < accesses * mean_block + 3 * largest);
+        assert!(
+            budget < 2 * 8 * (200 << 10),
+            "a window of large samples must not fit, or the test proves nothing"
+        );
+        let handles = loader.ranks().unwrap();
+        let delivered: usize = std::thread::scope(|s| {
+            let threads: Vec<_> = handles
+                .into_iter()
+                .map(|h| s.spawn(move || h.map(|b| b.unwrap().samples.len()).sum::<usize>()))
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).sum()
+        });
+        assert_eq!(delivered, 3 * 64);
     }
 }

@@ -43,7 +43,7 @@ pub enum ReadError {
         /// Where the file ended when it was read.
         file_end: u64,
     },
-    /// The request (plus O_DIRECT alignment) does not fit one pool buffer.
+    /// The request (plus O_DIRECT alignment) is larger than the largest read accepted.
     TooLarge {
         /// The file the request named.
         path: PathBuf,
@@ -51,8 +51,8 @@ pub enum ReadError {
         offset: u64,
         /// Bytes requested.
         len: usize,
-        /// Size of one pool buffer ([`crate::ReaderConfig::buffer_size_bytes`]).
-        buffer_size_bytes: usize,
+        /// The largest read accepted ([`crate::ReaderConfig::max_read_bytes`]).
+        max_read_bytes: usize,
     },
     /// The request named a class the reader was not built with.
     InvalidClass {
@@ -145,10 +145,10 @@ impl fmt::Display for ReadError {
                 path,
                 offset,
                 len,
-                buffer_size_bytes,
+                max_read_bytes,
             } => write!(
                 f,
-                "read of {len} bytes at offset {offset} of {} does not fit a pool buffer of {buffer_size_bytes} bytes",
+                "read of {len} bytes at offset {offset} of {} (widened to the O_DIRECT alignment) exceeds max_read_bytes = {max_read_bytes}",
                 path.display()
             ),
             ReadError::InvalidClass { class, classes } => {

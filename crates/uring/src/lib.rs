@@ -11,9 +11,13 @@
 //! - **Files** are opened once and registered in a fixed-file table when a slot is free.
 //!   O_DIRECT is per file; its alignment comes from statx (`STATX_DIOALIGN`, else 4096),
 //!   and unaligned ranges read the aligned superset and hand out the exact slice.
-//! - **Buffers** come from a bounded pool of page-aligned buffers, registered with the rings
-//!   where RLIMIT_MEMLOCK allows. A completed read is a `Bytes` over its pool buffer; the
-//!   buffer returns when the last `Bytes` drops. An empty pool makes `submit` wait.
+//! - **Buffers** come from a pool of [`ReaderConfig::pool_bytes`], mapped and committed up
+//!   front (resident from the build on, it does not creep) and carved by a buddy allocator
+//!   into page-aligned power-of-two blocks (less than twice each read), registered with the
+//!   rings as one buffer where RLIMIT_MEMLOCK allows. A completed read is a `Bytes` over its
+//!   block; the block returns, merging with its free buddy, when the last `Bytes` drops.
+//!   Reads that find no free block wait in the reader in submission order (a large read is
+//!   not starved by small ones); `submit` does not wait for memory.
 //! - **Failures** (short reads are resumed, EAGAIN/EINTR/EBUSY retried, O_DIRECT reads over
 //!   1 MiB split) complete the one request with a [`ReadError`] naming path, offset, length
 //!   and OS error.
@@ -48,6 +52,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod deferred;
 mod error;
 mod files;
 mod pool;

@@ -8,8 +8,9 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::Receiver;
 
+use crate::deferred::{Deferred, Pending};
 use crate::files::FileEntry;
-use crate::pool::Pool;
+use crate::pool::{block_bytes, Pool, POOL_BYTES_MAX};
 use crate::sched::{Completion, Job, Observer, ReadRequest, ReaderStats, Shared};
 use crate::uring::{Engine, SetupParams};
 use crate::{FileId, OpenOptions, ReadError};
@@ -49,14 +50,14 @@ pub struct BackendInfo {
     pub threads: usize,
     /// Reads one ring may have in the kernel at once (io_uring only).
     pub ring_capacity: usize,
-    /// Pool buffers are registered with the rings (`READ_FIXED`).
+    /// The pool is registered with the rings as one buffer (`READ_FIXED`).
     pub fixed_buffers: bool,
     /// Slots of the fixed-file table (0: files are read through plain fds).
     pub fixed_file_slots: u32,
 }
 
-/// How to build a [`Reader`]. `Default` gives one class at depth 32 with 256 buffers of
-/// 1 MiB (address space only: pages are backed when first used).
+/// How to build a [`Reader`]. `Default` gives one class at depth 32 and a pool of 32 MiB for
+/// reads of up to 1 MiB (committed when the reader is built).
 #[derive(Clone)]
 pub struct ReaderConfig {
     /// Which backend to use.
@@ -72,11 +73,17 @@ pub struct ReaderConfig {
     pub async_punt: bool,
     /// Threads of the pread backend; it has at most this many reads in flight.
     pub pread_threads: usize,
-    /// Buffers in the pool; bounds queued + in-flight reads + `Bytes` held by consumers.
-    pub buffer_count: usize,
-    /// Size of one buffer, the largest read (after O_DIRECT alignment) the reader accepts.
-    pub buffer_size_bytes: usize,
-    /// Register the pool with the rings when RLIMIT_MEMLOCK allows.
+    /// The buffer pool's budget in bytes (rounded up to a page): it bounds the memory of
+    /// in-flight reads plus the `Bytes` consumers hold. It is mapped and pre-faulted when the
+    /// reader is built, so it is resident from then on and does not grow. Each read takes a
+    /// block of the next power of two pages at or above its length (less than twice the
+    /// read); must be at least one block of `max_read_bytes` and at most 64 GiB.
+    pub pool_bytes: usize,
+    /// The largest read (after O_DIRECT alignment) the reader accepts, at most 1 GiB; larger
+    /// requests fail with [`ReadError::TooLarge`].
+    pub max_read_bytes: usize,
+    /// Register the pool with the rings (as one buffer) when RLIMIT_MEMLOCK allows and the
+    /// pool is at most 1 GiB.
     pub register_buffers: bool,
     /// Slots in each ring's fixed-file table (capped by RLIMIT_NOFILE); files opened beyond
     /// it are read through their plain fd.
@@ -97,8 +104,8 @@ impl Default for ReaderConfig {
             ring_entries: 256,
             async_punt: false,
             pread_threads: 32,
-            buffer_count: 256,
-            buffer_size_bytes: 1 << 20,
+            pool_bytes: 32 << 20,
+            max_read_bytes: 1 << 20,
             register_buffers: true,
             fixed_files: 4096,
             io_depths: vec![32],
@@ -116,8 +123,8 @@ impl fmt::Debug for ReaderConfig {
             .field("ring_entries", &self.ring_entries)
             .field("async_punt", &self.async_punt)
             .field("pread_threads", &self.pread_threads)
-            .field("buffer_count", &self.buffer_count)
-            .field("buffer_size_bytes", &self.buffer_size_bytes)
+            .field("pool_bytes", &self.pool_bytes)
+            .field("max_read_bytes", &self.max_read_bytes)
             .field("register_buffers", &self.register_buffers)
             .field("fixed_files", &self.fixed_files)
             .field("io_depths", &self.io_depths)
@@ -144,11 +151,19 @@ impl ReaderConfig {
         if !(1..=1024).contains(&self.pread_threads) {
             return bad("pread_threads", "must be 1..=1024");
         }
-        if !(1..=1 << 20).contains(&self.buffer_count) {
-            return bad("buffer_count", "must be 1..=1048576");
+        if !(1..=1 << 30).contains(&self.max_read_bytes) {
+            return bad("max_read_bytes", "must be 1..=1 GiB");
         }
-        if !(1..=1 << 30).contains(&self.buffer_size_bytes) {
-            return bad("buffer_size_bytes", "must be 1..=1 GiB");
+        let block = block_bytes(self.max_read_bytes);
+        if !(block..=POOL_BYTES_MAX).contains(&self.pool_bytes) {
+            return bad(
+                "pool_bytes",
+                &format!(
+                    "must be {block}..={POOL_BYTES_MAX} bytes: at least one block of \
+                     max_read_bytes = {} (a power of two pages), at most 64 GiB",
+                    self.max_read_bytes
+                ),
+            );
         }
         if self.io_depths.is_empty() {
             return bad("io_depths", "needs at least one class");
@@ -195,10 +210,10 @@ impl ReaderBuilder {
         async_punt: bool,
         /// See [`ReaderConfig::pread_threads`].
         pread_threads: usize,
-        /// See [`ReaderConfig::buffer_count`].
-        buffer_count: usize,
-        /// See [`ReaderConfig::buffer_size_bytes`].
-        buffer_size_bytes: usize,
+        /// See [`ReaderConfig::pool_bytes`].
+        pool_bytes: usize,
+        /// See [`ReaderConfig::max_read_bytes`].
+        max_read_bytes: usize,
         /// See [`ReaderConfig::register_buffers`].
         register_buffers: bool,
         /// See [`ReaderConfig::fixed_files`].
@@ -305,12 +320,17 @@ struct ReaderInner {
     threads: Vec<JoinHandle<()>>,
     backend: BackendInfo,
     completions: Receiver<Completion>,
+    /// Reads waiting for pool memory, served by the last thread of `threads`.
+    deferred: Arc<Deferred>,
+    max_read_bytes: usize,
 }
 
 impl Drop for ReaderInner {
     /// Cancels queued reads, waits for the reads in the kernel to complete (their buffers
     /// stay owned by the engines until then), and joins the backend threads.
     fn drop(&mut self) {
+        self.deferred.close();
+        self.shared.pool.close();
         self.shared.shut_down();
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -328,7 +348,7 @@ impl Reader {
     pub fn new(config: ReaderConfig) -> Result<Reader, ReadError> {
         config.validate()?;
         let env = std::env::var("LOBSTER_IO").ok();
-        let pool = Pool::new(config.buffer_count, config.buffer_size_bytes).map_err(|source| {
+        let pool = Pool::new(config.pool_bytes, config.max_read_bytes).map_err(|source| {
             ReadError::Setup {
                 what: "mapping the buffer pool",
                 source,
@@ -382,14 +402,7 @@ impl Reader {
                             threads
                                 .push(spawn(format!("lobster-uring-{id}"), move || engine.run())?);
                         }
-                        Ok(Reader {
-                            inner: Arc::new(ReaderInner {
-                                shared,
-                                threads,
-                                backend,
-                                completions,
-                            }),
-                        })
+                        Self::assemble(&config, shared, threads, backend, completions)
                     }
                     Err(e) if forced => Err(ReadError::Setup {
                         what: e.what,
@@ -441,19 +454,47 @@ impl Reader {
                 }
             }
         }
+        let backend = BackendInfo {
+            active: ActiveBackend::Pread,
+            reason,
+            threads: config.pread_threads,
+            ring_capacity: 0,
+            fixed_buffers: false,
+            fixed_file_slots: 0,
+        };
+        Self::assemble(&config, shared, threads, backend, completions)
+    }
+
+    /// Starts the thread that serves reads waiting for pool memory and wraps up the reader.
+    fn assemble(
+        config: &ReaderConfig,
+        shared: Arc<Shared>,
+        mut threads: Vec<JoinHandle<()>>,
+        backend: BackendInfo,
+        completions: Receiver<Completion>,
+    ) -> Result<Reader, ReadError> {
+        let deferred = Arc::new(Deferred::new(
+            config.queue_capacity.saturating_mul(config.io_depths.len()),
+        ));
+        let (d, sh) = (deferred.clone(), shared.clone());
+        match spawn("lobster-pool".into(), move || d.run(&sh)) {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                shared.shut_down();
+                threads.into_iter().for_each(|t| {
+                    let _ = t.join();
+                });
+                return Err(e);
+            }
+        }
         Ok(Reader {
             inner: Arc::new(ReaderInner {
                 shared,
                 threads,
-                backend: BackendInfo {
-                    active: ActiveBackend::Pread,
-                    reason,
-                    threads: config.pread_threads,
-                    ring_capacity: 0,
-                    fixed_buffers: false,
-                    fixed_file_slots: 0,
-                },
+                backend,
                 completions,
+                deferred,
+                max_read_bytes: config.max_read_bytes,
             }),
         })
     }
@@ -489,8 +530,8 @@ impl Reader {
             .ok_or(ReadError::UnknownFile { file })
     }
 
-    /// Checks a request against the classes, the open files and the buffer size.
-    fn check(&self, req: &ReadRequest) -> Result<Arc<FileEntry>, ReadError> {
+    /// Checks a request against the classes, the open files and `max_read_bytes`.
+    fn check(&self, req: &ReadRequest) -> Result<Pending, ReadError> {
         let shared = &self.inner.shared;
         let classes = shared.classes();
         if req.class >= classes {
@@ -503,60 +544,70 @@ impl Reader {
             .files
             .get(req.file)
             .ok_or(ReadError::UnknownFile { file: req.file })?;
-        Job::plan(&file, req, shared.pool.buffer_size())?;
-        Ok(file)
+        let (_, _, read_len) = Job::plan(&file, req, self.inner.max_read_bytes)?;
+        Ok(Pending {
+            file,
+            req: *req,
+            read_len,
+        })
     }
 
-    fn make_job(&self, req: &ReadRequest, blocking: bool) -> Result<Job, ReadError> {
-        let shared = &self.inner.shared;
-        let file = self.check(req)?;
-        let buf = if blocking {
-            shared.pool.acquire()
-        } else {
-            shared.pool.try_acquire().ok_or(ReadError::WouldBlock {
-                bound: "buffer pool",
-            })?
-        };
-        Ok(Job::new(file, req, buf))
-    }
-
-    /// Queues a read at the back of its class's FIFO. Waits while the pool has no free
-    /// buffer or the class queue is full. Errors here are about the request itself (class,
-    /// file id, size); I/O errors arrive as completions.
+    /// Queues a read at the back of its class's FIFO. Waits while the class queue is full.
+    /// Never waits for pool memory: when no block is free (or earlier reads wait for one)
+    /// the read waits in the reader, in submission order, and `submit` returns. Errors here
+    /// are about the request itself (class, file id, size); I/O errors arrive as completions.
     pub fn submit(&self, req: ReadRequest) -> Result<(), ReadError> {
-        let job = self.make_job(&req, true)?;
-        self.inner.shared.enqueue(job, true)
+        let pending = self.check(&req)?;
+        let shared = &self.inner.shared;
+        match self.inner.deferred.admit(&shared.pool, &pending, true)? {
+            Some(buf) => shared.enqueue(Job::new(pending.file, &req, buf), true),
+            None => Ok(()),
+        }
     }
 
     /// Submits several reads with one lock round and one wake-up of the backend, which
     /// matters when reads are cheap (page-cache hits). Every request is checked before any
-    /// is queued; then they are queued in order, waiting for buffers and queue room as
-    /// [`Reader::submit`] does (reads already taken from the pool are queued before
-    /// waiting, so a batch larger than the pool cannot wait on itself).
+    /// is queued; then they are queued in order as [`Reader::submit`] does: those that get
+    /// a block at once first, the rest (from the first that finds none) wait in the reader
+    /// for pool memory, so a batch larger than the pool cannot wait on itself.
     pub fn submit_batch(&self, reqs: &[ReadRequest]) -> Result<(), ReadError> {
-        let files = reqs
+        let pending = reqs
             .iter()
             .map(|req| self.check(req))
             .collect::<Result<Vec<_>, _>>()?;
         let shared = &self.inner.shared;
         let mut jobs = Vec::with_capacity(reqs.len());
-        for (req, file) in reqs.iter().zip(files) {
-            let buf = match shared.pool.try_acquire() {
-                Some(buf) => buf,
-                None => {
-                    shared.enqueue_many(std::mem::take(&mut jobs))?;
-                    shared.pool.acquire()
+        let mut rest = pending.into_iter();
+        let mut later = None;
+        for p in rest.by_ref() {
+            match self.inner.deferred.admit(&shared.pool, &p, false) {
+                Ok(Some(buf)) => jobs.push(Job::new(p.file, &p.req, buf)),
+                Ok(None) => unreachable!("admit without blocking never defers"),
+                Err(ReadError::WouldBlock { .. }) => {
+                    later = Some(p);
+                    break;
                 }
-            };
-            jobs.push(Job::new(file, req, buf));
+                Err(e) => return Err(e),
+            }
         }
-        shared.enqueue_many(jobs)
+        shared.enqueue_many(jobs)?;
+        for p in later.into_iter().chain(rest) {
+            self.inner.deferred.push(p)?;
+        }
+        Ok(())
     }
 
-    /// Like [`Reader::submit`], but returns [`ReadError::WouldBlock`] instead of waiting.
+    /// Like [`Reader::submit`], but returns [`ReadError::WouldBlock`] instead of waiting
+    /// (for pool memory or class queue room).
     pub fn try_submit(&self, req: ReadRequest) -> Result<(), ReadError> {
-        let job = self.make_job(&req, false)?;
-        self.inner.shared.enqueue(job, false)
+        let pending = self.check(&req)?;
+        let shared = &self.inner.shared;
+        let buf = self
+            .inner
+            .deferred
+            .admit(&shared.pool, &pending, false)?
+            .expect("admit without blocking never defers");
+        shared.enqueue(Job::new(pending.file, &req, buf), false)
     }
 
     /// Sets the number of reads `class` may have in the kernel. Takes effect at once for
@@ -571,9 +622,11 @@ impl Reader {
         self.inner.shared.io_depth(class)
     }
 
-    /// The completion channel (every clone receives from the same queue). It holds at most
-    /// [`ReaderConfig::buffer_count`] completions, since each holds a pool buffer until
-    /// received and dropped. It disconnects once the reader is dropped and drained.
+    /// The completion channel (every clone receives from the same queue). Each completion
+    /// holds a pool block (at least a page) until received and dropped, except the
+    /// cancellations of reads that never got one, so it holds at most
+    /// [`ReaderConfig::pool_bytes`] / 4096 + classes × [`ReaderConfig::queue_capacity`]
+    /// completions. It disconnects once the reader is dropped and drained.
     pub fn completions(&self) -> Receiver<Completion> {
         self.inner.completions.clone()
     }

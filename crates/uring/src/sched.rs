@@ -45,8 +45,24 @@ pub struct Completion {
     /// Exactly the requested bytes, or what went wrong.
     pub result: Result<Bytes, ReadError>,
     /// Holds a pool buffer while an error completion is undelivered, so that the completion
-    /// channel never holds more entries than the pool has buffers.
+    /// channel never holds more entries than the pool has blocks.
     _permit: Option<PoolBuf>,
+}
+
+impl Completion {
+    /// A read cancelled at shutdown before it got a pool buffer.
+    pub(crate) fn cancelled(file: &FileEntry, req: &ReadRequest) -> Completion {
+        Completion {
+            tag: req.tag,
+            class: req.class,
+            result: Err(ReadError::Cancelled {
+                path: file.path.clone(),
+                offset: req.offset,
+                len: req.len,
+            }),
+            _permit: None,
+        }
+    }
 }
 
 /// What the observer hook is told.
@@ -99,10 +115,12 @@ pub struct ClassStats {
 pub struct ReaderStats {
     /// One entry per class.
     pub classes: Vec<ClassStats>,
-    /// Pool buffers not in use (not queued, in flight, or referenced by a `Bytes`).
-    pub buffers_free: usize,
-    /// Pool size.
-    pub buffers_total: usize,
+    /// Pool bytes in free blocks (not queued, in flight, or referenced by a `Bytes`).
+    pub pool_free_bytes: usize,
+    /// The largest free block: the largest read that could start now.
+    pub pool_largest_free_bytes: usize,
+    /// The pool's budget ([`crate::ReaderConfig::pool_bytes`] rounded up to a page).
+    pub pool_budget_bytes: usize,
     /// Files open on the reader.
     pub files_open: usize,
 }
@@ -132,17 +150,18 @@ pub(crate) enum Step {
 }
 
 impl Job {
-    /// Checks that the request fits a buffer; widens O_DIRECT reads to the alignment.
+    /// Checks that the request is at most `max_read_bytes`; widens O_DIRECT reads to the
+    /// alignment.
     pub(crate) fn plan(
         file: &FileEntry,
         req: &ReadRequest,
-        buffer_size: usize,
+        max_read_bytes: usize,
     ) -> Result<(u64, usize, usize), ReadError> {
         let too_large = || ReadError::TooLarge {
             path: file.path.clone(),
             offset: req.offset,
             len: req.len,
-            buffer_size_bytes: buffer_size,
+            max_read_bytes,
         };
         if req.len == 0 {
             return Ok((req.offset, 0, 0));
@@ -154,7 +173,7 @@ impl Job {
         let read_start = req.offset - req.offset % file.align;
         let read_end = end.div_ceil(file.align) * file.align;
         let read_len = usize::try_from(read_end - read_start).map_err(|_| too_large())?;
-        if read_len > buffer_size {
+        if read_len > max_read_bytes {
             return Err(too_large());
         }
         Ok((read_start, (req.offset - read_start) as usize, read_len))
@@ -620,8 +639,9 @@ impl Shared {
         let classes = self.lock().stats();
         ReaderStats {
             classes,
-            buffers_free: self.pool.free_count(),
-            buffers_total: self.pool.count(),
+            pool_free_bytes: self.pool.free_bytes(),
+            pool_largest_free_bytes: self.pool.largest_free_bytes(),
+            pool_budget_bytes: self.pool.budget_bytes(),
             files_open: self.files.len(),
         }
     }

@@ -14,8 +14,8 @@ use crate::sched::{Job, Shared, Step};
 
 /// user_data of the eventfd read each engine keeps in its ring.
 const WAKE_KEY: u64 = u64::MAX;
-/// Most buffers the kernel accepts in one registration (IORING_MAX_REG_BUFFERS).
-const MAX_REGISTERED_BUFFERS: usize = 1 << 14;
+/// Largest buffer the kernel registers (one iovec of at most 1 GiB).
+const MAX_REGISTERED_BYTES: usize = 1 << 30;
 
 /// Rings that were set up, and what could be registered with them.
 pub(crate) struct UringSetup {
@@ -127,17 +127,18 @@ pub(crate) fn setup(params: &SetupParams, pool: &Pool) -> Result<UringSetup, Set
 
     let mut fixed_buffers = false;
     if params.register_buffers {
-        let need = (pool.buffer_size() * pool.count()) as u64 * params.rings as u64;
+        let need = pool.budget_bytes() as u64 * params.rings as u64;
         match memlock_limit_bytes() {
-            _ if pool.count() > MAX_REGISTERED_BUFFERS => notes.push(format!(
-                "buffers not registered: {} buffers exceed the kernel's {MAX_REGISTERED_BUFFERS}",
-                pool.count()
+            _ if pool.budget_bytes() > MAX_REGISTERED_BYTES => notes.push(format!(
+                "buffers not registered: the pool's {} bytes exceed the kernel's 1 GiB per buffer",
+                pool.budget_bytes()
             )),
             Some(limit) if need > limit => notes.push(format!(
                 "buffers not registered: {need} bytes exceed RLIMIT_MEMLOCK ({limit} bytes)"
             )),
             _ => {
-                let iovecs = pool.iovecs();
+                // The whole pool as buffer 0: READ_FIXED may target any range inside it.
+                let iovecs = [pool.iovec()];
                 let mut registered = 0;
                 for ring in &rings {
                     // SAFETY: the iovecs describe the pool's mapping, which outlives every
@@ -202,7 +203,8 @@ impl Engine {
     /// Builds the SQE for the next chunk of the job stored under `key`.
     fn read_sqe(&self, key: usize, job: &mut Job) -> squeue::Entry {
         let (offset, buf_offset, len) = job.next_chunk();
-        let buf_index = job.buf.index() as u16;
+        // Buffer 0 is the whole pool (see setup).
+        let buf_index = 0;
         // SAFETY: next_chunk stays inside the buffer (buf_offset + len <= read_len <=
         // capacity), and the job owns the buffer until its completion is reaped.
         let ptr = unsafe { job.buf.as_mut_ptr().add(buf_offset) };

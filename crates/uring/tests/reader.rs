@@ -83,8 +83,8 @@ fn random_ranges_match_std_fs_on_both_backends() {
             let reader = builder(backend)
                 .rings(rings)
                 .classes(3, 4)
-                .buffer_count(12)
-                .buffer_size_bytes(3 << 20)
+                .pool_bytes(12 << 20)
+                .max_read_bytes(3 << 20)
                 .build()
                 .unwrap();
             assert_eq!(
@@ -138,9 +138,10 @@ fn random_ranges_match_std_fs_on_both_backends() {
                 total
             );
             assert_eq!(
-                stats.buffers_free, stats.buffers_total,
-                "every buffer came back"
+                stats.pool_free_bytes, stats.pool_budget_bytes,
+                "every block came back"
             );
+            assert_eq!(stats.pool_largest_free_bytes, 4 << 20, "and coalesced");
         }
     }
 }
@@ -171,10 +172,7 @@ fn errors_name_path_offset_and_os_error_and_the_reader_keeps_serving() {
     let (path, data) = make_file(dir.path(), "ten-thousand", 10_000, 2);
     for backend in backends() {
         for direct in [false, true] {
-            let reader = builder(backend)
-                .buffer_size_bytes(64 << 10)
-                .build()
-                .unwrap();
+            let reader = builder(backend).max_read_bytes(64 << 10).build().unwrap();
             let opts = OpenOptions { direct };
 
             let missing = dir.path().join("missing");
@@ -272,10 +270,7 @@ fn a_file_truncated_after_open_gives_unexpected_eof() {
     for backend in backends() {
         for direct in [false, true] {
             let (path, data) = make_file(dir.path(), "shrinks", 64 << 10, 3);
-            let reader = builder(backend)
-                .buffer_size_bytes(64 << 10)
-                .build()
-                .unwrap();
+            let reader = builder(backend).max_read_bytes(64 << 10).build().unwrap();
             let file = reader.open(&path, OpenOptions { direct }).unwrap();
             assert_eq!(
                 &read_one(&reader, file, 8192, 4096).unwrap()[..],
@@ -334,8 +329,8 @@ fn in_flight_reads_per_class_never_exceed_io_depth_while_it_changes() {
             .rings(2)
             .classes(CLASSES, 4)
             .pread_threads(16)
-            .buffer_count(48)
-            .buffer_size_bytes(64 << 10)
+            .pool_bytes(48 * (64 << 10))
+            .max_read_bytes(64 << 10)
             .observer(move |e: IoEvent| match e.kind {
                 IoEventKind::Issued => {
                     let n = f[e.class].fetch_add(1, Ordering::SeqCst) + 1;
@@ -428,8 +423,8 @@ fn dropping_the_reader_with_reads_in_flight_completes_or_cancels_each() {
         for direct in [false, true] {
             let reader = builder(backend)
                 .classes(2, 4)
-                .buffer_count(64)
-                .buffer_size_bytes(256 << 10)
+                .pool_bytes(64 * (256 << 10))
+                .max_read_bytes(256 << 10)
                 .build()
                 .unwrap();
             let file = reader.open(&path, OpenOptions { direct }).unwrap();
@@ -482,13 +477,13 @@ fn dropping_the_reader_with_reads_in_flight_completes_or_cancels_each() {
 }
 
 #[test]
-fn a_full_pool_blocks_submission_until_bytes_drop() {
+fn a_full_pool_defers_submission_until_bytes_drop() {
     let dir = test_dir();
     let (path, data) = make_file(dir.path(), "pool", 1 << 20, 10);
     for backend in backends() {
         let reader = builder(backend)
-            .buffer_count(3)
-            .buffer_size_bytes(8192)
+            .pool_bytes(3 * 4096)
+            .max_read_bytes(4096)
             .build()
             .unwrap();
         let file = reader.open(&path, OpenOptions::default()).unwrap();
@@ -527,12 +522,19 @@ fn a_full_pool_blocks_submission_until_bytes_drop() {
         );
         drop(clone);
         reader.try_submit(req).unwrap();
-        assert_eq!(&rx.recv().unwrap().result.unwrap()[..], &data[..10]);
-        // A blocking submit waits for the pool rather than failing.
-        let r2 = reader.clone();
-        let waiter = std::thread::spawn(move || r2.submit(ReadRequest { tag: 10, ..req }));
+        held.push(rx.recv().unwrap().result.unwrap());
+        assert_eq!(&held[2][..], &data[..10]);
+        // A blocking submit returns at once; the read waits in the reader for a block, and
+        // try_submit does not overtake it.
+        reader.submit(ReadRequest { tag: 10, ..req }).unwrap();
+        assert!(matches!(
+            reader.try_submit(ReadRequest { tag: 11, ..req }),
+            Err(ReadError::WouldBlock {
+                bound: "buffer pool"
+            })
+        ));
+        assert_eq!(reader.stats().classes[0].completed, 4);
         drop(held.pop());
-        waiter.join().unwrap().unwrap();
         assert_eq!(rx.recv().unwrap().tag, 10);
     }
 }
@@ -722,8 +724,8 @@ fn submit_batch_checks_every_request_first_and_may_exceed_the_pool() {
         let data = data.clone();
         let reader = builder(backend)
             .classes(2, 2)
-            .buffer_count(4)
-            .buffer_size_bytes(8192)
+            .pool_bytes(4 * 4096)
+            .max_read_bytes(4096)
             .build()
             .unwrap();
         let file = reader.open(&path, OpenOptions::default()).unwrap();
@@ -746,9 +748,10 @@ fn submit_batch_checks_every_request_first_and_may_exceed_the_pool() {
             rx.try_recv().is_err(),
             "nothing of a refused batch was queued"
         );
-        assert_eq!(reader.stats().buffers_free, 4);
+        assert_eq!(reader.stats().pool_free_bytes, 4 * 4096);
         reqs[7].class = 1;
-        // Ten reads through a pool of four: the consumer frees buffers as the batch goes in.
+        // Ten reads through a pool of four blocks: the consumer frees them as the batch goes
+        // in.
         let consumer = std::thread::spawn(move || {
             let mut tags: Vec<u64> = (0..10)
                 .map(|_| {

@@ -79,7 +79,7 @@ struct SoakReport {
     rss_bytes_per_epoch: Vec<u64>,
     rss_growth_after_epoch2: f64,
     /// The loader's bound on bytes in flight or awaiting decode: pipelined reads land in a
-    /// pool mapped once and paged in as first used, so resident memory may creep up to it.
+    /// pool of this many bytes, committed when the loader is built.
     prefetch_window_bytes: u64,
     fds_before: usize,
     fds_after: usize,

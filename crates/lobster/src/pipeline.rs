@@ -790,10 +790,14 @@ fn wait_on_slot<T>(shared: &Shared<T>, mut task: Task) {
 
 /// Fills a slot and releases every task waiting on it.
 fn fill_slot<T>(shared: &Shared<T>, slot: &Arc<Slot>, loaded: Loaded, admitted: bool) {
-    // A cached sample gets its own right-sized copy so pool buffers only hold samples in
-    // flight; the pool stays small however large the cache.
+    // A cached sample gets its own copy so pool buffers only hold samples in flight (the
+    // pool stays small however large the cache), in whole pages of its own so that evicted
+    // samples give their memory back instead of fragmenting the heap over a long run. When
+    // the system refuses another mapping (vm.max_map_count), the heap holds the copy.
     let loaded = match loaded {
-        Ok(b) if admitted => Ok(Bytes::copy_from_slice(&b)),
+        Ok(b) if admitted => {
+            Ok(lobster_uring::copy_to_pages(&b).unwrap_or_else(|_| Bytes::copy_from_slice(&b)))
+        }
         other => other,
     };
     let waiters = {

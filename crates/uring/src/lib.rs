@@ -55,6 +55,7 @@
 mod deferred;
 mod error;
 mod files;
+mod pages;
 mod pool;
 mod pread;
 mod reader;
@@ -65,6 +66,7 @@ mod uring;
 
 pub use error::ReadError;
 pub use files::{FileId, OpenOptions};
+pub use pages::copy_to_pages;
 pub use reader::{ActiveBackend, Backend, BackendInfo, Reader, ReaderBuilder, ReaderConfig};
 pub use sched::{ClassStats, Completion, IoEvent, IoEventKind, Observer, ReadRequest, ReaderStats};
 #[cfg(feature = "tokio-uring")]

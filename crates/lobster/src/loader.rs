@@ -293,14 +293,31 @@ fn pool_shape(config: &LoaderConfig, dataset: &Dataset) -> (u64, u64) {
     (budget, largest_read)
 }
 
-/// The most bytes of samples in flight or waiting for decode: the reader's pool budget when
-/// pipelined (committed up front), else every access of the prefetch window at the largest
-/// sample size.
+/// The most bytes of samples the prefetch window holds outside the cache's capacity. Each
+/// planned access holds at most its sample's bytes once: a read in flight or awaiting decode,
+/// or a cached copy the planner has since evicted but a planned hit still uses. Pipelined,
+/// reads live in the reader's pool (its budget, committed up front) and only evicted copies
+/// come on top; read-then-decode, both are among the window's accesses. Either way the
+/// accesses are bounded by the largest samples of the dataset, as many as the window plans.
 fn window_bytes(config: &LoaderConfig, dataset: &Dataset) -> u64 {
+    let accesses = largest_bytes(dataset, window_samples(config));
     match config.execution {
-        Execution::Pipelined => pool_shape(config, dataset).0,
-        Execution::ReadThenDecode => window_samples(config) as u64 * dataset.max_sample_bytes(),
+        Execution::Pipelined if config.cache_policy == CachePolicy::None => {
+            pool_shape(config, dataset).0
+        }
+        Execution::Pipelined => pool_shape(config, dataset).0 + accesses,
+        Execution::ReadThenDecode => accesses,
     }
+}
+
+/// The summed size of the `k` largest samples.
+fn largest_bytes(dataset: &Dataset, k: usize) -> u64 {
+    let mut sizes: Vec<u64> = dataset.samples().iter().map(|s| s.size_bytes).collect();
+    if k < sizes.len() {
+        sizes.select_nth_unstable_by(k, |a, b| b.cmp(a));
+        sizes.truncate(k);
+    }
+    sizes.iter().sum()
 }
 
 /// The reader, with the pool of [`pool_shape`] and class queues that hold the whole
@@ -354,8 +371,10 @@ impl<T> Loader<T> {
         self.backend.as_ref()
     }
 
-    /// Bound on the bytes of samples in flight or waiting for decode (the prefetch window);
-    /// the cache's bytes come on top, up to its capacity.
+    /// Bound on the bytes of samples the prefetch window holds outside the cache: reads in
+    /// flight or waiting for decode (pipelined: the reader's pool budget), and cached copies
+    /// evicted while planned hits still use them. The cache's bytes come on top, up to its
+    /// capacity.
     pub fn prefetch_window_bytes(&self) -> u64 {
         self.window_bytes
     }
@@ -492,7 +511,7 @@ mod tests {
         let largest = block(ds.max_sample_bytes());
         // One iteration ahead of the slowest rank, two ranks of eight.
         let accesses = 2 * 8;
-        let budget = loader.prefetch_window_bytes();
+        let budget = pool_shape(&loader.config, &ds).0;
         assert_eq!(budget % largest, 0);
         assert!(budget >= accesses * mean_block + 2 * largest);
         assert!(budget < accesses * mean_block + 3 * largest);

@@ -54,6 +54,7 @@ mod pool;
 mod pread;
 mod reader;
 mod sched;
+mod session;
 #[cfg(feature = "tokio-uring")]
 mod tokio_reads;
 mod uring;
@@ -62,6 +63,7 @@ pub use error::ReadError;
 pub use files::{FileId, OpenOptions};
 pub use reader::{ActiveBackend, Backend, BackendInfo, Reader, ReaderBuilder, ReaderConfig};
 pub use sched::{ClassStats, Completion, IoEvent, IoEventKind, Observer, ReadRequest, ReaderStats};
+pub use session::Session;
 #[cfg(feature = "tokio-uring")]
 pub use tokio_reads::AsyncFile;
 

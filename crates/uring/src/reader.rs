@@ -11,6 +11,7 @@ use crossbeam_channel::Receiver;
 use crate::files::FileEntry;
 use crate::pool::Pool;
 use crate::sched::{Completion, Job, Observer, ReadRequest, ReaderStats, Shared};
+use crate::session::{Session, SessionParams};
 use crate::uring::{Engine, SetupParams};
 use crate::{FileId, OpenOptions, ReadError};
 
@@ -61,11 +62,14 @@ pub struct BackendInfo {
 pub struct ReaderConfig {
     /// Which backend to use.
     pub backend: Backend,
-    /// io_uring rings, each with its own engine thread. Page-cache hits are copied on the
-    /// engine thread, so one ring uses at most one core for them.
+    /// io_uring rings, each with its own engine thread, serving [`Reader::submit`].
+    /// Page-cache hits are copied on the engine thread, so one ring uses at most one core
+    /// for them. 0 on the io_uring backend: no engine threads, reads go through
+    /// [`Reader::session`] only (`submit` is refused); the pread backend ignores it.
     pub rings: usize,
-    /// Submission queue entries per ring (the completion queue gets twice as many); a ring
-    /// has at most `ring_entries - 1` reads in the kernel.
+    /// Submission queue entries per ring (the completion queue gets twice as many); an
+    /// engine's ring has at most `ring_entries - 1` reads in the kernel, a session's
+    /// `ring_entries`.
     pub ring_entries: u32,
     /// Set IOSQE_ASYNC on reads: the kernel's worker threads do the page-cache copies,
     /// spreading them over cores, at some cost per read.
@@ -135,8 +139,8 @@ impl ReaderConfig {
                 reason: reason.to_string(),
             })
         };
-        if !(1..=64).contains(&self.rings) {
-            return bad("rings", "must be 1..=64");
+        if self.rings > 64 {
+            return bad("rings", "must be 0..=64");
         }
         if !(2..=32768).contains(&self.ring_entries) {
             return bad("ring_entries", "must be 2..=32768");
@@ -305,6 +309,9 @@ struct ReaderInner {
     threads: Vec<JoinHandle<()>>,
     backend: BackendInfo,
     completions: Receiver<Completion>,
+    session: SessionParams,
+    /// `submit` has a backend thread to serve it (not an io_uring reader with 0 rings).
+    serves_submit: bool,
 }
 
 impl Drop for ReaderInner {
@@ -327,6 +334,13 @@ impl Reader {
     /// Builds a reader from `config`, choosing the backend (see [`Backend`]).
     pub fn new(config: ReaderConfig) -> Result<Reader, ReadError> {
         config.validate()?;
+        let session = SessionParams {
+            uring: false,
+            ring_entries: config.ring_entries,
+            register_buffers: config.register_buffers,
+            async_punt: config.async_punt,
+            queue_capacity: config.queue_capacity,
+        };
         let env = std::env::var("LOBSTER_IO").ok();
         let pool = Pool::new(config.buffer_count, config.buffer_size_bytes).map_err(|source| {
             ReadError::Setup {
@@ -385,9 +399,14 @@ impl Reader {
                         Ok(Reader {
                             inner: Arc::new(ReaderInner {
                                 shared,
+                                serves_submit: !threads.is_empty(),
                                 threads,
                                 backend,
                                 completions,
+                                session: SessionParams {
+                                    uring: true,
+                                    ..session
+                                },
                             }),
                         })
                     }
@@ -401,11 +420,11 @@ impl Reader {
                             e.what, e.source, config.pread_threads
                         );
                         report_fallback(&reason);
-                        Self::pread(config, pool, sender, completions, reason)
+                        Self::pread(config, pool, sender, completions, reason, session)
                     }
                 }
             }
-            Plan::Pread { why } => Self::pread(config, pool, sender, completions, why),
+            Plan::Pread { why } => Self::pread(config, pool, sender, completions, why, session),
         }
     }
 
@@ -415,6 +434,7 @@ impl Reader {
         sender: crossbeam_channel::Sender<Completion>,
         completions: Receiver<Completion>,
         reason: String,
+        session: SessionParams,
     ) -> Result<Reader, ReadError> {
         let shared = Arc::new(Shared::new(
             &config.io_depths,
@@ -454,6 +474,8 @@ impl Reader {
                     fixed_file_slots: 0,
                 },
                 completions,
+                session,
+                serves_submit: true,
             }),
         })
     }
@@ -489,8 +511,31 @@ impl Reader {
             .ok_or(ReadError::UnknownFile { file })
     }
 
+    /// A caller-driven session on this reader for the calling thread: its own ring (on
+    /// io_uring), sharing this reader's classes, io_depth limits, files and pool; see
+    /// [`Session`]. Fails if the ring cannot be set up (e.g. out of file descriptors).
+    pub fn session(&self) -> Result<Session, ReadError> {
+        Session::new(
+            self.clone(),
+            self.inner.shared.clone(),
+            self.inner.session,
+        )
+    }
+
+    /// `submit` needs a backend thread; an io_uring reader with 0 rings has none.
+    fn serves_submit(&self) -> Result<(), ReadError> {
+        if self.inner.serves_submit {
+            Ok(())
+        } else {
+            Err(ReadError::InvalidConfig {
+                parameter: "rings",
+                reason: "0 rings: this reader reads through Reader::session only".into(),
+            })
+        }
+    }
+
     /// Checks a request against the classes, the open files and the buffer size.
-    fn check(&self, req: &ReadRequest) -> Result<Arc<FileEntry>, ReadError> {
+    pub(crate) fn check(&self, req: &ReadRequest) -> Result<Arc<FileEntry>, ReadError> {
         let shared = &self.inner.shared;
         let classes = shared.classes();
         if req.class >= classes {
@@ -524,6 +569,7 @@ impl Reader {
     /// buffer or the class queue is full. Errors here are about the request itself (class,
     /// file id, size); I/O errors arrive as completions.
     pub fn submit(&self, req: ReadRequest) -> Result<(), ReadError> {
+        self.serves_submit()?;
         let job = self.make_job(&req, true)?;
         self.inner.shared.enqueue(job, true)
     }
@@ -534,6 +580,7 @@ impl Reader {
     /// [`Reader::submit`] does (reads already taken from the pool are queued before
     /// waiting, so a batch larger than the pool cannot wait on itself).
     pub fn submit_batch(&self, reqs: &[ReadRequest]) -> Result<(), ReadError> {
+        self.serves_submit()?;
         let files = reqs
             .iter()
             .map(|req| self.check(req))
@@ -555,6 +602,7 @@ impl Reader {
 
     /// Like [`Reader::submit`], but returns [`ReadError::WouldBlock`] instead of waiting.
     pub fn try_submit(&self, req: ReadRequest) -> Result<(), ReadError> {
+        self.serves_submit()?;
         let job = self.make_job(&req, false)?;
         self.inner.shared.enqueue(job, false)
     }

@@ -317,7 +317,14 @@ fn run_sessions(args: &ReadBenchArgs, backend: Backend, blocks: u64) -> anyhow::
         bytes_read += b;
         end = end.max(*e);
     }
-    report(args, &hist, bytes_read, end - begin, args.threads, reader.backend())
+    report(
+        args,
+        &hist,
+        bytes_read,
+        end - begin,
+        args.threads,
+        reader.backend(),
+    )
 }
 
 fn report(

@@ -515,11 +515,7 @@ impl Reader {
     /// io_uring), sharing this reader's classes, io_depth limits, files and pool; see
     /// [`Session`]. Fails if the ring cannot be set up (e.g. out of file descriptors).
     pub fn session(&self) -> Result<Session, ReadError> {
-        Session::new(
-            self.clone(),
-            self.inner.shared.clone(),
-            self.inner.session,
-        )
+        Session::new(self.clone(), self.inner.shared.clone(), self.inner.session)
     }
 
     /// `submit` needs a backend thread; an io_uring reader with 0 rings has none.

@@ -202,9 +202,11 @@ impl Session {
             }
             if self.in_ring.is_empty() {
                 let s = self.shared.lock();
-                let blocked = self.queues.iter().enumerate().all(|(class, q)| {
-                    q.is_empty() || !self.shared.class_has_room(&s, class)
-                });
+                let blocked = self
+                    .queues
+                    .iter()
+                    .enumerate()
+                    .all(|(class, q)| q.is_empty() || !self.shared.class_has_room(&s, class));
                 if blocked {
                     drop(self.shared.wait_for_depth(s));
                 }
@@ -280,32 +282,31 @@ impl Session {
             // TASKRUN: completions wait for an enter to be posted (DEFER_TASKRUN).
             sq.is_empty() && !sq.taskrun()
         };
-        while !idle {
-            match ring.ring.submit_and_wait(want) {
-                Ok(_) => break,
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
-                    ) =>
-                {
-                    if want == 0 {
-                        break;
+        if !idle {
+            loop {
+                match ring.ring.submit_and_wait(want) {
+                    Ok(_) => break,
+                    Err(e)
+                        if matches!(
+                            e.raw_os_error(),
+                            Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
+                        ) =>
+                    {
+                        if want == 0 {
+                            break;
+                        }
+                        // EBUSY/EAGAIN: completions are pending to be reaped; reap them first.
+                        // SAFETY: only this session's thread touches its ring.
+                        if !unsafe { ring.ring.completion_shared() }.is_empty() {
+                            break;
+                        }
                     }
-                    // EBUSY/EAGAIN: completions are pending to be reaped; reap them first.
-                    // SAFETY: only this session's thread touches its ring.
-                    if !unsafe { ring.ring.completion_shared() }.is_empty() {
-                        break;
+                    Err(e) => {
+                        if !ENTER_ERROR_LOGGED.swap(true, Ordering::Relaxed) {
+                            log::error!("lobster-uring: io_uring_enter failed in a session: {e}");
+                        }
+                        return Err(ReadError::Enter { source: e });
                     }
-                }
-                Err(e) => {
-                    if !ENTER_ERROR_LOGGED.swap(true, Ordering::Relaxed) {
-                        log::error!("lobster-uring: io_uring_enter failed in a session: {e}");
-                    }
-                    return Err(ReadError::Setup {
-                        what: "io_uring_enter in a session",
-                        source: e,
-                    });
                 }
             }
         }

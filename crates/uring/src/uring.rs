@@ -269,19 +269,15 @@ pub(crate) fn read_sqe(
     let len = len as u32;
     let slot = job.file.fixed.as_ref().filter(|_| fixed_files);
     let entry = match (slot, fixed_buffers) {
-        (Some(slot), true) => {
-            opcode::ReadFixed::new(types::Fixed(slot.index), ptr, len, buf_index)
-                .offset(offset)
-                .build()
-        }
+        (Some(slot), true) => opcode::ReadFixed::new(types::Fixed(slot.index), ptr, len, buf_index)
+            .offset(offset)
+            .build(),
         (Some(slot), false) => opcode::Read::new(types::Fixed(slot.index), ptr, len)
             .offset(offset)
             .build(),
-        (None, true) => {
-            opcode::ReadFixed::new(types::Fd(job.file.raw_fd()), ptr, len, buf_index)
-                .offset(offset)
-                .build()
-        }
+        (None, true) => opcode::ReadFixed::new(types::Fd(job.file.raw_fd()), ptr, len, buf_index)
+            .offset(offset)
+            .build(),
         (None, false) => opcode::Read::new(types::Fd(job.file.raw_fd()), ptr, len)
             .offset(offset)
             .build(),

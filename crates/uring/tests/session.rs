@@ -129,12 +129,12 @@ fn sessions_on_several_threads_read_the_same_bytes_as_std_fs() {
                 }
             });
             let stats = reader.stats();
-            assert_eq!(
-                stats.classes.iter().map(|c| c.completed).sum::<u64>(),
-                240
-            );
+            assert_eq!(stats.classes.iter().map(|c| c.completed).sum::<u64>(), 240);
             assert!(stats.classes.iter().all(|c| c.in_flight == 0));
-            assert_eq!(stats.buffers_free, stats.buffers_total, "every buffer came back");
+            assert_eq!(
+                stats.buffers_free, stats.buffers_total,
+                "every buffer came back"
+            );
         }
     }
 }
@@ -484,6 +484,9 @@ fn a_session_refuses_what_the_pool_cannot_hold_while_it_has_reads_pending() {
         assert_eq!(done.len(), 2);
         // The completions hold both buffers; dropping them lets the next read in.
         done.clear();
-        assert_eq!(read_one(&mut session, file, 8192, 4096).unwrap()[..], data[8192..12288]);
+        assert_eq!(
+            read_one(&mut session, file, 8192, 4096).unwrap()[..],
+            data[8192..12288]
+        );
     }
 }

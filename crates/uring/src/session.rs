@@ -41,7 +41,8 @@ static ENTER_ERROR_LOGGED: AtomicBool = AtomicBool::new(false);
 /// pool, and gives the same completions, errors and retries. Requests wait in the
 /// session's own FIFO queue per class until their class is below its io_depth.
 /// Completions come back from [`Session::wait`] and [`Session::poll`], not from
-/// [`Reader::completions`].
+/// [`Reader::completions`]. [`Reader::stats`] counts a session's reads in flight and
+/// completed in their classes, but not the requests waiting in a session's own queues.
 ///
 /// On the pread backend a session reads with pread(2) on the calling thread inside
 /// `wait`/`poll`.

@@ -39,7 +39,9 @@ static ENTER_ERROR_LOGGED: AtomicBool = AtomicBool::new(false);
 /// A session shares the reader's classes, io_depth limits (a class's limit counts the
 /// reads of every session and of the reader's own engines together), files and buffer
 /// pool, and gives the same completions, errors and retries. Requests wait in the
-/// session's own FIFO queue per class until their class is below its io_depth.
+/// session's own FIFO queue per class until their class is below its io_depth; FIFO order
+/// holds within a session, not across sessions and the reader's own queues, which take
+/// freed depth in whatever order they ask for it.
 /// Completions come back from [`Session::wait`] and [`Session::poll`], not from
 /// [`Reader::completions`]. [`Reader::stats`] counts a session's reads in flight and
 /// completed in their classes, but not the requests waiting in a session's own queues.

@@ -53,8 +53,7 @@ static ENTER_ERROR_LOGGED: AtomicBool = AtomicBool::new(false);
 /// issuer), so it is neither `Send` nor `Sync`. Dropping it waits for its reads in the
 /// kernel; reads still queued in it are dropped without a completion.
 pub struct Session {
-    reader: Reader,
-    shared: Arc<Shared>,
+    // Fields drop in order: the ring (with the pool registered) before the pool's owners.
     ring: Option<Ring>,
     /// Per class: requests not yet counted against the class's io_depth.
     queues: Vec<VecDeque<Job>>,
@@ -67,6 +66,8 @@ pub struct Session {
     started: Vec<Job>,
     finished: Vec<(Job, Result<(), ReadError>)>,
     queue_capacity: usize,
+    shared: Arc<Shared>,
+    reader: Reader,
     _single_thread: PhantomData<*const ()>,
 }
 

@@ -5,16 +5,23 @@
 #   FILE     test file of a few GiB with real data (default /work/bench-data/f4g.bin);
 #            create one with: dd if=/dev/urandom of=FILE bs=1M count=4096
 #   env: SECONDS_PER_RUN (default 10), RUNS (default 3), LOBSTER (the binary; default:
-#        cargo build --release -p lobster-cli), CACHED_RINGS (reader rings for the page-cache
-#        cases, default 2; the O_DIRECT cases use one ring against one fio job)
+#        cargo build --release -p lobster-cli), CACHED_THREADS (threads on both sides in the
+#        page-cache cases, default: the number of cores)
+#
+# read-bench runs caller-driven (`--threads N`): N threads, each submitting to and reaping
+# from its own ring (a lobster-uring Session) with depth 32, no engine thread, exactly like
+# fio's N jobs. O_DIRECT cases: 1 read-bench thread against 1 fio job, each handing every
+# new read to the kernel as soon as a completion is processed (fio's default
+# iodepth_batch_submit=1; read-bench --submit-batch 1). Page-cache cases: read-bench submits
+# once per reap (the copies happen in that system call), fio psync makes one call per read.
 #
 # Cases and targets (ratio = read-bench MB/s / fio MB/s, median over the alternating pairs):
 #   O_DIRECT 128 KiB depth 32 vs fio io_uring      >= 0.95
 #   O_DIRECT   4 KiB depth 32 vs fio io_uring      >= 0.90
-#   page cache warm, 128 KiB and 4 KiB, depth 32   >= 0.90 of the better of fio io_uring and
-#     fio psync, each run with as many threads as the reader uses: CACHED_RINGS engine
-#     threads (page-cache hits are copied inline by the thread that submits to a ring) plus
-#     the consumer thread that receives completions and submits the next reads.
+#   page cache warm, 128 KiB and 4 KiB, depth 32   >= 0.90 of the better of fio io_uring
+#     (numjobs=N, iodepth=32) and fio psync (numjobs=N), with N = CACHED_THREADS read-bench
+#     threads (page-cache hits are copied inline by the thread that submits, so N threads
+#     use N cores on both sides).
 # O_DIRECT runs bypass the page cache; the page-cache runs read the whole file once first
 # (cat) and run fio with --invalidate=0 so fio does not drop it.
 set -euo pipefail
@@ -23,8 +30,7 @@ cd "$(dirname "$0")/.."
 FILE=${1:-/work/bench-data/f4g.bin}
 SECS=${SECONDS_PER_RUN:-10}
 RUNS=${RUNS:-3}
-CACHED_RINGS=${CACHED_RINGS:-2}
-THREADS=$((CACHED_RINGS + 1))
+THREADS=${CACHED_THREADS:-$(nproc)}
 if [[ -z "${LOBSTER:-}" ]]; then
     cargo build --release -q -p lobster-cli
     LOBSTER="${CARGO_TARGET_DIR:-target}/release/lobster"
@@ -49,7 +55,7 @@ median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1
 ratio() { python3 -c "print(f'{$1 / $2:.3f}')"; }
 pass() { python3 -c "print('PASS' if $1 >= $2 else 'FAIL')"; }
 
-echo "fio_compare: $FILE, $SECS s per run, $RUNS alternating runs each, page-cache cases with $CACHED_RINGS rings ($THREADS threads with the consumer), $(date -u +%FT%TZ)"
+echo "fio_compare: $FILE, $SECS s per run, $RUNS alternating runs each, read-bench caller-driven (1 thread O_DIRECT, $THREADS threads page cache, depth 32 each; fio numjobs the same), $(date -u +%FT%TZ)"
 echo "kernel $(uname -r), $(nproc) cores, fio $(fio --version)"
 summary=()
 
@@ -57,7 +63,7 @@ direct_case() { # bs target
     local bs=$1 target=$2 fios=() rbs=() ratios=()
     for ((i = 1; i <= RUNS; i++)); do
         f=$(fio_mb --bs="$bs" --iodepth=32 --direct=1 --ioengine=io_uring)
-        r=$(rb_mb --bs "$bs" --depth 32 --direct --rings 1)
+        r=$(rb_mb --bs "$bs" --depth 32 --direct --threads 1 --submit-batch 1)
         fios+=("$f"); rbs+=("$r"); ratios+=("$(ratio "$r" "$f")")
         printf '  O_DIRECT %-5s run %d: fio io_uring %8.1f MB/s  read-bench %8.1f MB/s  ratio %s\n' "$bs" "$i" "$f" "$r" "${ratios[-1]}"
     done
@@ -71,15 +77,15 @@ cached_case() { # bs target
     for ((i = 1; i <= RUNS; i++)); do
         fu=$(fio_mb --bs="$bs" --iodepth=32 --ioengine=io_uring --numjobs="$THREADS" --invalidate=0)
         fp=$(fio_mb --bs="$bs" --ioengine=psync --numjobs="$THREADS" --invalidate=0)
-        r=$(rb_mb --bs "$bs" --depth 32 --rings "$CACHED_RINGS")
+        r=$(rb_mb --bs "$bs" --depth 32 --threads "$THREADS")
         best=$(python3 -c "print(max($fu, $fp))")
         fus+=("$fu"); fps+=("$fp"); rbs+=("$r"); ratios+=("$(ratio "$r" "$best")")
-        printf '  cached   %-5s run %d: fio io_uring x%d %8.1f  psync x%d %8.1f  read-bench %8.1f MB/s  ratio %s\n' \
-            "$bs" "$i" "$THREADS" "$fu" "$THREADS" "$fp" "$r" "${ratios[-1]}"
+        printf '  cached   %-5s run %d: fio io_uring x%d %8.1f  psync x%d %8.1f  read-bench x%d %8.1f MB/s  ratio %s\n' \
+            "$bs" "$i" "$THREADS" "$fu" "$THREADS" "$fp" "$THREADS" "$r" "${ratios[-1]}"
     done
     local m; m=$(median "${ratios[@]}")
-    summary+=("$(printf 'cached   %-5s depth 32: fio io_uring x%d %8.1f, psync x%d %8.1f, read-bench %8.1f MB/s, median ratio %s (target %s) %s' \
-        "$bs" "$THREADS" "$(median "${fus[@]}")" "$THREADS" "$(median "${fps[@]}")" "$(median "${rbs[@]}")" "$m" "$target" "$(pass "$m" "$target")")")
+    summary+=("$(printf 'cached   %-5s depth 32: fio io_uring x%d %8.1f, psync x%d %8.1f, read-bench x%d %8.1f MB/s, median ratio %s (target %s) %s' \
+        "$bs" "$THREADS" "$(median "${fus[@]}")" "$THREADS" "$(median "${fps[@]}")" "$THREADS" "$(median "${rbs[@]}")" "$m" "$target" "$(pass "$m" "$target")")")
 }
 
 direct_case 128k 0.95

@@ -1,5 +1,7 @@
-//! Per-read cost of the lobster-uring engine against `FileExt::read_at` for 4 KiB
-//! page-cache hits, on both backends; ends with a plain ratio table measured in the same run.
+//! Per-read cost of the lobster-uring reader against `FileExt::read_at` for 4 KiB
+//! page-cache hits, on both backends, through the engine threads (`Reader::submit_batch`
+//! and the completion channel) and caller-driven (`Session`, no thread hand-off); ends with
+//! a plain ratio table measured in the same run.
 //!
 //! `cargo bench -p lobster-benches --bench uring_read`
 
@@ -10,7 +12,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion, Throughput};
-use lobster_io::uring::{Backend, OpenOptions, ReadRequest, Reader};
+use lobster_io::uring::{Backend, OpenOptions, ReadRequest, Reader, Session};
 
 const FILE_BYTES: u64 = 64 << 20;
 const BS: usize = 4096;
@@ -115,6 +117,44 @@ fn run_reader(
     start.elapsed()
 }
 
+/// `n` reads through a session, `depth` in flight, resubmitted once per reap.
+fn run_session(
+    session: &mut Session,
+    file: lobster_io::uring::FileId,
+    rng: &mut Rng,
+    n: u64,
+    depth: usize,
+) -> Duration {
+    let mut req = |tag| ReadRequest {
+        file,
+        offset: rng.offset(),
+        len: BS,
+        class: 0,
+        tag,
+    };
+    let start = Instant::now();
+    let first = (depth as u64).min(n);
+    let batch: Vec<_> = (0..first).map(&mut req).collect();
+    session.submit_batch(&batch).unwrap();
+    let (mut submitted, mut done) = (first, 0);
+    let mut batch = Vec::with_capacity(depth);
+    let mut completions = Vec::with_capacity(depth);
+    while done < n {
+        session.wait(1, &mut completions).unwrap();
+        batch.clear();
+        for c in completions.drain(..) {
+            black_box(c.result.unwrap());
+            done += 1;
+            if submitted < n {
+                batch.push(req(submitted));
+                submitted += 1;
+            }
+        }
+        session.submit_batch(&batch).unwrap();
+    }
+    start.elapsed()
+}
+
 fn bench(c: &mut Criterion) {
     let tf = TestFile::new();
     let file = File::open(&tf.0).unwrap();
@@ -133,6 +173,12 @@ fn bench(c: &mut Criterion) {
         for depth in [1, DEPTH] {
             group.bench_function(format!("{name}_depth{depth}"), |b| {
                 b.iter_custom(|n| run_reader(&r, id, &mut rng, n, depth))
+            });
+        }
+        let mut session = r.session().unwrap();
+        for depth in [1, DEPTH] {
+            group.bench_function(format!("{name}_session_depth{depth}"), |b| {
+                b.iter_custom(|n| run_session(&mut session, id, &mut rng, n, depth))
             });
         }
     }
@@ -168,6 +214,16 @@ fn ratio_table() {
             println!(
                 "{:<22} {:>10.0} {:>16.2}",
                 format!("{name} depth {depth}"),
+                ns,
+                ns / base
+            );
+        }
+        let mut session = r.session().unwrap();
+        for depth in [1, DEPTH] {
+            let ns = median_ns(|| run_session(&mut session, id, &mut rng, 200_000, depth));
+            println!(
+                "{:<22} {:>10.0} {:>16.2}",
+                format!("{name} session depth {depth}"),
                 ns,
                 ns / base
             );

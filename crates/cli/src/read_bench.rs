@@ -38,6 +38,18 @@ pub struct ReadBenchArgs {
     /// io_uring rings (engine threads); page-cache copies run on these threads.
     #[arg(long, default_value_t = 1)]
     rings: usize,
+    /// Caller-driven mode: this many threads, each with its own session (ring) that it
+    /// submits to and reaps itself, `--depth` reads in flight each (like fio's numjobs),
+    /// as one class (rank) per thread; no engine threads. 0: one consumer thread feeding
+    /// the reader's engine threads (`--rings`).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// With --threads: hand new reads to the kernel after every N completions processed
+    /// (like fio's iodepth_batch_submit; 1 keeps a device busiest), 0: once per reap.
+    /// Page-cache hits are copied during the submit system call, so batching them saves a
+    /// system call per read; O_DIRECT reads gain from reaching the device early.
+    #[arg(long, default_value_t = 0)]
+    submit_batch: usize,
     /// Set IOSQE_ASYNC: the kernel's workers copy page-cache hits.
     #[arg(long)]
     async_punt: bool,
@@ -86,6 +98,13 @@ impl Histogram {
         }
     }
 
+    fn merge(&mut self, other: &Histogram) {
+        for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
+            *a += b;
+        }
+        self.count += other.count;
+    }
+
     fn record(&mut self, d: Duration) {
         let step = (d.as_nanos() as u64 * STEPS_PER_US / 1000).min(MAX_US * STEPS_PER_US);
         self.buckets[step as usize] += 1;
@@ -129,6 +148,9 @@ pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
         BackendArg::Uring => Backend::Uring,
         BackendArg::Pread => Backend::Pread,
     };
+    if args.threads > 0 {
+        return run_sessions(args, backend, blocks);
+    }
     let ring_entries = ((args.depth + 1).div_ceil(args.rings))
         .next_power_of_two()
         .max(8) as u32;
@@ -202,11 +224,128 @@ pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
         end = now;
         reader.submit_batch(&batch)?;
     }
-    let secs = (end - begin).as_secs_f64();
+    let info = reader.backend();
+    report(args, &hist, bytes_read, end - begin, info.threads, info)
+}
+
+/// `--threads N`: N threads, each driving its own session with `--depth` reads in flight.
+fn run_sessions(args: &ReadBenchArgs, backend: Backend, blocks: u64) -> anyhow::Result<()> {
+    let ring_entries = args.depth.next_power_of_two().max(8) as u32;
+    let reader = Reader::builder()
+        .backend(backend)
+        .rings(0)
+        .ring_entries(ring_entries)
+        .async_punt(args.async_punt)
+        .pread_threads(1)
+        .classes(args.threads, args.depth)
+        .queue_capacity(args.depth)
+        .pool_bytes(
+            (args.threads * (args.depth + 2))
+                .saturating_mul(args.bs.div_ceil(4096).next_power_of_two() * 4096),
+        )
+        .max_read_bytes(args.bs)
+        .build()
+        .context("building the reader")?;
+    let file = reader
+        .open(
+            &args.file,
+            OpenOptions {
+                direct: args.direct,
+            },
+        )
+        .context("opening the file")?;
+    let begin = Instant::now();
+    let deadline = begin + Duration::from_secs_f64(args.seconds);
+    let results = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..args.threads)
+            .map(|thread| {
+                let reader = &reader;
+                scope.spawn(move || -> anyhow::Result<(Histogram, u64, Instant)> {
+                    let mut session = reader.session().context("starting a session")?;
+                    let mut rng = StdRng::seed_from_u64(args.seed.wrapping_add(thread as u64));
+                    let mut started = vec![begin; args.depth];
+                    let mut hist = Histogram::new();
+                    let mut batch: Vec<ReadRequest> = Vec::with_capacity(args.depth);
+                    let mut done = Vec::with_capacity(args.depth);
+                    let mut next_request = |slot: usize, started: &mut [Instant], now| {
+                        started[slot] = now;
+                        ReadRequest {
+                            file,
+                            offset: rng.gen_range(0..blocks) * args.bs as u64,
+                            len: args.bs,
+                            class: thread,
+                            tag: slot as u64,
+                        }
+                    };
+                    for slot in 0..args.depth {
+                        batch.push(next_request(slot, &mut started, begin));
+                    }
+                    let mut bytes_read = 0u64;
+                    let mut end = begin;
+                    while !batch.is_empty() || session.pending() > 0 {
+                        if session.submit_batch(&batch)? != batch.len() {
+                            bail!("the session refused reads with buffers to spare");
+                        }
+                        batch.clear();
+                        done.clear();
+                        session.wait(1, &mut done)?;
+                        let now = Instant::now();
+                        for c in done.drain(..) {
+                            let data = c.result.context("read failed")?;
+                            let slot = c.tag as usize;
+                            hist.record(now - started[slot]);
+                            bytes_read += data.len() as u64;
+                            if now < deadline {
+                                batch.push(next_request(slot, &mut started, now));
+                                if batch.len() == args.submit_batch {
+                                    if session.submit_batch(&batch)? != batch.len() {
+                                        bail!("the session refused reads with buffers to spare");
+                                    }
+                                    batch.clear();
+                                }
+                            }
+                        }
+                        end = now;
+                    }
+                    Ok((hist, bytes_read, end))
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("read-bench thread panicked"))
+            .collect::<anyhow::Result<Vec<_>>>()
+    })?;
+    let mut hist = Histogram::new();
+    let mut bytes_read = 0;
+    let mut end = begin;
+    for (h, b, e) in &results {
+        hist.merge(h);
+        bytes_read += b;
+        end = end.max(*e);
+    }
+    report(
+        args,
+        &hist,
+        bytes_read,
+        end - begin,
+        args.threads,
+        reader.backend(),
+    )
+}
+
+fn report(
+    args: &ReadBenchArgs,
+    hist: &Histogram,
+    bytes_read: u64,
+    elapsed: Duration,
+    threads: usize,
+    info: &lobster_io::uring::BackendInfo,
+) -> anyhow::Result<()> {
+    let secs = elapsed.as_secs_f64();
     let mb_per_s = bytes_read as f64 / secs / 1e6;
     let iops = hist.count as f64 / secs;
     let (p50, p99) = (hist.quantile_us(0.50), hist.quantile_us(0.99));
-    let info = reader.backend();
     let backend_name = format!("{:?}", info.active).to_lowercase();
     if args.json {
         let out = serde_json::json!({
@@ -215,7 +354,8 @@ pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
             "p50_us": p50,
             "p99_us": p99,
             "backend": backend_name,
-            "threads": info.threads,
+            "threads": threads,
+            "mode": if args.threads > 0 { "sessions" } else { "engine" },
             "bs": args.bs,
             "depth": args.depth,
             "direct": args.direct,
@@ -225,11 +365,16 @@ pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
         println!("{out}");
     } else {
         println!(
-            "read-bench {}: backend {} ({}), {} thread(s), bs {} depth {}{}",
+            "read-bench {}: backend {} ({}), {} {}, bs {} depth {}{}",
             args.file.display(),
             backend_name,
             info.reason,
-            info.threads,
+            threads,
+            if args.threads > 0 {
+                "thread(s) each driving a session"
+            } else {
+                "engine thread(s)"
+            },
             args.bs,
             args.depth,
             if args.direct { " O_DIRECT" } else { "" }

@@ -96,6 +96,12 @@ pub enum ReadError {
     },
     /// The reader is shutting down and accepts no more requests.
     ShutDown,
+    /// `io_uring_enter` failed on a session's ring (not an error of one read); the
+    /// session's reads stay pending and a later call may succeed.
+    Enter {
+        /// The OS error.
+        source: io::Error,
+    },
 }
 
 impl ReadError {
@@ -104,7 +110,8 @@ impl ReadError {
         match self {
             ReadError::Open { source, .. }
             | ReadError::Read { source, .. }
-            | ReadError::Setup { source, .. } => Some(source),
+            | ReadError::Setup { source, .. }
+            | ReadError::Enter { source } => Some(source),
             _ => None,
         }
     }
@@ -168,6 +175,9 @@ impl fmt::Display for ReadError {
             ),
             ReadError::WouldBlock { bound } => write!(f, "the {bound} is full"),
             ReadError::ShutDown => write!(f, "the reader is shutting down"),
+            ReadError::Enter { source } => {
+                write!(f, "io_uring_enter failed on a session's ring: {source}")
+            }
         }
     }
 }
@@ -177,7 +187,8 @@ impl std::error::Error for ReadError {
         match self {
             ReadError::Open { source, .. }
             | ReadError::Read { source, .. }
-            | ReadError::Setup { source, .. } => Some(source),
+            | ReadError::Setup { source, .. }
+            | ReadError::Enter { source } => Some(source),
             _ => None,
         }
     }

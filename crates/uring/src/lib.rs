@@ -8,6 +8,12 @@
 //!   FIFO queues (round robin over classes below their io_depth), keeps at most the ring's
 //!   capacity in the kernel, and sleeps in `io_uring_enter` when idle; submitters wake it
 //!   through an eventfd whose read it keeps in the ring.
+//! - **Sessions.** [`Reader::session`] gives a thread its own ring that it submits to and
+//!   reaps from itself ([`Session`]), with no engine thread in between: no hand-off per
+//!   read, and page-cache hits copied on the submitting thread, so N sessions on N threads
+//!   use N cores the way fio's N jobs do. Sessions share the reader's classes and io_depth
+//!   limits (a class's limit counts the reads of every session and engine together), files
+//!   and pool. `rings = 0` builds a reader that serves sessions only.
 //! - **Files** are opened once and registered in a fixed-file table when a slot is free.
 //!   O_DIRECT is per file; its alignment comes from statx (`STATX_DIOALIGN`, else 4096),
 //!   and unaligned ranges read the aligned superset and hand out the exact slice.
@@ -45,6 +51,13 @@
 //! assert_eq!((done.tag, done.class), (42, 1));
 //! assert_eq!(&done.result?[..], b"sample");
 //! reader.set_io_depth(1, 16)?; // at any time
+//!
+//! // Caller-driven: this thread submits and reaps on its own ring.
+//! let mut session = reader.session()?;
+//! session.submit(ReadRequest { file, offset: 0, len: 5, class: 0, tag: 1 })?;
+//! let mut done = Vec::new();
+//! session.wait(1, &mut done)?;
+//! assert_eq!(&done[0].result.as_ref().unwrap()[..], b"hello");
 //! # std::fs::remove_file(&path)?;
 //! # Ok(())
 //! # }
@@ -60,6 +73,7 @@ mod pool;
 mod pread;
 mod reader;
 mod sched;
+mod session;
 #[cfg(feature = "tokio-uring")]
 mod tokio_reads;
 mod uring;
@@ -69,6 +83,7 @@ pub use files::{FileId, OpenOptions};
 pub use pages::copy_to_pages;
 pub use reader::{ActiveBackend, Backend, BackendInfo, Reader, ReaderBuilder, ReaderConfig};
 pub use sched::{ClassStats, Completion, IoEvent, IoEventKind, Observer, ReadRequest, ReaderStats};
+pub use session::Session;
 #[cfg(feature = "tokio-uring")]
 pub use tokio_reads::AsyncFile;
 

@@ -35,7 +35,7 @@ pub(crate) fn worker(shared: Arc<Shared>) {
     }
 }
 
-fn read(mut job: Job) -> (Job, Result<(), crate::ReadError>) {
+pub(crate) fn read(mut job: Job) -> (Job, Result<(), crate::ReadError>) {
     if job.is_empty() {
         return (job, Ok(()));
     }

@@ -12,6 +12,7 @@ use crate::deferred::{Deferred, Pending};
 use crate::files::FileEntry;
 use crate::pool::{block_bytes, Pool, POOL_BYTES_MAX};
 use crate::sched::{Completion, Job, Observer, ReadRequest, ReaderStats, Shared};
+use crate::session::{Session, SessionParams};
 use crate::uring::{Engine, SetupParams};
 use crate::{FileId, OpenOptions, ReadError};
 
@@ -62,11 +63,14 @@ pub struct BackendInfo {
 pub struct ReaderConfig {
     /// Which backend to use.
     pub backend: Backend,
-    /// io_uring rings, each with its own engine thread. Page-cache hits are copied on the
-    /// engine thread, so one ring uses at most one core for them.
+    /// io_uring rings, each with its own engine thread, serving [`Reader::submit`].
+    /// Page-cache hits are copied on the engine thread, so one ring uses at most one core
+    /// for them. 0 on the io_uring backend: no engine threads, reads go through
+    /// [`Reader::session`] only (`submit` is refused); the pread backend ignores it.
     pub rings: usize,
-    /// Submission queue entries per ring (the completion queue gets twice as many); a ring
-    /// has at most `ring_entries - 1` reads in the kernel.
+    /// Submission queue entries per ring (the completion queue gets twice as many); an
+    /// engine's ring has at most `ring_entries - 1` reads in the kernel, a session's
+    /// `ring_entries`.
     pub ring_entries: u32,
     /// Set IOSQE_ASYNC on reads: the kernel's worker threads do the page-cache copies,
     /// spreading them over cores, at some cost per read.
@@ -142,8 +146,8 @@ impl ReaderConfig {
                 reason: reason.to_string(),
             })
         };
-        if !(1..=64).contains(&self.rings) {
-            return bad("rings", "must be 1..=64");
+        if self.rings > 64 {
+            return bad("rings", "must be 0..=64");
         }
         if !(2..=32768).contains(&self.ring_entries) {
             return bad("ring_entries", "must be 2..=32768");
@@ -323,6 +327,9 @@ struct ReaderInner {
     /// Reads waiting for pool memory, served by the last thread of `threads`.
     deferred: Arc<Deferred>,
     max_read_bytes: usize,
+    session: SessionParams,
+    /// `submit` has a backend thread to serve it (not an io_uring reader with 0 rings).
+    serves_submit: bool,
 }
 
 impl Drop for ReaderInner {
@@ -347,6 +354,13 @@ impl Reader {
     /// Builds a reader from `config`, choosing the backend (see [`Backend`]).
     pub fn new(config: ReaderConfig) -> Result<Reader, ReadError> {
         config.validate()?;
+        let session = SessionParams {
+            uring: false,
+            ring_entries: config.ring_entries,
+            register_buffers: config.register_buffers,
+            async_punt: config.async_punt,
+            queue_capacity: config.queue_capacity,
+        };
         let env = std::env::var("LOBSTER_IO").ok();
         let pool = Pool::new(config.pool_bytes, config.max_read_bytes).map_err(|source| {
             ReadError::Setup {
@@ -402,7 +416,20 @@ impl Reader {
                             threads
                                 .push(spawn(format!("lobster-uring-{id}"), move || engine.run())?);
                         }
-                        Self::assemble(&config, shared, threads, backend, completions)
+                        let serves_submit = !threads.is_empty();
+                        let session = SessionParams {
+                            uring: true,
+                            ..session
+                        };
+                        Self::assemble(
+                            &config,
+                            shared,
+                            threads,
+                            backend,
+                            completions,
+                            session,
+                            serves_submit,
+                        )
                     }
                     Err(e) if forced => Err(ReadError::Setup {
                         what: e.what,
@@ -414,11 +441,11 @@ impl Reader {
                             e.what, e.source, config.pread_threads
                         );
                         report_fallback(&reason);
-                        Self::pread(config, pool, sender, completions, reason)
+                        Self::pread(config, pool, sender, completions, reason, session)
                     }
                 }
             }
-            Plan::Pread { why } => Self::pread(config, pool, sender, completions, why),
+            Plan::Pread { why } => Self::pread(config, pool, sender, completions, why, session),
         }
     }
 
@@ -428,6 +455,7 @@ impl Reader {
         sender: crossbeam_channel::Sender<Completion>,
         completions: Receiver<Completion>,
         reason: String,
+        session: SessionParams,
     ) -> Result<Reader, ReadError> {
         let shared = Arc::new(Shared::new(
             &config.io_depths,
@@ -462,7 +490,15 @@ impl Reader {
             fixed_buffers: false,
             fixed_file_slots: 0,
         };
-        Self::assemble(&config, shared, threads, backend, completions)
+        Self::assemble(
+            &config,
+            shared,
+            threads,
+            backend,
+            completions,
+            session,
+            true,
+        )
     }
 
     /// Starts the thread that serves reads waiting for pool memory and wraps up the reader.
@@ -472,6 +508,8 @@ impl Reader {
         mut threads: Vec<JoinHandle<()>>,
         backend: BackendInfo,
         completions: Receiver<Completion>,
+        session: SessionParams,
+        serves_submit: bool,
     ) -> Result<Reader, ReadError> {
         let deferred = Arc::new(Deferred::new(
             config.queue_capacity.saturating_mul(config.io_depths.len()),
@@ -495,6 +533,8 @@ impl Reader {
                 completions,
                 deferred,
                 max_read_bytes: config.max_read_bytes,
+                session,
+                serves_submit,
             }),
         })
     }
@@ -530,8 +570,27 @@ impl Reader {
             .ok_or(ReadError::UnknownFile { file })
     }
 
+    /// A caller-driven session on this reader for the calling thread: its own ring (on
+    /// io_uring), sharing this reader's classes, io_depth limits, files and pool; see
+    /// [`Session`]. Fails if the ring cannot be set up (e.g. out of file descriptors).
+    pub fn session(&self) -> Result<Session, ReadError> {
+        Session::new(self.clone(), self.inner.shared.clone(), self.inner.session)
+    }
+
+    /// `submit` needs a backend thread; an io_uring reader with 0 rings has none.
+    fn serves_submit(&self) -> Result<(), ReadError> {
+        if self.inner.serves_submit {
+            Ok(())
+        } else {
+            Err(ReadError::InvalidConfig {
+                parameter: "rings",
+                reason: "0 rings: this reader reads through Reader::session only".into(),
+            })
+        }
+    }
+
     /// Checks a request against the classes, the open files and `max_read_bytes`.
-    fn check(&self, req: &ReadRequest) -> Result<Pending, ReadError> {
+    pub(crate) fn check(&self, req: &ReadRequest) -> Result<Pending, ReadError> {
         let shared = &self.inner.shared;
         let classes = shared.classes();
         if req.class >= classes {
@@ -557,6 +616,7 @@ impl Reader {
     /// the read waits in the reader, in submission order, and `submit` returns. Errors here
     /// are about the request itself (class, file id, size); I/O errors arrive as completions.
     pub fn submit(&self, req: ReadRequest) -> Result<(), ReadError> {
+        self.serves_submit()?;
         let pending = self.check(&req)?;
         let shared = &self.inner.shared;
         match self.inner.deferred.admit(&shared.pool, &pending, true)? {
@@ -571,6 +631,7 @@ impl Reader {
     /// a block at once first, the rest (from the first that finds none) wait in the reader
     /// for pool memory, so a batch larger than the pool cannot wait on itself.
     pub fn submit_batch(&self, reqs: &[ReadRequest]) -> Result<(), ReadError> {
+        self.serves_submit()?;
         let pending = reqs
             .iter()
             .map(|req| self.check(req))
@@ -600,6 +661,7 @@ impl Reader {
     /// Like [`Reader::submit`], but returns [`ReadError::WouldBlock`] instead of waiting
     /// (for pool memory or class queue room).
     pub fn try_submit(&self, req: ReadRequest) -> Result<(), ReadError> {
+        self.serves_submit()?;
         let pending = self.check(&req)?;
         let shared = &self.inner.shared;
         let buf = self

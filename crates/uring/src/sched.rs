@@ -301,6 +301,8 @@ pub(crate) struct Sched {
     /// pread workers waiting on `Shared::work`.
     pub(crate) idle_workers: usize,
     space_waiters: usize,
+    /// Sessions waiting on `Shared::depth` for a class to get below its io_depth.
+    depth_waiters: usize,
 }
 
 impl Sched {
@@ -318,6 +320,7 @@ impl Sched {
             parked: vec![false; engines],
             idle_workers: 0,
             space_waiters: 0,
+            depth_waiters: 0,
         }
     }
 
@@ -339,6 +342,24 @@ impl Sched {
             }
         }
         None
+    }
+
+    /// Counts one more read of `class` in flight if the class is below its io_depth.
+    fn try_start(&mut self, class: usize) -> bool {
+        let class = &mut self.classes[class];
+        if class.in_flight >= class.depth {
+            return false;
+        }
+        class.in_flight += 1;
+        class.peak_in_flight = class.peak_in_flight.max(class.in_flight);
+        true
+    }
+
+    /// A class has queued requests (in the shared queues) and room below its io_depth.
+    fn runnable(&self) -> bool {
+        self.classes
+            .iter()
+            .any(|c| !c.queue.is_empty() && c.in_flight < c.depth)
     }
 
     /// A job of `class` left the kernel for good.
@@ -403,6 +424,10 @@ pub(crate) struct Shared {
     space: Condvar,
     /// Idle pread workers.
     pub(crate) work: Condvar,
+    /// Sessions waiting for a class to get below its io_depth.
+    depth: Condvar,
+    /// Number of classes (fixed when the reader is built).
+    class_count: usize,
     /// One eventfd per io_uring engine; each engine keeps a read of it in its ring.
     pub(crate) wakers: Vec<OwnedFd>,
     pub(crate) files: FileTable,
@@ -436,6 +461,8 @@ impl Shared {
             sched: Mutex::new(Sched::new(depths, wakers.len())),
             space: Condvar::new(),
             work: Condvar::new(),
+            depth: Condvar::new(),
+            class_count: depths.len(),
             wakers,
             files: FileTable::default(),
             fixed,
@@ -451,7 +478,7 @@ impl Shared {
     }
 
     pub(crate) fn classes(&self) -> usize {
-        self.lock().classes.len()
+        self.class_count
     }
 
     /// [`Sched::take_next`], telling the observer.
@@ -461,10 +488,47 @@ impl Shared {
         Some(job)
     }
 
-    /// [`Sched::finish`], telling the observer.
+    /// [`Sched::try_start`] for a job a session holds, telling the observer.
+    pub(crate) fn try_start(&self, s: &mut Sched, job: &Job) -> bool {
+        if !s.try_start(job.class) {
+            return false;
+        }
+        self.observe(IoEventKind::Issued, job);
+        true
+    }
+
+    /// [`Sched::finish`], telling the observer and waking sessions that wait for depth.
     pub(crate) fn finish(&self, s: &mut Sched, job: &Job) {
         self.observe(IoEventKind::Finished, job);
         s.finish(job.class);
+        if s.depth_waiters > 0 {
+            self.depth.notify_all();
+        }
+    }
+
+    /// After a session finished reads: the depth it freed may let an engine or a pread
+    /// worker start reads queued on the reader, and they only look when woken.
+    pub(crate) fn wake_for_freed_depth(&self, s: &mut Sched) -> Wake {
+        if s.runnable() {
+            self.wake_one(s)
+        } else {
+            Wake::Nobody
+        }
+    }
+
+    /// `class` is below its io_depth.
+    pub(crate) fn class_has_room(&self, s: &Sched, class: usize) -> bool {
+        let c = &s.classes[class];
+        c.in_flight < c.depth
+    }
+
+    /// Sleeps until a read finishes or an io_depth changes (a session whose queued reads
+    /// are all held back by their classes' limits).
+    pub(crate) fn wait_for_depth<'a>(&self, mut s: MutexGuard<'a, Sched>) -> MutexGuard<'a, Sched> {
+        s.depth_waiters += 1;
+        s = self.depth.wait(s).unwrap_or_else(|e| e.into_inner());
+        s.depth_waiters -= 1;
+        s
     }
 
     fn observe(&self, kind: IoEventKind, job: &Job) {
@@ -619,8 +683,12 @@ impl Shared {
             .classes
             .get_mut(class)
             .ok_or(ReadError::InvalidClass { class, classes })?;
-        let raised = depth > state.depth && !state.queue.is_empty();
+        let grew = depth > state.depth;
+        let raised = grew && !state.queue.is_empty();
         state.depth = depth;
+        if grew && s.depth_waiters > 0 {
+            self.depth.notify_all();
+        }
         let wake = if raised {
             self.wake_all(&mut s)
         } else {

@@ -50,6 +50,55 @@ fn build_ring(entries: u32) -> io::Result<IoUring> {
     }
 }
 
+/// A ring for a session: used only by the thread that created it, so it asks for
+/// SINGLE_ISSUER and DEFER_TASKRUN (6.1: completions are posted when that thread enters the
+/// kernel to reap, not by interrupting it), falling back to COOP_TASKRUN (5.19), then to no
+/// flags, when the kernel refuses them with EINVAL.
+pub(crate) fn build_session_ring(entries: u32) -> io::Result<IoUring> {
+    let attempts: [fn(&mut io_uring::Builder); 3] = [
+        |b| {
+            b.setup_single_issuer()
+                .setup_defer_taskrun()
+                .setup_taskrun_flag();
+        },
+        |b| {
+            b.setup_coop_taskrun().setup_taskrun_flag();
+        },
+        |_| {},
+    ];
+    let mut last = None;
+    for flags in attempts {
+        let mut builder = IoUring::builder();
+        builder.setup_cqsize(entries * 2);
+        flags(&mut builder);
+        match builder.build(entries) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => last = Some(e),
+            other => return other,
+        }
+    }
+    Err(last.expect("at least one attempt"))
+}
+
+/// Registers `pool` with `ring` if RLIMIT_MEMLOCK leaves room for it; `Err` says why not.
+pub(crate) fn register_pool(ring: &IoUring, pool: &Pool) -> Result<(), String> {
+    let need = pool.budget_bytes() as u64;
+    if pool.budget_bytes() > MAX_REGISTERED_BYTES {
+        return Err(format!(
+            "the pool's {need} bytes exceed the kernel's 1 GiB per buffer"
+        ));
+    }
+    if let Some(limit) = memlock_limit_bytes() {
+        if need > limit {
+            return Err(format!(
+                "{need} bytes exceed RLIMIT_MEMLOCK ({limit} bytes)"
+            ));
+        }
+    }
+    // SAFETY: the iovec describes the pool's mapping (buffer 0, the whole pool); the caller
+    // keeps the pool alive until the ring is dropped.
+    unsafe { ring.submitter().register_buffers(&[pool.iovec()]) }.map_err(|e| e.to_string())
+}
+
 fn memlock_limit_bytes() -> Option<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -84,8 +133,9 @@ pub(crate) struct SetupParams {
 /// Sets up `rings` rings, probes the read opcode, and registers buffers and a fixed-file
 /// table where the kernel and the limits allow.
 pub(crate) fn setup(params: &SetupParams, pool: &Pool) -> Result<UringSetup, SetupError> {
-    let mut rings = Vec::with_capacity(params.rings);
-    for _ in 0..params.rings {
+    let mut rings = Vec::with_capacity(params.rings.max(1));
+    // With 0 rings (sessions only) one ring is still built, to probe the kernel.
+    for _ in 0..params.rings.max(1) {
         let ring = build_ring(params.ring_entries).map_err(|source| SetupError {
             what: "io_uring_setup",
             source,
@@ -123,10 +173,12 @@ pub(crate) fn setup(params: &SetupParams, pool: &Pool) -> Result<UringSetup, Set
     let sq_entries = rings[0].params().sq_entries() as usize;
     let cq_entries = rings[0].params().cq_entries() as usize;
     let cap = sq_entries.min(cq_entries) - 1;
+    rings.truncate(params.rings);
+    wakers.truncate(params.rings);
     let mut notes = Vec::new();
 
     let mut fixed_buffers = false;
-    if params.register_buffers {
+    if params.register_buffers && params.rings > 0 {
         let need = pool.budget_bytes() as u64 * params.rings as u64;
         match memlock_limit_bytes() {
             _ if pool.budget_bytes() > MAX_REGISTERED_BYTES => notes.push(format!(
@@ -152,7 +204,7 @@ pub(crate) fn setup(params: &SetupParams, pool: &Pool) -> Result<UringSetup, Set
                         }
                     }
                 }
-                fixed_buffers = registered == rings.len();
+                fixed_buffers = !rings.is_empty() && registered == rings.len();
                 if !fixed_buffers {
                     for ring in &rings[..registered] {
                         let _ = ring.submitter().unregister_buffers();
@@ -163,7 +215,7 @@ pub(crate) fn setup(params: &SetupParams, pool: &Pool) -> Result<UringSetup, Set
     }
 
     let slots = u64::from(params.fixed_files).min(nofile_limit()) as u32;
-    let fixed = if slots == 0 {
+    let fixed = if slots == 0 || rings.is_empty() {
         None
     } else {
         match FixedTable::new(rings.clone(), slots) {
@@ -199,40 +251,49 @@ pub(crate) struct Engine {
 
 static SUBMIT_ERROR_LOGGED: AtomicBool = AtomicBool::new(false);
 
+/// Builds the SQE for the next chunk of the job stored under `key`: through the file's
+/// fixed slot if `fixed_files` and it has one, into the registered buffer if
+/// `fixed_buffers`.
+pub(crate) fn read_sqe(
+    key: usize,
+    job: &mut Job,
+    fixed_files: bool,
+    fixed_buffers: bool,
+    async_punt: bool,
+) -> squeue::Entry {
+    let (offset, buf_offset, len) = job.next_chunk();
+    // Buffer 0 is the whole pool (see `setup` and `register_pool`).
+    let buf_index = 0;
+    // SAFETY: next_chunk stays inside the buffer (buf_offset + len <= read_len <=
+    // capacity), and the job owns the buffer until its completion is reaped.
+    let ptr = unsafe { job.buf.as_mut_ptr().add(buf_offset) };
+    let len = len as u32;
+    let slot = job.file.fixed.as_ref().filter(|_| fixed_files);
+    let entry = match (slot, fixed_buffers) {
+        (Some(slot), true) => opcode::ReadFixed::new(types::Fixed(slot.index), ptr, len, buf_index)
+            .offset(offset)
+            .build(),
+        (Some(slot), false) => opcode::Read::new(types::Fixed(slot.index), ptr, len)
+            .offset(offset)
+            .build(),
+        (None, true) => opcode::ReadFixed::new(types::Fd(job.file.raw_fd()), ptr, len, buf_index)
+            .offset(offset)
+            .build(),
+        (None, false) => opcode::Read::new(types::Fd(job.file.raw_fd()), ptr, len)
+            .offset(offset)
+            .build(),
+    };
+    let entry = entry.user_data(key as u64);
+    if async_punt {
+        entry.flags(squeue::Flags::ASYNC)
+    } else {
+        entry
+    }
+}
+
 impl Engine {
-    /// Builds the SQE for the next chunk of the job stored under `key`.
     fn read_sqe(&self, key: usize, job: &mut Job) -> squeue::Entry {
-        let (offset, buf_offset, len) = job.next_chunk();
-        // Buffer 0 is the whole pool (see setup).
-        let buf_index = 0;
-        // SAFETY: next_chunk stays inside the buffer (buf_offset + len <= read_len <=
-        // capacity), and the job owns the buffer until its completion is reaped.
-        let ptr = unsafe { job.buf.as_mut_ptr().add(buf_offset) };
-        let len = len as u32;
-        let entry = match (&job.file.fixed, self.fixed_buffers) {
-            (Some(slot), true) => {
-                opcode::ReadFixed::new(types::Fixed(slot.index), ptr, len, buf_index)
-                    .offset(offset)
-                    .build()
-            }
-            (Some(slot), false) => opcode::Read::new(types::Fixed(slot.index), ptr, len)
-                .offset(offset)
-                .build(),
-            (None, true) => {
-                opcode::ReadFixed::new(types::Fd(job.file.raw_fd()), ptr, len, buf_index)
-                    .offset(offset)
-                    .build()
-            }
-            (None, false) => opcode::Read::new(types::Fd(job.file.raw_fd()), ptr, len)
-                .offset(offset)
-                .build(),
-        };
-        let entry = entry.user_data(key as u64);
-        if self.async_punt {
-            entry.flags(squeue::Flags::ASYNC)
-        } else {
-            entry
-        }
+        read_sqe(key, job, true, self.fixed_buffers, self.async_punt)
     }
 
     /// Pushes entries, submitting first whenever the SQ is full.

@@ -1,0 +1,495 @@
+//! Caller-driven sessions, every test run against both backends.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use lobster_uring::{
+    ActiveBackend, Backend, Completion, FileId, IoEvent, IoEventKind, OpenOptions, ReadError,
+    ReadRequest, Reader, ReaderBuilder,
+};
+
+/// Deterministic pseudo-random numbers (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// A directory on the target's file system (O_DIRECT needs a real one, not tmpfs).
+fn test_dir() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+}
+
+fn make_file(dir: &Path, name: &str, size: usize, seed: u64) -> (PathBuf, Vec<u8>) {
+    let mut rng = Rng(seed | 1);
+    let data: Vec<u8> = (0..size).map(|_| rng.next() as u8).collect();
+    let path = dir.join(name);
+    std::fs::write(&path, &data).unwrap();
+    (path, data)
+}
+
+/// The backends to test: both, unless this kernel cannot run io_uring (then said so).
+fn backends() -> Vec<Backend> {
+    match Reader::builder().backend(Backend::Uring).build() {
+        Ok(_) => vec![Backend::Uring, Backend::Pread],
+        Err(e) => {
+            eprintln!("io_uring unavailable on this kernel, testing pread only: {e}");
+            vec![Backend::Pread]
+        }
+    }
+}
+
+fn builder(backend: Backend) -> ReaderBuilder {
+    Reader::builder().backend(backend).pread_threads(4)
+}
+
+fn req(file: FileId, offset: u64, len: usize, class: usize, tag: u64) -> ReadRequest {
+    ReadRequest {
+        file,
+        offset,
+        len,
+        class,
+        tag,
+    }
+}
+
+#[test]
+fn sessions_on_several_threads_read_the_same_bytes_as_std_fs() {
+    let dir = test_dir();
+    let size = (6 << 20) + 321;
+    let (path, data) = make_file(dir.path(), "data", size, 1);
+    for backend in backends() {
+        // rings 0: an io_uring reader without engine threads, serving sessions only.
+        for (direct, rings) in [(false, 0), (true, 0), (false, 1), (true, 1)] {
+            let reader = builder(backend)
+                .rings(rings)
+                .classes(2, 3)
+                .ring_entries(4)
+                .pool_bytes(16 << 22)
+                .max_read_bytes(3 << 20)
+                .build()
+                .unwrap();
+            let file = reader.open(&path, OpenOptions { direct }).unwrap();
+            std::thread::scope(|scope| {
+                for thread in 0..2u64 {
+                    let (reader, data) = (&reader, &data);
+                    scope.spawn(move || {
+                        let mut session = reader.session().unwrap();
+                        if backend == Backend::Pread {
+                            assert!(!session.fixed_buffers());
+                        }
+                        let mut rng = Rng(10 + thread + 2 * direct as u64);
+                        let mut expected = HashMap::new();
+                        let mut done: Vec<Completion> = Vec::new();
+                        let total = 120;
+                        let mut received = 0;
+                        for tag in 0..total {
+                            let len = match rng.below(10) {
+                                0 => 1 + rng.below(2_500_000) as usize, // O_DIRECT splits
+                                1..=4 => 4096 * (1 + rng.below(32) as usize),
+                                _ => 1 + rng.below(200_000) as usize,
+                            };
+                            let mut offset = rng.below((size - len) as u64);
+                            if rng.below(2) == 0 {
+                                offset -= offset % 4096;
+                            }
+                            expected.insert(tag, (offset as usize, len));
+                            let class = (tag % 2) as usize;
+                            let queued = session
+                                .submit_batch(&[req(file, offset, len, class, tag)])
+                                .unwrap();
+                            assert_eq!(queued, 1);
+                            while session.pending() > 6 {
+                                session.wait(1, &mut done).unwrap();
+                                for c in done.drain(..) {
+                                    check(&c, &expected, data, backend, direct);
+                                    received += 1;
+                                }
+                            }
+                        }
+                        while session.pending() > 0 {
+                            session.wait(session.pending(), &mut done).unwrap();
+                            for c in done.drain(..) {
+                                check(&c, &expected, data, backend, direct);
+                                received += 1;
+                            }
+                        }
+                        assert_eq!(received, total);
+                    });
+                }
+            });
+            let stats = reader.stats();
+            assert_eq!(stats.classes.iter().map(|c| c.completed).sum::<u64>(), 240);
+            assert!(stats.classes.iter().all(|c| c.in_flight == 0));
+            assert_eq!(
+                stats.pool_free_bytes, stats.pool_budget_bytes,
+                "every buffer came back"
+            );
+        }
+    }
+}
+
+fn check(
+    c: &Completion,
+    expected: &HashMap<u64, (usize, usize)>,
+    data: &[u8],
+    backend: Backend,
+    direct: bool,
+) {
+    let (offset, len) = expected[&c.tag];
+    assert_eq!(c.class, (c.tag % 2) as usize);
+    let bytes = c
+        .result
+        .as_ref()
+        .unwrap_or_else(|e| panic!("{backend:?} direct={direct}: {e}"));
+    assert_eq!(bytes.len(), len);
+    assert!(
+        bytes[..] == data[offset..offset + len],
+        "{backend:?} direct={direct}: bytes differ at offset {offset} len {len}"
+    );
+}
+
+/// Reads one range through `session`, waiting for it.
+fn read_one(
+    session: &mut lobster_uring::Session,
+    file: FileId,
+    offset: u64,
+    len: usize,
+) -> Result<lobster_uring::Bytes, ReadError> {
+    session.submit(req(file, offset, len, 0, 9))?;
+    let mut done = Vec::new();
+    session.wait(1, &mut done)?;
+    assert_eq!(done.len(), 1);
+    let c = done.pop().unwrap();
+    assert_eq!(c.tag, 9);
+    c.result
+}
+
+#[test]
+fn in_flight_reads_of_sessions_and_engines_together_never_exceed_io_depth() {
+    const CLASSES: usize = 3;
+    const LEN: usize = 64 << 10;
+    let dir = test_dir();
+    let size = 32 << 20;
+    let (path, data) = make_file(dir.path(), "depth", size, 4);
+    for backend in backends() {
+        let in_flight: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..CLASSES).map(|_| AtomicUsize::new(0)).collect());
+        let allowed: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..CLASSES).map(|_| AtomicUsize::new(4)).collect());
+        let peak: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..CLASSES).map(|_| AtomicUsize::new(0)).collect());
+        let violated = Arc::new(AtomicBool::new(false));
+        let (f, a, p, v) = (
+            in_flight.clone(),
+            allowed.clone(),
+            peak.clone(),
+            violated.clone(),
+        );
+        let reader = builder(backend)
+            .rings(1)
+            .classes(CLASSES, 4)
+            .pread_threads(8)
+            .pool_bytes(96 * LEN)
+            .max_read_bytes(LEN)
+            .observer(move |e: IoEvent| match e.kind {
+                IoEventKind::Issued => {
+                    let n = f[e.class].fetch_add(1, Ordering::SeqCst) + 1;
+                    p[e.class].fetch_max(n, Ordering::SeqCst);
+                    if n > a[e.class].load(Ordering::SeqCst) {
+                        v.store(true, Ordering::SeqCst);
+                    }
+                }
+                _ => {
+                    f[e.class].fetch_sub(1, Ordering::SeqCst);
+                }
+            })
+            .build()
+            .unwrap();
+        let file = reader.open(&path, OpenOptions { direct: true }).unwrap();
+        let total: u64 = 900;
+        let offset_of = |rng: &mut Rng| rng.below((size / 4096 - 16) as u64) * 4096;
+        let finished = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            // The reader's engine (or pread pool), fed by one thread, drained by another.
+            let rx = reader.completions();
+            let data = &data;
+            let mut threads = Vec::new();
+            threads.push(scope.spawn(move || {
+                for _ in 0..total {
+                    let c = rx.recv().unwrap();
+                    let offset = (c.tag >> 8) as usize;
+                    assert_eq!(&c.result.unwrap()[..], &data[offset..offset + LEN]);
+                }
+            }));
+            let (reader, finished) = (&reader, &finished);
+            threads.push(scope.spawn(move || {
+                let mut rng = Rng(6);
+                for i in 0..total {
+                    let offset = offset_of(&mut rng);
+                    let class = (i % CLASSES as u64) as usize;
+                    reader
+                        .submit(req(file, offset, LEN, class, offset << 8 | i & 0xff))
+                        .unwrap();
+                }
+                finished.fetch_add(1, Ordering::SeqCst);
+            }));
+            // Two sessions on the same classes.
+            for thread in 0..2u64 {
+                threads.push(scope.spawn(move || {
+                    let mut session = reader.session().unwrap();
+                    let mut rng = Rng(20 + thread);
+                    let mut done = Vec::new();
+                    for i in 0..total {
+                        let offset = offset_of(&mut rng);
+                        let class = (i % CLASSES as u64) as usize;
+                        let read = req(file, offset, LEN, class, offset << 8);
+                        // The other submitter may hold the pool: wait for ours, then retry.
+                        while let Err(e) = session.submit(read) {
+                            assert!(matches!(e, ReadError::WouldBlock { .. }), "{e}");
+                            session.wait(1, &mut done).unwrap();
+                            done.clear();
+                        }
+                        while session.pending() >= 12 {
+                            session.wait(1, &mut done).unwrap();
+                            for c in done.drain(..) {
+                                let offset = (c.tag >> 8) as usize;
+                                assert_eq!(&c.result.unwrap()[..], &data[offset..offset + LEN]);
+                            }
+                        }
+                    }
+                    while session.pending() > 0 {
+                        session.wait(1, &mut done).unwrap();
+                        for c in done.drain(..) {
+                            let offset = (c.tag >> 8) as usize;
+                            assert_eq!(&c.result.unwrap()[..], &data[offset..offset + LEN]);
+                        }
+                    }
+                    finished.fetch_add(1, Ordering::SeqCst);
+                }));
+            }
+            let mut rng = Rng(7);
+            // Until the submitters are done (or one failed: the scope then reports it).
+            loop {
+                let done = finished.load(Ordering::SeqCst);
+                let ended = threads[1..].iter().filter(|t| t.is_finished()).count();
+                if done == 3 || ended > done {
+                    break;
+                }
+                let class = rng.below(CLASSES as u64) as usize;
+                let old = reader.io_depth(class).unwrap();
+                let new = 1 + rng.below(12) as usize;
+                // Reads issued under the old limit may still be in flight: the bound is the
+                // larger of the two until the change took effect, then the new one.
+                allowed[class].store(old.max(new), Ordering::SeqCst);
+                reader.set_io_depth(class, new).unwrap();
+                allowed[class].store(new, Ordering::SeqCst);
+                std::thread::yield_now();
+            }
+        });
+        assert!(
+            !violated.load(Ordering::SeqCst),
+            "{backend:?}: a class exceeded its io_depth"
+        );
+        let max_peak = peak.iter().map(|p| p.load(Ordering::SeqCst)).max().unwrap();
+        assert!(
+            max_peak >= 2,
+            "{backend:?}: reads never overlapped, the test proves nothing"
+        );
+        let stats = reader.stats();
+        assert_eq!(
+            stats.classes.iter().map(|c| c.completed).sum::<u64>(),
+            3 * total
+        );
+        for (class, s) in stats.classes.iter().enumerate() {
+            assert_eq!(s.in_flight, 0);
+            assert_eq!(in_flight[class].load(Ordering::SeqCst), 0);
+        }
+        assert_eq!(stats.pool_free_bytes, stats.pool_budget_bytes);
+    }
+}
+
+#[test]
+fn a_session_reports_errors_with_path_and_offset_and_keeps_serving() {
+    let dir = test_dir();
+    let (path, data) = make_file(dir.path(), "err", 3 << 20, 3);
+    let (shrinks, _) = make_file(dir.path(), "shrinks", 1 << 20, 5);
+    for backend in backends() {
+        for direct in [false, true] {
+            let reader = builder(backend).rings(0).build().unwrap();
+            let mut session = reader.session().unwrap();
+            let file = reader.open(&path, OpenOptions { direct }).unwrap();
+            let err = read_one(&mut session, file, (3 << 20) - 100, 4096).unwrap_err();
+            match &err {
+                ReadError::UnexpectedEof {
+                    path: p,
+                    offset,
+                    len,
+                    file_end,
+                } => {
+                    assert_eq!(p, &path);
+                    assert_eq!((*offset, *len, *file_end), ((3 << 20) - 100, 4096, 3 << 20));
+                }
+                other => panic!("{backend:?} direct={direct}: {other:?}"),
+            }
+            let small = reader.open(&shrinks, OpenOptions { direct }).unwrap();
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&shrinks)
+                .unwrap()
+                .set_len(4096)
+                .unwrap();
+            let err = read_one(&mut session, small, 8192, 4096).unwrap_err();
+            assert!(
+                matches!(err, ReadError::UnexpectedEof { file_end: 4096, .. }),
+                "{backend:?} direct={direct}: {err:?}"
+            );
+            assert!(err.to_string().contains("shrinks"), "{err}");
+            let bytes = read_one(&mut session, file, 12_345, 100_000).unwrap();
+            assert_eq!(&bytes[..], &data[12_345..112_345]);
+            let stray = reader.open(dir.path(), OpenOptions { direct });
+            assert!(matches!(stray, Err(ReadError::Open { .. })));
+        }
+    }
+}
+
+#[test]
+fn a_paused_class_holds_a_session_read_until_its_depth_is_raised() {
+    let dir = test_dir();
+    let (path, data) = make_file(dir.path(), "pause", 1 << 20, 6);
+    for backend in backends() {
+        let reader = builder(backend).classes(2, 0).build().unwrap();
+        let file = reader.open(&path, OpenOptions::default()).unwrap();
+        let mut session = reader.session().unwrap();
+        session.submit(req(file, 100, 1000, 1, 1)).unwrap();
+        let mut done = Vec::new();
+        assert_eq!(session.poll(&mut done).unwrap(), 0, "{backend:?}");
+        let stats = reader.stats();
+        assert_eq!(stats.classes[1].in_flight, 0);
+        assert_eq!(session.pending(), 1);
+        std::thread::scope(|scope| {
+            let reader = &reader;
+            scope.spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                reader.set_io_depth(1, 1).unwrap();
+            });
+            // Sleeps until the other thread raises the depth.
+            assert_eq!(session.wait(1, &mut done).unwrap(), 1);
+        });
+        assert_eq!(&done[0].result.as_ref().unwrap()[..], &data[100..1100]);
+        assert_eq!(reader.stats().classes[1].peak_in_flight, 1);
+    }
+}
+
+#[test]
+fn dropping_a_session_with_reads_in_flight_returns_every_buffer_and_depth() {
+    let dir = test_dir();
+    let size = 16 << 20;
+    let (path, _) = make_file(dir.path(), "drop", size, 8);
+    for backend in backends() {
+        for direct in [false, true] {
+            let reader = builder(backend)
+                .rings(0)
+                .classes(2, 8)
+                .pool_bytes(64 << 18)
+                .max_read_bytes(256 << 10)
+                .build()
+                .unwrap();
+            let file = reader.open(&path, OpenOptions { direct }).unwrap();
+            let mut session = reader.session().unwrap();
+            let mut rng = Rng(9);
+            let reqs: Vec<ReadRequest> = (0..40u64)
+                .map(|tag| {
+                    let offset = rng.below((size - (256 << 10)) as u64);
+                    let len = 1 + rng.below(200_000) as usize;
+                    req(file, offset, len, (tag % 2) as usize, tag)
+                })
+                .collect();
+            // 16 go to the kernel, the rest stay queued behind the io_depth.
+            assert_eq!(session.submit_batch(&reqs).unwrap(), 40);
+            drop(session);
+            let stats = reader.stats();
+            assert!(
+                stats.classes.iter().all(|c| c.in_flight == 0),
+                "{backend:?}: {stats:?}"
+            );
+            assert_eq!(
+                stats.pool_free_bytes, stats.pool_budget_bytes,
+                "{backend:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_reader_with_no_rings_refuses_submit_and_serves_sessions() {
+    let dir = test_dir();
+    let (path, data) = make_file(dir.path(), "norings", 1 << 20, 11);
+    for backend in backends() {
+        let reader = builder(backend).rings(0).build().unwrap();
+        let file = reader.open(&path, OpenOptions::default()).unwrap();
+        let submitted = reader.submit(req(file, 0, 10, 0, 0));
+        if reader.backend().active == ActiveBackend::Uring {
+            assert_eq!(reader.backend().threads, 0);
+            assert!(matches!(
+                submitted,
+                Err(ReadError::InvalidConfig {
+                    parameter: "rings",
+                    ..
+                })
+            ));
+        } else {
+            // The pread pool serves submit whatever the rings.
+            submitted.unwrap();
+            assert!(reader.completions().recv().unwrap().result.is_ok());
+        }
+        let mut session = reader.session().unwrap();
+        assert_eq!(
+            &read_one(&mut session, file, 5, 50).unwrap()[..],
+            &data[5..55]
+        );
+    }
+}
+
+#[test]
+fn a_session_refuses_what_the_pool_cannot_hold_while_it_has_reads_pending() {
+    let dir = test_dir();
+    let (path, data) = make_file(dir.path(), "pool", 1 << 20, 12);
+    for backend in backends() {
+        let reader = builder(backend)
+            .rings(0)
+            .pool_bytes(2 * 4096)
+            .max_read_bytes(4096)
+            .build()
+            .unwrap();
+        let file = reader.open(&path, OpenOptions::default()).unwrap();
+        let mut session = reader.session().unwrap();
+        let reqs: Vec<ReadRequest> = (0..3).map(|i| req(file, i * 4096, 4096, 0, i)).collect();
+        assert_eq!(session.submit_batch(&reqs).unwrap(), 2, "{backend:?}");
+        assert!(matches!(
+            session.submit(reqs[2]),
+            Err(ReadError::WouldBlock {
+                bound: "buffer pool"
+            })
+        ));
+        let mut done = Vec::new();
+        session.wait(2, &mut done).unwrap();
+        assert_eq!(done.len(), 2);
+        // The completions hold both buffers; dropping them lets the next read in.
+        done.clear();
+        assert_eq!(
+            read_one(&mut session, file, 8192, 4096).unwrap()[..],
+            data[8192..12288]
+        );
+    }
+}

@@ -1,51 +1,14 @@
 //! The byte-budget buffer pool seen through the reader, every test run against both backends.
 
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use lobster_uring::{
     ActiveBackend, Backend, IoEvent, IoEventKind, OpenOptions, ReadError, ReadRequest, Reader,
-    ReaderBuilder,
 };
 
-/// Deterministic pseudo-random numbers (xorshift64*).
-struct Rng(u64);
+mod common;
 
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-    }
-}
-
-/// A directory on the target's file system (O_DIRECT needs a real one, not tmpfs).
-fn test_dir() -> tempfile::TempDir {
-    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
-}
-
-fn make_file(dir: &Path, name: &str, size: usize, seed: u64) -> (PathBuf, Vec<u8>) {
-    let mut rng = Rng(seed | 1);
-    let data: Vec<u8> = (0..size).map(|_| rng.below(256) as u8).collect();
-    let path = dir.join(name);
-    std::fs::write(&path, &data).unwrap();
-    (path, data)
-}
-
-fn backends() -> Vec<Backend> {
-    match Reader::builder().backend(Backend::Uring).build() {
-        Ok(_) => vec![Backend::Uring, Backend::Pread],
-        Err(e) => {
-            eprintln!("io_uring unavailable on this kernel, testing pread only: {e}");
-            vec![Backend::Pread]
-        }
-    }
-}
-
-fn builder(backend: Backend) -> ReaderBuilder {
-    Reader::builder().backend(backend).pread_threads(8)
-}
+use common::{backends, builder, make_file, test_dir, Rng};
 
 fn memlock_limit_bytes() -> u64 {
     let mut lim = libc::rlimit {

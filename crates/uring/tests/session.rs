@@ -1,56 +1,20 @@
 //! Caller-driven sessions, every test run against both backends.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use lobster_uring::{
     ActiveBackend, Backend, Completion, FileId, IoEvent, IoEventKind, OpenOptions, ReadError,
-    ReadRequest, Reader, ReaderBuilder,
+    ReadRequest, ReaderBuilder,
 };
 
-/// Deterministic pseudo-random numbers (xorshift64*).
-struct Rng(u64);
+mod common;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// A directory on the target's file system (O_DIRECT needs a real one, not tmpfs).
-fn test_dir() -> tempfile::TempDir {
-    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
-}
-
-fn make_file(dir: &Path, name: &str, size: usize, seed: u64) -> (PathBuf, Vec<u8>) {
-    let mut rng = Rng(seed | 1);
-    let data: Vec<u8> = (0..size).map(|_| rng.next() as u8).collect();
-    let path = dir.join(name);
-    std::fs::write(&path, &data).unwrap();
-    (path, data)
-}
-
-/// The backends to test: both, unless this kernel cannot run io_uring (then said so).
-fn backends() -> Vec<Backend> {
-    match Reader::builder().backend(Backend::Uring).build() {
-        Ok(_) => vec![Backend::Uring, Backend::Pread],
-        Err(e) => {
-            eprintln!("io_uring unavailable on this kernel, testing pread only: {e}");
-            vec![Backend::Pread]
-        }
-    }
-}
+use common::{backends, make_file, test_dir, Rng};
 
 fn builder(backend: Backend) -> ReaderBuilder {
-    Reader::builder().backend(backend).pread_threads(4)
+    common::builder(backend).pread_threads(4)
 }
 
 fn req(file: FileId, offset: u64, len: usize, class: usize, tag: u64) -> ReadRequest {

@@ -354,13 +354,6 @@ impl Reader {
     /// Builds a reader from `config`, choosing the backend (see [`Backend`]).
     pub fn new(config: ReaderConfig) -> Result<Reader, ReadError> {
         config.validate()?;
-        let session = SessionParams {
-            uring: false,
-            ring_entries: config.ring_entries,
-            register_buffers: config.register_buffers,
-            async_punt: config.async_punt,
-            queue_capacity: config.queue_capacity,
-        };
         let env = std::env::var("LOBSTER_IO").ok();
         let pool = Pool::new(config.pool_bytes, config.max_read_bytes).map_err(|source| {
             ReadError::Setup {
@@ -413,23 +406,11 @@ impl Reader {
                                 fixed_buffers: setup.fixed_buffers,
                                 async_punt: config.async_punt,
                             };
-                            threads
-                                .push(spawn(format!("lobster-uring-{id}"), move || engine.run())?);
+                            spawn_or_stop(&shared, &mut threads, format!("lobster-uring-{id}"), {
+                                move || engine.run()
+                            })?;
                         }
-                        let serves_submit = !threads.is_empty();
-                        let session = SessionParams {
-                            uring: true,
-                            ..session
-                        };
-                        Self::assemble(
-                            &config,
-                            shared,
-                            threads,
-                            backend,
-                            completions,
-                            session,
-                            serves_submit,
-                        )
+                        Self::assemble(&config, shared, threads, backend, completions)
                     }
                     Err(e) if forced => Err(ReadError::Setup {
                         what: e.what,
@@ -441,11 +422,11 @@ impl Reader {
                             e.what, e.source, config.pread_threads
                         );
                         report_fallback(&reason);
-                        Self::pread(config, pool, sender, completions, reason, session)
+                        Self::pread(config, pool, sender, completions, reason)
                     }
                 }
             }
-            Plan::Pread { why } => Self::pread(config, pool, sender, completions, why, session),
+            Plan::Pread { why } => Self::pread(config, pool, sender, completions, why),
         }
     }
 
@@ -455,7 +436,6 @@ impl Reader {
         sender: crossbeam_channel::Sender<Completion>,
         completions: Receiver<Completion>,
         reason: String,
-        session: SessionParams,
     ) -> Result<Reader, ReadError> {
         let shared = Arc::new(Shared::new(
             &config.io_depths,
@@ -469,18 +449,12 @@ impl Reader {
         let mut threads = Vec::with_capacity(config.pread_threads);
         for i in 0..config.pread_threads {
             let worker_shared = shared.clone();
-            match spawn(format!("lobster-pread-{i}"), move || {
-                crate::pread::worker(worker_shared)
-            }) {
-                Ok(t) => threads.push(t),
-                Err(e) => {
-                    shared.shut_down();
-                    threads.into_iter().for_each(|t: JoinHandle<()>| {
-                        let _ = t.join();
-                    });
-                    return Err(e);
-                }
-            }
+            spawn_or_stop(
+                &shared,
+                &mut threads,
+                format!("lobster-pread-{i}"),
+                move || crate::pread::worker(worker_shared),
+            )?;
         }
         let backend = BackendInfo {
             active: ActiveBackend::Pread,
@@ -490,15 +464,7 @@ impl Reader {
             fixed_buffers: false,
             fixed_file_slots: 0,
         };
-        Self::assemble(
-            &config,
-            shared,
-            threads,
-            backend,
-            completions,
-            session,
-            true,
-        )
+        Self::assemble(&config, shared, threads, backend, completions)
     }
 
     /// Starts the thread that serves reads waiting for pool memory and wraps up the reader.
@@ -508,23 +474,24 @@ impl Reader {
         mut threads: Vec<JoinHandle<()>>,
         backend: BackendInfo,
         completions: Receiver<Completion>,
-        session: SessionParams,
-        serves_submit: bool,
     ) -> Result<Reader, ReadError> {
+        let uring = backend.active == ActiveBackend::Uring;
+        // An io_uring reader with no rings has no engine to serve `submit`.
+        let serves_submit = !uring || config.rings > 0;
+        let session = SessionParams {
+            uring,
+            ring_entries: config.ring_entries,
+            register_buffers: config.register_buffers,
+            async_punt: config.async_punt,
+            queue_capacity: config.queue_capacity,
+        };
         let deferred = Arc::new(Deferred::new(
             config.queue_capacity.saturating_mul(config.io_depths.len()),
         ));
         let (d, sh) = (deferred.clone(), shared.clone());
-        match spawn("lobster-pool".into(), move || d.run(&sh)) {
-            Ok(t) => threads.push(t),
-            Err(e) => {
-                shared.shut_down();
-                threads.into_iter().for_each(|t| {
-                    let _ = t.join();
-                });
-                return Err(e);
-            }
-        }
+        spawn_or_stop(&shared, &mut threads, "lobster-pool".into(), move || {
+            d.run(&sh)
+        })?;
         Ok(Reader {
             inner: Arc::new(ReaderInner {
                 shared,
@@ -704,14 +671,29 @@ impl Reader {
     }
 }
 
-fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, ReadError> {
-    std::thread::Builder::new()
-        .name(name)
-        .spawn(f)
-        .map_err(|source| ReadError::Setup {
-            what: "spawning a backend thread",
-            source,
-        })
+/// Starts a backend thread; if that fails, stops and joins the ones already started.
+fn spawn_or_stop(
+    shared: &Shared,
+    threads: &mut Vec<JoinHandle<()>>,
+    name: String,
+    f: impl FnOnce() + Send + 'static,
+) -> Result<(), ReadError> {
+    match std::thread::Builder::new().name(name).spawn(f) {
+        Ok(t) => {
+            threads.push(t);
+            Ok(())
+        }
+        Err(source) => {
+            shared.shut_down();
+            threads.drain(..).for_each(|t| {
+                let _ = t.join();
+            });
+            Err(ReadError::Setup {
+                what: "spawning a backend thread",
+                source,
+            })
+        }
+    }
 }
 
 #[cfg(test)]

@@ -163,21 +163,11 @@ pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
         .classes(1, args.depth)
         .queue_capacity(args.depth)
         // One block per read in flight, plus slack for completions not yet resubmitted.
-        .pool_bytes(
-            (args.depth + 2 * args.rings)
-                .saturating_mul(args.bs.div_ceil(4096).next_power_of_two() * 4096),
-        )
+        .pool_bytes(pool_bytes(args.depth + 2 * args.rings, args.bs))
         .max_read_bytes(args.bs)
         .build()
         .context("building the reader")?;
-    let file = reader
-        .open(
-            &args.file,
-            OpenOptions {
-                direct: args.direct,
-            },
-        )
-        .context("opening the file")?;
+    let file = open(&reader, args)?;
     let rx = reader.completions();
     let mut rng = StdRng::seed_from_u64(args.seed);
     let mut started = vec![Instant::now(); args.depth];
@@ -228,6 +218,22 @@ pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
     report(args, &hist, bytes_read, end - begin, info.threads, info)
 }
 
+/// Pool bytes for `reads` reads of `bs` bytes, each taking a power-of-two block of pages.
+fn pool_bytes(reads: usize, bs: usize) -> usize {
+    reads.saturating_mul(bs.div_ceil(4096).next_power_of_two() * 4096)
+}
+
+fn open(reader: &Reader, args: &ReadBenchArgs) -> anyhow::Result<lobster_io::uring::FileId> {
+    reader
+        .open(
+            &args.file,
+            OpenOptions {
+                direct: args.direct,
+            },
+        )
+        .context("opening the file")
+}
+
 /// `--threads N`: N threads, each driving its own session with `--depth` reads in flight.
 fn run_sessions(args: &ReadBenchArgs, backend: Backend, blocks: u64) -> anyhow::Result<()> {
     let ring_entries = args.depth.next_power_of_two().max(8) as u32;
@@ -239,21 +245,11 @@ fn run_sessions(args: &ReadBenchArgs, backend: Backend, blocks: u64) -> anyhow::
         .pread_threads(1)
         .classes(args.threads, args.depth)
         .queue_capacity(args.depth)
-        .pool_bytes(
-            (args.threads * (args.depth + 2))
-                .saturating_mul(args.bs.div_ceil(4096).next_power_of_two() * 4096),
-        )
+        .pool_bytes(pool_bytes(args.threads * (args.depth + 2), args.bs))
         .max_read_bytes(args.bs)
         .build()
         .context("building the reader")?;
-    let file = reader
-        .open(
-            &args.file,
-            OpenOptions {
-                direct: args.direct,
-            },
-        )
-        .context("opening the file")?;
+    let file = open(&reader, args)?;
     let begin = Instant::now();
     let deadline = begin + Duration::from_secs_f64(args.seconds);
     let results = std::thread::scope(|scope| {

@@ -200,13 +200,15 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             batch: config.batch_size,
             epochs: config.epochs,
         };
-        let reader = match config.execution {
-            Execution::Pipelined => Some(build_reader(&config, &dataset)?),
-            Execution::ReadThenDecode => None,
+        let pool =
+            (config.execution == Execution::Pipelined).then(|| pool_shape(&config, &dataset));
+        let reader = match pool {
+            Some(shape) => Some(build_reader(&config, shape)?),
+            None => None,
         };
         let backend = reader.as_ref().map(|r| r.backend().clone());
         let device = config.storage_emulation.map(|e| Arc::new(Device::new(e)));
-        let window_bytes = window_bytes(&config, &dataset);
+        let window_bytes = window_bytes(&config, &dataset, pool.map(|(bytes, _)| bytes));
         let ctx = Context {
             layout,
             config: config.clone(),
@@ -299,14 +301,12 @@ fn pool_shape(config: &LoaderConfig, dataset: &Dataset) -> (u64, u64) {
 /// reads live in the reader's pool (its budget, committed up front) and only evicted copies
 /// come on top; read-then-decode, both are among the window's accesses. Either way the
 /// accesses are bounded by the largest samples of the dataset, as many as the window plans.
-fn window_bytes(config: &LoaderConfig, dataset: &Dataset) -> u64 {
-    let accesses = largest_bytes(dataset, window_samples(config));
-    match config.execution {
-        Execution::Pipelined if config.cache_policy == CachePolicy::None => {
-            pool_shape(config, dataset).0
-        }
-        Execution::Pipelined => pool_shape(config, dataset).0 + accesses,
-        Execution::ReadThenDecode => accesses,
+fn window_bytes(config: &LoaderConfig, dataset: &Dataset, pool_bytes: Option<u64>) -> u64 {
+    let accesses = || largest_bytes(dataset, window_samples(config));
+    match pool_bytes {
+        Some(pool) if config.cache_policy == CachePolicy::None => pool,
+        Some(pool) => pool + accesses(),
+        None => accesses(),
     }
 }
 
@@ -320,10 +320,12 @@ fn largest_bytes(dataset: &Dataset, k: usize) -> u64 {
     sizes.iter().sum()
 }
 
-/// The reader, with the pool of [`pool_shape`] and class queues that hold the whole
-/// prefetch window, so a submission never waits on a later stage.
-fn build_reader(config: &LoaderConfig, dataset: &Dataset) -> Result<lobster_uring::Reader, Error> {
-    let (pool_bytes, max_read_bytes) = pool_shape(config, dataset);
+/// The reader, with the pool of [`pool_shape`] (`(budget, largest read)`) and class queues
+/// that hold the whole prefetch window, so a submission never waits on a later stage.
+fn build_reader(
+    config: &LoaderConfig,
+    (pool_bytes, max_read_bytes): (u64, u64),
+) -> Result<lobster_uring::Reader, Error> {
     let window_samples = window_samples(config);
     // Past usize, the reader's own range check names the parameter.
     let fit = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);

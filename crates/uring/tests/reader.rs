@@ -1,17 +1,13 @@
 //! Behaviour of the reader, every test run against both backends.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use lobster_uring::{
-    ActiveBackend, Backend, Bytes, IoEvent, IoEventKind, OpenOptions, ReadError, ReadRequest,
-    Reader,
-};
+use lobster_uring::{ActiveBackend, Backend, Bytes, OpenOptions, ReadError, ReadRequest, Reader};
 
 mod common;
 
-use common::{backends, builder, make_file, test_dir, Rng};
+use common::{backends, builder, make_file, test_dir, DepthWatch, Rng};
 
 fn read_one(
     reader: &Reader,
@@ -271,19 +267,7 @@ fn in_flight_reads_per_class_never_exceed_io_depth_while_it_changes() {
     let size = 32 << 20;
     let (path, data) = make_file(dir.path(), "depth", size, 4);
     for backend in backends() {
-        let in_flight: Arc<Vec<AtomicUsize>> =
-            Arc::new((0..CLASSES).map(|_| AtomicUsize::new(0)).collect());
-        let allowed: Arc<Vec<AtomicUsize>> =
-            Arc::new((0..CLASSES).map(|_| AtomicUsize::new(4)).collect());
-        let peak: Arc<Vec<AtomicUsize>> =
-            Arc::new((0..CLASSES).map(|_| AtomicUsize::new(0)).collect());
-        let violated = Arc::new(AtomicBool::new(false));
-        let (f, a, p, v) = (
-            in_flight.clone(),
-            allowed.clone(),
-            peak.clone(),
-            violated.clone(),
-        );
+        let watch = DepthWatch::new(CLASSES, 4);
         // Two rings: the limits hold across engine threads.
         let reader = builder(backend)
             .rings(2)
@@ -291,18 +275,7 @@ fn in_flight_reads_per_class_never_exceed_io_depth_while_it_changes() {
             .pread_threads(16)
             .pool_bytes(48 * (64 << 10))
             .max_read_bytes(64 << 10)
-            .observer(move |e: IoEvent| match e.kind {
-                IoEventKind::Issued => {
-                    let n = f[e.class].fetch_add(1, Ordering::SeqCst) + 1;
-                    p[e.class].fetch_max(n, Ordering::SeqCst);
-                    if n > a[e.class].load(Ordering::SeqCst) {
-                        v.store(true, Ordering::SeqCst);
-                    }
-                }
-                _ => {
-                    f[e.class].fetch_sub(1, Ordering::SeqCst);
-                }
-            })
+            .observer(watch.observer())
             .build()
             .unwrap();
         let file = reader.open(&path, OpenOptions { direct: true }).unwrap();
@@ -341,34 +314,20 @@ fn in_flight_reads_per_class_never_exceed_io_depth_while_it_changes() {
         let mut rng = Rng(7);
         while !submitter.is_finished() {
             let class = rng.below(CLASSES as u64) as usize;
-            let old = reader.io_depth(class).unwrap();
             let new = 1 + rng.below(12) as usize;
-            // Reads issued under the old limit may still be in flight: the bound is the
-            // larger of the two until the change took effect, then the new one.
-            allowed[class].store(old.max(new), Ordering::SeqCst);
-            reader.set_io_depth(class, new).unwrap();
-            allowed[class].store(new, Ordering::SeqCst);
+            watch.set_io_depth(&reader, class, new);
             std::thread::yield_now();
         }
         submitter.join().unwrap();
         for class in 0..CLASSES {
-            allowed[class].store(8, Ordering::SeqCst);
-            reader.set_io_depth(class, 8).unwrap();
+            watch.set_io_depth(&reader, class, 8);
         }
         consumer.join().unwrap();
-        assert!(
-            !violated.load(Ordering::SeqCst),
-            "{backend:?}: a class exceeded its io_depth"
-        );
-        let max_peak = peak.iter().map(|p| p.load(Ordering::SeqCst)).max().unwrap();
-        assert!(
-            max_peak >= 2,
-            "{backend:?}: reads never overlapped, the test proves nothing"
-        );
+        watch.assert_held(backend);
         let stats = reader.stats();
         for (class, s) in stats.classes.iter().enumerate() {
             assert_eq!(s.in_flight, 0);
-            assert_eq!(in_flight[class].load(Ordering::SeqCst), 0);
+            assert_eq!(watch.in_flight(class), 0);
             assert!(s.peak_in_flight <= 12, "{s:?}");
         }
     }

@@ -2,8 +2,10 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 
-use lobster_uring::{Backend, Reader, ReaderBuilder};
+use lobster_uring::{Backend, IoEvent, IoEventKind, Reader, ReaderBuilder};
 
 /// Deterministic pseudo-random bytes and numbers (xorshift64*).
 pub struct Rng(pub u64);
@@ -49,4 +51,70 @@ pub fn backends() -> Vec<Backend> {
 /// A builder for `backend` with 8 pread threads.
 pub fn builder(backend: Backend) -> ReaderBuilder {
     Reader::builder().backend(backend).pread_threads(8)
+}
+
+/// Counts each class's reads in flight through a reader's observer, and notes whether a
+/// class ever had more issued than it was allowed.
+pub struct DepthWatch {
+    in_flight: Vec<AtomicUsize>,
+    allowed: Vec<AtomicUsize>,
+    peak: Vec<AtomicUsize>,
+    violated: AtomicBool,
+}
+
+impl DepthWatch {
+    /// A watch of `classes` classes, each allowed `depth` reads at first.
+    pub fn new(classes: usize, depth: usize) -> Arc<Self> {
+        let counters = |v: usize| (0..classes).map(|_| AtomicUsize::new(v)).collect();
+        Arc::new(Self {
+            in_flight: counters(0),
+            allowed: counters(depth),
+            peak: counters(0),
+            violated: AtomicBool::new(false),
+        })
+    }
+
+    /// The observer to give the reader's builder.
+    pub fn observer(self: &Arc<Self>) -> impl Fn(IoEvent) + Send + Sync + 'static {
+        let w = self.clone();
+        move |e: IoEvent| match e.kind {
+            IoEventKind::Issued => {
+                let n = w.in_flight[e.class].fetch_add(1, Ordering::SeqCst) + 1;
+                w.peak[e.class].fetch_max(n, Ordering::SeqCst);
+                if n > w.allowed[e.class].load(Ordering::SeqCst) {
+                    w.violated.store(true, Ordering::SeqCst);
+                }
+            }
+            _ => {
+                w.in_flight[e.class].fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Sets `class`'s io_depth on `reader`. Reads issued under the old limit may still be
+    /// in flight: the bound is the larger of the two until the change took effect.
+    pub fn set_io_depth(&self, reader: &Reader, class: usize, depth: usize) {
+        let old = reader.io_depth(class).unwrap();
+        self.allowed[class].store(old.max(depth), Ordering::SeqCst);
+        reader.set_io_depth(class, depth).unwrap();
+        self.allowed[class].store(depth, Ordering::SeqCst);
+    }
+
+    /// No class went over its limit, and reads did overlap (else the check proves nothing).
+    pub fn assert_held(&self, backend: Backend) {
+        assert!(
+            !self.violated.load(Ordering::SeqCst),
+            "{backend:?}: a class exceeded its io_depth"
+        );
+        let max_peak = self.peak.iter().map(|p| p.load(Ordering::SeqCst)).max();
+        assert!(
+            max_peak.unwrap() >= 2,
+            "{backend:?}: reads never overlapped, the test proves nothing"
+        );
+    }
+
+    /// Reads of `class` issued and not yet completed.
+    pub fn in_flight(&self, class: usize) -> usize {
+        self.in_flight[class].load(Ordering::SeqCst)
+    }
 }

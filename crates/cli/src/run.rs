@@ -619,7 +619,7 @@ fn run_policy(
     bar.finish_and_clear();
     let metrics = loader.metrics();
     drop(loader);
-    Ok((metrics, backend, peak_rss_bytes(), window_bytes))
+    Ok((metrics, backend, status_bytes("VmHWM"), window_bytes))
 }
 
 fn progress_bar(args: &RunArgs, policy: Policy, total: u64) -> ProgressBar {
@@ -731,14 +731,15 @@ fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
-/// VmHWM of this process, in bytes (0 where /proc is unavailable).
-fn peak_rss_bytes() -> u64 {
+/// A memory figure of this process from /proc/self/status (`field` is e.g. `VmHWM` or
+/// `VmRSS`), in bytes; 0 where /proc is unavailable.
+pub(crate) fn status_bytes(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
+                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+                .and_then(|v| v.split_whitespace().next())
                 .and_then(|kb| kb.parse::<u64>().ok())
         })
         .map_or(0, |kb| kb * 1024)

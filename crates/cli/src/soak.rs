@@ -247,7 +247,7 @@ fn soak(args: &SoakArgs, policy: Policy, dataset: &Arc<Dataset>) -> Result<SoakR
                         if barrier.wait().is_leader() && last_of_epoch {
                             rss.lock()
                                 .unwrap_or_else(|p| p.into_inner())
-                                .push(rss_bytes());
+                                .push(crate::run::status_bytes("VmRSS"));
                         }
                         if failed_step.load(Ordering::SeqCst) <= step {
                             batch.with_context(|| format!("rank {rank}"))?;
@@ -308,19 +308,6 @@ fn soak(args: &SoakArgs, policy: Policy, dataset: &Arc<Dataset>) -> Result<SoakR
 
 fn count_dir(path: &str) -> usize {
     std::fs::read_dir(path).map_or(0, |d| d.count())
-}
-
-/// VmRSS of this process, in bytes (0 where /proc is unavailable).
-fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
 }
 
 /// A generated dataset, removed when the soak ends.

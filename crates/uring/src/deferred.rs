@@ -125,11 +125,11 @@ impl Deferred {
                     s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
                 }
             };
+            let Some(p) = next else { break };
             // None: the pool was closed, the reader is shutting down.
-            let Some(buf) = next.as_ref().and_then(|p| shared.pool.acquire(p.read_len)) else {
+            let Some(buf) = shared.pool.acquire(p.read_len) else {
                 break;
             };
-            let p = next.expect("a buffer was acquired for it");
             let queued = shared.enqueue(Job::new(p.file.clone(), &p.req, buf), true);
             self.lock().queue.pop_front();
             self.changed.notify_all();

@@ -81,22 +81,29 @@ pub(crate) fn build_session_ring(entries: u32) -> io::Result<IoUring> {
 
 /// Registers `pool` with `ring` if RLIMIT_MEMLOCK leaves room for it; `Err` says why not.
 pub(crate) fn register_pool(ring: &IoUring, pool: &Pool) -> Result<(), String> {
-    let need = pool.budget_bytes() as u64;
-    if pool.budget_bytes() > MAX_REGISTERED_BYTES {
-        return Err(format!(
-            "the pool's {need} bytes exceed the kernel's 1 GiB per buffer"
-        ));
-    }
-    if let Some(limit) = memlock_limit_bytes() {
-        if need > limit {
-            return Err(format!(
-                "{need} bytes exceed RLIMIT_MEMLOCK ({limit} bytes)"
-            ));
-        }
+    if let Some(why) = registration_refused(pool, 1) {
+        return Err(why);
     }
     // SAFETY: the iovec describes the pool's mapping (buffer 0, the whole pool); the caller
     // keeps the pool alive until the ring is dropped.
     unsafe { ring.submitter().register_buffers(&[pool.iovec()]) }.map_err(|e| e.to_string())
+}
+
+/// Why `pool` cannot be registered as one buffer with each of `rings` rings, if it cannot.
+fn registration_refused(pool: &Pool, rings: usize) -> Option<String> {
+    let need = pool.budget_bytes() as u64 * rings as u64;
+    if pool.budget_bytes() > MAX_REGISTERED_BYTES {
+        return Some(format!(
+            "the pool's {} bytes exceed the kernel's 1 GiB per buffer",
+            pool.budget_bytes()
+        ));
+    }
+    match memlock_limit_bytes() {
+        Some(limit) if need > limit => Some(format!(
+            "{need} bytes exceed RLIMIT_MEMLOCK ({limit} bytes)"
+        )),
+        _ => None,
+    }
 }
 
 fn memlock_limit_bytes() -> Option<u64> {
@@ -179,16 +186,9 @@ pub(crate) fn setup(params: &SetupParams, pool: &Pool) -> Result<UringSetup, Set
 
     let mut fixed_buffers = false;
     if params.register_buffers && params.rings > 0 {
-        let need = pool.budget_bytes() as u64 * params.rings as u64;
-        match memlock_limit_bytes() {
-            _ if pool.budget_bytes() > MAX_REGISTERED_BYTES => notes.push(format!(
-                "buffers not registered: the pool's {} bytes exceed the kernel's 1 GiB per buffer",
-                pool.budget_bytes()
-            )),
-            Some(limit) if need > limit => notes.push(format!(
-                "buffers not registered: {need} bytes exceed RLIMIT_MEMLOCK ({limit} bytes)"
-            )),
-            _ => {
+        match registration_refused(pool, params.rings) {
+            Some(why) => notes.push(format!("buffers not registered: {why}")),
+            None => {
                 // The whole pool as buffer 0: READ_FIXED may target any range inside it.
                 let iovecs = [pool.iovec()];
                 let mut registered = 0;

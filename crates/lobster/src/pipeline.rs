@@ -653,9 +653,7 @@ fn wait_for_room<T>(shared: &Shared<T>, until: usize, prefetch: usize) -> Result
     let mut progress = lock(&shared.progress);
     loop {
         if shared.stop.load(Ordering::SeqCst) {
-            return Err(Error::Stopped {
-                reason: "loader dropped".into(),
-            });
+            return Err(stopped());
         }
         let slowest = progress.taken.iter().copied().min().unwrap_or(usize::MAX);
         if until <= slowest.saturating_add(prefetch) {
@@ -1050,6 +1048,7 @@ fn sleep_unless_stopped<T>(shared: &Shared<T>, deadline: Instant) -> bool {
     }
 }
 
+/// The error of a rank or stage that ends because the loader was dropped.
 fn stopped() -> Error {
     Error::Stopped {
         reason: "loader dropped".into(),
@@ -1453,9 +1452,7 @@ pub(crate) fn next_batch<T>(
         }
         if shared.stop.load(Ordering::SeqCst) {
             let failure = lock(&shared.failure).clone();
-            return Some(Err(failure.unwrap_or(Error::Stopped {
-                reason: "loader dropped".into(),
-            })));
+            return Some(Err(failure.unwrap_or_else(stopped)));
         }
         buffer = r.ready.wait(buffer).unwrap_or_else(|p| p.into_inner());
     }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use lobster_io::uring::Backend;
 use lobster_io::{
-    Batch, CachePolicy, Dataset, DistributedSampler, EpochOrder, Execution, Loader, LoaderBuilder,
-    Schedule,
+    Batch, CachePolicy, Dataset, DistributedSampler, EpochOrder, Execution, IoOrder, Loader,
+    LoaderBuilder, Schedule,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -19,6 +19,7 @@ struct Setup {
     backend: Backend,
     decode_threads: usize,
     schedule: Schedule,
+    io_order: IoOrder,
 }
 
 const NODES: usize = 3;
@@ -39,6 +40,7 @@ fn build(ds: &Arc<Dataset>, s: Setup, node: usize) -> Loader<Vec<u8>> {
         .decode_threads(s.decode_threads)
         .io_depth_budget(8)
         .schedule(s.schedule)
+        .io_order(s.io_order)
         .decode(|bytes: &[u8], _meta| Ok::<_, std::io::Error>(bytes.to_vec()))
         .build()
         .unwrap()
@@ -117,6 +119,7 @@ fn setups() -> Vec<Setup> {
         backend: Backend::Uring,
         decode_threads: 3,
         schedule: Schedule::Allocate { hysteresis: 0.05 },
+        io_order: IoOrder::Deadline,
     };
     let mut v = Vec::new();
     for policy in [
@@ -132,6 +135,11 @@ fn setups() -> Vec<Setup> {
                 ..base
             });
         }
+        v.push(Setup {
+            policy,
+            io_order: IoOrder::Shares,
+            ..base
+        });
         v.push(Setup {
             policy,
             execution: Execution::ReadThenDecode,

@@ -13,8 +13,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use lobster_io::uring::Backend;
 use lobster_io::{
     AllocationRecord, CachePolicy, Dataset, ErrorPolicy, Execution, FailureBudget, FaultInjection,
-    IterationMetrics, LoaderBuilder, LoaderConfig, RunMetrics, SampleMeta, Schedule, SkippedSample,
-    StorageEmulation,
+    IoOrder, IterationMetrics, LoaderBuilder, LoaderConfig, RunMetrics, SampleMeta, Schedule,
+    SkippedSample, StorageEmulation,
 };
 use serde::Serialize;
 
@@ -194,6 +194,11 @@ pub struct RunArgs {
     /// I/O backend of the pipelined policies.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
+    /// How the pipelined policies order storage reads: `deadline` (one node-wide queue, each
+    /// iteration's reads ending together for every rank) or `shares` (each rank held to the
+    /// allocator's io_depth share, as the paper's per-rank I/O threads).
+    #[arg(long, value_enum, default_value_t = IoOrderArg::Deadline)]
+    pub io_order: IoOrderArg,
     /// Read with O_DIRECT.
     #[arg(long)]
     pub direct: bool,
@@ -255,6 +260,16 @@ pub enum BackendArg {
     Pread,
 }
 
+/// The pipelined read order, as the CLI spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IoOrderArg {
+    /// One node-wide queue in deadline order.
+    Deadline,
+    /// Per-rank io_depth shares.
+    Shares,
+}
+
 /// Mean size of the generated default dataset's files, KiB.
 const DEFAULT_MEAN_KB: f64 = 110.0;
 const DEFAULT_CLASSES: u32 = 10;
@@ -282,6 +297,7 @@ struct RunConfig {
     storage_mbps: f64,
     storage_latency_us: u64,
     backend: BackendArg,
+    io_order: IoOrderArg,
     direct: bool,
     on_error: OnError,
     max_failures: Option<String>,
@@ -294,6 +310,7 @@ struct PolicyResult {
     epoch_seconds: Vec<f64>,
     samples_per_second: f64,
     stall_fraction: f64,
+    job_stall_fraction: f64,
     imbalance_p50: f64,
     imbalance_p95: f64,
     hit_ratio: f64,
@@ -377,6 +394,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         storage_mbps: args.storage_mbps,
         storage_latency_us: args.storage_latency_us,
         backend: args.backend,
+        io_order: args.io_order,
         direct: args.direct,
         on_error: args.on_error,
         max_failures: match args.error_policy()? {
@@ -421,6 +439,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             epoch_seconds: metrics.epoch_seconds.clone(),
             samples_per_second: metrics.samples_per_second,
             stall_fraction: metrics.stall_fraction,
+            job_stall_fraction: metrics.job_stall_fraction,
             imbalance_p50: metrics.imbalance_p50,
             imbalance_p95: metrics.imbalance_p95,
             hit_ratio: metrics.hit_ratio,
@@ -545,6 +564,10 @@ fn run_policy(
         prefetch_iterations: args.prefetch,
         window_iterations: 1,
         schedule,
+        io_order: match args.io_order {
+            IoOrderArg::Deadline => IoOrder::Deadline,
+            IoOrderArg::Shares => IoOrder::Shares,
+        },
         execution,
         backend: match args.backend {
             BackendArg::Auto => Backend::Auto,
@@ -681,17 +704,26 @@ pub(crate) fn decode(
 
 fn print_table(results: &[PolicyResult]) {
     println!(
-        "\n{:<20} {:>12} {:>11} {:>8} {:>9} {:>9} {:>9} {:>9}",
-        "policy", "epoch s", "samples/s", "stall %", "imb p50", "imb p95", "hit ratio", "speedup"
+        "\n{:<20} {:>12} {:>11} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9}",
+        "policy",
+        "epoch s",
+        "samples/s",
+        "stall %",
+        "job st %",
+        "imb p50",
+        "imb p95",
+        "hit ratio",
+        "speedup"
     );
     for r in results {
         let mean_epoch = r.epoch_seconds.iter().sum::<f64>() / r.epoch_seconds.len().max(1) as f64;
         println!(
-            "{:<20} {:>12.2} {:>11.0} {:>8.1} {:>9.3} {:>9.3} {:>9.3} {:>9}",
+            "{:<20} {:>12.2} {:>11.0} {:>8.1} {:>8.1} {:>9.3} {:>9.3} {:>9.3} {:>9}",
             r.policy.name(),
             mean_epoch,
             r.samples_per_second,
             r.stall_fraction * 100.0,
+            r.job_stall_fraction * 100.0,
             r.imbalance_p50,
             r.imbalance_p95,
             r.hit_ratio,

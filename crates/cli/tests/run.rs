@@ -91,6 +91,7 @@ fn run_writes_every_policy_with_the_documented_keys() {
             "epoch_seconds",
             "samples_per_second",
             "stall_fraction",
+            "job_stall_fraction",
             "imbalance_p50",
             "imbalance_p95",
             "hit_ratio",

@@ -62,6 +62,33 @@ pub enum Schedule {
     EqualSplit,
 }
 
+/// How the pipelined mode orders the node's storage reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IoOrder {
+    /// One queue for the node, holding at most the io_depth budget in flight: reads of the
+    /// oldest iteration first and, within it, each read at the fraction of its batch's storage
+    /// bytes it completes, so every rank's reads for an iteration end together on a shared
+    /// device instead of one rank's before another's. Ranks share the whole budget; the
+    /// schedule's io_depth split is not applied (decode threads still are).
+    #[default]
+    Deadline,
+    /// Each rank holds at most its io_depth share in flight (the schedule's split), oldest
+    /// read first among the ranks below their share: the paper's per-rank I/O threads.
+    Shares,
+}
+
+impl std::str::FromStr for IoOrder {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "deadline" => Ok(IoOrder::Deadline),
+            "shares" => Ok(IoOrder::Shares),
+            other => Err(Error::invalid("io order", other, "deadline or shares")),
+        }
+    }
+}
+
 /// How a sample is loaded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Execution {
@@ -102,6 +129,8 @@ pub struct LoaderConfig {
     pub window_iterations: usize,
     /// How budgets are split.
     pub schedule: Schedule,
+    /// How the pipelined mode orders storage reads.
+    pub io_order: IoOrder,
     /// How samples are loaded.
     pub execution: Execution,
     /// Which I/O backend runs the reads.
@@ -132,6 +161,7 @@ impl Default for LoaderConfig {
             prefetch_iterations: 2,
             window_iterations: 1,
             schedule: Schedule::Allocate { hysteresis: 0.05 },
+            io_order: IoOrder::Deadline,
             execution: Execution::Pipelined,
             backend: lobster_uring::Backend::Auto,
             direct: false,

@@ -16,7 +16,10 @@ pub struct StorageEmulation {
 
 /// The device clock: requests overlap their latency, then transfer one after another at the
 /// shared bandwidth. A read issued at `t` of `b` bytes finishes at
-/// `max(t + latency, link_free) + b / bandwidth`, and the link is busy until then.
+/// `max(t + latency, link_free) + b / bandwidth`, and the link is busy until then. Callers
+/// reserve when they issue the request (every attempt, failed ones too), so the link serves
+/// requests in the order they were issued, not in the order the host happened to see the
+/// real reads complete.
 #[derive(Debug)]
 pub(crate) struct Device {
     config: StorageEmulation,

@@ -2,10 +2,11 @@
 //!
 //! Synchronous training waits every step for the slowest rank's batch. lobster-io plans
 //! instead of guessing, because the shuffle seed fixes every rank's access order: the cache
-//! evicts the sample whose next use is farthest away ([`cache`]), reads go to io_uring with a
-//! per-rank io_depth ([`uring`]), and every window the ranks predicted to be slowest get more
-//! io_depth and decode threads ([`sched`]). The three engine crates are re-exported whole, so
-//! one dependency is enough.
+//! evicts the sample whose next use is farthest away ([`cache`]), reads go to io_uring
+//! ([`uring`]) in deadline order, so that every rank's batch finishes its reads together
+//! ([`IoOrder`]), and every window the ranks predicted to be slowest get more decode threads,
+//! and under [`IoOrder::Shares`] more io_depth ([`sched`]). The three engine crates are
+//! re-exported whole, so one dependency is enough.
 //!
 //! A loader embedded in a training job: one [`RankHandle`] per local rank, each driven by its
 //! rank's thread.
@@ -66,7 +67,7 @@ mod metrics;
 mod pipeline;
 mod sampler;
 
-pub use config::{CachePolicy, Execution, LoaderConfig, Schedule};
+pub use config::{CachePolicy, Execution, IoOrder, LoaderConfig, Schedule};
 pub use dataset::{Dataset, SampleMeta};
 pub use emulate::StorageEmulation;
 pub use error::{Cause, Error};

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::config::{CachePolicy, Execution, LoaderConfig, Schedule};
+use crate::config::{CachePolicy, Execution, IoOrder, LoaderConfig, Schedule};
 use crate::dataset::{Dataset, SampleMeta};
 use crate::emulate::{Device, StorageEmulation};
 use crate::error::{Cause, Error};
@@ -132,6 +132,8 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         window_iterations: usize,
         /// How the budgets are split among ranks.
         schedule: Schedule,
+        /// How the pipelined mode orders storage reads.
+        io_order: IoOrder,
         /// Pipelined (io_uring reads, separate decode) or read-then-decode workers.
         execution: Execution,
         /// The I/O backend.

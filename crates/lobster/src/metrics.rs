@@ -77,6 +77,11 @@ pub struct RunMetrics {
     pub samples_per_second: f64,
     /// Time ranks waited for batches over the ranks' total time.
     pub stall_fraction: f64,
+    /// Time a synchronous job waited for data over the elapsed time: per iteration the
+    /// longest wait of any local rank, since every rank's step waits for the slowest batch.
+    /// Unlike [`stall_fraction`](Self::stall_fraction) it does not fall when one rank's
+    /// batch comes late while the others come early and wait at the step's barrier instead.
+    pub job_stall_fraction: f64,
     /// Median per-iteration imbalance (max over ranks of load time / mean).
     pub imbalance_p50: f64,
     /// 95th percentile of the per-iteration imbalance.
@@ -165,6 +170,7 @@ impl RatioHistogram {
 struct OpenIteration {
     key: (u32, u32),
     load_s: Vec<Option<f64>>,
+    stall_max_s: f64,
 }
 
 /// The collector the pipeline and the rank handles write to.
@@ -177,6 +183,8 @@ pub(crate) struct Collector {
     hits: u64,
     accesses: u64,
     stall: Duration,
+    /// Summed over completed iterations: the longest wait of any rank.
+    job_stall_s: f64,
     imbalance: RatioHistogram,
     open: VecDeque<OpenIteration>,
     history: VecDeque<IterationMetrics>,
@@ -200,6 +208,7 @@ impl Collector {
             hits: 0,
             accesses: 0,
             stall: Duration::ZERO,
+            job_stall_s: 0.0,
             imbalance: RatioHistogram::new(),
             open: VecDeque::new(),
             history: VecDeque::new(),
@@ -252,13 +261,17 @@ impl Collector {
                 self.open.push_back(OpenIteration {
                     key,
                     load_s: vec![None; self.ranks],
+                    stall_max_s: 0.0,
                 });
                 self.open.len() - 1
             }
         };
-        self.open[index].load_s[m.rank] = Some(m.load_s);
-        if self.open[index].load_s.iter().all(Option::is_some) {
+        let open = &mut self.open[index];
+        open.load_s[m.rank] = Some(m.load_s);
+        open.stall_max_s = open.stall_max_s.max(m.stall_s);
+        if open.load_s.iter().all(Option::is_some) {
             let done = self.open.remove(index).expect("index is in range");
+            self.job_stall_s += done.stall_max_s;
             let loads: Vec<f64> = done.load_s.into_iter().flatten().collect();
             self.imbalance.record(imbalance(&loads));
         }
@@ -301,6 +314,11 @@ impl Collector {
             },
             stall_fraction: if rank_time_s > 0.0 {
                 (self.stall.as_secs_f64() / rank_time_s).min(1.0)
+            } else {
+                0.0
+            },
+            job_stall_fraction: if elapsed_s > 0.0 {
+                (self.job_stall_s / elapsed_s).min(1.0)
             } else {
                 0.0
             },
@@ -371,5 +389,27 @@ mod tests {
         c.batch_taken(m(1, 3.0), 4, false);
         assert_eq!(c.imbalance.total, 1);
         assert!((c.summary().imbalance_p50 - 1.5).abs() < 0.002);
+    }
+
+    #[test]
+    fn job_stall_counts_each_iterations_longest_wait() {
+        let mut c = Collector::new(2, 1);
+        let m = |iteration, rank, stall_s| IterationMetrics {
+            iteration,
+            rank,
+            stall_s,
+            ..Default::default()
+        };
+        // One rank late by 3 s while the other waits 1 s, then both waiting 2 s.
+        c.batch_taken(m(0, 0, 3.0), 4, false);
+        c.batch_taken(m(0, 1, 1.0), 4, false);
+        c.batch_taken(m(1, 0, 2.0), 4, false);
+        assert_eq!(
+            c.job_stall_s, 3.0,
+            "an iteration counts once all ranks took it"
+        );
+        c.batch_taken(m(1, 1, 2.0), 4, false);
+        assert_eq!(c.job_stall_s, 5.0);
+        assert_eq!(c.stall, Duration::from_secs(8));
     }
 }

@@ -2,9 +2,16 @@
 //!
 //! The planner thread walks the node stream in canonical order and makes every cache
 //! decision, so hits and misses are a pure function of the inputs. A miss becomes a read (to
-//! the dispatcher, which holds each rank to its io_depth, or to a worker that reads and then
-//! decodes); a hit waits on the slot the earlier miss fills. Decoded samples land in their
-//! rank's reorder buffer, which hands out whole batches in plan order.
+//! the dispatcher, or to a worker that reads and then decodes); a hit waits on the slot the
+//! earlier miss fills. Decoded samples land in their rank's reorder buffer, which hands out
+//! whole batches in plan order.
+//!
+//! The dispatcher receives a window's reads at once and orders them by [`IoOrder`]. Under
+//! the default deadline order the node's reads form one queue: the oldest iteration first,
+//! and within it each read at the fraction of its batch's storage bytes it completes, so on a
+//! shared device every rank's batch finishes its reads at about the same time. Held to
+//! per-rank io_depth shares instead, each rank streams its own reads at the rate of its
+//! share, and ranks drift apart by whole reads whatever the shares are.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -22,7 +29,7 @@ use lobster_sched::{AllocConfig, Allocator, Budgets, CostModel, RankLoad, Tier};
 use lobster_uring::{Completion, FileId, OpenOptions, ReadRequest, Reader};
 use slab::Slab;
 
-use crate::config::{CachePolicy, Execution, LoaderConfig, Schedule};
+use crate::config::{CachePolicy, Execution, IoOrder, LoaderConfig, Schedule};
 use crate::dataset::{Dataset, SampleMeta};
 use crate::emulate::Device;
 use crate::error::{Cause, Error};
@@ -249,6 +256,11 @@ impl<T> std::fmt::Debug for Shared<T> {
 #[derive(Debug)]
 struct IoRequest {
     seq: u64,
+    /// Iterations since the first epoch's first: the read's deadline.
+    step: u64,
+    /// Parts per million of its batch's storage bytes read once this read is done.
+    finish_ppm: u32,
+    bytes: u64,
     epoch: u32,
     rank: usize,
     sample: u32,
@@ -258,12 +270,10 @@ struct IoRequest {
 
 #[derive(Debug)]
 enum ToDispatcher {
-    Read(IoRequest),
+    /// A window's reads, together so that their order is chosen over the whole window.
+    Reads(Vec<IoRequest>),
     /// io_depth per rank for the requests from stream position `from_seq` on.
-    Depths {
-        from_seq: u64,
-        io_depth: Vec<u32>,
-    },
+    Depths { from_seq: u64, io_depth: Vec<u32> },
 }
 
 /// Everything the threads need, fixed at build time.
@@ -582,7 +592,7 @@ fn planner<T: Send + 'static>(
             lock(&shared.collector).epoch_issued(epoch, issued);
             if let Some(alloc) = allocator.as_mut() {
                 let record = allocate(ctx, shared, alloc, &window, epoch, first)?;
-                if let Some(tx) = &to_dispatcher {
+                if let (Some(tx), IoOrder::Shares) = (&to_dispatcher, config.io_order) {
                     let io_depth = record.io_depth.clone();
                     let _ = tx.send(ToDispatcher::Depths {
                         from_seq: seq + 1,
@@ -593,7 +603,12 @@ fn planner<T: Send + 'static>(
                 lock(&shared.collector).allocation(record);
             }
             open_batches(ctx, shared, &window, epoch, first, last, issued);
-            for p in window.drain(..) {
+            let samples = ctx.dataset.samples();
+            let finish_ppm = read_fractions(&window, layout.ranks, first, last, |sample| {
+                samples[sample as usize].size_bytes
+            });
+            let mut reads = Vec::new();
+            for (p, finish_ppm) in window.drain(..).zip(finish_ppm) {
                 seq += 1;
                 shared.outstanding.fetch_add(1, Ordering::SeqCst);
                 let task = Task {
@@ -618,23 +633,26 @@ fn planner<T: Send + 'static>(
                     );
                 } else {
                     wait_on_slot(shared, task);
-                    if !p.hit {
-                        if let Some(tx) = &to_dispatcher {
-                            let req = IoRequest {
-                                seq,
-                                epoch: p.epoch,
-                                rank: p.rank,
-                                sample: p.sample,
-                                slot: p.slot,
-                                admitted: p.admitted,
-                            };
-                            if tx.send(ToDispatcher::Read(req)).is_err() {
-                                return Err(Error::Stopped {
-                                    reason: "the I/O dispatcher ended".into(),
-                                });
-                            }
-                        }
+                    if !p.hit && to_dispatcher.is_some() {
+                        reads.push(IoRequest {
+                            seq,
+                            step: (global_iteration + p.iteration - first) as u64,
+                            finish_ppm,
+                            bytes: ctx.dataset.samples()[p.sample as usize].size_bytes,
+                            epoch: p.epoch,
+                            rank: p.rank,
+                            sample: p.sample,
+                            slot: p.slot,
+                            admitted: p.admitted,
+                        });
                     }
+                }
+            }
+            if let Some(tx) = &to_dispatcher {
+                if !reads.is_empty() && tx.send(ToDispatcher::Reads(reads)).is_err() {
+                    return Err(Error::Stopped {
+                        reason: "the I/O dispatcher ended".into(),
+                    });
                 }
             }
             global_iteration += last - first;
@@ -646,6 +664,39 @@ fn planner<T: Send + 'static>(
         r.ready.notify_all();
     }
     Ok(())
+}
+
+/// For each access of the window (iterations `first..last`), the fraction in parts per
+/// million of its batch's storage bytes that have been read once it is: a miss's place in
+/// the [`IoOrder::Deadline`] order. Hits get 0.
+fn read_fractions(
+    window: &[Planned],
+    ranks: usize,
+    first: usize,
+    last: usize,
+    size_bytes: impl Fn(u32) -> u64,
+) -> Vec<u32> {
+    let span = last - first;
+    let batch = |p: &Planned| p.rank * span + (p.iteration - first);
+    let mut total_bytes = vec![0u64; ranks * span];
+    for p in window.iter().filter(|p| !p.hit) {
+        total_bytes[batch(p)] += size_bytes(p.sample);
+    }
+    let mut read_bytes = vec![0u64; total_bytes.len()];
+    window
+        .iter()
+        .map(|p| {
+            if p.hit {
+                return 0;
+            }
+            let b = batch(p);
+            read_bytes[b] += size_bytes(p.sample);
+            // A batch of empty samples finishes with its first read.
+            (read_bytes[b] * 1_000_000)
+                .checked_div(total_bytes[b])
+                .unwrap_or(1_000_000) as u32
+        })
+        .collect()
 }
 
 /// Blocks until every rank has taken enough batches for `until` to be within the window.
@@ -823,23 +874,38 @@ fn push_ready<T>(shared: &Shared<T>, ready: Ready) {
     shared.decode_cv.notify_all();
 }
 
-/// Takes the next task for worker `w`: its rank's oldest first; in the pipelined mode an
-/// idle worker then helps with the oldest task of any rank, so no thread idles while a batch
-/// waits (read-then-decode workers belong to their rank, as in PyTorch's DataLoader).
+/// Takes the next task for worker `w`. Read-then-decode workers belong to their rank, as in
+/// PyTorch's DataLoader. A pipelined worker takes its rank's oldest task if that is of the
+/// oldest iteration waiting, and otherwise that iteration's task at the earliest batch
+/// position of any rank: no thread idles while a batch waits, and none runs ahead on a later
+/// iteration of its own rank while another rank's current batch waits.
 fn take_task<T>(ctx: &Context<T>, shared: &Shared<T>, w: usize) -> Option<Ready> {
     let pipelined = ctx.config.execution == Execution::Pipelined;
+    let iterations = ctx.layout.iterations() as u64;
+    let step = |t: &Ready| u64::from(t.task.epoch) * iterations + u64::from(t.task.iteration);
     let mut state = lock(&shared.decode);
     loop {
         if shared.stop.load(Ordering::SeqCst) {
             return None;
         }
         let own = state.assignment.get(w).copied();
-        if let Some(r) = own {
-            if let Some(t) = state.queues[r].pop() {
-                return Some(t);
+        if pipelined {
+            let oldest = (0..state.queues.len())
+                .filter_map(|r| state.queues[r].peek().map(|t| ((step(t), t.task.pos), r)))
+                .min();
+            if let Some(((oldest_step, _), oldest_rank)) = oldest {
+                let r = own
+                    .filter(|&r| {
+                        state.queues[r]
+                            .peek()
+                            .is_some_and(|t| step(t) <= oldest_step)
+                    })
+                    .unwrap_or(oldest_rank);
+                return state.queues[r].pop();
             }
-        }
-        if pipelined || own.is_none() {
+        } else if let Some(t) = own.and_then(|r| state.queues[r].pop()) {
+            return Some(t);
+        } else if own.is_none() {
             let oldest = (0..state.queues.len())
                 .filter_map(|r| state.queues[r].peek().map(|t| (t.task.seq, r)))
                 .min();
@@ -983,7 +1049,11 @@ fn blocking_read<T>(ctx: &Context<T>, shared: &Shared<T>, meta: &SampleMeta, epo
     };
     let mut attempt = 0;
     loop {
-        let issued = Instant::now();
+        // Reserved before the read, as the dispatcher does, so the tier serves in issue order.
+        let due = ctx
+            .device
+            .as_ref()
+            .map(|d| d.finish_time(Instant::now(), meta.size_bytes));
         let result = read()
             .map(|bytes| (Bytes::from(bytes), Duration::ZERO))
             .map_err(|cause| AttemptError {
@@ -996,11 +1066,8 @@ fn blocking_read<T>(ctx: &Context<T>, shared: &Shared<T>, meta: &SampleMeta, epo
             });
         match result {
             Ok((bytes, delay)) => {
-                let mut ready = Instant::now();
-                if let Some(device) = &ctx.device {
-                    ready = device.finish_time(issued, bytes.len() as u64);
-                }
-                if !sleep_unless_stopped(shared, ready.max(Instant::now()) + delay) {
+                let now = Instant::now();
+                if !sleep_unless_stopped(shared, due.map_or(now, |due| due.max(now)) + delay) {
                     return Err(stopped());
                 }
                 if attempt > 0 {
@@ -1104,6 +1171,9 @@ struct InFlight {
     /// 0 for the first attempt; a retry waiting for its backoff keeps its io_depth slot.
     attempt: u32,
     issued: Instant,
+    /// When the emulated tier delivers this attempt: reserved at submission, so the tier
+    /// serves requests in the order they were issued.
+    due: Option<Instant>,
     /// Bytes the reader returned, held until the emulated tier delivers them.
     parked: Option<Bytes>,
 }
@@ -1137,6 +1207,7 @@ impl Reads {
             file,
             attempt: 0,
             issued: Instant::now(),
+            due: None,
             parked: None,
         })
     }
@@ -1224,7 +1295,13 @@ fn dispatcher<T>(
 ) -> Result<(), Error> {
     let ranks = ctx.layout.ranks;
     let samples = ctx.dataset.samples();
-    let mut depth: Vec<u32> = equal_split(ctx.config.io_depth_budget as u32, ranks);
+    let budget = ctx.config.io_depth_budget as u32;
+    // Under the deadline order the node's reads share the whole budget, so the engine holds
+    // no rank to a share of it.
+    let mut depth: Vec<u32> = match ctx.config.io_order {
+        IoOrder::Deadline => vec![budget; ranks],
+        IoOrder::Shares => equal_split(budget, ranks),
+    };
     let mut pending: Vec<VecDeque<IoRequest>> = (0..ranks).map(|_| VecDeque::new()).collect();
     let mut reads = Reads::new(ranks);
     let mut allocations: VecDeque<(u64, Vec<u32>)> = VecDeque::new();
@@ -1252,14 +1329,13 @@ fn dispatcher<T>(
             }
             depth = d;
         }
-        // Oldest request first among the ranks below their io_depth: the storage works on the
-        // current iteration before the prefetched ones.
-        while let Some(r) = (0..ranks)
-            .filter(|&r| reads.in_flight[r] < depth[r])
-            .filter_map(|r| pending[r].front().map(|q| (q.seq, r)))
-            .min()
-            .map(|(_, r)| r)
-        {
+        while let Some(r) = next_read(
+            ctx.config.io_order,
+            &pending,
+            &reads.in_flight,
+            &depth,
+            budget,
+        ) {
             let req = pending[r].pop_front().expect("front checked");
             let meta = &samples[req.sample as usize];
             match reads.files.acquire(reader, meta, ctx.config.direct) {
@@ -1285,7 +1361,11 @@ fn dispatcher<T>(
         let rx = requests.as_ref().unwrap_or(&never);
         select! {
             recv(rx) -> msg => match msg {
-                Ok(ToDispatcher::Read(req)) => pending[req.rank].push_back(req),
+                Ok(ToDispatcher::Reads(window)) => {
+                    for req in window {
+                        pending[req.rank].push_back(req);
+                    }
+                }
                 Ok(ToDispatcher::Depths { from_seq, io_depth }) => {
                     allocations.push_back((from_seq, io_depth));
                 }
@@ -1317,12 +1397,49 @@ fn dispatcher<T>(
     }
 }
 
+/// The rank whose next pending read goes to the reader now, if any. Both orders serve the
+/// current iteration before the prefetched ones.
+fn next_read(
+    order: IoOrder,
+    pending: &[VecDeque<IoRequest>],
+    in_flight: &[u32],
+    depth: &[u32],
+    budget: u32,
+) -> Option<usize> {
+    let fronts = || {
+        pending
+            .iter()
+            .enumerate()
+            .filter_map(|(r, q)| q.front().map(|q| (r, q)))
+    };
+    match order {
+        IoOrder::Deadline => {
+            if in_flight.iter().sum::<u32>() >= budget {
+                return None;
+            }
+            let step = fronts().map(|(_, q)| q.step).min()?;
+            fronts()
+                .filter(|(_, q)| q.step == step)
+                .min_by_key(|&(r, q)| (q.finish_ppm, Reverse(q.bytes), r))
+                .map(|(r, _)| r)
+        }
+        IoOrder::Shares => fronts()
+            .filter(|&(r, _)| in_flight[r] < depth[r])
+            .min_by_key(|(_, q)| q.seq)
+            .map(|(r, _)| r),
+    }
+}
+
 /// Hands read `key` (a first attempt or a retry) to the reader; a refused submission fails
 /// the sample.
 fn submit<T>(ctx: &Context<T>, shared: &Shared<T>, reader: &Reader, reads: &mut Reads, key: usize) {
     let read = &mut reads.slab[key];
     let meta = &ctx.dataset.samples()[read.req.sample as usize];
     read.issued = Instant::now();
+    read.due = ctx
+        .device
+        .as_ref()
+        .map(|d| d.finish_time(read.issued, meta.size_bytes));
     let request = ReadRequest {
         file: read.file,
         offset: 0,
@@ -1352,11 +1469,8 @@ fn on_completion<T>(ctx: &Context<T>, shared: &Shared<T>, reads: &mut Reads, c: 
             if read.attempt > 0 {
                 shared.faults.recovered.fetch_add(1, Ordering::Relaxed);
             }
-            let mut finish = Instant::now();
-            if let Some(device) = &ctx.device {
-                finish = finish.max(device.finish_time(read.issued, meta.size_bytes));
-            }
-            finish += delay;
+            let now = Instant::now();
+            let finish = read.due.map_or(now, |due| due.max(now)) + delay;
             if finish > Instant::now() {
                 reads.slab[key].parked = Some(bytes);
                 reads.timers.push(Reverse((finish, key)));
@@ -1539,4 +1653,201 @@ pub(crate) fn detach<T>(shared: &Shared<T>, rank: usize) {
     }
     lock(&shared.progress).taken[rank] = usize::MAX;
     shared.progress_cv.notify_all();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn planned(iteration: usize, rank: usize, sample: u32, hit: bool) -> Planned {
+        Planned {
+            epoch: 0,
+            iteration,
+            rank,
+            pos: 0,
+            sample,
+            slot: Slot::new(),
+            hit,
+            admitted: false,
+        }
+    }
+
+    fn request(seq: u64, step: u64, rank: usize, finish_ppm: u32, bytes: u64) -> IoRequest {
+        IoRequest {
+            seq,
+            step,
+            finish_ppm,
+            bytes,
+            epoch: 0,
+            rank,
+            sample: seq as u32,
+            slot: Slot::new(),
+            admitted: false,
+        }
+    }
+
+    /// A small deterministic generator for sizes.
+    fn sizes(seed: u64, n: usize) -> Vec<u64> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                20_000 + x % 400_000
+            })
+            .collect()
+    }
+
+    #[test]
+    fn read_fractions_follow_each_batchs_storage_bytes() {
+        // Two iterations, two ranks; sample ids are their sizes in bytes.
+        let window = [
+            planned(3, 0, 100, false),
+            planned(3, 0, 50, true),
+            planned(3, 0, 300, false),
+            planned(3, 1, 0, false),
+            planned(4, 0, 10, false),
+            planned(4, 1, 7, true),
+        ];
+        let f = read_fractions(&window, 2, 3, 5, u64::from);
+        assert_eq!(f, vec![250_000, 0, 1_000_000, 1_000_000, 1_000_000, 0]);
+    }
+
+    /// Issues every pending read in `order` with room for all of them, onto a link that
+    /// transfers one byte per unit of time in issue order; returns when each rank's last read
+    /// of step 0 ends.
+    fn rank_finish_times(order: IoOrder, pending: &mut [VecDeque<IoRequest>]) -> Vec<u64> {
+        let ranks = pending.len();
+        let mut in_flight = vec![0; ranks];
+        let depth = equal_split(1 << 20, ranks);
+        let mut link = 0;
+        let mut finish = vec![0; ranks];
+        while let Some(r) = next_read(order, pending, &in_flight, &depth, 1 << 20) {
+            let req = pending[r]
+                .pop_front()
+                .expect("next_read picks a rank with work");
+            in_flight[r] += 1;
+            link += req.bytes;
+            if req.step == 0 {
+                finish[r] = link;
+            }
+        }
+        finish
+    }
+
+    /// Step 0's batches of four ranks with different miss counts, then one read of step 1.
+    fn batches(seed: u64) -> Vec<VecDeque<IoRequest>> {
+        let misses = [7, 2, 12, 5];
+        let mut seq = 0;
+        let mut pending: Vec<VecDeque<IoRequest>> = (0..4).map(|_| VecDeque::new()).collect();
+        for (rank, &n) in misses.iter().enumerate() {
+            let bytes = sizes(seed + rank as u64, n);
+            let total: u64 = bytes.iter().sum();
+            let mut done = 0;
+            for b in bytes {
+                done += b;
+                seq += 1;
+                let ppm = (done * 1_000_000 / total) as u32;
+                pending[rank].push_back(request(seq, 0, rank, ppm, b));
+            }
+        }
+        seq += 1;
+        pending[0].push_back(request(seq, 1, 0, 0, 1));
+        pending
+    }
+
+    #[test]
+    fn deadline_order_ends_every_ranks_batch_together() {
+        for seed in 1..50 {
+            let mut pending = batches(seed);
+            let last_bytes: Vec<u64> = pending
+                .iter()
+                .map(|q| {
+                    q.iter()
+                        .rfind(|r| r.step == 0)
+                        .expect("every rank reads")
+                        .bytes
+                })
+                .collect();
+            let step_bytes: u64 = pending
+                .iter()
+                .flatten()
+                .filter(|r| r.step == 0)
+                .map(|r| r.bytes)
+                .sum();
+            let finish = rank_finish_times(IoOrder::Deadline, &mut pending);
+            // Only the ranks' last reads separate their ends, largest first.
+            let mut others = last_bytes.clone();
+            others.sort_unstable();
+            let spread_max: u64 = others[..others.len() - 1].iter().sum();
+            let earliest = *finish.iter().min().expect("four ranks");
+            assert_eq!(
+                *finish.iter().max().expect("four ranks"),
+                step_bytes,
+                "seed {seed}"
+            );
+            assert!(
+                step_bytes - earliest <= spread_max,
+                "seed {seed}: {finish:?}"
+            );
+            // The stream order ends rank 0's batch long before rank 2's.
+            let mut pending = batches(seed);
+            let stream = rank_finish_times(IoOrder::Shares, &mut pending);
+            assert!(
+                stream[0] < earliest,
+                "seed {seed}: {stream:?} against {finish:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn deadline_order_serves_the_oldest_step_within_the_node_budget() {
+        let mut pending: Vec<VecDeque<IoRequest>> = (0..2).map(|_| VecDeque::new()).collect();
+        pending[0].push_back(request(1, 5, 0, 900_000, 10));
+        pending[1].push_back(request(2, 6, 1, 1, 10));
+        // Rank 1's read is further through its batch but a step later.
+        assert_eq!(
+            next_read(IoOrder::Deadline, &pending, &[0, 0], &[1, 1], 4),
+            Some(0)
+        );
+        // The node's budget bounds the reads in flight; one rank may hold all of it.
+        assert_eq!(
+            next_read(IoOrder::Deadline, &pending, &[4, 0], &[2, 2], 4),
+            None
+        );
+        assert_eq!(
+            next_read(IoOrder::Deadline, &pending, &[3, 0], &[2, 2], 4),
+            Some(0)
+        );
+        pending[0].clear();
+        assert_eq!(
+            next_read(IoOrder::Deadline, &pending, &[0, 0], &[1, 1], 4),
+            Some(1)
+        );
+        pending[1].clear();
+        assert_eq!(
+            next_read(IoOrder::Deadline, &pending, &[0, 0], &[1, 1], 4),
+            None
+        );
+    }
+
+    #[test]
+    fn shares_hold_each_rank_to_its_io_depth() {
+        let mut pending: Vec<VecDeque<IoRequest>> = (0..2).map(|_| VecDeque::new()).collect();
+        pending[0].push_back(request(1, 0, 0, 500_000, 10));
+        pending[1].push_back(request(2, 0, 1, 100_000, 10));
+        assert_eq!(
+            next_read(IoOrder::Shares, &pending, &[0, 0], &[1, 1], 2),
+            Some(0)
+        );
+        assert_eq!(
+            next_read(IoOrder::Shares, &pending, &[1, 0], &[1, 1], 2),
+            Some(1)
+        );
+        assert_eq!(
+            next_read(IoOrder::Shares, &pending, &[1, 1], &[1, 1], 2),
+            None
+        );
+    }
 }

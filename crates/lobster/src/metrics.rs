@@ -37,7 +37,9 @@ pub struct AllocationRecord {
     pub epoch: u32,
     /// The window's first iteration.
     pub iteration: u32,
-    /// io_depth per local rank.
+    /// io_depth per local rank: each rank's cap under
+    /// [`IoOrder::Shares`](crate::IoOrder::Shares); under the default deadline order the
+    /// ranks share the whole budget and this split is the allocator's advice only.
     pub io_depth: Vec<u32>,
     /// Decode threads per local rank.
     pub decode_threads: Vec<u32>,

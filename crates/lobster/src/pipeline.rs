@@ -260,6 +260,7 @@ struct IoRequest {
     step: u64,
     /// Parts per million of its batch's storage bytes read once this read is done.
     finish_ppm: u32,
+    /// The sample's size: of reads that end their batches together, the largest goes first.
     bytes: u64,
     epoch: u32,
     rank: usize,
@@ -638,7 +639,7 @@ fn planner<T: Send + 'static>(
                             seq,
                             step: (global_iteration + p.iteration - first) as u64,
                             finish_ppm,
-                            bytes: ctx.dataset.samples()[p.sample as usize].size_bytes,
+                            bytes: samples[p.sample as usize].size_bytes,
                             epoch: p.epoch,
                             rank: p.rank,
                             sample: p.sample,

@@ -130,6 +130,12 @@ fn run_writes_every_policy_with_the_documented_keys() {
             p50 >= median && p50 <= median + 0.0011,
             "imbalance_p50 {p50} is the median {median} to the histogram's 0.001"
         );
+        // Per iteration the longest wait is at least the ranks' mean wait.
+        let (job, mean) = (
+            r["job_stall_fraction"].as_f64().unwrap(),
+            r["stall_fraction"].as_f64().unwrap(),
+        );
+        assert!(job >= mean - 1e-9, "job stall {job} < mean stall {mean}");
     }
     assert_eq!(results[0]["hit_ratio"], 0.0, "pytorch has no cache");
 }
@@ -145,6 +151,7 @@ fn run_rejects_nonsense_parameters_by_name() {
         ("--node", "9", "node"),
         ("--decode-threads", "1", "decode_threads"),
         ("--cache-frac", "2", "--cache-frac"),
+        ("--io-order", "fifo", "--io-order"),
     ] {
         let mut args = vec![
             ("--ranks-per-node", "2"),

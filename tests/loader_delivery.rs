@@ -20,6 +20,7 @@ struct Setup {
     decode_threads: usize,
     schedule: Schedule,
     io_order: IoOrder,
+    window_iterations: usize,
 }
 
 const NODES: usize = 3;
@@ -41,6 +42,7 @@ fn build(ds: &Arc<Dataset>, s: Setup, node: usize) -> Loader<Vec<u8>> {
         .io_depth_budget(8)
         .schedule(s.schedule)
         .io_order(s.io_order)
+        .window_iterations(s.window_iterations)
         .decode(|bytes: &[u8], _meta| Ok::<_, std::io::Error>(bytes.to_vec()))
         .build()
         .unwrap()
@@ -59,6 +61,13 @@ fn run(loader: &mut Loader<Vec<u8>>) -> Vec<Vec<Batch<Vec<u8>>>> {
 }
 
 fn check_delivery(ds: &Dataset, node: usize, got: &[Vec<Batch<Vec<u8>>>]) {
+    for (rank, batches) in got.iter().enumerate() {
+        check_rank(ds, node, rank, batches);
+    }
+}
+
+/// `batches` are every batch of `rank` on `node`, in plan order, with their labels and bytes.
+fn check_rank(ds: &Dataset, node: usize, rank: usize, batches: &[Batch<Vec<u8>>]) {
     let sampler = DistributedSampler::new(
         ds.len(),
         NODES * RANKS,
@@ -66,31 +75,29 @@ fn check_delivery(ds: &Dataset, node: usize, got: &[Vec<Batch<Vec<u8>>>]) {
         EpochOrder::Shuffle { seed: SEED },
     )
     .unwrap();
-    for (rank, batches) in got.iter().enumerate() {
-        let mut expected = Vec::new();
-        for epoch in 0..EPOCHS {
-            let indices = sampler.rank_indices(epoch, node * RANKS + rank);
-            for (iteration, chunk) in indices.chunks(BATCH).enumerate() {
-                expected.push((epoch, iteration as u32, chunk.to_vec()));
-            }
+    let mut expected = Vec::new();
+    for epoch in 0..EPOCHS {
+        let indices = sampler.rank_indices(epoch, node * RANKS + rank);
+        for (iteration, chunk) in indices.chunks(BATCH).enumerate() {
+            expected.push((epoch, iteration as u32, chunk.to_vec()));
         }
-        let actual: Vec<_> = batches
-            .iter()
-            .map(|b| {
-                (
-                    b.epoch,
-                    b.iteration,
-                    b.samples.iter().map(|s| s.id).collect::<Vec<_>>(),
-                )
-            })
-            .collect();
-        assert_eq!(actual, expected, "rank {rank}: batches in plan order");
-        for b in batches {
-            for s in &b.samples {
-                let meta = &ds.samples()[s.id as usize];
-                assert_eq!(s.label, meta.label, "label of sample {}", s.id);
-                assert_eq!(s.value, content(meta.path_id()), "bytes of sample {}", s.id);
-            }
+    }
+    let actual: Vec<_> = batches
+        .iter()
+        .map(|b| {
+            (
+                b.epoch,
+                b.iteration,
+                b.samples.iter().map(|s| s.id).collect::<Vec<_>>(),
+            )
+        })
+        .collect();
+    assert_eq!(actual, expected, "rank {rank}: batches in plan order");
+    for b in batches {
+        for s in &b.samples {
+            let meta = &ds.samples()[s.id as usize];
+            assert_eq!(s.label, meta.label, "label of sample {}", s.id);
+            assert_eq!(s.value, content(meta.path_id()), "bytes of sample {}", s.id);
         }
     }
 }
@@ -120,6 +127,7 @@ fn setups() -> Vec<Setup> {
         decode_threads: 3,
         schedule: Schedule::Allocate { hysteresis: 0.05 },
         io_order: IoOrder::Deadline,
+        window_iterations: 1,
     };
     let mut v = Vec::new();
     for policy in [
@@ -156,6 +164,14 @@ fn setups() -> Vec<Setup> {
         decode_threads: 5,
         ..base
     });
+    // Windows of several iterations, crossing epoch boundaries, in both read orders.
+    for io_order in [IoOrder::Deadline, IoOrder::Shares] {
+        v.push(Setup {
+            window_iterations: 3,
+            io_order,
+            ..base
+        });
+    }
     v
 }
 
@@ -291,5 +307,31 @@ fn a_file_that_changed_size_since_open_is_reported_as_such() {
             assert!(e.contains("sample 7") && e.contains("changed size"), "{e}");
             assert!(e.contains(&victim.path.display().to_string()), "{e}");
         }
+    }
+}
+
+#[test]
+fn a_rank_that_drops_its_handle_leaves_the_others_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), 101, 4);
+    let base = setups()[0];
+    for io_order in [IoOrder::Deadline, IoOrder::Shares] {
+        let setup = Setup { io_order, ..base };
+        let mut loader = build(&ds, setup, 0);
+        let mut handles = loader.ranks().unwrap();
+        let mut quitter = handles.pop().unwrap();
+        let stayer = handles.pop().unwrap();
+        let got = std::thread::scope(|s| {
+            s.spawn(move || {
+                // One batch, then the rank's handle goes; its planned reads that later hits
+                // of the other rank rely on (cache admissions) must still be made.
+                assert!(quitter.next().unwrap().is_ok());
+            });
+            s.spawn(move || stayer.map(|b| b.unwrap()).collect::<Vec<_>>())
+                .join()
+                .unwrap()
+        });
+        check_rank(&ds, 0, 0, &got);
+        assert!(loader.metrics().hits > 0, "{setup:?}: the cache is used");
     }
 }

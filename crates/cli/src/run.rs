@@ -53,9 +53,8 @@ impl Policy {
         }
     }
 
-    /// (cache, execution, schedule).
-    pub(crate) fn parts(self, hysteresis: f64) -> (CachePolicy, Execution, Schedule) {
-        let allocate = Schedule::Allocate { hysteresis };
+    /// (cache, execution, schedule); `allocate` is the pipelined policies' schedule.
+    pub(crate) fn parts(self, allocate: Schedule) -> (CachePolicy, Execution, Schedule) {
         match self {
             Policy::Pytorch => (
                 CachePolicy::None,
@@ -173,6 +172,10 @@ pub struct RunArgs {
     /// Iterations the loader may run ahead of the slowest rank.
     #[arg(long, default_value_t = 2)]
     pub prefetch: usize,
+    /// How the pipelined policies split the budgets among ranks: `allocate` (lobster-sched,
+    /// every window) or `equal` (a fixed equal split), for ablations.
+    #[arg(long, value_enum, default_value_t = ScheduleArg::Allocate)]
+    pub schedule: ScheduleArg,
     /// Fraction of predicted time an allocation change must save.
     #[arg(long, default_value_t = 0.05)]
     pub hysteresis: f64,
@@ -260,6 +263,16 @@ pub enum BackendArg {
     Pread,
 }
 
+/// The pipelined policies' schedule, as the CLI spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScheduleArg {
+    /// lobster-sched's min-max allocation, every window.
+    Allocate,
+    /// A fixed equal split.
+    Equal,
+}
+
 /// The pipelined read order, as the CLI spells it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -290,6 +303,7 @@ struct RunConfig {
     io_depth: usize,
     decode_threads: usize,
     prefetch: usize,
+    schedule: ScheduleArg,
     hysteresis: f64,
     decoder: Decoder,
     decode_us_per_kb: f64,
@@ -320,7 +334,8 @@ struct PolicyResult {
     prefetch_window_bytes: u64,
     backend: String,
     /// Median predicted imbalance of the equal split and of lobster-sched's allocation over
-    /// the run's windows (allocating policies only).
+    /// the run's windows (allocating policies only): the model's view of per-rank shares,
+    /// which the reads follow under `--io-order shares` only.
     predicted_imbalance_equal_split_p50: Option<f64>,
     predicted_imbalance_allocated_p50: Option<f64>,
     /// Accesses skipped by --on-error skip, and the first of them with their causes.
@@ -387,6 +402,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         io_depth: args.io_depth,
         decode_threads: args.decode_threads,
         prefetch: args.prefetch,
+        schedule: args.schedule,
         hysteresis: args.hysteresis,
         decoder: args.decoder,
         decode_us_per_kb: args.decode_us_per_kb,
@@ -445,7 +461,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             hit_ratio: metrics.hit_ratio,
             speedup_vs_pytorch: None,
             peak_rss_bytes,
-            cache_capacity_bytes: if policy.parts(0.0).0 == CachePolicy::None {
+            cache_capacity_bytes: if policy.parts(Schedule::EqualSplit).0 == CachePolicy::None {
                 0
             } else {
                 cache_bytes
@@ -545,7 +561,13 @@ fn run_policy(
     policy: Policy,
 ) -> Result<(RunMetrics, String, u64, u64)> {
     reset_peak_rss();
-    let (cache, execution, schedule) = policy.parts(args.hysteresis);
+    let pipelined_schedule = match args.schedule {
+        ScheduleArg::Allocate => Schedule::Allocate {
+            hysteresis: args.hysteresis,
+        },
+        ScheduleArg::Equal => Schedule::EqualSplit,
+    };
+    let (cache, execution, schedule) = policy.parts(pipelined_schedule);
     let config = LoaderConfig {
         nodes: args.nodes,
         node: args.node,

@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use lobster_io::{
     CachePolicy, Dataset, DistributedSampler, EpochOrder, ErrorPolicy, FailureBudget,
-    FaultInjection, LoaderBuilder, SampleMeta,
+    FaultInjection, LoaderBuilder, SampleMeta, Schedule,
 };
 use serde::Serialize;
 
@@ -183,7 +183,7 @@ pub fn run(args: &SoakArgs) -> Result<()> {
 }
 
 fn soak(args: &SoakArgs, policy: Policy, dataset: &Arc<Dataset>) -> Result<SoakReport> {
-    let (cache, execution, schedule) = policy.parts(0.05);
+    let (cache, execution, schedule) = policy.parts(Schedule::Allocate { hysteresis: 0.05 });
     let world = args.nodes * args.ranks_per_node;
     let per_rank =
         DistributedSampler::new(dataset.len(), world, false, EpochOrder::Shuffle { seed: 0 })?

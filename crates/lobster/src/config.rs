@@ -53,7 +53,9 @@ impl FromStr for CachePolicy {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Schedule {
     /// Lobster: every window, lobster-sched gives io_depth and decode threads to the ranks
-    /// predicted to be slowest; `hysteresis` is the predicted gain a change must exceed.
+    /// predicted to be slowest; `hysteresis` is the predicted gain a change must exceed. The
+    /// io_depth split applies under [`IoOrder::Shares`]; a rank's decode threads take its
+    /// tasks first among those of the oldest iteration waiting.
     Allocate {
         /// Fraction of the predicted slowest-rank time a new allocation must save.
         hysteresis: f64,
@@ -67,9 +69,12 @@ pub enum Schedule {
 pub enum IoOrder {
     /// One queue for the node, holding at most the io_depth budget in flight: reads of the
     /// oldest iteration first and, within it, each read at the fraction of its batch's storage
-    /// bytes it completes, so every rank's reads for an iteration end together on a shared
-    /// device instead of one rank's before another's. Ranks share the whole budget; the
-    /// schedule's io_depth split is not applied (decode threads still are).
+    /// bytes it completes (of equal fractions, the largest read first), so that on a device
+    /// serving requests in about the order they come every rank's reads for an iteration end
+    /// together instead of one rank's before another's. Ranks share the whole budget; the
+    /// schedule's io_depth split is not applied. The order is the reader's as long as it can
+    /// take the whole budget at once (its ring entries or pread threads); past that its
+    /// per-rank queues take turns.
     #[default]
     Deadline,
     /// Each rank holds at most its io_depth share in flight (the schedule's split), oldest
@@ -77,22 +82,10 @@ pub enum IoOrder {
     Shares,
 }
 
-impl std::str::FromStr for IoOrder {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self, Error> {
-        match s {
-            "deadline" => Ok(IoOrder::Deadline),
-            "shares" => Ok(IoOrder::Shares),
-            other => Err(Error::invalid("io order", other, "deadline or shares")),
-        }
-    }
-}
-
 /// How a sample is loaded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Execution {
-    /// Reads go to the io_uring engine with per-rank io_depth; decode threads only decode.
+    /// Reads go to the io_uring engine in [`IoOrder`]; decode threads only decode.
     Pipelined,
     /// A fixed set of workers per rank, each reading a sample with a blocking read and then
     /// decoding it (PyTorch's DataLoader and NoPFS): I/O concurrency is the worker count.

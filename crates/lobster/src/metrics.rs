@@ -83,6 +83,8 @@ pub struct RunMetrics {
     /// longest wait of any local rank, since every rank's step waits for the slowest batch.
     /// Unlike [`stall_fraction`](Self::stall_fraction) it does not fall when one rank's
     /// batch comes late while the others come early and wait at the step's barrier instead.
+    /// Iterations count once every local rank took its batch, so once a rank drops its handle
+    /// later iterations are left out.
     pub job_stall_fraction: f64,
     /// Median per-iteration imbalance (max over ranks of load time / mean).
     pub imbalance_p50: f64,

@@ -62,6 +62,11 @@ impl Layout {
         self.per_rank.div_ceil(self.batch)
     }
 
+    /// Iterations since the first epoch's first: a batch's place in the whole run.
+    pub(crate) fn step(&self, epoch: u32, iteration: usize) -> u64 {
+        u64::from(epoch) * self.iterations() as u64 + iteration as u64
+    }
+
     pub(crate) fn batch_len(&self, iteration: usize) -> usize {
         self.batch.min(self.per_rank - iteration * self.batch)
     }
@@ -193,6 +198,8 @@ struct RankBuffer<T> {
 struct RankShared<T> {
     buffer: Mutex<RankBuffer<T>>,
     ready: Condvar,
+    /// The rank's handle is gone: its reads that no other access needs are not made.
+    detached: AtomicBool,
 }
 
 /// Decode queues and who serves them.
@@ -323,6 +330,7 @@ impl<T: Send + 'static> Pipeline<T> {
                         prev_ready: None,
                     }),
                     ready: Condvar::new(),
+                    detached: AtomicBool::new(false),
                 })
                 .collect(),
             decode: Mutex::new(DecodeState {
@@ -541,10 +549,12 @@ fn planner<T: Send + 'static>(
         let mut first = 0;
         while first < iterations {
             let last = (first + config.window_iterations).min(iterations);
+            // A window wider than the prefetch distance is planned whole, or its first batch
+            // would wait for batches not yet planned.
             wait_for_room(
                 shared,
                 global_iteration + (last - first),
-                config.prefetch_iterations,
+                config.prefetch_iterations.max(config.window_iterations),
             )?;
             window.clear();
             while next < accesses.len() && accesses[next].0 < last {
@@ -604,7 +614,6 @@ fn planner<T: Send + 'static>(
                 lock(&shared.collector).allocation(record);
             }
             open_batches(ctx, shared, &window, epoch, first, last, issued);
-            let samples = ctx.dataset.samples();
             let finish_ppm = read_fractions(&window, layout.ranks, first, last, |sample| {
                 samples[sample as usize].size_bytes
             });
@@ -637,7 +646,7 @@ fn planner<T: Send + 'static>(
                     if !p.hit && to_dispatcher.is_some() {
                         reads.push(IoRequest {
                             seq,
-                            step: (global_iteration + p.iteration - first) as u64,
+                            step: layout.step(p.epoch, p.iteration),
                             finish_ppm,
                             bytes: samples[p.sample as usize].size_bytes,
                             epoch: p.epoch,
@@ -882,8 +891,7 @@ fn push_ready<T>(shared: &Shared<T>, ready: Ready) {
 /// iteration of its own rank while another rank's current batch waits.
 fn take_task<T>(ctx: &Context<T>, shared: &Shared<T>, w: usize) -> Option<Ready> {
     let pipelined = ctx.config.execution == Execution::Pipelined;
-    let iterations = ctx.layout.iterations() as u64;
-    let step = |t: &Ready| u64::from(t.task.epoch) * iterations + u64::from(t.task.iteration);
+    let step = |t: &Ready| ctx.layout.step(t.task.epoch, t.task.iteration as usize);
     let mut state = lock(&shared.decode);
     loop {
         if shared.stop.load(Ordering::SeqCst) {
@@ -1065,10 +1073,12 @@ fn blocking_read<T>(ctx: &Context<T>, shared: &Shared<T>, meta: &SampleMeta, epo
                 None => Ok((bytes, delay)),
                 Some(f) => inject(shared, f, meta.id, epoch, attempt, bytes),
             });
+        // The emulated tier answers, success or failure, when it has served the request.
+        let now = Instant::now();
+        let answered = due.map_or(now, |due| due.max(now));
         match result {
             Ok((bytes, delay)) => {
-                let now = Instant::now();
-                if !sleep_unless_stopped(shared, due.map_or(now, |due| due.max(now)) + delay) {
+                if !sleep_unless_stopped(shared, answered + delay) {
                     return Err(stopped());
                 }
                 if attempt > 0 {
@@ -1079,17 +1089,20 @@ fn blocking_read<T>(ctx: &Context<T>, shared: &Shared<T>, meta: &SampleMeta, epo
             Err(e) if e.transient && attempt + 1 < READ_ATTEMPTS => {
                 shared.faults.retries.fetch_add(1, Ordering::Relaxed);
                 attempt += 1;
-                if !sleep_unless_stopped(shared, Instant::now() + faults::backoff(attempt)) {
+                if !sleep_unless_stopped(shared, answered + faults::backoff(attempt)) {
                     return Err(stopped());
                 }
             }
             Err(e) => {
+                if !sleep_unless_stopped(shared, answered) {
+                    return Err(stopped());
+                }
                 return Err(Error::Read {
                     sample: meta.id,
                     path: meta.path.to_path_buf(),
                     offset: 0,
                     cause: Arc::new(e.cause),
-                })
+                });
             }
         }
     }
@@ -1175,12 +1188,12 @@ struct InFlight {
     /// When the emulated tier delivers this attempt: reserved at submission, so the tier
     /// serves requests in the order they were issued.
     due: Option<Instant>,
-    /// Bytes the reader returned, held until the emulated tier delivers them.
-    parked: Option<Bytes>,
+    /// The attempt's outcome, held until the emulated tier delivers it.
+    parked: Option<Loaded>,
 }
 
 /// The dispatcher's reads between submission and delivery, and what they hold: an io_depth
-/// slot of their rank and an open file.
+/// slot (counted per rank) and an open file.
 #[derive(Debug)]
 struct Reads {
     slab: Slab<InFlight>,
@@ -1286,8 +1299,9 @@ impl OpenFiles {
     }
 }
 
-/// Holds each rank to its io_depth of storage reads in flight (emulated time included) and
-/// turns completions into filled slots.
+/// Issues the node's storage reads in [`IoOrder`], holding the reads in flight (emulated time
+/// included) to the node's io_depth budget or each rank's share of it, and turns completions
+/// into filled slots.
 fn dispatcher<T>(
     ctx: &Context<T>,
     shared: &Shared<T>,
@@ -1338,10 +1352,20 @@ fn dispatcher<T>(
             budget,
         ) {
             let req = pending[r].pop_front().expect("front checked");
+            if !req.admitted && shared.ranks[req.rank].detached.load(Ordering::SeqCst) {
+                // Only the dropped rank's own access waits on this slot.
+                fill_slot(shared, &req.slot, Err(stopped()), false);
+                continue;
+            }
             let meta = &samples[req.sample as usize];
             match reads.files.acquire(reader, meta, ctx.config.direct) {
                 Ok(file) => {
                     let key = reads.start(req, file);
+                    debug_assert!(
+                        ctx.config.io_order != IoOrder::Deadline
+                            || reads.in_flight.iter().sum::<u32>() <= budget,
+                        "the node holds at most its io_depth budget in flight"
+                    );
                     submit(ctx, shared, reader, &mut reads, key);
                 }
                 Err(e) => fill_slot(shared, &req.slot, Err(e), false),
@@ -1387,9 +1411,9 @@ fn dispatcher<T>(
             }
             reads.timers.pop();
             match reads.slab[key].parked.take() {
-                Some(bytes) => {
+                Some(loaded) => {
                     let done = reads.retire(key);
-                    finish_with(ctx, shared, done, Ok(bytes));
+                    finish_with(ctx, shared, done, loaded);
                 }
                 // A retry's backoff is over.
                 None => submit(ctx, shared, reader, &mut reads, key),
@@ -1465,34 +1489,35 @@ fn on_completion<T>(ctx: &Context<T>, shared: &Shared<T>, reads: &mut Reads, c: 
             .map_err(|e| (e.transient, read_error_cause(meta, Arc::new(e.cause)))),
         (Err(e), _) => Err((read_error_transient(&e), read_error(meta, e))),
     };
-    match result {
+    // The emulated tier answers, success or failure, when it has served the request.
+    let now = Instant::now();
+    let answered = read.due.map_or(now, |due| due.max(now));
+    let (loaded, at) = match result {
         Ok((bytes, delay)) => {
             if read.attempt > 0 {
                 shared.faults.recovered.fetch_add(1, Ordering::Relaxed);
             }
-            let now = Instant::now();
-            let finish = read.due.map_or(now, |due| due.max(now)) + delay;
-            if finish > Instant::now() {
-                reads.slab[key].parked = Some(bytes);
-                reads.timers.push(Reverse((finish, key)));
-                return;
-            }
-            let done = reads.retire(key);
-            finish_with(ctx, shared, done, Ok(bytes));
+            (Ok(bytes), answered + delay)
         }
         Err((true, _)) if read.attempt + 1 < READ_ATTEMPTS => {
             // Transient: retry after a backoff, keeping the io_depth slot and the open file.
             shared.faults.retries.fetch_add(1, Ordering::Relaxed);
             let read = &mut reads.slab[key];
             read.attempt += 1;
-            let due = Instant::now() + faults::backoff(read.attempt);
-            reads.timers.push(Reverse((due, key)));
+            reads
+                .timers
+                .push(Reverse((answered + faults::backoff(read.attempt), key)));
+            return;
         }
-        Err((_, err)) => {
-            let done = reads.retire(key);
-            finish_with(ctx, shared, done, Err(err));
-        }
+        Err((_, err)) => (Err(err), answered),
+    };
+    if at > now {
+        reads.slab[key].parked = Some(loaded);
+        reads.timers.push(Reverse((at, key)));
+        return;
     }
+    let done = reads.retire(key);
+    finish_with(ctx, shared, done, loaded);
 }
 
 /// Applies the injector to one attempt, counting the attempts it changes.
@@ -1652,6 +1677,7 @@ pub(crate) fn detach<T>(shared: &Shared<T>, rank: usize) {
         buffer.detached = true;
         buffer.batches.clear();
     }
+    shared.ranks[rank].detached.store(true, Ordering::SeqCst);
     lock(&shared.progress).taken[rank] = usize::MAX;
     shared.progress_cv.notify_all();
 }
@@ -1698,6 +1724,30 @@ mod tests {
                 20_000 + x % 400_000
             })
             .collect()
+    }
+
+    #[test]
+    fn steps_number_the_runs_batches_in_order() {
+        // 10 samples over 2 ranks of batch 2: 3 iterations per epoch, the last one short.
+        let sampler = DistributedSampler::new(10, 2, false, crate::EpochOrder::Sequential)
+            .expect("a valid sampler");
+        let layout = Layout {
+            sampler,
+            world: 2,
+            first_rank: 0,
+            ranks: 2,
+            batch: 2,
+            per_rank: 5,
+            epochs: 3,
+        };
+        let mut next = 0;
+        for epoch in 0..layout.epochs {
+            for iteration in 0..layout.iterations() {
+                assert_eq!(layout.step(epoch, iteration), next);
+                next += 1;
+            }
+        }
+        assert_eq!(next, 9);
     }
 
     #[test]

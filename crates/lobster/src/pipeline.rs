@@ -618,6 +618,7 @@ fn planner<T: Send + 'static>(
                 samples[sample as usize].size_bytes
             });
             let mut reads = Vec::new();
+            let mut tasks = Vec::with_capacity(window.len());
             for (p, finish_ppm) in window.drain(..).zip(finish_ppm) {
                 seq += 1;
                 shared.outstanding.fetch_add(1, Ordering::SeqCst);
@@ -633,6 +634,26 @@ fn planner<T: Send + 'static>(
                     read_here: !p.hit && to_dispatcher.is_none(),
                     hit: p.hit,
                 };
+                tasks.push(task);
+                if !p.hit && to_dispatcher.is_some() {
+                    reads.push(IoRequest {
+                        seq,
+                        step: layout.step(p.epoch, p.iteration),
+                        finish_ppm,
+                        bytes: samples[p.sample as usize].size_bytes,
+                        epoch: p.epoch,
+                        rank: p.rank,
+                        sample: p.sample,
+                        slot: p.slot,
+                        admitted: p.admitted,
+                    });
+                }
+            }
+            // Tasks whose bytes are at hand start decoding as soon as they are queued: queue
+            // them position by position across the ranks, so a window of hits does not decode
+            // rank 0's batch before rank 3's.
+            tasks.sort_by_key(|t| (t.iteration, t.pos, t.rank));
+            for task in tasks {
                 if task.read_here {
                     push_ready(
                         shared,
@@ -643,19 +664,6 @@ fn planner<T: Send + 'static>(
                     );
                 } else {
                     wait_on_slot(shared, task);
-                    if !p.hit && to_dispatcher.is_some() {
-                        reads.push(IoRequest {
-                            seq,
-                            step: layout.step(p.epoch, p.iteration),
-                            finish_ppm,
-                            bytes: samples[p.sample as usize].size_bytes,
-                            epoch: p.epoch,
-                            rank: p.rank,
-                            sample: p.sample,
-                            slot: p.slot,
-                            admitted: p.admitted,
-                        });
-                    }
                 }
             }
             if let Some(tx) = &to_dispatcher {

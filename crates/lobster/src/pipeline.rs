@@ -190,15 +190,14 @@ struct RankBuffer<T> {
     batches: VecDeque<PendingBatch<T>>,
     /// The planner has queued every batch of this rank.
     planned_all: bool,
-    /// The training thread let go of its handle: drop its batches.
-    detached: bool,
     prev_ready: Option<Instant>,
 }
 
 struct RankShared<T> {
     buffer: Mutex<RankBuffer<T>>,
     ready: Condvar,
-    /// The rank's handle is gone: its reads that no other access needs are not made.
+    /// The rank's handle is gone: its batches are dropped, and its reads that no other access
+    /// needs are not made. Set under the buffer's lock, so a holder of the lock sees it settled.
     detached: AtomicBool,
 }
 
@@ -326,7 +325,6 @@ impl<T: Send + 'static> Pipeline<T> {
                     buffer: Mutex::new(RankBuffer {
                         batches: VecDeque::new(),
                         planned_all: false,
-                        detached: false,
                         prev_ready: None,
                     }),
                     ready: Condvar::new(),
@@ -614,12 +612,9 @@ fn planner<T: Send + 'static>(
                 lock(&shared.collector).allocation(record);
             }
             open_batches(ctx, shared, &window, epoch, first, last, issued);
-            let finish_ppm = read_fractions(&window, layout.ranks, first, last, |sample| {
-                samples[sample as usize].size_bytes
-            });
             let mut reads = Vec::new();
             let mut tasks = Vec::with_capacity(window.len());
-            for (p, finish_ppm) in window.drain(..).zip(finish_ppm) {
+            for p in window.drain(..) {
                 seq += 1;
                 shared.outstanding.fetch_add(1, Ordering::SeqCst);
                 let task = Task {
@@ -639,7 +634,7 @@ fn planner<T: Send + 'static>(
                     reads.push(IoRequest {
                         seq,
                         step: layout.step(p.epoch, p.iteration),
-                        finish_ppm,
+                        finish_ppm: 0,
                         bytes: samples[p.sample as usize].size_bytes,
                         epoch: p.epoch,
                         rank: p.rank,
@@ -667,6 +662,7 @@ fn planner<T: Send + 'static>(
                 }
             }
             if let Some(tx) = &to_dispatcher {
+                set_read_fractions(&mut reads);
                 if !reads.is_empty() && tx.send(ToDispatcher::Reads(reads)).is_err() {
                     return Err(Error::Stopped {
                         reason: "the I/O dispatcher ended".into(),
@@ -684,37 +680,21 @@ fn planner<T: Send + 'static>(
     Ok(())
 }
 
-/// For each access of the window (iterations `first..last`), the fraction in parts per
-/// million of its batch's storage bytes that have been read once it is: a miss's place in
-/// the [`IoOrder::Deadline`] order. Hits get 0.
-fn read_fractions(
-    window: &[Planned],
-    ranks: usize,
-    first: usize,
-    last: usize,
-    size_bytes: impl Fn(u32) -> u64,
-) -> Vec<u32> {
-    let span = last - first;
-    let batch = |p: &Planned| p.rank * span + (p.iteration - first);
-    let mut total_bytes = vec![0u64; ranks * span];
-    for p in window.iter().filter(|p| !p.hit) {
-        total_bytes[batch(p)] += size_bytes(p.sample);
-    }
-    let mut read_bytes = vec![0u64; total_bytes.len()];
-    window
-        .iter()
-        .map(|p| {
-            if p.hit {
-                return 0;
-            }
-            let b = batch(p);
-            read_bytes[b] += size_bytes(p.sample);
+/// Sets each read's place in the [`IoOrder::Deadline`] order: the fraction, in parts per
+/// million, of its batch's storage bytes read once it is. `reads` are in canonical order, so
+/// each batch's reads are adjacent.
+fn set_read_fractions(reads: &mut [IoRequest]) {
+    for batch in reads.chunk_by_mut(|a, b| (a.step, a.rank) == (b.step, b.rank)) {
+        let total_bytes: u64 = batch.iter().map(|r| r.bytes).sum();
+        let mut read_bytes = 0;
+        for r in batch {
+            read_bytes += r.bytes;
             // A batch of empty samples finishes with its first read.
-            (read_bytes[b] * 1_000_000)
-                .checked_div(total_bytes[b])
-                .unwrap_or(1_000_000) as u32
-        })
-        .collect()
+            r.finish_ppm = (read_bytes * 1_000_000)
+                .checked_div(total_bytes)
+                .unwrap_or(1_000_000) as u32;
+        }
+    }
 }
 
 /// Blocks until every rank has taken enough batches for `until` to be within the window.
@@ -820,7 +800,7 @@ fn open_batches<T>(
     for r in &shared.ranks {
         let mut buffer = lock(&r.buffer);
         for (iteration, m) in (first..last).zip(metrics.by_ref()) {
-            if buffer.detached {
+            if r.detached.load(Ordering::SeqCst) {
                 continue;
             }
             let len = ctx.layout.batch_len(iteration);
@@ -1682,10 +1662,9 @@ pub(crate) fn next_batch<T>(
 pub(crate) fn detach<T>(shared: &Shared<T>, rank: usize) {
     {
         let mut buffer = lock(&shared.ranks[rank].buffer);
-        buffer.detached = true;
+        shared.ranks[rank].detached.store(true, Ordering::SeqCst);
         buffer.batches.clear();
     }
-    shared.ranks[rank].detached.store(true, Ordering::SeqCst);
     lock(&shared.progress).taken[rank] = usize::MAX;
     shared.progress_cv.notify_all();
 }
@@ -1693,19 +1672,6 @@ pub(crate) fn detach<T>(shared: &Shared<T>, rank: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn planned(iteration: usize, rank: usize, sample: u32, hit: bool) -> Planned {
-        Planned {
-            epoch: 0,
-            iteration,
-            rank,
-            pos: 0,
-            sample,
-            slot: Slot::new(),
-            hit,
-            admitted: false,
-        }
-    }
 
     fn request(seq: u64, step: u64, rank: usize, finish_ppm: u32, bytes: u64) -> IoRequest {
         IoRequest {
@@ -1760,17 +1726,16 @@ mod tests {
 
     #[test]
     fn read_fractions_follow_each_batchs_storage_bytes() {
-        // Two iterations, two ranks; sample ids are their sizes in bytes.
-        let window = [
-            planned(3, 0, 100, false),
-            planned(3, 0, 50, true),
-            planned(3, 0, 300, false),
-            planned(3, 1, 0, false),
-            planned(4, 0, 10, false),
-            planned(4, 1, 7, true),
+        // The misses of two iterations (steps 3 and 4) of two ranks, in canonical order.
+        let mut reads = [
+            request(1, 3, 0, 0, 100),
+            request(2, 3, 0, 0, 300),
+            request(3, 3, 1, 0, 0),
+            request(4, 4, 0, 0, 10),
         ];
-        let f = read_fractions(&window, 2, 3, 5, u64::from);
-        assert_eq!(f, vec![250_000, 0, 1_000_000, 1_000_000, 1_000_000, 0]);
+        set_read_fractions(&mut reads);
+        let f: Vec<u32> = reads.iter().map(|r| r.finish_ppm).collect();
+        assert_eq!(f, vec![250_000, 1_000_000, 1_000_000, 1_000_000]);
     }
 
     /// Issues every pending read in `order` with room for all of them, onto a link that
@@ -1801,15 +1766,15 @@ mod tests {
         let mut seq = 0;
         let mut pending: Vec<VecDeque<IoRequest>> = (0..4).map(|_| VecDeque::new()).collect();
         for (rank, &n) in misses.iter().enumerate() {
-            let bytes = sizes(seed + rank as u64, n);
-            let total: u64 = bytes.iter().sum();
-            let mut done = 0;
-            for b in bytes {
-                done += b;
-                seq += 1;
-                let ppm = (done * 1_000_000 / total) as u32;
-                pending[rank].push_back(request(seq, 0, rank, ppm, b));
-            }
+            let mut batch: Vec<IoRequest> = sizes(seed + rank as u64, n)
+                .into_iter()
+                .map(|b| {
+                    seq += 1;
+                    request(seq, 0, rank, 0, b)
+                })
+                .collect();
+            set_read_fractions(&mut batch);
+            pending[rank].extend(batch);
         }
         seq += 1;
         pending[0].push_back(request(seq, 1, 0, 0, 1));

@@ -662,7 +662,9 @@ fn planner<T: Send + 'static>(
                 }
             }
             if let Some(tx) = &to_dispatcher {
-                set_read_fractions(&mut reads);
+                if config.io_order == IoOrder::Deadline {
+                    set_read_fractions(&mut reads);
+                }
                 if !reads.is_empty() && tx.send(ToDispatcher::Reads(reads)).is_err() {
                     return Err(Error::Stopped {
                         reason: "the I/O dispatcher ended".into(),
@@ -1047,10 +1049,7 @@ fn blocking_read<T>(ctx: &Context<T>, shared: &Shared<T>, meta: &SampleMeta, epo
     let mut attempt = 0;
     loop {
         // Reserved before the read, as the dispatcher does, so the tier serves in issue order.
-        let due = ctx
-            .device
-            .as_ref()
-            .map(|d| d.finish_time(Instant::now(), meta.size_bytes));
+        let due = reserve(ctx, Instant::now(), meta.size_bytes);
         let result = read()
             .map(|bytes| (Bytes::from(bytes), Duration::ZERO))
             .map_err(|cause| AttemptError {
@@ -1063,7 +1062,7 @@ fn blocking_read<T>(ctx: &Context<T>, shared: &Shared<T>, meta: &SampleMeta, epo
             });
         // The emulated tier answers, success or failure, when it has served the request.
         let now = Instant::now();
-        let answered = due.map_or(now, |due| due.max(now));
+        let answered = answered(due, now);
         match result {
             Ok((bytes, delay)) => {
                 if !sleep_unless_stopped(shared, answered + delay) {
@@ -1099,6 +1098,10 @@ fn blocking_read<T>(ctx: &Context<T>, shared: &Shared<T>, meta: &SampleMeta, epo
 /// Waits until `deadline` (emulated storage time, an injected delay, a retry's backoff) unless
 /// the loader stops first, so a drop never waits for a slow read; `false` if it stopped.
 fn sleep_unless_stopped<T>(shared: &Shared<T>, deadline: Instant) -> bool {
+    // Nothing to wait for (no emulated tier, no injected delay): no need for the shared lock.
+    if Instant::now() >= deadline {
+        return !shared.stop.load(Ordering::SeqCst);
+    }
     // The decode condition variable: `wake_all` notifies it under its lock when stopping.
     let mut state = lock(&shared.decode);
     loop {
@@ -1430,10 +1433,8 @@ fn next_read(
             if in_flight.iter().sum::<u32>() >= budget {
                 return None;
             }
-            let step = fronts().map(|(_, q)| q.step).min()?;
             fronts()
-                .filter(|(_, q)| q.step == step)
-                .min_by_key(|&(r, q)| (q.finish_ppm, Reverse(q.bytes), r))
+                .min_by_key(|&(r, q)| (q.step, q.finish_ppm, Reverse(q.bytes), r))
                 .map(|(r, _)| r)
         }
         IoOrder::Shares => fronts()
@@ -1443,16 +1444,23 @@ fn next_read(
     }
 }
 
+/// Reserves the emulated tier (if any) for a read of `bytes` issued at `issued`: when it is due.
+fn reserve<T>(ctx: &Context<T>, issued: Instant, bytes: u64) -> Option<Instant> {
+    ctx.device.as_ref().map(|d| d.finish_time(issued, bytes))
+}
+
+/// When the emulated tier answers an attempt it is due to serve at `due` (now without one).
+fn answered(due: Option<Instant>, now: Instant) -> Instant {
+    due.map_or(now, |due| due.max(now))
+}
+
 /// Hands read `key` (a first attempt or a retry) to the reader; a refused submission fails
 /// the sample.
 fn submit<T>(ctx: &Context<T>, shared: &Shared<T>, reader: &Reader, reads: &mut Reads, key: usize) {
     let read = &mut reads.slab[key];
     let meta = &ctx.dataset.samples()[read.req.sample as usize];
     read.issued = Instant::now();
-    read.due = ctx
-        .device
-        .as_ref()
-        .map(|d| d.finish_time(read.issued, meta.size_bytes));
+    read.due = reserve(ctx, read.issued, meta.size_bytes);
     let request = ReadRequest {
         file: read.file,
         offset: 0,
@@ -1479,7 +1487,7 @@ fn on_completion<T>(ctx: &Context<T>, shared: &Shared<T>, reads: &mut Reads, c: 
     };
     // The emulated tier answers, success or failure, when it has served the request.
     let now = Instant::now();
-    let answered = read.due.map_or(now, |due| due.max(now));
+    let answered = answered(read.due, now);
     let (loaded, at) = match result {
         Ok((bytes, delay)) => {
             if read.attempt > 0 {

@@ -61,7 +61,7 @@ fn reader(backend: Backend) -> Reader {
         .backend(backend)
         .pread_threads(2)
         .classes(1, DEPTH)
-        .pool_bytes(2 * DEPTH * BS.div_ceil(4096).next_power_of_two() * 4096)
+        .pool_bytes(2 * DEPTH * lobster_io::uring::block_bytes(BS))
         .max_read_bytes(BS)
         .build()
         .expect("building the reader")

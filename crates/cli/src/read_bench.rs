@@ -220,7 +220,7 @@ pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
 
 /// Pool bytes for `reads` reads of `bs` bytes, each taking a power-of-two block of pages.
 fn pool_bytes(reads: usize, bs: usize) -> usize {
-    reads.saturating_mul(bs.div_ceil(4096).next_power_of_two() * 4096)
+    reads.saturating_mul(lobster_io::uring::block_bytes(bs))
 }
 
 fn open(reader: &Reader, args: &ReadBenchArgs) -> anyhow::Result<lobster_io::uring::FileId> {

@@ -259,7 +259,7 @@ fn read_bytes(config: &LoaderConfig, size: u64) -> u64 {
 
 /// The pool block a read takes: the next power of two pages at or above it.
 fn block_bytes(read: u64) -> u64 {
-    read.div_ceil(PAGE_BYTES).next_power_of_two() * PAGE_BYTES
+    usize::try_from(read).map_or(u64::MAX, |r| lobster_uring::block_bytes(r) as u64)
 }
 
 /// Accesses that may hold a pool block at once: those of iterations the planner handed out

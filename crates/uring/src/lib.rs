@@ -81,6 +81,7 @@ mod uring;
 pub use error::ReadError;
 pub use files::{FileId, OpenOptions};
 pub use pages::copy_to_pages;
+pub use pool::block_bytes;
 pub use reader::{ActiveBackend, Backend, BackendInfo, Reader, ReaderBuilder, ReaderConfig};
 pub use sched::{ClassStats, Completion, IoEvent, IoEventKind, Observer, ReadRequest, ReaderStats};
 pub use session::Session;

@@ -31,8 +31,10 @@ pub(crate) const BUFFER_ALIGN: usize = PAGE_BYTES;
 /// Largest budget a pool accepts (pages are counted in `u32`, and the budget is resident).
 pub(crate) const POOL_BYTES_MAX: usize = 64 << 30;
 
-/// The block a read of `len` bytes takes: the next power of two pages at or above it.
-pub(crate) fn block_bytes(len: usize) -> usize {
+/// The pool block a read of `len` bytes takes: the next power of two pages at or above it.
+/// A pool of `n` such blocks ([`ReaderConfig::pool_bytes`](crate::ReaderConfig::pool_bytes))
+/// holds `n` reads of `len` bytes at once.
+pub fn block_bytes(len: usize) -> usize {
     len.max(1).div_ceil(PAGE_BYTES).next_power_of_two() * PAGE_BYTES
 }
 

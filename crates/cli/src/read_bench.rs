@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
-use lobster_io::uring::{Backend, OpenOptions, ReadRequest, Reader};
+use lobster_io::uring::{Backend, OpenOptions, ReadRequest, Reader, Session};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -218,6 +218,15 @@ pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
     report(args, &hist, bytes_read, end - begin, info.threads, info)
 }
 
+/// Submits and empties `batch`; the pool is sized for every read in flight, so none may wait.
+fn submit_all(session: &mut Session, batch: &mut Vec<ReadRequest>) -> anyhow::Result<()> {
+    if session.submit_batch(batch)? != batch.len() {
+        bail!("the session refused reads with buffers to spare");
+    }
+    batch.clear();
+    Ok(())
+}
+
 /// Pool bytes for `reads` reads of `bs` bytes, each taking a power-of-two block of pages.
 fn pool_bytes(reads: usize, bs: usize) -> usize {
     reads.saturating_mul(lobster_io::uring::block_bytes(bs))
@@ -279,11 +288,7 @@ fn run_sessions(args: &ReadBenchArgs, backend: Backend, blocks: u64) -> anyhow::
                     let mut bytes_read = 0u64;
                     let mut end = begin;
                     while !batch.is_empty() || session.pending() > 0 {
-                        if session.submit_batch(&batch)? != batch.len() {
-                            bail!("the session refused reads with buffers to spare");
-                        }
-                        batch.clear();
-                        done.clear();
+                        submit_all(&mut session, &mut batch)?;
                         session.wait(1, &mut done)?;
                         let now = Instant::now();
                         for c in done.drain(..) {
@@ -294,10 +299,7 @@ fn run_sessions(args: &ReadBenchArgs, backend: Backend, blocks: u64) -> anyhow::
                             if now < deadline {
                                 batch.push(next_request(slot, &mut started, now));
                                 if batch.len() == args.submit_batch {
-                                    if session.submit_batch(&batch)? != batch.len() {
-                                        bail!("the session refused reads with buffers to spare");
-                                    }
-                                    batch.clear();
+                                    submit_all(&mut session, &mut batch)?;
                                 }
                             }
                         }

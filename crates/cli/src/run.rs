@@ -452,7 +452,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             run_policy(args, &dataset, cache_bytes, policy)?;
         results.push(PolicyResult {
             policy,
-            epoch_seconds: metrics.epoch_seconds.clone(),
+            epoch_seconds: metrics.epoch_seconds,
             samples_per_second: metrics.samples_per_second,
             stall_fraction: metrics.stall_fraction,
             job_stall_fraction: metrics.job_stall_fraction,
@@ -478,12 +478,12 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 metrics.allocations.iter().map(|a| a.predicted_imbalance),
             ),
             skipped: metrics.skipped,
-            skipped_samples: metrics.skipped_samples.clone(),
+            skipped_samples: metrics.skipped_samples,
             faults_injected: metrics.faults_injected,
             read_retries: metrics.read_retries,
             reads_recovered: metrics.reads_recovered,
-            iterations: metrics.iterations.clone(),
-            allocations: metrics.allocations.clone(),
+            iterations: metrics.iterations,
+            allocations: metrics.allocations,
         });
     }
     let baseline = results

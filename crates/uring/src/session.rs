@@ -174,14 +174,9 @@ impl Session {
                     refused = Some("buffer pool");
                     break;
                 }
-                // The pool only closes when the reader drops, and this session holds it.
-                None => match self.shared.pool.acquire(p.read_len) {
-                    Some(buf) => buf,
-                    None => {
-                        refused = Some("buffer pool");
-                        break;
-                    }
-                },
+                None => self.shared.pool.acquire(p.read_len).expect(
+                    "the pool only closes when the reader drops, and this session holds it",
+                ),
             };
             let file = p.file;
             self.queues[req.class].push_back(Job::new(file, req, buf));

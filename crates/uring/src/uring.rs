@@ -204,7 +204,7 @@ pub(crate) fn setup(params: &SetupParams, pool: &Pool) -> Result<UringSetup, Set
                         }
                     }
                 }
-                fixed_buffers = !rings.is_empty() && registered == rings.len();
+                fixed_buffers = registered == rings.len();
                 if !fixed_buffers {
                     for ring in &rings[..registered] {
                         let _ = ring.submitter().unregister_buffers();

@@ -289,6 +289,20 @@ pub(crate) struct ClassState {
     completed: u64,
 }
 
+impl ClassState {
+    /// Below its io_depth.
+    fn has_room(&self) -> bool {
+        self.in_flight < self.depth
+    }
+
+    /// Counts one more read in flight.
+    fn start(&mut self) {
+        self.in_flight += 1;
+        self.peak_in_flight = self.peak_in_flight.max(self.in_flight);
+        debug_assert!(self.in_flight <= self.depth);
+    }
+}
+
 /// The scheduler proper, always behind `Shared::sched`.
 #[derive(Debug)]
 pub(crate) struct Sched {
@@ -331,11 +345,9 @@ impl Sched {
         for i in 0..n {
             let c = (self.cursor + i) % n;
             let class = &mut self.classes[c];
-            if class.in_flight < class.depth {
+            if class.has_room() {
                 if let Some(job) = class.queue.pop_front() {
-                    class.in_flight += 1;
-                    class.peak_in_flight = class.peak_in_flight.max(class.in_flight);
-                    debug_assert!(class.in_flight <= class.depth);
+                    class.start();
                     self.cursor = (c + 1) % n;
                     return Some(job);
                 }
@@ -347,11 +359,10 @@ impl Sched {
     /// Counts one more read of `class` in flight if the class is below its io_depth.
     fn try_start(&mut self, class: usize) -> bool {
         let class = &mut self.classes[class];
-        if class.in_flight >= class.depth {
+        if !class.has_room() {
             return false;
         }
-        class.in_flight += 1;
-        class.peak_in_flight = class.peak_in_flight.max(class.in_flight);
+        class.start();
         true
     }
 
@@ -359,7 +370,7 @@ impl Sched {
     fn runnable(&self) -> bool {
         self.classes
             .iter()
-            .any(|c| !c.queue.is_empty() && c.in_flight < c.depth)
+            .any(|c| !c.queue.is_empty() && c.has_room())
     }
 
     /// A job of `class` left the kernel for good.
@@ -518,8 +529,7 @@ impl Shared {
 
     /// `class` is below its io_depth.
     pub(crate) fn class_has_room(&self, s: &Sched, class: usize) -> bool {
-        let c = &s.classes[class];
-        c.in_flight < c.depth
+        s.classes[class].has_room()
     }
 
     /// Sleeps until a read finishes or an io_depth changes (a session whose queued reads

@@ -358,17 +358,10 @@ impl Session {
 fn push_sqe(ring: &Ring, key: usize, job: &mut Job) {
     // Sessions have no fixed-file table: files are read through their fds.
     let entry = crate::uring::read_sqe(key, job, false, ring.fixed_buffers, ring.async_punt);
-    loop {
-        // SAFETY: only this session's thread touches its ring.
-        let mut sq = unsafe { ring.ring.submission_shared() };
-        // SAFETY: the job (and its buffer) stays in the session's slab until its
-        // completion is reaped; Drop waits for every read in the ring.
-        if unsafe { sq.push(&entry) }.is_ok() {
-            return;
-        }
-        drop(sq);
-        let _ = ring.ring.submit();
-    }
+    // SAFETY: only this session's thread touches its ring, and the job (and its buffer)
+    // stays in the session's slab until its completion is reaped; Drop waits for every read
+    // in the ring.
+    unsafe { crate::uring::push_entry(&ring.ring, &entry) }
 }
 
 impl Drop for Session {

@@ -254,6 +254,24 @@ static SUBMIT_ERROR_LOGGED: AtomicBool = AtomicBool::new(false);
 /// Builds the SQE for the next chunk of the job stored under `key`: through the file's
 /// fixed slot if `fixed_files` and it has one, into the registered buffer if
 /// `fixed_buffers`.
+/// Pushes `entry` into `ring`'s SQ, submitting first whenever the SQ is full.
+///
+/// # Safety
+/// The calling thread is the only one touching `ring`'s SQ, and the memory `entry` points at
+/// stays valid until its completion is reaped.
+pub(crate) unsafe fn push_entry(ring: &IoUring, entry: &squeue::Entry) {
+    loop {
+        // SAFETY: the caller is the SQ's only user.
+        let mut sq = unsafe { ring.submission_shared() };
+        // SAFETY: the caller keeps the entry's memory valid until its completion.
+        if unsafe { sq.push(entry) }.is_ok() {
+            return;
+        }
+        drop(sq);
+        let _ = ring.submit();
+    }
+}
+
 pub(crate) fn read_sqe(
     key: usize,
     job: &mut Job,
@@ -298,17 +316,10 @@ impl Engine {
 
     /// Pushes entries, submitting first whenever the SQ is full.
     fn push(&self, entry: &squeue::Entry) {
-        loop {
-            // SAFETY: only this engine thread touches this ring's SQ and CQ.
-            let mut sq = unsafe { self.ring.submission_shared() };
-            // SAFETY: the entry's buffers (job buffers, the wake buffer) stay valid until
-            // its completion is reaped: the engine owns them until then.
-            if unsafe { sq.push(entry) }.is_ok() {
-                return;
-            }
-            drop(sq);
-            let _ = self.ring.submit();
-        }
+        // SAFETY: only this engine thread touches this ring's SQ and CQ, and the entry's
+        // buffers (job buffers, the wake buffer) stay valid until its completion is reaped:
+        // the engine owns them until then.
+        unsafe { push_entry(&self.ring, entry) }
     }
 
     pub(crate) fn run(self) {

@@ -68,6 +68,7 @@
 mod deferred;
 mod error;
 mod files;
+mod mapping;
 mod pages;
 mod pool;
 mod pread;

@@ -2,9 +2,9 @@
 //! order (a node cache). The heap keeps its high-water mark when such copies come and go in
 //! many sizes; a mapping gives its pages back to the system when it drops.
 
-use std::ptr::NonNull;
-
 use bytes::Bytes;
+
+use crate::mapping::Mapping;
 
 /// Copies `data` into a private anonymous mapping of whole pages and returns it as `Bytes`;
 /// the mapping is unmapped when the last clone drops. The copy costs at most one page over
@@ -17,29 +17,15 @@ pub fn copy_to_pages(data: &[u8]) -> std::io::Result<Bytes> {
         return Ok(Bytes::new());
     }
     let page = page_bytes();
-    let map_len = data.len().div_ceil(page) * page;
-    // SAFETY: a fresh private anonymous mapping; no address hint, so nothing else is replaced.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            map_len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if ptr == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    let base = NonNull::new(ptr.cast::<u8>()).expect("mmap succeeded with a null address");
-    // SAFETY: the mapping is `map_len >= data.len()` writable bytes, new, so it cannot overlap
+    let mapping = Mapping::new(data.len().div_ceil(page) * page, false)?;
+    // SAFETY: the mapping is at least `data.len()` writable bytes, new, so it cannot overlap
     // `data`.
-    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), base.as_ptr(), data.len()) };
+    unsafe {
+        std::ptr::copy_nonoverlapping(data.as_ptr(), mapping.base().as_ptr(), data.len());
+    }
     Ok(Bytes::from_owner(Pages {
-        base,
+        mapping,
         len: data.len(),
-        map_len,
     }))
 }
 
@@ -55,9 +41,8 @@ fn page_bytes() -> usize {
 /// One mapping holding `len` bytes of data.
 #[derive(Debug)]
 struct Pages {
-    base: NonNull<u8>,
+    mapping: Mapping,
     len: usize,
-    map_len: usize,
 }
 
 // SAFETY: the mapping is written once before `Pages` exists and only read afterwards; it is
@@ -68,19 +53,9 @@ unsafe impl Sync for Pages {}
 
 impl AsRef<[u8]> for Pages {
     fn as_ref(&self) -> &[u8] {
-        // SAFETY: `base` points at `map_len >= len` mapped bytes, the first `len` initialised
-        // by the copy, and the mapping lives as long as `self`.
-        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for Pages {
-    fn drop(&mut self) {
-        // SAFETY: the mapping was created with this address and length and nothing refers to
-        // it any more (`Bytes` dropped its last clone).
-        unsafe {
-            libc::munmap(self.base.as_ptr().cast(), self.map_len);
-        }
+        // SAFETY: the mapping holds at least `len` bytes, the first `len` initialised by the
+        // copy, and it lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.mapping.base().as_ptr(), self.len) }
     }
 }
 

@@ -18,10 +18,11 @@
 //!   [`Pool::try_acquire`] fails while anyone waits.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::ptr::NonNull;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use bytes::Bytes;
+
+use crate::mapping::Mapping;
 
 /// The allocation unit: blocks are whole pages.
 pub(crate) const PAGE_BYTES: usize = 4096;
@@ -50,8 +51,9 @@ pub(crate) struct Pool {
 
 #[derive(Debug)]
 struct PoolInner {
-    base: NonNull<u8>,
-    map_len: usize,
+    /// Unmapped with the last Arc: every PoolBuf holds one, and the engines hold a Pool until
+    /// their last read completed, so nothing (the kernel included) uses it any more then.
+    mapping: Mapping,
     state: Mutex<Buddy>,
     available: Condvar,
 }
@@ -149,21 +151,8 @@ impl Pool {
         if map_len < max_block || map_len > POOL_BYTES_MAX {
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         }
-        // SAFETY: an anonymous private mapping with no address hint has no preconditions.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        let base = NonNull::new(base.cast::<u8>()).expect("mmap returned null");
+        let mapping = Mapping::new(map_len, true)?;
+        let base = mapping.base();
         // MAP_POPULATE does not report a partial population: touch every page so the budget
         // is committed now rather than on first use (a no-op for pages already present).
         for page in 0..map_len / PAGE_BYTES {
@@ -172,8 +161,7 @@ impl Pool {
         }
         Ok(Pool {
             inner: Arc::new(PoolInner {
-                base,
-                map_len,
+                mapping,
                 state: Mutex::new(Buddy::new(pages, (max_block / PAGE_BYTES).trailing_zeros())),
                 available: Condvar::new(),
             }),
@@ -182,7 +170,7 @@ impl Pool {
 
     /// The budget: bytes mapped, committed, and handed out at most.
     pub(crate) fn budget_bytes(&self) -> usize {
-        self.inner.map_len
+        self.inner.mapping.len()
     }
 
     /// The largest block: the largest read this pool can hold.
@@ -214,8 +202,8 @@ impl Pool {
     /// index 0 may then target any address inside it).
     pub(crate) fn iovec(&self) -> libc::iovec {
         libc::iovec {
-            iov_base: self.inner.base.as_ptr().cast(),
-            iov_len: self.inner.map_len,
+            iov_base: self.inner.mapping.base().as_ptr().cast(),
+            iov_len: self.inner.mapping.len(),
         }
     }
 
@@ -300,20 +288,9 @@ impl PoolInner {
     }
 
     fn block_ptr(&self, page: u32) -> *mut u8 {
-        debug_assert!((page as usize) < self.map_len / PAGE_BYTES);
-        // SAFETY: the page is inside the mapping of map_len bytes.
-        unsafe { self.base.as_ptr().add(page as usize * PAGE_BYTES) }
-    }
-}
-
-impl Drop for PoolInner {
-    fn drop(&mut self) {
-        // SAFETY: every PoolBuf holds an Arc to this PoolInner, so none is alive and nothing
-        // (kernel included: the engines hold a Pool until their last read completed) uses
-        // the mapping any more.
-        unsafe {
-            libc::munmap(self.base.as_ptr().cast(), self.map_len);
-        }
+        debug_assert!((page as usize) < self.mapping.len() / PAGE_BYTES);
+        // SAFETY: the page is inside the mapping.
+        unsafe { self.mapping.base().as_ptr().add(page as usize * PAGE_BYTES) }
     }
 }
 
@@ -399,7 +376,7 @@ mod tests {
     }
 
     fn page_of(pool: &Pool, buf: &mut PoolBuf) -> usize {
-        (buf.as_mut_ptr() as usize - pool.inner.base.as_ptr() as usize) / PAGE_BYTES
+        (buf.as_mut_ptr() as usize - pool.inner.mapping.base().as_ptr() as usize) / PAGE_BYTES
     }
 
     fn wait_for_waiters(pool: &Pool, n: usize) {
@@ -463,7 +440,7 @@ mod tests {
         // SAFETY: the range is the pool's mapping and `resident` has one byte per page.
         let rc = unsafe {
             libc::mincore(
-                pool.inner.base.as_ptr().cast(),
+                pool.inner.mapping.base().as_ptr().cast(),
                 pool.budget_bytes(),
                 resident.as_mut_ptr(),
             )

@@ -7,7 +7,7 @@ use lobster_uring::{ActiveBackend, Backend, Bytes, OpenOptions, ReadError, ReadR
 
 mod common;
 
-use common::{backends, builder, make_file, test_dir, DepthWatch, Rng};
+use common::{backends, builder, check, make_file, test_dir, truncate, DepthWatch, Rng};
 
 fn read_one(
     reader: &Reader,
@@ -58,15 +58,7 @@ fn random_ranges_match_std_fs_on_both_backends() {
             let total = 300;
             let mut received = 0;
             for tag in 0..total {
-                let len = match rng.below(10) {
-                    0 => 1 + rng.below(2_500_000) as usize, // over 1 MiB: O_DIRECT splits
-                    1..=4 => 4096 * (1 + rng.below(32) as usize),
-                    _ => 1 + rng.below(200_000) as usize,
-                };
-                let mut offset = rng.below((size - len) as u64);
-                if rng.below(2) == 0 {
-                    offset -= offset % 4096;
-                }
+                let (offset, len) = rng.range(size);
                 expected.insert(tag, (offset, len));
                 let class = (tag % 3) as usize;
                 reader
@@ -80,12 +72,12 @@ fn random_ranges_match_std_fs_on_both_backends() {
                     .unwrap();
                 // Keep a few reads outstanding without exhausting the pool.
                 while tag - received >= 8 {
-                    check(&rx.recv().unwrap(), &expected, &data, backend, direct);
+                    check(&rx.recv().unwrap(), &expected, &data, 3, backend, direct);
                     received += 1;
                 }
             }
             while received < total {
-                check(&rx.recv().unwrap(), &expected, &data, backend, direct);
+                check(&rx.recv().unwrap(), &expected, &data, 3, backend, direct);
                 received += 1;
             }
             let stats = reader.stats();
@@ -100,26 +92,6 @@ fn random_ranges_match_std_fs_on_both_backends() {
             assert_eq!(stats.pool_largest_free_bytes, 4 << 20, "and coalesced");
         }
     }
-}
-
-fn check(
-    c: &lobster_uring::Completion,
-    expected: &HashMap<u64, (u64, usize)>,
-    data: &[u8],
-    backend: Backend,
-    direct: bool,
-) {
-    let (offset, len) = expected[&c.tag];
-    assert_eq!(c.class, (c.tag % 3) as usize);
-    let bytes = c
-        .result
-        .as_ref()
-        .unwrap_or_else(|e| panic!("{backend:?} direct={direct}: {e}"));
-    assert_eq!(bytes.len(), len);
-    assert!(
-        bytes[..] == data[offset as usize..offset as usize + len],
-        "{backend:?} direct={direct}: bytes differ at offset {offset} len {len}"
-    );
 }
 
 #[test]
@@ -232,12 +204,7 @@ fn a_file_truncated_after_open_gives_unexpected_eof() {
                 &read_one(&reader, file, 8192, 4096).unwrap()[..],
                 &data[8192..12288]
             );
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .unwrap()
-                .set_len(5000)
-                .unwrap();
+            truncate(&path, 5000);
             let err = read_one(&reader, file, 4096, 4096).unwrap_err();
             assert!(
                 matches!(

@@ -9,7 +9,7 @@ use lobster_uring::{
 
 mod common;
 
-use common::{backends, make_file, test_dir, DepthWatch, Rng};
+use common::{backends, check, make_file, test_dir, truncate, DepthWatch, Rng};
 
 fn builder(backend: Backend) -> ReaderBuilder {
     common::builder(backend).pread_threads(4)
@@ -56,16 +56,8 @@ fn sessions_on_several_threads_read_the_same_bytes_as_std_fs() {
                         let total = 120;
                         let mut received = 0;
                         for tag in 0..total {
-                            let len = match rng.below(10) {
-                                0 => 1 + rng.below(2_500_000) as usize, // O_DIRECT splits
-                                1..=4 => 4096 * (1 + rng.below(32) as usize),
-                                _ => 1 + rng.below(200_000) as usize,
-                            };
-                            let mut offset = rng.below((size - len) as u64);
-                            if rng.below(2) == 0 {
-                                offset -= offset % 4096;
-                            }
-                            expected.insert(tag, (offset as usize, len));
+                            let (offset, len) = rng.range(size);
+                            expected.insert(tag, (offset, len));
                             let class = (tag % 2) as usize;
                             let queued = session
                                 .submit_batch(&[req(file, offset, len, class, tag)])
@@ -74,7 +66,7 @@ fn sessions_on_several_threads_read_the_same_bytes_as_std_fs() {
                             while session.pending() > 6 {
                                 session.wait(1, &mut done).unwrap();
                                 for c in done.drain(..) {
-                                    check(&c, &expected, data, backend, direct);
+                                    check(&c, &expected, data, 2, backend, direct);
                                     received += 1;
                                 }
                             }
@@ -82,7 +74,7 @@ fn sessions_on_several_threads_read_the_same_bytes_as_std_fs() {
                         while session.pending() > 0 {
                             session.wait(session.pending(), &mut done).unwrap();
                             for c in done.drain(..) {
-                                check(&c, &expected, data, backend, direct);
+                                check(&c, &expected, data, 2, backend, direct);
                                 received += 1;
                             }
                         }
@@ -99,26 +91,6 @@ fn sessions_on_several_threads_read_the_same_bytes_as_std_fs() {
             );
         }
     }
-}
-
-fn check(
-    c: &Completion,
-    expected: &HashMap<u64, (usize, usize)>,
-    data: &[u8],
-    backend: Backend,
-    direct: bool,
-) {
-    let (offset, len) = expected[&c.tag];
-    assert_eq!(c.class, (c.tag % 2) as usize);
-    let bytes = c
-        .result
-        .as_ref()
-        .unwrap_or_else(|e| panic!("{backend:?} direct={direct}: {e}"));
-    assert_eq!(bytes.len(), len);
-    assert!(
-        bytes[..] == data[offset..offset + len],
-        "{backend:?} direct={direct}: bytes differ at offset {offset} len {len}"
-    );
 }
 
 /// Reads one range through `session`, waiting for it.
@@ -269,12 +241,7 @@ fn a_session_reports_errors_with_path_and_offset_and_keeps_serving() {
                 other => panic!("{backend:?} direct={direct}: {other:?}"),
             }
             let small = reader.open(&shrinks, OpenOptions { direct }).unwrap();
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(&shrinks)
-                .unwrap()
-                .set_len(4096)
-                .unwrap();
+            truncate(&shrinks, 4096);
             let err = read_one(&mut session, small, 8192, 4096).unwrap_err();
             assert!(
                 matches!(err, ReadError::UnexpectedEof { file_end: 4096, .. }),

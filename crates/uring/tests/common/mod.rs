@@ -1,11 +1,12 @@
 //! Helpers shared by the reader's integration tests (each test crate uses a subset).
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use lobster_uring::{Backend, IoEvent, IoEventKind, Reader, ReaderBuilder};
+use lobster_uring::{Backend, Completion, IoEvent, IoEventKind, Reader, ReaderBuilder};
 
 /// Deterministic pseudo-random bytes and numbers (xorshift64*).
 pub struct Rng(pub u64);
@@ -21,6 +22,54 @@ impl Rng {
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
+
+    /// A read range inside a file of `size` bytes: lengths from one byte to past 1 MiB (which
+    /// O_DIRECT splits), page multiples among them, and half the offsets page-aligned.
+    pub fn range(&mut self, size: usize) -> (u64, usize) {
+        let len = match self.below(10) {
+            0 => 1 + self.below(2_500_000) as usize,
+            1..=4 => 4096 * (1 + self.below(32) as usize),
+            _ => 1 + self.below(200_000) as usize,
+        };
+        let mut offset = self.below((size - len) as u64);
+        if self.below(2) == 0 {
+            offset -= offset % 4096;
+        }
+        (offset, len)
+    }
+}
+
+/// Cuts the file at `path` to `len` bytes.
+pub fn truncate(path: &Path, len: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+}
+
+/// `c` carries the bytes `data[offset..offset + len]` of its tag's `expected` range, and its
+/// tag's class of `classes` (tags go round the classes).
+pub fn check(
+    c: &Completion,
+    expected: &HashMap<u64, (u64, usize)>,
+    data: &[u8],
+    classes: u64,
+    backend: Backend,
+    direct: bool,
+) {
+    let (offset, len) = expected[&c.tag];
+    assert_eq!(c.class, (c.tag % classes) as usize);
+    let bytes = c
+        .result
+        .as_ref()
+        .unwrap_or_else(|e| panic!("{backend:?} direct={direct}: {e}"));
+    assert_eq!(bytes.len(), len);
+    assert!(
+        bytes[..] == data[offset as usize..offset as usize + len],
+        "{backend:?} direct={direct}: bytes differ at offset {offset} len {len}"
+    );
 }
 
 /// A directory on the target's file system (O_DIRECT needs a real one, not tmpfs).

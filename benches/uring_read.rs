@@ -11,7 +11,7 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, Criterion, Throughput};
+use criterion::{Criterion, Throughput};
 use lobster_io::uring::{Backend, OpenOptions, ReadRequest, Reader, Session};
 
 const FILE_BYTES: u64 = 64 << 20;
@@ -26,6 +26,17 @@ impl Rng {
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         (self.0 % (FILE_BYTES / BS as u64)) * BS as u64
+    }
+
+    /// A read of one block at a random offset of `file`.
+    fn request(&mut self, file: lobster_io::uring::FileId, tag: u64) -> ReadRequest {
+        ReadRequest {
+            file,
+            offset: self.offset(),
+            len: BS,
+            class: 0,
+            tag,
+        }
     }
 }
 
@@ -87,13 +98,7 @@ fn run_reader(
     depth: usize,
 ) -> Duration {
     let rx = reader.completions();
-    let mut req = |tag| ReadRequest {
-        file,
-        offset: rng.offset(),
-        len: BS,
-        class: 0,
-        tag,
-    };
+    let mut req = |tag| rng.request(file, tag);
     let start = Instant::now();
     let first = (depth as u64).min(n);
     let batch: Vec<_> = (0..first).map(&mut req).collect();
@@ -125,13 +130,7 @@ fn run_session(
     n: u64,
     depth: usize,
 ) -> Duration {
-    let mut req = |tag| ReadRequest {
-        file,
-        offset: rng.offset(),
-        len: BS,
-        class: 0,
-        tag,
-    };
+    let mut req = |tag| rng.request(file, tag);
     let start = Instant::now();
     let first = (depth as u64).min(n);
     let batch: Vec<_> = (0..first).map(&mut req).collect();
@@ -155,8 +154,7 @@ fn run_session(
     start.elapsed()
 }
 
-fn bench(c: &mut Criterion) {
-    let tf = TestFile::new();
+fn bench(c: &mut Criterion, tf: &TestFile) {
     let file = File::open(&tf.0).unwrap();
     let mut group = c.benchmark_group("read_4k_page_cache");
     group.throughput(Throughput::Elements(1));
@@ -193,8 +191,7 @@ fn median_ns(mut run: impl FnMut() -> Duration) -> f64 {
     v[2]
 }
 
-fn ratio_table() {
-    let tf = TestFile::new();
+fn ratio_table(tf: &TestFile) {
     let file = File::open(&tf.0).unwrap();
     let mut rng = Rng(42);
     let base = median_ns(|| run_read_at(&file, &mut rng, 200_000));
@@ -231,10 +228,11 @@ fn ratio_table() {
     }
 }
 
-criterion_group!(benches, bench);
-
 fn main() {
-    benches();
-    Criterion::default().configure_from_args().final_summary();
-    ratio_table();
+    // One file (64 MiB written and read into the page cache) for both.
+    let tf = TestFile::new();
+    let mut c = Criterion::default().configure_from_args();
+    bench(&mut c, &tf);
+    c.final_summary();
+    ratio_table(&tf);
 }

@@ -3,13 +3,12 @@
 
 mod common;
 
-use common::{content, make_dataset};
+use common::{content, make_dataset, rank_plan, run_ranks, Shape};
 use std::sync::Arc;
 
 use lobster_io::uring::Backend;
 use lobster_io::{
-    Batch, CachePolicy, Dataset, DistributedSampler, EpochOrder, Execution, IoOrder, Loader,
-    LoaderBuilder, Schedule,
+    Batch, CachePolicy, Dataset, Execution, IoOrder, Loader, LoaderBuilder, Schedule,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -48,16 +47,12 @@ fn build(ds: &Arc<Dataset>, s: Setup, node: usize) -> Loader<Vec<u8>> {
         .unwrap()
 }
 
-/// Runs every rank on its own thread and returns each rank's batches.
+/// Runs every rank on its own thread and returns each rank's batches, none failing.
 fn run(loader: &mut Loader<Vec<u8>>) -> Vec<Vec<Batch<Vec<u8>>>> {
-    let handles = loader.ranks().unwrap();
-    std::thread::scope(|s| {
-        let threads: Vec<_> = handles
-            .into_iter()
-            .map(|h| s.spawn(move || h.map(|b| b.unwrap()).collect::<Vec<_>>()))
-            .collect();
-        threads.into_iter().map(|t| t.join().unwrap()).collect()
-    })
+    run_ranks(loader)
+        .into_iter()
+        .map(|rank| rank.into_iter().map(Result::unwrap).collect())
+        .collect()
 }
 
 fn check_delivery(ds: &Dataset, node: usize, got: &[Vec<Batch<Vec<u8>>>]) {
@@ -68,20 +63,15 @@ fn check_delivery(ds: &Dataset, node: usize, got: &[Vec<Batch<Vec<u8>>>]) {
 
 /// `batches` are every batch of `rank` on `node`, in plan order, with their labels and bytes.
 fn check_rank(ds: &Dataset, node: usize, rank: usize, batches: &[Batch<Vec<u8>>]) {
-    let sampler = DistributedSampler::new(
-        ds.len(),
-        NODES * RANKS,
-        false,
-        EpochOrder::Shuffle { seed: SEED },
-    )
-    .unwrap();
-    let mut expected = Vec::new();
-    for epoch in 0..EPOCHS {
-        let indices = sampler.rank_indices(epoch, node * RANKS + rank);
-        for (iteration, chunk) in indices.chunks(BATCH).enumerate() {
-            expected.push((epoch, iteration as u32, chunk.to_vec()));
-        }
-    }
+    let shape = Shape {
+        nodes: NODES,
+        ranks: RANKS,
+        node,
+        seed: SEED,
+        epochs: EPOCHS,
+        batch: BATCH,
+    };
+    let expected = rank_plan(ds.len(), shape).swap_remove(rank);
     let actual: Vec<_> = batches
         .iter()
         .map(|b| {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use lobster_io::uring::Backend;
 use lobster_io::{
-    Batch, CachePolicy, Dataset, Decision, Error, ErrorPolicy, Execution, FailureBudget, Fault,
+    CachePolicy, Dataset, Decision, Error, ErrorPolicy, Execution, FailureBudget, Fault,
     FaultInjection, Loader, LoaderBuilder, READ_ATTEMPTS,
 };
 
@@ -94,21 +94,23 @@ fn build_with_threads(
         .unwrap()
 }
 
-fn run(loader: &mut Loader<Vec<u8>>) -> Vec<Vec<Result<Batch<Vec<u8>>, Error>>> {
-    run_ranks(loader)
-}
+const SHAPE: Shape = Shape {
+    nodes: NODES,
+    ranks: RANKS,
+    node: NODE,
+    seed: SEED,
+    epochs: EPOCHS,
+    batch: BATCH,
+};
+
+/// Skip every failed access: the tests compare what was skipped against a model.
+const SKIP_ALL: ErrorPolicy = ErrorPolicy::Skip {
+    max_failures: FailureBudget::Count(u64::MAX),
+};
 
 /// Each local rank's plan: (epoch, iteration, sample ids) per batch.
 fn plan(ds: &Dataset) -> Vec<Vec<(u32, u32, Vec<u32>)>> {
-    let shape = Shape {
-        nodes: NODES,
-        ranks: RANKS,
-        node: NODE,
-        seed: SEED,
-        epochs: EPOCHS,
-        batch: BATCH,
-    };
-    rank_plan(ds.len(), shape)
+    rank_plan(ds.len(), SHAPE)
 }
 
 /// Reference model of the retry loop over every read: (attempts the injector changed,
@@ -170,7 +172,7 @@ fn skip_delivers_every_sample_not_injected_and_skips_exactly_the_injected() {
     );
     for setup in setups(CachePolicy::None) {
         let mut loader = build(&ds, setup, skip, f);
-        let got = run(&mut loader);
+        let got = run_ranks(&mut loader);
         for (rank, results) in got.into_iter().enumerate() {
             assert_eq!(results.len(), plan[rank].len(), "{setup:?} rank {rank}");
             for (result, (epoch, iteration, ids)) in results.into_iter().zip(&plan[rank]) {
@@ -212,9 +214,7 @@ fn skip_delivers_every_sample_not_injected_and_skips_exactly_the_injected() {
 fn with_a_cache_the_same_seed_skips_the_same_accesses_everywhere() {
     let dir = tempfile::tempdir().unwrap();
     let ds = make_dataset(dir.path(), SAMPLES, 1);
-    let skip = ErrorPolicy::Skip {
-        max_failures: FailureBudget::Count(u64::MAX),
-    };
+    let skip = SKIP_ALL;
     let plan = plan(&ds);
     for seed in [SEED, SEED + 1] {
         let f = faults(seed);
@@ -222,7 +222,7 @@ fn with_a_cache_the_same_seed_skips_the_same_accesses_everywhere() {
         // Every setup twice: neither timing nor backend nor execution changes the faults.
         for setup in setups(CachePolicy::Reuse).into_iter().flat_map(|s| [s, s]) {
             let mut loader = build(&ds, setup, skip, f);
-            let got = run(&mut loader);
+            let got = run_ranks(&mut loader);
             for (rank, results) in got.into_iter().enumerate() {
                 for (result, (epoch, _, ids)) in results.into_iter().zip(&plan[rank]) {
                     let batch = result.unwrap();
@@ -263,7 +263,7 @@ fn with_fail_each_fault_surfaces_on_its_rank_naming_its_sample() {
     let plan = plan(&ds);
     for setup in setups(CachePolicy::None) {
         let mut loader = build(&ds, setup, ErrorPolicy::Fail, f);
-        let got = run(&mut loader);
+        let got = run_ranks(&mut loader);
         let mut errors = 0;
         for (rank, results) in got.into_iter().enumerate() {
             assert_eq!(results.len(), plan[rank].len(), "{setup:?} rank {rank}");
@@ -335,7 +335,7 @@ fn going_over_the_budget_fails_every_rank_with_a_summary_and_ends_it() {
             },
             f,
         );
-        let got = run(&mut loader);
+        let got = run_ranks(&mut loader);
         for (rank, results) in got.into_iter().enumerate() {
             let last = results.last().expect("at least one batch");
             let Err(
@@ -405,9 +405,7 @@ fn dropping_the_loader_while_faults_are_retried_returns_and_stops_the_ranks() {
 fn a_cached_sample_whose_read_failed_is_read_again_by_later_hits() {
     let dir = tempfile::tempdir().unwrap();
     let ds = make_dataset(dir.path(), SAMPLES, 1);
-    let skip = ErrorPolicy::Skip {
-        max_failures: FailureBudget::Count(u64::MAX),
-    };
+    let skip = SKIP_ALL;
     // Permanent read errors only: an access can then fail only through its own epoch's read.
     let f = FaultInjection {
         eio: 0.15,
@@ -418,7 +416,7 @@ fn a_cached_sample_whose_read_failed_is_read_again_by_later_hits() {
     };
     for setup in setups(CachePolicy::Reuse) {
         let mut loader = build(&ds, setup, skip, f);
-        let _ = run(&mut loader);
+        let _ = run_ranks(&mut loader);
         let m = loader.metrics();
         assert!(m.hits > 0, "{setup:?}: the cache serves hits");
         let skipped = skipped_set(&loader);
@@ -527,9 +525,7 @@ fn with_a_cache_the_skipped_set_is_the_injected_set_and_corrupt_bytes_are_not_se
     use lobster_io::cache::PolicyKind;
     let dir = tempfile::tempdir().unwrap();
     let ds = make_dataset(dir.path(), SAMPLES, 1);
-    let skip = ErrorPolicy::Skip {
-        max_failures: FailureBudget::Count(u64::MAX),
-    };
+    let skip = SKIP_ALL;
     for (cache, kind) in [
         (CachePolicy::Reuse, PolicyKind::Reuse),
         (CachePolicy::Static, PolicyKind::Static),
@@ -582,7 +578,7 @@ fn with_a_cache_the_skipped_set_is_the_injected_set_and_corrupt_bytes_are_not_se
             // Every setup twice, with different decode thread counts.
             for (setup, threads) in setups(cache).into_iter().flat_map(|s| [(s, 2), (s, 5)]) {
                 let mut loader = build_with_threads(&ds, setup, skip, f, threads);
-                let got = run(&mut loader);
+                let got = run_ranks(&mut loader);
                 for results in got {
                     for result in results {
                         for s in &result.unwrap().samples {

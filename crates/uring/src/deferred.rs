@@ -19,6 +19,10 @@ use crate::ReadError;
 pub(crate) struct Pending {
     pub(crate) file: Arc<FileEntry>,
     pub(crate) req: ReadRequest,
+    /// Where the read starts in the file (the offset, or below it for O_DIRECT alignment).
+    pub(crate) read_start: u64,
+    /// Bytes read before the requested range (O_DIRECT alignment).
+    pub(crate) skip: usize,
     /// Bytes the read needs (after O_DIRECT widening).
     pub(crate) read_len: usize,
 }
@@ -130,7 +134,7 @@ impl Deferred {
             let Some(buf) = shared.pool.acquire(p.read_len) else {
                 break;
             };
-            let queued = shared.enqueue(Job::new(p.file.clone(), &p.req, buf), true);
+            let queued = shared.enqueue(Job::new(p.clone(), buf), true);
             self.lock().queue.pop_front();
             self.changed.notify_all();
             if queued.is_err() {

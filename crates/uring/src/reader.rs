@@ -570,10 +570,12 @@ impl Reader {
             .files
             .get(req.file)
             .ok_or(ReadError::UnknownFile { file: req.file })?;
-        let (_, _, read_len) = Job::plan(&file, req, self.inner.max_read_bytes)?;
+        let (read_start, skip, read_len) = Job::plan(&file, req, self.inner.max_read_bytes)?;
         Ok(Pending {
             file,
             req: *req,
+            read_start,
+            skip,
             read_len,
         })
     }
@@ -587,7 +589,7 @@ impl Reader {
         let pending = self.check(&req)?;
         let shared = &self.inner.shared;
         match self.inner.deferred.admit(&shared.pool, &pending, true)? {
-            Some(buf) => shared.enqueue(Job::new(pending.file, &req, buf), true),
+            Some(buf) => shared.enqueue(Job::new(pending, buf), true),
             None => Ok(()),
         }
     }
@@ -609,7 +611,7 @@ impl Reader {
         let mut later = None;
         for p in rest.by_ref() {
             match self.inner.deferred.admit(&shared.pool, &p, false) {
-                Ok(Some(buf)) => jobs.push(Job::new(p.file, &p.req, buf)),
+                Ok(Some(buf)) => jobs.push(Job::new(p, buf)),
                 Ok(None) => unreachable!("admit without blocking never defers"),
                 Err(ReadError::WouldBlock { .. }) => {
                     later = Some(p);
@@ -636,7 +638,7 @@ impl Reader {
             .deferred
             .admit(&shared.pool, &pending, false)?
             .expect("admit without blocking never defers");
-        shared.enqueue(Job::new(pending.file, &req, buf), false)
+        shared.enqueue(Job::new(pending, buf), false)
     }
 
     /// Sets the number of reads `class` may have in the kernel. Takes effect at once for

@@ -10,6 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use bytes::Bytes;
 use crossbeam_channel::Sender;
 
+use crate::deferred::Pending;
 use crate::files::{FileEntry, FileTable, FixedTable};
 use crate::pool::{Pool, PoolBuf};
 use crate::{FileId, ReadError};
@@ -179,19 +180,19 @@ impl Job {
         Ok((read_start, (req.offset - read_start) as usize, read_len))
     }
 
-    pub(crate) fn new(file: Arc<FileEntry>, req: &ReadRequest, buf: PoolBuf) -> Job {
-        let (read_start, skip, read_len) =
-            Job::plan(&file, req, buf.capacity()).expect("request checked at submission");
+    /// The job of a request checked (and planned) at submission, with its buffer.
+    pub(crate) fn new(p: Pending, buf: PoolBuf) -> Job {
+        debug_assert!(p.read_len <= buf.capacity());
         Job {
-            file,
-            tag: req.tag,
-            class: req.class,
-            offset: req.offset,
-            len: req.len,
+            file: p.file,
+            tag: p.req.tag,
+            class: p.req.class,
+            offset: p.req.offset,
+            len: p.req.len,
             buf,
-            read_start,
-            skip,
-            read_len,
+            read_start: p.read_start,
+            skip: p.skip,
+            read_len: p.read_len,
             done: 0,
             retries: 0,
         }

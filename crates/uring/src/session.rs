@@ -178,8 +178,7 @@ impl Session {
                     "the pool only closes when the reader drops, and this session holds it",
                 ),
             };
-            let file = p.file;
-            self.queues[req.class].push_back(Job::new(file, req, buf));
+            self.queues[req.class].push_back(Job::new(p, buf));
             self.queued += 1;
             accepted += 1;
         }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use lobster_io::uring::Backend;
 use lobster_io::{
-    CachePolicy, Dataset, Decision, Error, ErrorPolicy, Execution, FailureBudget, Fault,
+    AttemptFaults, CachePolicy, Dataset, Error, ErrorPolicy, Execution, FailureBudget, Fault,
     FaultInjection, Loader, LoaderBuilder, READ_ATTEMPTS,
 };
 
@@ -120,7 +120,7 @@ fn expected_counts(f: &FaultInjection, reads: impl Iterator<Item = (u32, u32)>) 
     for (epoch, sample) in reads {
         for attempt in 0..READ_ATTEMPTS {
             let d = f.decide(sample, epoch, attempt);
-            counts[0] += u64::from(d != Decision::default());
+            counts[0] += u64::from(d != AttemptFaults::default());
             let failed = d.eio || d.short;
             if failed && attempt + 1 < READ_ATTEMPTS {
                 counts[1] += 1;

@@ -287,7 +287,7 @@ mod tests {
                 seed: 3,
             };
             let mut planner = Planner::new(stream, sizes.clone(), total / 8, kind).unwrap();
-            let store = Store::new(total / 8);
+            let mut store: Store<bytes::Bytes> = Store::new(total / 8);
             let mut evicted = Vec::new();
             while let Some(d) = planner.next(&mut evicted).unwrap() {
                 if d.hit {
@@ -299,7 +299,9 @@ mod tests {
                 }
                 if d.admitted {
                     let bytes = bytes::Bytes::from(vec![0u8; d.size_bytes as usize]);
-                    store.insert(d.sample, bytes).unwrap();
+                    store
+                        .insert(d.sample, u64::from(d.size_bytes), bytes)
+                        .unwrap();
                 }
                 assert_eq!(store.used_bytes(), planner.policy().used_bytes(), "{kind}");
             }

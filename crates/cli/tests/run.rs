@@ -120,7 +120,7 @@ fn run_writes_every_policy_with_the_documented_keys() {
             .values()
             .map(|l| {
                 assert_eq!(l.len(), 2);
-                lobster_io::imbalance(l)
+                lobster_io::sched::imbalance(l)
             })
             .collect();
         ratios.sort_by(f64::total_cmp);

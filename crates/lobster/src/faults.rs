@@ -117,9 +117,9 @@ pub enum Fault {
     Corrupt,
 }
 
-/// The injector's decision for one read attempt.
+/// The faults the injector puts into one read attempt.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Decision {
+pub struct AttemptFaults {
     /// The attempt fails with EIO (the same for every attempt of that read).
     pub eio: bool,
     /// The attempt returns a short read (drawn again at each attempt).
@@ -186,10 +186,10 @@ const PER_READ: u64 = u32::MAX as u64;
 impl FaultInjection {
     /// What happens to attempt `attempt` (0-based) of the read of `sample` for an access in
     /// `epoch`.
-    pub fn decide(&self, sample: u32, epoch: u32, attempt: u32) -> Decision {
+    pub fn decide(&self, sample: u32, epoch: u32, attempt: u32) -> AttemptFaults {
         let read = draw(self.seed, sample, epoch, PER_READ);
         let this = draw(self.seed, sample, epoch, u64::from(attempt));
-        Decision {
+        AttemptFaults {
             eio: read < self.eio,
             corrupt: (self.eio..self.eio + self.corrupt).contains(&read),
             short: this < self.short,

@@ -57,6 +57,7 @@ pub use lobster_cache as cache;
 pub use lobster_sched as sched;
 pub use lobster_uring as uring;
 
+mod batch;
 mod config;
 mod dataset;
 mod emulate;
@@ -67,13 +68,14 @@ mod metrics;
 mod pipeline;
 mod sampler;
 
+pub use batch::{Batch, Sample};
 pub use config::{CachePolicy, Execution, IoOrder, LoaderConfig, Schedule};
 pub use dataset::{Dataset, SampleMeta};
 pub use emulate::StorageEmulation;
 pub use error::{Cause, Error};
-pub use faults::{Decision, ErrorPolicy, FailureBudget, Fault, FaultInjection, READ_ATTEMPTS};
-pub use loader::{Batch, Loader, LoaderBuilder, RankHandle, Sample};
-pub use metrics::{imbalance, AllocationRecord, IterationMetrics, RunMetrics, SkippedSample};
+pub use faults::{AttemptFaults, ErrorPolicy, FailureBudget, Fault, FaultInjection, READ_ATTEMPTS};
+pub use loader::{Loader, LoaderBuilder, RankHandle};
+pub use metrics::{AllocationRecord, IterationMetrics, RunMetrics, SkippedSample};
 pub use sampler::{torch_randperm, DistributedSampler, EpochOrder};
 
 #[doc = include_str!("../../../README.md")]

@@ -2,41 +2,15 @@
 
 use std::sync::Arc;
 
+use crate::batch::Batch;
 use crate::config::{CachePolicy, Execution, IoOrder, LoaderConfig, Schedule};
 use crate::dataset::{Dataset, SampleMeta};
 use crate::emulate::{Device, StorageEmulation};
 use crate::error::{Cause, Error};
 use crate::faults::{ErrorPolicy, FaultInjection};
 use crate::metrics::RunMetrics;
-use crate::pipeline::{self, Context, DecodeFn, Layout, Pipeline};
+use crate::pipeline::{self, Context, DecodeFn, Layout, Pipeline, PipelineState};
 use crate::sampler::{DistributedSampler, EpochOrder};
-
-/// One decoded sample of a batch.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Sample<T> {
-    /// The sample's id in the dataset.
-    pub id: u32,
-    /// Its label.
-    pub label: u32,
-    /// What the decode function made of its bytes.
-    pub value: T,
-}
-
-/// One rank's batch for one iteration, in the sampler's order.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Batch<T> {
-    /// The epoch.
-    pub epoch: u32,
-    /// The iteration within the epoch.
-    pub iteration: u32,
-    /// The samples, in the order the sampler gave them to this rank. With
-    /// [`ErrorPolicy::Skip`] a batch is delivered short: samples that failed are left out
-    /// (the others keep their order) and listed in `skipped`; it is not refilled, so every
-    /// rank gets the same number of batches and steps stay in lockstep.
-    pub samples: Vec<Sample<T>>,
-    /// Ids of the samples left out of this batch by [`ErrorPolicy::Skip`], in plan order.
-    pub skipped: Vec<u32>,
-}
 
 /// Builds a [`Loader`]: the dataset, the job's layout, the cache, the budgets and the decode
 /// function. Every setting is checked by [`build`](LoaderBuilder::build) before any thread
@@ -221,7 +195,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         let pipeline = Pipeline::start(ctx, reader)?;
         let handles = (0..config.ranks_per_node)
             .map(|rank| RankHandle {
-                shared: pipeline.shared.clone(),
+                state: pipeline.state.clone(),
                 rank,
                 iterations: pipeline.layout.iterations(),
                 done: false,
@@ -390,7 +364,7 @@ impl<T> Loader<T> {
 
     /// The run's metrics so far.
     pub fn metrics(&self) -> RunMetrics {
-        let shared = &self.pipeline.shared;
+        let shared = &self.pipeline.state;
         let mut m = pipeline::lock(&shared.collector).summary();
         let count = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
         m.faults_injected = count(&shared.faults.injected);
@@ -403,7 +377,7 @@ impl<T> Loader<T> {
 /// One local rank's batches, epoch after epoch, in plan order. `Send`: the rank's training
 /// thread owns it.
 pub struct RankHandle<T> {
-    shared: Arc<pipeline::Shared<T>>,
+    state: Arc<PipelineState<T>>,
     rank: usize,
     iterations: usize,
     done: bool,
@@ -431,7 +405,7 @@ impl<T> Iterator for RankHandle<T> {
         if self.done {
             return None;
         }
-        let next = pipeline::next_batch(&self.shared, self.rank, self.iterations);
+        let next = pipeline::next_batch(&self.state, self.rank, self.iterations);
         if matches!(
             next,
             None | Some(Err(Error::Stopped { .. } | Error::TooManyFailures { .. }))
@@ -444,7 +418,7 @@ impl<T> Iterator for RankHandle<T> {
 
 impl<T> Drop for RankHandle<T> {
     fn drop(&mut self) {
-        pipeline::detach(&self.shared, self.rank);
+        pipeline::detach(&self.state, self.rank);
     }
 }
 

@@ -277,7 +277,7 @@ impl Collector {
             let done = self.open.remove(index).expect("index is in range");
             self.job_stall_s += done.stall_max_s;
             let loads: Vec<f64> = done.load_s.into_iter().flatten().collect();
-            self.imbalance.record(imbalance(&loads));
+            self.imbalance.record(lobster_sched::imbalance(&loads));
         }
         // A detached rank leaves iterations open forever; keep that bounded.
         while self.open.len() > HISTORY_MAX {
@@ -346,17 +346,6 @@ impl Collector {
     }
 }
 
-/// Max over mean of per-rank times; 1.0 for no ranks or no time at all.
-pub fn imbalance(times: &[f64]) -> f64 {
-    let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
-    let max = times.iter().copied().fold(0.0, f64::max);
-    if mean > 0.0 {
-        max / mean
-    } else {
-        1.0
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -372,12 +361,6 @@ mod tests {
             let exact = data[(q * 1000.0) as usize - 1];
             assert!((h.quantile(q) - exact).abs() <= 2.0 * BIN_WIDTH, "q={q}");
         }
-    }
-
-    #[test]
-    fn imbalance_is_max_over_mean() {
-        assert_eq!(imbalance(&[1.0, 1.0, 2.0, 4.0]), 2.0);
-        assert_eq!(imbalance(&[]), 1.0);
     }
 
     #[test]

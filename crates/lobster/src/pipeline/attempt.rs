@@ -1,0 +1,145 @@
+//! One read attempt's fate, the same for the dispatcher's reads and the read-then-decode
+//! workers' blocking reads: the emulated tier's answer time, injected faults, a retry after
+//! a backoff, or the error that names the sample.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::slot::Loaded;
+use crate::dataset::SampleMeta;
+use crate::emulate::Device;
+use crate::error::{Cause, Error};
+use crate::faults::{self, AttemptFaults, FaultInjection, READ_ATTEMPTS};
+
+/// Counts of the fault paths, touched only when something fails or faults are injected.
+#[derive(Debug, Default)]
+pub(crate) struct FaultCounters {
+    /// Read attempts the fault injector changed.
+    pub(crate) injected: AtomicU64,
+    /// Read attempts retried after a transient failure.
+    pub(crate) retries: AtomicU64,
+    /// Reads that succeeded after at least one retry.
+    pub(crate) recovered: AtomicU64,
+}
+
+/// A read attempt that failed before any fault was injected.
+#[derive(Debug)]
+pub(crate) struct ReadFailure {
+    /// The failure may go away on retry.
+    pub(crate) transient: bool,
+    pub(crate) cause: Cause,
+}
+
+impl From<std::io::Error> for ReadFailure {
+    fn from(e: std::io::Error) -> Self {
+        ReadFailure {
+            transient: faults::transient(&e),
+            cause: std::sync::Arc::new(e),
+        }
+    }
+}
+
+impl From<lobster_uring::ReadError> for ReadFailure {
+    fn from(e: lobster_uring::ReadError) -> Self {
+        // The reader already retried EAGAIN/EINTR; what remains transient is an OS error
+        // that may clear.
+        let transient = match &e {
+            lobster_uring::ReadError::Read { source, .. } => faults::transient(source),
+            _ => false,
+        };
+        ReadFailure {
+            transient,
+            cause: std::sync::Arc::new(e),
+        }
+    }
+}
+
+/// What becomes of one attempt.
+#[derive(Debug)]
+pub(crate) enum Fate {
+    /// The sample's bytes or its error, due at `at`: the emulated tier answers (success or
+    /// failure) when it has served the request, an injected delay on top.
+    Deliver { at: Instant, loaded: Loaded },
+    /// A transient failure with attempts left: try again at `at`.
+    Retry { at: Instant },
+}
+
+/// One attempt of the read of `meta` for an access in `epoch`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Attempt<'a> {
+    pub(crate) meta: &'a SampleMeta,
+    pub(crate) epoch: u32,
+    /// 0 for the first attempt.
+    pub(crate) number: u32,
+    /// When the emulated tier answers it, reserved when it was issued.
+    pub(crate) due: Option<Instant>,
+}
+
+/// Reserves the emulated tier (if any) for a read of `bytes` issued at `issued`: when it is
+/// due. Reserved at issue, so the tier serves requests in the order they were issued.
+pub(crate) fn reserve(device: Option<&Device>, issued: Instant, bytes: u64) -> Option<Instant> {
+    device.map(|d| d.finish_time(issued, bytes))
+}
+
+/// Decides `attempt`'s fate from what the read returned.
+pub(crate) fn fate(
+    attempt: Attempt<'_>,
+    injection: Option<&FaultInjection>,
+    counters: &FaultCounters,
+    read: Result<Bytes, ReadFailure>,
+) -> Fate {
+    let Attempt {
+        meta,
+        epoch,
+        number,
+        due,
+    } = attempt;
+    let result = read.and_then(|bytes| match injection {
+        None => Ok((bytes, Duration::ZERO)),
+        Some(f) => {
+            if f.decide(meta.id, epoch, number) != AttemptFaults::default() {
+                counters.injected.fetch_add(1, Ordering::Relaxed);
+            }
+            f.apply(meta.id, epoch, number, bytes)
+                .map_err(|e| ReadFailure {
+                    transient: e.transient,
+                    cause: std::sync::Arc::new(e.cause),
+                })
+        }
+    });
+    let now = Instant::now();
+    let answered = due.map_or(now, |due| due.max(now));
+    match result {
+        Ok((bytes, delay)) => {
+            if number > 0 {
+                counters.recovered.fetch_add(1, Ordering::Relaxed);
+            }
+            Fate::Deliver {
+                at: answered + delay,
+                loaded: Ok(bytes),
+            }
+        }
+        Err(e) if e.transient && number + 1 < READ_ATTEMPTS => {
+            counters.retries.fetch_add(1, Ordering::Relaxed);
+            Fate::Retry {
+                at: answered + faults::backoff(number + 1),
+            }
+        }
+        Err(e) => Fate::Deliver {
+            at: answered,
+            loaded: Err(read_error(meta, e.cause)),
+        },
+    }
+}
+
+/// The error of a read of `meta` that failed for `cause`.
+pub(crate) fn read_error(meta: &SampleMeta, cause: Cause) -> Error {
+    Error::Read {
+        sample: meta.id,
+        path: meta.path.to_path_buf(),
+        offset: 0,
+        cause,
+    }
+}

@@ -1,0 +1,28 @@
+//! What every pipeline thread reads and never changes: the layout, the configuration, the
+//! dataset, the decode function and the emulated storage tier.
+
+use std::sync::Arc;
+
+use super::layout::Layout;
+use crate::config::LoaderConfig;
+use crate::dataset::{Dataset, SampleMeta};
+use crate::emulate::Device;
+use crate::error::Cause;
+
+/// The user's decode function, type-erased.
+pub(crate) type DecodeFn<T> = Arc<dyn Fn(&[u8], &SampleMeta) -> Result<T, Cause> + Send + Sync>;
+
+/// Everything the threads need, fixed at build time.
+pub(crate) struct Context<T> {
+    pub(crate) layout: Layout,
+    pub(crate) config: LoaderConfig,
+    pub(crate) dataset: Arc<Dataset>,
+    pub(crate) decode: DecodeFn<T>,
+    pub(crate) device: Option<Arc<Device>>,
+}
+
+impl<T> Context<T> {
+    pub(crate) fn meta(&self, sample: u32) -> &SampleMeta {
+        &self.dataset.samples()[sample as usize]
+    }
+}

@@ -1,0 +1,120 @@
+//! The decode workers: take a task whose bytes are known (or, read-then-decode, read them),
+//! run the user's decode function, and deliver the sample to its rank's reorder buffer.
+
+use std::time::{Duration, Instant};
+
+use super::blocking::blocking_read;
+use super::context::Context;
+use super::decode_queue::TakeRule;
+use super::slot::{Loaded, Ready};
+use super::state::PipelineState;
+use super::sync::lock;
+use crate::batch::Sample;
+use crate::config::Execution;
+use crate::dataset::SampleMeta;
+use crate::error::{Cause, Error};
+
+/// Worker `w`'s body.
+pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: usize) {
+    let rule = match ctx.config.execution {
+        Execution::Pipelined => TakeRule::OldestIteration,
+        Execution::ReadThenDecode => TakeRule::OwnRank,
+    };
+    let mut released = Vec::new();
+    while let Some(Ready { task, bytes }) =
+        state
+            .decode
+            .take(w, rule, &ctx.layout, &state.stop, || state.drained())
+    {
+        let meta = ctx.meta(task.sample);
+        // A planned hit that had to read storage after all (counted as the miss it is).
+        let mut reread = false;
+        let bytes = if task.read_here {
+            let loaded = blocking_read(ctx, state, meta, task.epoch);
+            let slot = task.slot.as_ref().expect("a task read here never waited");
+            slot.fill(loaded.clone(), task.admitted, &mut released);
+            state.ready(released.drain(..));
+            loaded
+        } else if task.hit && matches!(bytes, Err(Error::Read { .. } | Error::Decode { .. })) {
+            // The read that admitted this sample failed, or its bytes failed to decode: read it
+            // again for this access rather than fail every later hit on it. The slot keeps the
+            // failure, so each such hit reads for itself and its outcome depends only on its
+            // own epoch, not on timing.
+            reread = true;
+            blocking_read(ctx, state, meta, task.epoch)
+        } else {
+            bytes
+        };
+        let (mut item, mut elapsed) = decode_sample(ctx, state, meta, bytes);
+        if task.hit && !reread && matches!(item, Err(Error::Decode { .. })) {
+            // Cached bytes the admitting access has not yet found bad (it may still be
+            // decoding them): the same verdict, reached before the mark.
+            reread = true;
+            let again = decode_sample(
+                ctx,
+                state,
+                meta,
+                blocking_read(ctx, state, meta, task.epoch),
+            );
+            item = again.0;
+            elapsed += again.1;
+        }
+        if task.admitted && !task.hit {
+            if let (Err(e @ Error::Decode { .. }), Some(slot)) = (&item, &task.slot) {
+                slot.spoil(e.clone());
+            }
+        }
+        state.ranks[task.rank].deliver(&task, item, elapsed, reread.then_some(meta.size_bytes));
+        state.delivered();
+    }
+}
+
+/// Checks a sample's length and runs the user's decode function on it.
+fn decode_sample<T>(
+    ctx: &Context<T>,
+    state: &PipelineState<T>,
+    meta: &SampleMeta,
+    bytes: Loaded,
+) -> (Result<Sample<T>, Error>, Duration) {
+    let started = Instant::now();
+    let item = bytes.and_then(|b| {
+        if b.len() as u64 != meta.size_bytes {
+            return Err(Error::SizeChanged {
+                sample: meta.id,
+                path: meta.path.to_path_buf(),
+                expected_bytes: meta.size_bytes,
+                actual_bytes: b.len() as u64,
+            });
+        }
+        // A panicking decoder fails its sample, not the worker: the batch must still come.
+        let decoded =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (ctx.decode)(&b, meta)))
+                .unwrap_or_else(|panic| {
+                    Err(Cause::from(
+                        Box::<dyn std::error::Error + Send + Sync>::from(panic_message(&panic)),
+                    ))
+                });
+        let value = decoded.map_err(|cause| Error::Decode {
+            sample: meta.id,
+            path: meta.path.to_path_buf(),
+            cause,
+        })?;
+        Ok(Sample {
+            id: meta.id,
+            label: meta.label,
+            value,
+        })
+    });
+    let elapsed = started.elapsed();
+    lock(&state.model).observe_decode(1, meta.size_bytes, elapsed);
+    (item, elapsed)
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic".into());
+    format!("the decode function panicked: {text}")
+}

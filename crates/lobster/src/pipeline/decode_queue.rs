@@ -1,0 +1,154 @@
+//! The decode queues: one min-heap per rank on the stream position, and which rank each
+//! decode worker serves first.
+
+use std::collections::BinaryHeap;
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+use super::layout::Layout;
+use super::slot::Ready;
+use super::sync::{lock, StopSignal};
+
+// Queues are min-heaps on the stream position, so the oldest iteration is served first.
+impl PartialEq for Ready {
+    fn eq(&self, other: &Self) -> bool {
+        self.task.seq == other.task.seq
+    }
+}
+
+impl Eq for Ready {}
+
+impl PartialOrd for Ready {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Ready {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.task.seq.cmp(&self.task.seq)
+    }
+}
+
+#[derive(Debug)]
+struct Queues {
+    by_rank: Vec<BinaryHeap<Ready>>,
+    /// Worker index to the rank it serves first.
+    assignment: Vec<usize>,
+    /// Workers waiting on the condition variable: a push wakes someone only if one sleeps.
+    sleepers: usize,
+}
+
+/// How workers pick from the queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TakeRule {
+    /// A worker takes its rank's oldest task if that is of the oldest iteration waiting, and
+    /// otherwise that iteration's task at the earliest batch position of any rank.
+    OldestIteration,
+    /// A worker belongs to its rank, as in PyTorch's DataLoader; an unassigned worker takes
+    /// the oldest task of any rank.
+    OwnRank,
+}
+
+#[derive(Debug)]
+pub(crate) struct DecodeQueues {
+    state: Mutex<Queues>,
+    cv: Condvar,
+}
+
+impl DecodeQueues {
+    pub(crate) fn new(ranks: usize, assignment: Vec<usize>) -> Self {
+        DecodeQueues {
+            state: Mutex::new(Queues {
+                by_rank: (0..ranks).map(|_| BinaryHeap::new()).collect(),
+                assignment,
+                sleepers: 0,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// Queues every task of `ready` under one lock, waking workers only if some sleep.
+    pub(crate) fn push(&self, ready: impl IntoIterator<Item = Ready>) {
+        let mut state = lock(&self.state);
+        let mut pushed = 0;
+        for r in ready {
+            state.by_rank[r.task.rank].push(r);
+            pushed += 1;
+        }
+        let wake = pushed > 0 && state.sleepers > 0;
+        drop(state);
+        if wake {
+            // Workers prefer different ranks: wake all, each sees whether a task suits it.
+            self.cv.notify_all();
+        }
+    }
+
+    pub(crate) fn set_assignment(&self, assignment: Vec<usize>) {
+        lock(&self.state).assignment = assignment;
+    }
+
+    /// Takes the next task for worker `w`, waiting while there is none; `None` once the
+    /// loader stops or `finished` says no task will come.
+    pub(crate) fn take(
+        &self,
+        w: usize,
+        rule: TakeRule,
+        layout: &Layout,
+        stop: &StopSignal,
+        finished: impl Fn() -> bool,
+    ) -> Option<Ready> {
+        let step = |t: &Ready| layout.step(t.task.epoch, t.task.iteration as usize);
+        let mut state = lock(&self.state);
+        loop {
+            if stop.is_set() {
+                return None;
+            }
+            let own = state.assignment.get(w).copied();
+            let queues = &mut state.by_rank;
+            match rule {
+                TakeRule::OldestIteration => {
+                    let oldest = (0..queues.len())
+                        .filter_map(|r| queues[r].peek().map(|t| ((step(t), t.task.pos), r)))
+                        .min();
+                    if let Some(((oldest_step, _), oldest_rank)) = oldest {
+                        let r = own
+                            .filter(|&r| queues[r].peek().is_some_and(|t| step(t) <= oldest_step))
+                            .unwrap_or(oldest_rank);
+                        return queues[r].pop();
+                    }
+                }
+                TakeRule::OwnRank => {
+                    if let Some(t) = own.and_then(|r| queues[r].pop()) {
+                        return Some(t);
+                    }
+                    if own.is_none() {
+                        let oldest = (0..queues.len())
+                            .filter_map(|r| queues[r].peek().map(|t| (t.task.seq, r)))
+                            .min();
+                        if let Some((_, r)) = oldest {
+                            return queues[r].pop();
+                        }
+                    }
+                }
+            }
+            if finished() {
+                return None;
+            }
+            state.sleepers += 1;
+            // The timeout bounds the wait on `finished`, which changes without this lock.
+            state = self
+                .cv
+                .wait_timeout(state, Duration::from_millis(100))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+            state.sleepers -= 1;
+        }
+    }
+
+    /// Wakes every waiting worker (stop, or no more tasks).
+    pub(crate) fn wake(&self) {
+        drop(lock(&self.state));
+        self.cv.notify_all();
+    }
+}

@@ -1,0 +1,166 @@
+//! The pipeline: how a sample walks from the sampler to a rank's batch.
+//!
+//! Read top to bottom, one room per idea:
+//! 1. [`plan`]: the planner thread walks the node stream ([`layout`]) in canonical order a
+//!    window at a time and makes every cache decision, so hits and misses are a pure function
+//!    of the inputs. A miss creates a [`slot`]; the hits planned on that sample wait on it. It
+//!    opens the window's batches in the ranks' [`reorder`] buffers, runs the allocator
+//!    ([`allocate`]), and stays within the prefetch distance of the slowest rank
+//!    ([`progress`]).
+//! 2. [`dispatch`]: the dispatcher issues the window's reads in [`order`] within the io_depth
+//!    budget on its [`files`], and fills each slot when its read completes. Every read
+//!    attempt's fate (emulated tier, injected fault, retry, error) is decided in [`attempt`],
+//!    for the read-then-decode baselines' [`blocking`] reads too.
+//! 3. [`decode`]: decode workers take filled tasks from the [`decode_queue`], run the user's
+//!    function and deliver each sample into its rank's reorder buffer.
+//! 4. [`rank`]: a rank takes its next whole batch in plan order.
+//!
+//! [`state`] composes the rooms' shared parts; [`context`] holds what never changes.
+
+mod allocate;
+mod attempt;
+mod blocking;
+mod context;
+mod decode;
+mod decode_queue;
+mod dispatch;
+mod files;
+mod layout;
+mod order;
+mod plan;
+mod progress;
+mod rank;
+mod reorder;
+mod slot;
+mod state;
+mod sync;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use lobster_sched::CostModel;
+use lobster_uring::Reader;
+
+pub(crate) use context::{Context, DecodeFn};
+pub(crate) use layout::Layout;
+pub(crate) use rank::{detach, next_batch};
+pub(crate) use state::PipelineState;
+pub(crate) use sync::lock;
+
+use crate::error::Error;
+use crate::metrics::Collector;
+
+/// The running pipeline: its threads and shared state.
+pub(crate) struct Pipeline<T> {
+    pub(crate) state: Arc<PipelineState<T>>,
+    threads: Vec<JoinHandle<()>>,
+    reader: Option<Reader>,
+    pub(crate) layout: Layout,
+}
+
+impl<T> std::fmt::Debug for Pipeline<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("threads", &self.threads.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Send + 'static> Pipeline<T> {
+    /// Starts the planner, the dispatcher (with a reader: pipelined) and the decode workers.
+    pub(crate) fn start(ctx: Context<T>, reader: Option<Reader>) -> Result<Self, Error> {
+        let ranks = ctx.layout.ranks;
+        let config = &ctx.config;
+        let workers = config.decode_threads;
+        let state = Arc::new(PipelineState {
+            stop: sync::StopSignal::default(),
+            outstanding: AtomicUsize::new(0),
+            planner_done: AtomicBool::new(false),
+            ranks: (0..ranks).map(|_| reorder::ReorderBuffer::new()).collect(),
+            decode: decode_queue::DecodeQueues::new(
+                ranks,
+                allocate::spread(&allocate::equal_split(workers as u32, ranks)),
+            ),
+            progress: progress::Progress::new(ranks),
+            collector: Mutex::new(Collector::new(ranks, ctx.layout.epochs)),
+            model: Mutex::new(CostModel::new()),
+            failure: Mutex::new(None),
+            error_policy: config.error_policy,
+            epoch_accesses: (ctx.layout.per_rank * ranks) as u64,
+            budget_failure: Mutex::new(None),
+            faults: attempt::FaultCounters::default(),
+        });
+        let ctx = Arc::new(ctx);
+        let mut pipeline = Pipeline {
+            state: state.clone(),
+            threads: Vec::new(),
+            reader: None,
+            layout: ctx.layout.clone(),
+        };
+        // On an error below, dropping `pipeline` stops and joins what started.
+        let mut spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            let handle = std::thread::Builder::new()
+                .name(name)
+                .spawn(f)
+                .map_err(|e| Error::Stopped {
+                    reason: format!("cannot start a thread: {e}"),
+                })?;
+            pipeline.threads.push(handle);
+            Ok::<_, Error>(())
+        };
+        let (to_dispatcher, dispatcher_rx) = crossbeam_channel::unbounded();
+        if let Some(reader) = &reader {
+            let (c, s, r) = (ctx.clone(), state.clone(), reader.clone());
+            spawn(
+                "lobster-dispatch".into(),
+                Box::new(move || {
+                    if let Err(e) = dispatch::dispatcher(&c, &s, &r, dispatcher_rx) {
+                        s.fail(e);
+                    }
+                }),
+            )?;
+        }
+        for w in 0..workers {
+            let (c, s) = (ctx.clone(), state.clone());
+            spawn(
+                format!("lobster-decode-{w}"),
+                Box::new(move || decode::decode_worker(&c, &s, w)),
+            )?;
+        }
+        {
+            let (c, s) = (ctx.clone(), state.clone());
+            let tx = reader.is_some().then_some(to_dispatcher);
+            spawn(
+                "lobster-plan".into(),
+                Box::new(move || {
+                    if let Err(e) = plan::planner(&c, &s, tx) {
+                        s.fail(e);
+                    }
+                    s.planner_done.store(true, Ordering::SeqCst);
+                    s.decode.wake();
+                }),
+            )?;
+        }
+        pipeline.reader = reader;
+        Ok(pipeline)
+    }
+}
+
+impl<T> Pipeline<T> {
+    /// Stops every thread and waits for them; in-flight reads are waited for by the reader.
+    pub(crate) fn shutdown(&mut self) {
+        self.state.stop.set();
+        self.state.wake_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        self.reader = None;
+    }
+}
+
+impl<T> Drop for Pipeline<T> {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

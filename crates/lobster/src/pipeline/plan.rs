@@ -1,0 +1,316 @@
+//! The planner thread: walks the node stream in canonical order a window at a time, makes
+//! every cache decision (so hits and misses are a pure function of the inputs), opens the
+//! window's batches in the reorder buffers, runs the allocator, and hands the window's tasks
+//! to the decode queues and its reads to the dispatcher.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_channel::Sender;
+use lobster_cache::{Planner, Store};
+use lobster_sched::{AllocConfig, Allocator, Budgets};
+
+use super::allocate::{allocate, spread, AccessLoad};
+use super::context::Context;
+use super::dispatch::ToDispatcher;
+use super::order::{set_read_fractions, IoRequest};
+use super::reorder::PendingBatch;
+use super::slot::{Ready, Slot, Task};
+use super::state::PipelineState;
+use super::sync::lock;
+use crate::config::{CachePolicy, Execution, IoOrder, Schedule};
+use crate::error::Error;
+use crate::metrics::IterationMetrics;
+
+/// One access the planner decided, not yet handed out.
+struct WindowAccess {
+    epoch: u32,
+    iteration: usize,
+    rank: usize,
+    pos: usize,
+    sample: u32,
+    slot: Arc<Slot>,
+    hit: bool,
+    admitted: bool,
+}
+
+/// The cache decisions and what the cache holds: the slot of every sample the policy keeps.
+struct Cache {
+    planner: Box<Planner<super::layout::Layout>>,
+    slots: Store<Arc<Slot>>,
+    evicted: Vec<u32>,
+}
+
+fn engine(part: &'static str, e: impl std::error::Error + Send + Sync + 'static) -> Error {
+    Error::Engine {
+        part,
+        cause: Arc::new(e),
+    }
+}
+
+impl Cache {
+    fn new<T>(ctx: &Context<T>) -> Result<Option<Self>, Error> {
+        let config = &ctx.config;
+        let kind = match config.cache_policy {
+            CachePolicy::None => return Ok(None),
+            CachePolicy::Reuse => lobster_cache::PolicyKind::Reuse,
+            CachePolicy::Lru => lobster_cache::PolicyKind::Lru,
+            CachePolicy::Static => lobster_cache::PolicyKind::Static,
+        };
+        let sizes: Arc<[u32]> = ctx
+            .dataset
+            .samples()
+            .iter()
+            .map(|s| {
+                u32::try_from(s.size_bytes).map_err(|_| {
+                    Error::dataset(
+                        &*s.path,
+                        format!(
+                            "{} bytes: samples of 4 GiB or more are not supported",
+                            s.size_bytes
+                        ),
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        let planner = Planner::new(ctx.layout.clone(), sizes, config.cache_capacity_bytes, kind)
+            .map_err(|e| engine("cache planner", e))?;
+        Ok(Some(Cache {
+            planner: Box::new(planner),
+            slots: Store::new(config.cache_capacity_bytes),
+            evicted: Vec::new(),
+        }))
+    }
+
+    /// Decides the next access of the stream, which must be `sample`: its slot, whether it
+    /// hits, and whether the cache keeps it.
+    fn decide(&mut self, sample: u32, size_bytes: u64) -> Result<(Arc<Slot>, bool, bool), Error> {
+        let d = self
+            .planner
+            .next(&mut self.evicted)
+            .map_err(|e| engine("cache planner", e))?
+            .ok_or_else(|| Error::Stopped {
+                reason: "cache planner ended early".into(),
+            })?;
+        assert_eq!(
+            d.sample, sample,
+            "the planner and the node stream disagree at {}",
+            d.position
+        );
+        let slot = if d.hit {
+            self.slots.get(sample).cloned().expect("a hit is cached")
+        } else {
+            Slot::new()
+        };
+        for e in self.evicted.drain(..) {
+            self.slots.remove(e);
+        }
+        if d.admitted {
+            self.slots
+                .insert(sample, size_bytes, slot.clone())
+                .map_err(|e| engine("cache store", e))?;
+        }
+        Ok((slot, d.hit, d.admitted))
+    }
+}
+
+/// The planner thread's body.
+pub(crate) fn planner<T>(
+    ctx: &Context<T>,
+    state: &PipelineState<T>,
+    to_dispatcher: Option<Sender<ToDispatcher>>,
+) -> Result<(), Error> {
+    let layout = &ctx.layout;
+    let config = &ctx.config;
+    let mut cache = Cache::new(ctx)?;
+    let mut allocator = match config.schedule {
+        Schedule::Allocate { hysteresis } if config.execution == Execution::Pipelined => {
+            let mut alloc = AllocConfig::new(Budgets {
+                io_depth_total: config.io_depth_budget as u32,
+                decode_threads_total: config.decode_threads as u32,
+            });
+            alloc.hysteresis_fraction = hysteresis;
+            Some(Allocator::new(alloc).map_err(|e| engine("allocator", e))?)
+        }
+        _ => None,
+    };
+    let iterations = layout.iterations();
+    let mut window: Vec<WindowAccess> = Vec::new();
+    let mut global_iteration = 0usize;
+    let mut seq = 0u64;
+    for epoch in 0..layout.epochs {
+        // The node stream of this epoch, grouped by window.
+        let mut accesses = Vec::with_capacity(layout.per_rank * layout.ranks);
+        layout.walk_epoch(epoch, |it, rank, pos, sample| {
+            accesses.push((it, rank, pos, sample))
+        });
+        let mut next = 0;
+        let mut first = 0;
+        while first < iterations {
+            let last = (first + config.window_iterations).min(iterations);
+            // A window wider than the prefetch distance is planned whole, or its first batch
+            // would wait for batches not yet planned.
+            state.progress.wait_for_room(
+                &state.stop,
+                global_iteration + (last - first),
+                config.prefetch_iterations.max(config.window_iterations),
+            )?;
+            window.clear();
+            while next < accesses.len() && accesses[next].0 < last {
+                let (iteration, rank, pos, sample) = accesses[next];
+                next += 1;
+                let (slot, hit, admitted) = match cache.as_mut() {
+                    None => (Slot::new(), false, false),
+                    Some(c) => c.decide(sample, ctx.meta(sample).size_bytes)?,
+                };
+                window.push(WindowAccess {
+                    epoch,
+                    iteration,
+                    rank,
+                    pos,
+                    sample,
+                    slot,
+                    hit,
+                    admitted,
+                });
+            }
+            let issued = Instant::now();
+            lock(&state.collector).epoch_issued(epoch, issued);
+            if let Some(alloc) = allocator.as_mut() {
+                let loads = window.iter().map(|a| AccessLoad {
+                    rank: a.rank,
+                    bytes: ctx.meta(a.sample).size_bytes,
+                    hit: a.hit,
+                });
+                let record = {
+                    let model = lock(&state.model);
+                    allocate(
+                        alloc,
+                        &model,
+                        layout.ranks,
+                        config.decode_threads as u32,
+                        loads,
+                        (epoch, first),
+                    )?
+                };
+                if let (Some(tx), IoOrder::Shares) = (&to_dispatcher, config.io_order) {
+                    let _ = tx.send(ToDispatcher::Depths {
+                        from_seq: seq + 1,
+                        io_depth: record.io_depth.clone(),
+                    });
+                }
+                state.decode.set_assignment(spread(&record.decode_threads));
+                lock(&state.collector).allocation(record);
+            }
+            open_batches(ctx, state, &window, (epoch, first, last), issued);
+            let mut reads = Vec::new();
+            let mut ready = Vec::new();
+            for a in window.drain(..) {
+                seq += 1;
+                state.outstanding.fetch_add(1, Ordering::SeqCst);
+                let read_here = !a.hit && to_dispatcher.is_none();
+                if !a.hit && to_dispatcher.is_some() {
+                    reads.push(IoRequest {
+                        seq,
+                        step: layout.step(a.epoch, a.iteration),
+                        finish_ppm: 0,
+                        bytes: ctx.meta(a.sample).size_bytes,
+                        epoch: a.epoch,
+                        rank: a.rank,
+                        sample: a.sample,
+                        slot: a.slot.clone(),
+                        admitted: a.admitted,
+                    });
+                }
+                let task = Task {
+                    seq,
+                    epoch: a.epoch,
+                    iteration: a.iteration as u32,
+                    rank: a.rank,
+                    pos: a.pos,
+                    sample: a.sample,
+                    slot: None,
+                    admitted: a.admitted,
+                    read_here,
+                    hit: a.hit,
+                };
+                if read_here {
+                    let task = Task {
+                        slot: Some(a.slot),
+                        ..task
+                    };
+                    ready.push(Ready {
+                        task,
+                        bytes: Ok(bytes::Bytes::new()),
+                    });
+                } else if let Some(r) = a.slot.wait(task) {
+                    ready.push(r);
+                }
+            }
+            // Tasks whose bytes are at hand start decoding as soon as they are queued; the
+            // queues order them by stream position, one lock for the whole window.
+            state.ready(ready);
+            if let Some(tx) = &to_dispatcher {
+                if config.io_order == IoOrder::Deadline {
+                    set_read_fractions(&mut reads);
+                }
+                if !reads.is_empty() && tx.send(ToDispatcher::Reads(reads)).is_err() {
+                    return Err(Error::Stopped {
+                        reason: "the I/O dispatcher ended".into(),
+                    });
+                }
+            }
+            global_iteration += last - first;
+            first = last;
+        }
+    }
+    for r in &state.ranks {
+        r.planned_all();
+    }
+    Ok(())
+}
+
+/// Queues the window's batches in the reorder buffers, with their planned hit/miss figures.
+fn open_batches<T>(
+    ctx: &Context<T>,
+    state: &PipelineState<T>,
+    window: &[WindowAccess],
+    (epoch, first, last): (u32, usize, usize),
+    issued: Instant,
+) {
+    let span = last - first;
+    // One pass over the window: the figures of batch (rank, iteration) at rank * span + i.
+    let mut metrics: Vec<IterationMetrics> = (0..state.ranks.len() * span)
+        .map(|k| IterationMetrics {
+            epoch,
+            iteration: (first + k % span) as u32,
+            rank: k / span,
+            ..Default::default()
+        })
+        .collect();
+    for a in window {
+        let m = &mut metrics[a.rank * span + (a.iteration - first)];
+        let bytes = ctx.meta(a.sample).size_bytes;
+        if a.hit {
+            m.hits += 1;
+            m.hit_bytes += bytes;
+        } else {
+            m.misses += 1;
+            m.miss_bytes += bytes;
+        }
+    }
+    let mut metrics = metrics.into_iter();
+    for r in &state.ranks {
+        let batches = (first..last).zip(metrics.by_ref()).map(|(iteration, m)| {
+            PendingBatch::new(
+                epoch,
+                iteration as u32,
+                ctx.layout.batch_len(iteration),
+                issued,
+                m,
+            )
+        });
+        r.open(batches);
+    }
+}

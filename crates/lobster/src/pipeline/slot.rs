@@ -1,0 +1,123 @@
+//! Where a sample's bytes appear: the slot every access to one read waits on, and the tasks
+//! that wait.
+//!
+//! A miss creates a slot; the hits the cache plans on that sample share it. Whoever fills the
+//! slot (the dispatcher, or a read-then-decode worker) releases every task waiting on it, and
+//! the caller hands the released tasks to the decode queues in one go.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+use super::sync::lock;
+use crate::error::Error;
+
+/// Bytes of one sample, or why they could not be had. Shared by every access that needs them.
+pub(crate) type Loaded = Result<Bytes, Error>;
+
+/// The bytes of one read, once they are known.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    state: Mutex<SlotState>,
+}
+
+#[derive(Debug)]
+enum SlotState {
+    Pending(Vec<Task>),
+    Ready(Loaded),
+}
+
+/// One access on its way to a rank's batch.
+#[derive(Debug)]
+pub(crate) struct Task {
+    /// Position in the node stream: lower goes first in every queue.
+    pub(crate) seq: u64,
+    pub(crate) epoch: u32,
+    pub(crate) iteration: u32,
+    pub(crate) rank: usize,
+    pub(crate) pos: usize,
+    pub(crate) sample: u32,
+    /// `None` while the task waits in its slot's list: a waiting task holding its slot would
+    /// make a reference cycle, leaked when the loader stops before the slot is filled.
+    pub(crate) slot: Option<Arc<Slot>>,
+    /// The slot's bytes are kept in the cache: store a right-sized copy, not a pool buffer.
+    pub(crate) admitted: bool,
+    /// Read-then-decode: the worker that takes this task reads the sample itself.
+    pub(crate) read_here: bool,
+    /// A cache hit: its bytes come from the read that admitted the sample.
+    pub(crate) hit: bool,
+}
+
+/// A task whose bytes are known, waiting for a decode thread.
+#[derive(Debug)]
+pub(crate) struct Ready {
+    pub(crate) task: Task,
+    pub(crate) bytes: Loaded,
+}
+
+impl Slot {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Slot {
+            state: Mutex::new(SlotState::Pending(Vec::new())),
+        })
+    }
+
+    /// Parks `task` until the slot is filled, or returns it ready if it already is.
+    pub(crate) fn wait(self: &Arc<Self>, mut task: Task) -> Option<Ready> {
+        let mut state = lock(&self.state);
+        match &mut *state {
+            SlotState::Pending(waiters) => {
+                waiters.push(task);
+                None
+            }
+            SlotState::Ready(loaded) => {
+                let bytes = loaded.clone();
+                drop(state);
+                task.slot = Some(self.clone());
+                Some(Ready { task, bytes })
+            }
+        }
+    }
+
+    /// Fills the slot and moves every task waiting on it into `released`.
+    pub(crate) fn fill(
+        self: &Arc<Self>,
+        loaded: Loaded,
+        admitted: bool,
+        released: &mut Vec<Ready>,
+    ) {
+        // A cached sample gets its own copy so pool buffers only hold samples in flight (the
+        // pool stays small however large the cache), in whole pages of its own so that
+        // evicted samples give their memory back instead of fragmenting the heap over a long
+        // run. When the system refuses another mapping (vm.max_map_count), the heap holds it.
+        let loaded = match loaded {
+            Ok(b) if admitted => {
+                Ok(lobster_uring::copy_to_pages(&b).unwrap_or_else(|_| Bytes::copy_from_slice(&b)))
+            }
+            other => other,
+        };
+        let waiters = {
+            let mut state = lock(&self.state);
+            match std::mem::replace(&mut *state, SlotState::Ready(loaded.clone())) {
+                SlotState::Pending(waiters) => waiters,
+                SlotState::Ready(_) => unreachable!("a slot is filled once"),
+            }
+        };
+        released.extend(waiters.into_iter().map(|mut task| {
+            task.slot = Some(self.clone());
+            Ready {
+                task,
+                bytes: loaded.clone(),
+            }
+        }));
+    }
+
+    /// The bytes a storage read admitted to the cache failed to decode (corrupt on the way,
+    /// or bad on disk): later hits read storage instead, and the cached copy is freed.
+    pub(crate) fn spoil(&self, error: Error) {
+        let mut state = lock(&self.state);
+        if let SlotState::Ready(loaded @ Ok(_)) = &mut *state {
+            *loaded = Err(error);
+        }
+    }
+}

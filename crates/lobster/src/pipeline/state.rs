@@ -1,0 +1,78 @@
+//! The state every pipeline thread and rank handle shares, composed of the rooms' own parts.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use lobster_sched::CostModel;
+
+use super::attempt::FaultCounters;
+use super::decode_queue::DecodeQueues;
+use super::progress::Progress;
+use super::reorder::ReorderBuffer;
+use super::slot::Ready;
+use super::sync::{lock, StopSignal};
+use crate::error::Error;
+use crate::faults::ErrorPolicy;
+use crate::metrics::Collector;
+
+pub(crate) struct PipelineState<T> {
+    pub(crate) stop: StopSignal,
+    /// Accesses planned and not yet delivered to a reorder buffer.
+    pub(crate) outstanding: AtomicUsize,
+    pub(crate) planner_done: AtomicBool,
+    pub(crate) ranks: Vec<ReorderBuffer<T>>,
+    pub(crate) decode: DecodeQueues,
+    pub(crate) progress: Progress,
+    pub(crate) collector: Mutex<Collector>,
+    pub(crate) model: Mutex<CostModel>,
+    /// A failure that ends the pipeline (planner or dispatcher error).
+    pub(crate) failure: Mutex<Option<Error>>,
+    pub(crate) error_policy: ErrorPolicy,
+    /// The node's accesses per epoch, the base of a fractional failure budget.
+    pub(crate) epoch_accesses: u64,
+    /// An epoch went over its failure budget: every rank's next batch reports it.
+    pub(crate) budget_failure: Mutex<Option<Error>>,
+    pub(crate) faults: FaultCounters,
+}
+
+impl<T> std::fmt::Debug for PipelineState<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PipelineState")
+            .field("stop", &self.stop)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> PipelineState<T> {
+    /// Hands tasks whose bytes are known to the decode workers.
+    pub(crate) fn ready(&self, ready: impl IntoIterator<Item = Ready>) {
+        self.decode.push(ready);
+    }
+
+    /// Every planned access was delivered and the planner is done: no task will come.
+    pub(crate) fn drained(&self) -> bool {
+        self.planner_done.load(Ordering::SeqCst) && self.outstanding.load(Ordering::SeqCst) == 0
+    }
+
+    /// One access reached its reorder buffer.
+    pub(crate) fn delivered(&self) {
+        if self.outstanding.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.decode.wake();
+        }
+    }
+
+    pub(crate) fn wake_all(&self) {
+        self.decode.wake();
+        self.progress.wake();
+        for r in &self.ranks {
+            r.wake();
+        }
+    }
+
+    /// Records a failure that ends the pipeline and stops; rank handles report it.
+    pub(crate) fn fail(&self, error: Error) {
+        lock(&self.failure).get_or_insert(error);
+        self.stop.set();
+        self.wake_all();
+    }
+}

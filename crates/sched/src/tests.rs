@@ -7,8 +7,8 @@ use rand::{Rng, SeedableRng};
 
 use crate::check::{greedy_reference, stage_time_s, Resource};
 use crate::{
-    check_allocator, imbalance, AllocConfig, Allocator, Budgets, CostModel, CostParams, RankLimits,
-    RankLoad, SchedError, Tier, Volume,
+    check_allocator, AllocConfig, Allocator, Budgets, CostModel, CostParams, RankLimits, RankLoad,
+    SchedError, Tier, Volume,
 };
 
 fn secs(s: f64) -> Duration {
@@ -556,8 +556,20 @@ fn storage_heavy_ranks_get_depth_and_imbalance_drops() {
     let report = a.imbalance();
     assert!(report.max_after_s < report.max_before_s, "{report:?}");
     assert!(report.after < report.before, "{report:?}");
-    let times: Vec<f64> = a.ranks.iter().map(|r| r.time_s).collect();
-    assert_eq!(report.after, imbalance(&times));
+    // Both ratios are max/mean of the split's times, from the formulas restated.
+    for (ratio, split) in [(report.before, &a.equal_split), (report.after, &a.ranks)] {
+        let times: Vec<f64> = loads
+            .iter()
+            .zip(split)
+            .map(|(l, r)| reference_predict(&CostParams::PRIORS, l, r.io_depth, r.decode_threads))
+            .collect();
+        let max = times.iter().copied().fold(0.0, f64::max);
+        let mean = times.iter().sum::<f64>() / times.len() as f64;
+        assert!(
+            rel_err(ratio, max / mean) < 1e-12,
+            "{report:?} vs {times:?}"
+        );
+    }
 }
 
 #[test]

@@ -794,8 +794,23 @@ fn checker_accepts_empty_and_extreme_inputs() {
             parameter: "io_depth_total"
         })
     );
-    check_allocator(&[255; 64]);
-    check_allocator(&[0; 64]);
+    // All 0xff: the NaN hysteresis (byte 15) is refused before anything else.
+    assert!(matches!(
+        check_allocator(&[255; 64]),
+        Some(SchedError::InvalidHysteresis { value }) if value.is_nan()
+    ));
+    // Then u32::MAX budgets and limits pass, and the rank count is one too many.
+    let mut data = [255u8; 64];
+    data[15] = 0; // hysteresis 0
+    data[16] = 0; // the priors
+    assert_eq!(
+        check_allocator(&data),
+        Some(SchedError::TooManyRanks {
+            ranks: crate::MAX_RANKS + 1,
+            max: crate::MAX_RANKS
+        })
+    );
+    assert_eq!(check_allocator(&[0; 64]), check_allocator(&[]));
     // Huge budgets and sample counts: the solver must not step unit by unit.
     // 8 ranks, both budgets u32::MAX, no limits, no hysteresis, priors, no observations,
     // then raw u64 volumes of 0x0404… samples and bytes.

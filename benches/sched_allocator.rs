@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use lobster_io::sched::{AllocConfig, Allocator, Budgets, CostModel, RankLoad, Tier};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 const RANKS: usize = 8;
 const SAMPLES_PER_WINDOW: u64 = 256;
@@ -14,19 +16,13 @@ const SAMPLES_PER_WINDOW: u64 = 256;
 /// A window of 256 samples per rank, hit ratios from 0% to 87.5%, sizes growing with the
 /// rank (mean 110 KiB to 300 KiB), so both stages are imbalanced under the equal split.
 fn loads() -> Vec<RankLoad> {
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut rng = StdRng::seed_from_u64(0x2545_F491_4F6C_DD1D);
     (0..RANKS)
         .map(|r| {
             let mut load = RankLoad::default();
             for _ in 0..SAMPLES_PER_WINDOW {
-                let bytes = (60_000 + next() % 100_000) * (4 + r as u64) / 4;
-                let tier = if next() % 8 < r as u64 {
+                let bytes = (60_000 + rng.gen_range(0..100_000)) * (4 + r as u64) / 4;
+                let tier = if rng.gen_range(0..8) < r {
                     Tier::Cache
                 } else {
                     Tier::Storage

@@ -243,21 +243,25 @@ pub fn check_trace_bytes(data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gen::{lognormal_sizes, ShuffledStream, SplitMix64};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use crate::gen::{lognormal_sizes, ShuffledStream};
     use crate::StreamSource;
 
     #[test]
     fn seeded_random_traces_parse_or_fail_cleanly() {
-        let mut rng = SplitMix64::new(0x7ACE);
+        let mut rng = StdRng::seed_from_u64(0x7ACE);
         let mut parsed_ok = 0;
         for _ in 0..400 {
-            let sizes: Vec<u64> = (0..8).map(|_| rng.below(300)).collect();
+            let sizes: Vec<u64> = (0..8).map(|_| rng.gen_range(0..300u64)).collect();
             let mut text = Vec::new();
-            for _ in 0..rng.below(60) {
-                let id = rng.below(8);
-                match rng.below(100) {
+            for _ in 0..rng.gen_range(0..60u64) {
+                let id = rng.gen_range(0..8u64);
+                match rng.gen_range(0..100u64) {
                     0 => text.extend_from_slice(b"junk\n"),
-                    1 => text.extend_from_slice(format!("{id} {}\n", rng.below(9)).as_bytes()),
+                    1 => text
+                        .extend_from_slice(format!("{id} {}\n", rng.gen_range(0..9u64)).as_bytes()),
                     2 => text.extend_from_slice(b"# comment only\n\n"),
                     _ => text.extend_from_slice(
                         format!("{id} {}  # c\n", sizes[id as usize]).as_bytes(),
@@ -272,10 +276,10 @@ mod tests {
 
     #[test]
     fn seeded_random_streams_agree_with_reference() {
-        let mut rng = SplitMix64::new(0xC0FFEE);
+        let mut rng = StdRng::seed_from_u64(0xC0FFEE);
         for _ in 0..1500 {
-            let len = rng.below(200) as usize;
-            let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+            let len = rng.gen_range(0..200usize);
+            let data: Vec<u8> = (0..len).map(|_| rng.gen::<u8>()).collect();
             check_bytes(&data);
         }
     }

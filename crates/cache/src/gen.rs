@@ -1,39 +1,11 @@
 //! Synthetic multi-epoch shuffled streams and log-normal sizes, for benches and tests.
 
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
 use crate::index::StreamSource;
 use crate::SampleId;
-
-/// SplitMix64: a small, fast, seedable generator (not for cryptography).
-#[derive(Debug, Clone)]
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    /// A generator started from `seed`.
-    pub fn new(seed: u64) -> Self {
-        SplitMix64(seed)
-    }
-
-    /// The next 64 random bits.
-    #[inline]
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `0..bound` (multiply-shift; bias below 2^-32 for bounds under 2^32).
-    #[inline]
-    pub fn below(&mut self, bound: u64) -> u64 {
-        ((u128::from(self.next_u64()) * u128::from(bound)) >> 64) as u64
-    }
-
-    /// A uniform number in `(0, 1]`.
-    pub fn unit(&mut self) -> f64 {
-        ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
-    }
-}
 
 /// Every epoch a fresh permutation of `0..num_samples` (seeded by `seed` and the epoch);
 /// node `node` of `nodes` sees the permutation's indices `node, node + nodes, ...`.
@@ -60,11 +32,8 @@ impl StreamSource for ShuffledStream {
         let start = out.len();
         out.extend(0..self.num_samples);
         let perm = &mut out[start..];
-        let mut rng = SplitMix64::new(self.seed ^ (u64::from(epoch) << 32 | 0x5EED));
-        for i in (1..perm.len()).rev() {
-            let j = rng.below(i as u64 + 1) as usize;
-            perm.swap(i, j);
-        }
+        let mut rng = StdRng::seed_from_u64(self.seed ^ (u64::from(epoch) << 32 | 0x5EED));
+        perm.shuffle(&mut rng);
         let nodes = self.nodes.max(1) as usize;
         if nodes > 1 {
             let mut w = start;
@@ -80,12 +49,13 @@ impl StreamSource for ShuffledStream {
 /// `n` sizes drawn from a log-normal distribution with the given median and shape `sigma`
 /// (of the underlying normal), clamped to `1..=u32::MAX`.
 pub fn lognormal_sizes(n: usize, median_bytes: f64, sigma: f64, seed: u64) -> Vec<u32> {
-    let mut rng = SplitMix64::new(seed);
+    let mut rng = StdRng::seed_from_u64(seed);
+    // In (0, 1]: Box-Muller takes the logarithm of it.
+    let mut unit = move || 1.0 - rng.gen::<f64>();
     (0..n)
         .map(|_| {
             // Box-Muller.
-            let z =
-                (-2.0 * rng.unit().ln()).sqrt() * (2.0 * std::f64::consts::PI * rng.unit()).cos();
+            let z = (-2.0 * unit().ln()).sqrt() * (2.0 * std::f64::consts::PI * unit()).cos();
             (median_bytes * (sigma * z).exp()).clamp(1.0, f64::from(u32::MAX)) as u32
         })
         .collect()

@@ -351,17 +351,18 @@ impl Policy for ReusePolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gen::SplitMix64;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
 
     #[test]
     fn quad_heap_pops_in_descending_order_under_mixed_operations() {
-        let mut rng = SplitMix64::new(11);
+        let mut rng = StdRng::seed_from_u64(11);
         let mut heap = QuadHeap::default();
         let mut model: Vec<Entry> = Vec::new();
         for step in 0..20_000u32 {
-            match rng.below(5) {
+            match rng.gen_range(0..5) {
                 0 | 1 => {
-                    let e = Entry::new(rng.below(1000), step, 0);
+                    let e = Entry::new(rng.gen_range(0..1000), step, 0);
                     heap.push(e);
                     model.push(e);
                 }
@@ -371,12 +372,12 @@ mod tests {
                 }
                 3 if !model.is_empty() => {
                     model.sort_unstable();
-                    let e = Entry::new(rng.below(1000), step, 0);
+                    let e = Entry::new(rng.gen_range(0..1000), step, 0);
                     assert_eq!(heap.replace_top(e), model.pop().unwrap());
                     model.push(e);
                 }
                 _ => {
-                    let cut = rng.below(1000);
+                    let cut = rng.gen_range(0..1000);
                     heap.retain(|e| e.next_use() != cut);
                     model.retain(|e| e.next_use() != cut);
                 }

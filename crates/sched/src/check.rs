@@ -404,6 +404,14 @@ fn assert_valid(model: &CostModel, loads: &[RankLoad], c: &AllocConfig, a: &Allo
     let report = a.imbalance();
     assert_eq!(report.max_after_s, a.max_time_s());
     assert_eq!(report.max_before_s, equal_max);
+    // Predicted times are never NaN or negative, so the ratios are never NaN.
+    for ratio in [report.before, report.after] {
+        assert!(
+            ratio == f64::INFINITY || (1.0..=loads.len() as f64).contains(&ratio),
+            "imbalance {ratio} of {} ranks",
+            loads.len()
+        );
+    }
     assert!(a.window_s() >= a.bandwidth_floor_s && a.window_s() >= a.max_time_s());
 }
 

@@ -2,33 +2,14 @@
 
 use std::time::Duration;
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
 use crate::check::{greedy_reference, stage_time_s, Resource};
 use crate::{
-    check_allocator, imbalance, AllocConfig, Allocator, Budgets, CostModel, CostParams, RankLimits,
-    RankLoad, SchedError, Tier, Volume,
+    check_allocator, AllocConfig, Allocator, Budgets, CostModel, CostParams, RankLimits, RankLoad,
+    SchedError, Tier, Volume,
 };
-
-/// splitmix64: a small seeded generator, so tests need no dependency and replay exactly.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// Uniform in [lo, hi).
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
@@ -74,31 +55,31 @@ fn reference_predict(p: &CostParams, l: &RankLoad, d: u32, t: u32) -> f64 {
     io.max(dec)
 }
 
-fn random_load(rng: &mut Rng, max_samples: u64) -> RankLoad {
+fn random_load(rng: &mut StdRng, max_samples: u64) -> RankLoad {
     let mut load = RankLoad::default();
     for tier in Tier::ALL {
-        let samples = rng.below(max_samples + 1);
+        let samples = rng.gen_range(0..=max_samples);
         for _ in 0..samples {
-            load.add_read(tier, 1 + rng.below(1 << 20));
+            load.add_read(tier, 1 + rng.gen_range(0..1 << 20));
         }
     }
-    let samples = rng.below(max_samples + 1);
+    let samples = rng.gen_range(0..=max_samples);
     for _ in 0..samples {
-        load.add_decode(1 + rng.below(1 << 20));
+        load.add_decode(1 + rng.gen_range(0..1 << 20));
     }
     load
 }
 
 #[test]
 fn predict_matches_the_documented_formulas() {
-    let mut rng = Rng(1);
+    let mut rng = StdRng::seed_from_u64(1);
     let mut params = CostParams::PRIORS;
     params.tier_mut(Tier::Storage).bandwidth_bytes_per_s = 2e9;
     params.tier_mut(Tier::Remote).bandwidth_bytes_per_s = 1e9;
     let model = CostModel::with_priors(params).unwrap();
     for _ in 0..500 {
         let load = random_load(&mut rng, 20);
-        let (d, t) = (rng.below(30) as u32, rng.below(30) as u32);
+        let (d, t) = (rng.gen_range(0..30u32), rng.gen_range(0..30u32));
         let want = reference_predict(&params, &load, d, t);
         let got = model.predict(&load, d, t);
         assert!(
@@ -110,7 +91,7 @@ fn predict_matches_the_documented_formulas() {
 
 #[test]
 fn predict_is_nonincreasing_in_both_resources() {
-    let mut rng = Rng(2);
+    let mut rng = StdRng::seed_from_u64(2);
     let model = CostModel::new();
     for _ in 0..100 {
         let load = random_load(&mut rng, 12);
@@ -139,7 +120,7 @@ fn bandwidth_floor_is_the_slowest_shared_tier() {
 /// A synthetic device: latency = a + b·bytes, times multiplicative noise of ±`noise`.
 fn feed_reads(
     model: &mut CostModel,
-    rng: &mut Rng,
+    rng: &mut StdRng,
     tier: Tier,
     a: f64,
     b: f64,
@@ -147,8 +128,8 @@ fn feed_reads(
     n: usize,
 ) {
     for _ in 0..n {
-        let bytes = 4096 + rng.below(1 << 20);
-        let latency = (a + b * bytes as f64) * rng.uniform(1.0 - noise, 1.0 + noise);
+        let bytes = 4096 + rng.gen_range(0..1 << 20);
+        let latency = (a + b * bytes as f64) * rng.gen_range(1.0 - noise..=1.0 + noise);
         model.observe_read(tier, bytes, secs(latency));
     }
 }
@@ -159,13 +140,13 @@ fn calibration_converges_to_the_true_costs_of_a_synthetic_workload() {
     let (a, b) = (350e-6, 0.3e-9);
     // Decode with a sizeable per-sample part (resize, augment), so it is identifiable.
     let (c, e) = (300e-6, 4e-9);
-    let mut rng = Rng(3);
+    let mut rng = StdRng::seed_from_u64(3);
     let mut model = CostModel::new();
     feed_reads(&mut model, &mut rng, Tier::Storage, a, b, 0.05, 400);
     for _ in 0..400 {
-        let samples = 1 + rng.below(8);
-        let bytes = samples * (8192 + rng.below(1 << 19));
-        let elapsed = (samples as f64 * c + bytes as f64 * e) * rng.uniform(0.95, 1.05);
+        let samples = 1 + rng.gen_range(0..8);
+        let bytes = samples * (8192 + rng.gen_range(0..1 << 19));
+        let elapsed = (samples as f64 * c + bytes as f64 * e) * rng.gen_range(0.95..=1.05);
         model.observe_decode(samples, bytes, secs(elapsed));
     }
     let p = model.params();
@@ -210,7 +191,7 @@ fn calibration_converges_to_the_true_costs_of_a_synthetic_workload() {
     };
     for _ in 0..50 {
         let load = random_load(&mut rng, 30);
-        let (d, t) = (1 + rng.below(16) as u32, 1 + rng.below(8) as u32);
+        let (d, t) = (1 + rng.gen_range(0..16u32), 1 + rng.gen_range(0..8u32));
         let (got, want) = (model.predict(&load, d, t), truth.predict(&load, d, t));
         assert!(got == want || rel_err(got, want) < 0.05, "{got} vs {want}");
     }
@@ -218,7 +199,7 @@ fn calibration_converges_to_the_true_costs_of_a_synthetic_workload() {
 
 #[test]
 fn calibration_is_exact_on_noiseless_observations() {
-    let mut rng = Rng(4);
+    let mut rng = StdRng::seed_from_u64(4);
     let mut model = CostModel::new();
     feed_reads(&mut model, &mut rng, Tier::Remote, 12e-6, 0.11e-9, 0.0, 64);
     let r = model.params().tier(Tier::Remote);
@@ -234,8 +215,16 @@ fn a_single_outlier_does_not_swing_the_fit() {
     // stalls for a full second (a GC pause, a retried request).
     let mut clean = CostModel::new();
     let mut model = CostModel::new();
-    feed_reads(&mut clean, &mut Rng(5), Tier::Storage, a, b, 0.02, 400);
-    let mut rng = Rng(5);
+    feed_reads(
+        &mut clean,
+        &mut StdRng::seed_from_u64(5),
+        Tier::Storage,
+        a,
+        b,
+        0.02,
+        400,
+    );
+    let mut rng = StdRng::seed_from_u64(5);
     feed_reads(&mut model, &mut rng, Tier::Storage, a, b, 0.02, 370);
     model.observe_read(Tier::Storage, 65536, secs(1.0));
     // The rest of the stream: the outlier stays in the window through several refits.
@@ -284,13 +273,13 @@ fn a_single_outlier_does_not_swing_the_fit() {
 #[test]
 fn an_outlier_would_swing_a_plain_least_squares_fit() {
     // Guards the previous test: the outlier is big enough to matter without robustness.
-    let mut rng = Rng(5);
+    let mut rng = StdRng::seed_from_u64(5);
     let mut xs = Vec::new();
     let mut ys = Vec::new();
     for _ in 0..63 {
-        let bytes = (4096 + rng.below(1 << 20)) as f64;
+        let bytes = (4096 + rng.gen_range(0..1 << 20)) as f64;
         xs.push(bytes);
-        ys.push((80e-6 + 0.5e-9 * bytes) * rng.uniform(0.98, 1.02));
+        ys.push((80e-6 + 0.5e-9 * bytes) * rng.gen_range(0.98..=1.02));
     }
     xs.push(65536.0);
     ys.push(1.0);
@@ -307,7 +296,7 @@ fn an_outlier_would_swing_a_plain_least_squares_fit() {
 
 #[test]
 fn calibration_follows_a_change_of_device_within_the_window() {
-    let mut rng = Rng(6);
+    let mut rng = StdRng::seed_from_u64(6);
     let mut model = CostModel::new();
     feed_reads(
         &mut model,
@@ -432,23 +421,23 @@ fn brute_force_min_max(model: &CostModel, loads: &[RankLoad], c: &AllocConfig) -
     best
 }
 
-fn small_load(rng: &mut Rng) -> RankLoad {
+fn small_load(rng: &mut StdRng) -> RankLoad {
     let mut load = RankLoad::default();
     // Mostly a few samples so stage times flatten inside the budget; sometimes none.
     for tier in Tier::ALL {
-        for _ in 0..rng.below(7) {
-            load.add_read(tier, 1 + rng.below(1 << 20));
+        for _ in 0..rng.gen_range(0..7) {
+            load.add_read(tier, 1 + rng.gen_range(0..1 << 20));
         }
     }
-    for _ in 0..rng.below(9) {
-        load.add_decode(1 + rng.below(1 << 20));
+    for _ in 0..rng.gen_range(0..9) {
+        load.add_decode(1 + rng.gen_range(0..1 << 20));
     }
     load
 }
 
 #[test]
 fn allocation_matches_brute_force_on_small_instances() {
-    let mut rng = Rng(7);
+    let mut rng = StdRng::seed_from_u64(7);
     let mut params = CostParams::PRIORS;
     params.tier_mut(Tier::Storage).bandwidth_bytes_per_s = 3e9;
     let models = [CostModel::new(), CostModel::with_priors(params).unwrap()];
@@ -457,9 +446,9 @@ fn allocation_matches_brute_force_on_small_instances() {
         let ranks = 1 + (case % 4);
         // The biggest joint enumerations (4 ranks, budget 12) are slow unoptimised: few of them.
         let cap = if ranks == 4 && case % 10 != 3 { 8 } else { 12 };
-        let lo = rng.below(2) as u32;
-        let hi = if rng.below(3) == 0 {
-            2 + rng.below(5) as u32
+        let lo = rng.gen_range(0..2u32);
+        let hi = if rng.gen_ratio(1, 3) {
+            2 + rng.gen_range(0..5u32)
         } else {
             u32::MAX
         };
@@ -469,8 +458,8 @@ fn allocation_matches_brute_force_on_small_instances() {
             decode_threads_min: lo,
             decode_threads_max: hi,
         };
-        let io = (ranks as u32 * lo).max(1) + rng.below(u64::from(cap)) as u32;
-        let dec = (ranks as u32 * lo).max(1) + rng.below(u64::from(cap)) as u32;
+        let io = (ranks as u32 * lo).max(1) + rng.gen_range(0..cap);
+        let dec = (ranks as u32 * lo).max(1) + rng.gen_range(0..cap);
         let (io, dec) = (io.min(cap), dec.min(cap));
         if ranks as u32 * lo > io.min(dec) {
             continue;
@@ -492,22 +481,22 @@ fn allocation_matches_brute_force_on_small_instances() {
 
 #[test]
 fn allocation_is_the_bottleneck_greedy_unit_for_unit() {
-    let mut rng = Rng(8);
+    let mut rng = StdRng::seed_from_u64(8);
     let model = CostModel::new();
     for _ in 0..300 {
-        let ranks = 1 + rng.below(8) as usize;
+        let ranks = 1 + rng.gen_range(0..8usize);
         let limits = RankLimits {
-            io_depth_min: rng.below(3) as u32,
-            io_depth_max: [3, 8, u32::MAX][rng.below(3) as usize],
-            decode_threads_min: rng.below(3) as u32,
-            decode_threads_max: [2, 6, u32::MAX][rng.below(3) as usize],
+            io_depth_min: rng.gen_range(0..3u32),
+            io_depth_max: [3, 8, u32::MAX][rng.gen_range(0..3usize)],
+            decode_threads_min: rng.gen_range(0..3u32),
+            decode_threads_max: [2, 6, u32::MAX][rng.gen_range(0..3usize)],
         };
-        let io = (ranks as u32 * limits.io_depth_min).max(1) + rng.below(60) as u32;
-        let dec = (ranks as u32 * limits.decode_threads_min).max(1) + rng.below(30) as u32;
+        let io = (ranks as u32 * limits.io_depth_min).max(1) + rng.gen_range(0..60u32);
+        let dec = (ranks as u32 * limits.decode_threads_min).max(1) + rng.gen_range(0..30u32);
         let c = config(io, dec, limits, 0.0);
         let mut loads: Vec<RankLoad> = (0..ranks).map(|_| random_load(&mut rng, 24)).collect();
         // Identical ranks make ties, which the greedy breaks by lowest index.
-        if rng.below(2) == 0 {
+        if rng.gen_bool(0.5) {
             let first = loads[0];
             loads.iter_mut().for_each(|l| *l = first);
         }
@@ -567,8 +556,20 @@ fn storage_heavy_ranks_get_depth_and_imbalance_drops() {
     let report = a.imbalance();
     assert!(report.max_after_s < report.max_before_s, "{report:?}");
     assert!(report.after < report.before, "{report:?}");
-    let times: Vec<f64> = a.ranks.iter().map(|r| r.time_s).collect();
-    assert_eq!(report.after, imbalance(&times));
+    // Both ratios are max/mean of the split's times, from the formulas restated.
+    for (ratio, split) in [(report.before, &a.equal_split), (report.after, &a.ranks)] {
+        let times: Vec<f64> = loads
+            .iter()
+            .zip(split)
+            .map(|(l, r)| reference_predict(&CostParams::PRIORS, l, r.io_depth, r.decode_threads))
+            .collect();
+        let max = times.iter().copied().fold(0.0, f64::max);
+        let mean = times.iter().sum::<f64>() / times.len() as f64;
+        assert!(
+            rel_err(ratio, max / mean) < 1e-12,
+            "{report:?} vs {times:?}"
+        );
+    }
 }
 
 #[test]
@@ -763,12 +764,12 @@ fn zero_units_for_a_rank_with_work_is_infinite_and_avoided() {
 
 #[test]
 fn checker_passes_on_seeded_random_inputs() {
-    let mut rng = Rng(9);
+    let mut rng = StdRng::seed_from_u64(9);
     let mut allocated = 0;
     let mut refused = std::collections::HashSet::new();
     for _ in 0..4000 {
-        let len = rng.below(400) as usize;
-        let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        let len = rng.gen_range(0..400usize);
+        let data: Vec<u8> = (0..len).map(|_| rng.gen::<u8>()).collect();
         match check_allocator(&data) {
             None => allocated += 1,
             Some(err) => {
@@ -793,8 +794,23 @@ fn checker_accepts_empty_and_extreme_inputs() {
             parameter: "io_depth_total"
         })
     );
-    check_allocator(&[255; 64]);
-    check_allocator(&[0; 64]);
+    // All 0xff: the NaN hysteresis (byte 15) is refused before anything else.
+    assert!(matches!(
+        check_allocator(&[255; 64]),
+        Some(SchedError::InvalidHysteresis { value }) if value.is_nan()
+    ));
+    // Then u32::MAX budgets and limits pass, and the rank count is one too many.
+    let mut data = [255u8; 64];
+    data[15] = 0; // hysteresis 0
+    data[16] = 0; // the priors
+    assert_eq!(
+        check_allocator(&data),
+        Some(SchedError::TooManyRanks {
+            ranks: crate::MAX_RANKS + 1,
+            max: crate::MAX_RANKS
+        })
+    );
+    assert_eq!(check_allocator(&[0; 64]), check_allocator(&[]));
     // Huge budgets and sample counts: the solver must not step unit by unit.
     // 8 ranks, both budgets u32::MAX, no limits, no hysteresis, priors, no observations,
     // then raw u64 volumes of 0x0404… samples and bytes.

@@ -139,7 +139,11 @@ pub fn run(args: &SoakArgs) -> Result<()> {
         .iter()
         .map(|b| format!("{:.1}", *b as f64 / f64::from(1 << 20)))
         .collect();
-    println!("resident MiB after each epoch: {}", mib.join(" "));
+    println!(
+        "resident MiB after the build {:.1}, after each epoch: {}",
+        report.rss_bytes_after_build as f64 / f64::from(1 << 20),
+        mib.join(" ")
+    );
     println!(
         "resident growth after epoch 2: {:+.1}% (allowed {:.0}%); prefetch window bound {:.1} MiB",
         100.0 * report.rss_growth_after_epoch2,

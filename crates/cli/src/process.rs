@@ -44,9 +44,17 @@ fn parse_cpu_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
-/// Entries of a /proc directory, e.g. `/proc/self/fd` (descriptors) or `/proc/self/task`
-/// (threads).
-pub(crate) fn count_dir(path: &str) -> usize {
+/// Descriptors this process has open.
+pub(crate) fn open_fds() -> usize {
+    count_dir("/proc/self/fd")
+}
+
+/// Threads of this process.
+pub(crate) fn threads() -> usize {
+    count_dir("/proc/self/task")
+}
+
+fn count_dir(path: &str) -> usize {
     std::fs::read_dir(path).map_or(0, |d| d.count())
 }
 
@@ -65,7 +73,7 @@ mod tests {
     #[test]
     fn this_process_has_memory_threads_and_cpu_time() {
         assert!(status_bytes("VmRSS") > 0);
-        assert!(count_dir("/proc/self/task") >= 1);
+        assert!(threads() >= 1 && open_fds() >= 1);
         let before = cpu_seconds();
         let started = std::time::Instant::now();
         let mut x = 0u64;

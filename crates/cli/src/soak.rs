@@ -219,8 +219,8 @@ fn soak(args: &SoakArgs, strategy: Strategy, dataset: &Arc<Dataset>) -> Result<S
     strategy.apply(&budgets, &mut config);
     let cache_capacity_bytes = config.cache_capacity_bytes;
     let decoder = args.decoder;
-    let fds_before = process::count_dir("/proc/self/fd");
-    let threads_before = process::count_dir("/proc/self/task");
+    let fds_before = process::open_fds();
+    let threads_before = process::threads();
     let started = Instant::now();
     let mut loader = LoaderBuilder::new(dataset.clone())
         .config(config)
@@ -280,9 +280,9 @@ fn soak(args: &SoakArgs, strategy: Strategy, dataset: &Arc<Dataset>) -> Result<S
         cache_capacity_bytes,
         prefetch_window_bytes,
         fds_before,
-        fds_after: process::count_dir("/proc/self/fd"),
+        fds_after: process::open_fds(),
         threads_before,
-        threads_after: process::count_dir("/proc/self/task"),
+        threads_after: process::threads(),
         elapsed_s,
     })
 }

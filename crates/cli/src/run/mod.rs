@@ -210,9 +210,24 @@ mod tests {
                 "seed=4,eio=0.1,short=0.3,corrupt=0.1",
             ],
         );
+        let cpu_before = process::cpu_seconds();
         run(&args).unwrap();
+        let cpu_s = process::cpu_seconds() - cpu_before;
         let report: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+        // Each strategy's CPU time is its own share of the whole run's: decoding JPEGs costs
+        // ticks, and the shares cannot add up to more than the run used.
+        let cpu: Vec<f64> = report["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["cpu_seconds"].as_f64().unwrap())
+            .collect();
+        assert!(cpu.iter().all(|&c| c > 0.0), "{cpu:?}");
+        assert!(
+            cpu.iter().sum::<f64>() <= cpu_s + 1e-9,
+            "{cpu:?} of {cpu_s}"
+        );
         let sets: Vec<BTreeSet<(u64, u64, u64)>> = report["results"]
             .as_array()
             .unwrap()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A/B of the pipelined read order and schedule on the main job: runs `lobster run --policy
-# lobster` in four settings, interleaved RUNS times (the machine is shared and noisy), and
+# lobster` in four settings, interleaved RUNS times (the machine is shared and noisy; each
+# repetition starts one setting further along, so none always runs first), and
 # prints per setting the median figures and the ratio against the paper's mechanism (per-rank
 # io_depth shares from the allocator) measured in the same run.
 # Usage: benches/io_order_ab.sh RUNS [lobster run options...]
@@ -9,12 +10,14 @@ runs=${1:?usage: benches/io_order_ab.sh RUNS [lobster run options...]}
 shift
 cd "$(dirname "$0")/.."
 cargo build --release -q -p lobster-cli
+bin="${CARGO_TARGET_DIR:-target}/release/lobster"
 out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
 settings=("shares allocate" "shares equal" "deadline allocate" "deadline equal")
 for i in $(seq 1 "$runs"); do
-    for s in "${settings[@]}"; do
-        read -r order schedule <<<"$s"
-        ./target/release/lobster run --quiet --policy lobster --io-order "$order" \
+    for k in "${!settings[@]}"; do
+        read -r order schedule <<<"${settings[$(((k + i) % ${#settings[@]}))]}"
+        "$bin" run --quiet --policy lobster --io-order "$order" \
             --schedule "$schedule" --json "$out/$order-$schedule-$i.json" "$@" >/dev/null
     done
 done
@@ -38,4 +41,3 @@ for (order, schedule), r in rows.items():
         100 * r["job_stall_fraction"], r["imbalance_p50"], r["imbalance_p95"],
         ", ".join("%.3f" % p for p in r["p95s"])))
 PY
-rm -rf "$out"

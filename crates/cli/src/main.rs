@@ -1,9 +1,12 @@
 //! The `lobster` command.
 
+#![forbid(unsafe_code)]
+
 use clap::{Parser, Subcommand};
 
 mod gen;
 mod order;
+mod process;
 mod read_bench;
 mod replay;
 mod run;

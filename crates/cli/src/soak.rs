@@ -2,18 +2,18 @@
 //! levels off, and descriptors and threads come back once the loader is dropped.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use lobster_io::{
-    CachePolicy, Dataset, DistributedSampler, EpochOrder, ErrorPolicy, FailureBudget,
-    FaultInjection, LoaderBuilder, SampleMeta, Schedule,
+    Dataset, DistributedSampler, EpochOrder, ErrorPolicy, FailureBudget, FaultInjection,
+    LoaderBuilder, LoaderConfig, SampleMeta, Schedule,
 };
 use serde::Serialize;
 
-use crate::run::{Decoder, Policies, Policy};
+use crate::process;
+use crate::run::{decode, train, Budgets, Decoder, RankTotals, Strategies, Strategy};
 
 /// Arguments of `lobster soak`.
 #[derive(Clone, Debug, clap::Args)]
@@ -41,7 +41,7 @@ pub struct SoakArgs {
     pub batch: usize,
     /// The loading policy (one of those of `lobster run`).
     #[arg(long, default_value = "lobster")]
-    pub policy: Policies,
+    pub policy: Strategies,
     /// Node cache capacity as a fraction of the dataset's bytes.
     #[arg(long, default_value_t = 0.2)]
     pub cache_frac: f64,
@@ -67,7 +67,7 @@ pub struct SoakArgs {
 
 #[derive(Debug, Serialize)]
 struct SoakReport {
-    policy: Policy,
+    policy: Strategy,
     epochs: u32,
     samples_planned: u64,
     samples_delivered: u64,
@@ -76,8 +76,13 @@ struct SoakReport {
     faults_injected: u64,
     read_retries: u64,
     reads_recovered: u64,
+    /// Resident memory once the loader is built (its buffer pool committed), then after each
+    /// epoch.
+    rss_bytes_after_build: u64,
     rss_bytes_per_epoch: Vec<u64>,
     rss_growth_after_epoch2: f64,
+    /// The node cache's capacity: memory the run may still fill after the build.
+    cache_capacity_bytes: u64,
     /// The loader's bound on bytes in flight or awaiting decode: pipelined reads land in a
     /// pool of this many bytes, committed when the loader is built.
     prefetch_window_bytes: u64,
@@ -95,7 +100,7 @@ pub fn run(args: &SoakArgs) -> Result<()> {
     if !(args.cache_frac.is_finite() && (0.0..=1.0).contains(&args.cache_frac)) {
         bail!("--cache-frac = {}: allowed 0 to 1", args.cache_frac);
     }
-    let &[policy] = args.policy.0.as_slice() else {
+    let &[strategy] = args.policy.0.as_slice() else {
         bail!("--policy: soak runs one policy at a time");
     };
     let (data, _generated) = match &args.data {
@@ -115,11 +120,11 @@ pub fn run(args: &SoakArgs) -> Result<()> {
         Dataset::open_image_folder(&data)
             .with_context(|| format!("opening the dataset {}", data.display()))?,
     );
-    let report = soak(args, policy, &dataset)?;
+    let report = soak(args, strategy, &dataset)?;
     println!(
         "{} epochs of {}: {} samples planned, {} delivered, {} skipped by policy, {} lost",
         report.epochs,
-        policy,
+        strategy,
         report.samples_planned,
         report.samples_delivered,
         report.samples_skipped,
@@ -134,7 +139,11 @@ pub fn run(args: &SoakArgs) -> Result<()> {
         .iter()
         .map(|b| format!("{:.1}", *b as f64 / f64::from(1 << 20)))
         .collect();
-    println!("resident MiB after each epoch: {}", mib.join(" "));
+    println!(
+        "resident MiB after the build {:.1}, after each epoch: {}",
+        report.rss_bytes_after_build as f64 / f64::from(1 << 20),
+        mib.join(" ")
+    );
     println!(
         "resident growth after epoch 2: {:+.1}% (allowed {:.0}%); prefetch window bound {:.1} MiB",
         100.0 * report.rss_growth_after_epoch2,
@@ -182,89 +191,53 @@ pub fn run(args: &SoakArgs) -> Result<()> {
     Ok(())
 }
 
-fn soak(args: &SoakArgs, policy: Policy, dataset: &Arc<Dataset>) -> Result<SoakReport> {
-    let (cache, execution, schedule) = policy.parts(Schedule::Allocate { hysteresis: 0.05 });
+fn soak(args: &SoakArgs, strategy: Strategy, dataset: &Arc<Dataset>) -> Result<SoakReport> {
     let world = args.nodes * args.ranks_per_node;
     let per_rank =
         DistributedSampler::new(dataset.len(), world, false, EpochOrder::Shuffle { seed: 0 })?
             .per_rank();
+    let cache_bytes = (dataset.total_bytes() as f64 * args.cache_frac).max(1.0) as u64;
+    let mut config = LoaderConfig {
+        nodes: args.nodes,
+        node: 0,
+        ranks_per_node: args.ranks_per_node,
+        batch_size: args.batch,
+        epochs: args.epochs,
+        io_depth_budget: 4 * args.ranks_per_node,
+        error_policy: ErrorPolicy::Skip {
+            max_failures: args.max_failures,
+        },
+        fault_injection: Some(args.inject_faults),
+        ..LoaderConfig::default()
+    };
+    let budgets = Budgets {
+        pipelined_schedule: Schedule::Allocate { hysteresis: 0.05 },
+        decode_threads: 2 * args.ranks_per_node,
+        workers_per_rank: 2,
+        cache_bytes,
+    };
+    strategy.apply(&budgets, &mut config);
+    let cache_capacity_bytes = config.cache_capacity_bytes;
     let decoder = args.decoder;
-    let fds_before = count_dir("/proc/self/fd");
-    let threads_before = count_dir("/proc/self/task");
+    let fds_before = process::open_fds();
+    let threads_before = process::threads();
     let started = Instant::now();
     let mut loader = LoaderBuilder::new(dataset.clone())
-        .world(args.nodes, args.ranks_per_node, 0)
-        .batch_size(args.batch)
-        .epochs(args.epochs)
-        .cache(
-            cache,
-            if cache == CachePolicy::None {
-                0
-            } else {
-                (dataset.total_bytes() as f64 * args.cache_frac).max(1.0) as u64
-            },
-        )
-        .execution(execution)
-        .schedule(schedule)
-        .io_depth_budget(4 * args.ranks_per_node)
-        .decode_threads(2 * args.ranks_per_node)
-        .on_error(ErrorPolicy::Skip {
-            max_failures: args.max_failures,
-        })
-        .inject_faults(Some(args.inject_faults))
-        .decode(move |bytes: &[u8], meta: &SampleMeta| {
-            crate::run::decode(decoder, 1.0, bytes, meta)
-        })
+        .config(config)
+        .decode(move |bytes: &[u8], meta: &SampleMeta| decode(decoder, 1.0, bytes, meta))
         .build()
         .context("starting the loader")?;
+    let rss_bytes_after_build = process::status_bytes("VmRSS");
     let iterations = loader.iterations_per_epoch();
     let prefetch_window_bytes = loader.prefetch_window_bytes();
     let handles = loader.ranks().context("rank handles already taken")?;
-    let barrier = Barrier::new(handles.len());
     let rss = Mutex::new(Vec::with_capacity(args.epochs as usize));
-    // As in `lobster run`: every rank meets the failing step's barrier, then all stop.
-    let failed_step = AtomicUsize::new(usize::MAX);
-    let counted = std::thread::scope(|s| -> Result<(u64, u64)> {
-        let threads: Vec<_> = handles
-            .into_iter()
-            .map(|handle| {
-                let (barrier, rss, failed_step) = (&barrier, &rss, &failed_step);
-                s.spawn(move || -> Result<(u64, u64)> {
-                    let rank = handle.rank();
-                    let (mut delivered, mut skipped) = (0, 0);
-                    for (step, batch) in handle.enumerate() {
-                        let mut last_of_epoch = false;
-                        match &batch {
-                            Ok(batch) => {
-                                delivered += batch.samples.len() as u64;
-                                skipped += batch.skipped.len() as u64;
-                                last_of_epoch = batch.iteration as usize + 1 == iterations;
-                            }
-                            Err(_) => {
-                                failed_step.fetch_min(step, Ordering::SeqCst);
-                            }
-                        }
-                        if barrier.wait().is_leader() && last_of_epoch {
-                            rss.lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .push(crate::run::status_bytes("VmRSS"));
-                        }
-                        if failed_step.load(Ordering::SeqCst) <= step {
-                            batch.with_context(|| format!("rank {rank}"))?;
-                            break;
-                        }
-                    }
-                    Ok((delivered, skipped))
-                })
-            })
-            .collect();
-        let mut total = (0, 0);
-        for t in threads {
-            let (d, k) = t.join().expect("a rank thread panicked")?;
-            total.0 += d;
-            total.1 += k;
+    let totals = train(handles, Duration::ZERO, strategy.name(), |step| {
+        if (step + 1) % iterations == 0 {
+            rss.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(process::status_bytes("VmRSS"));
         }
-        Ok(total)
     })?;
     let metrics = loader.metrics();
     drop(loader);
@@ -273,7 +246,13 @@ fn soak(args: &SoakArgs, policy: Policy, dataset: &Arc<Dataset>) -> Result<SoakR
     let after_epoch2 = rss_bytes_per_epoch[1] as f64;
     let later_max = rss_bytes_per_epoch[1..].iter().copied().max().unwrap_or(0) as f64;
     let samples_planned = (per_rank * args.ranks_per_node) as u64 * u64::from(args.epochs);
-    let (delivered, skipped) = counted;
+    let RankTotals { delivered, skipped } =
+        totals
+            .iter()
+            .fold(RankTotals::default(), |a, t| RankTotals {
+                delivered: a.delivered + t.delivered,
+                skipped: a.skipped + t.skipped,
+            });
     if (delivered, skipped) != (metrics.samples, metrics.skipped) {
         bail!(
             "the ranks counted {delivered} delivered and {skipped} skipped, the metrics {} and {}",
@@ -282,7 +261,7 @@ fn soak(args: &SoakArgs, policy: Policy, dataset: &Arc<Dataset>) -> Result<SoakR
         );
     }
     Ok(SoakReport {
-        policy,
+        policy: strategy,
         epochs: args.epochs,
         samples_planned,
         samples_delivered: delivered,
@@ -296,18 +275,16 @@ fn soak(args: &SoakArgs, policy: Policy, dataset: &Arc<Dataset>) -> Result<SoakR
         } else {
             0.0
         },
+        rss_bytes_after_build,
         rss_bytes_per_epoch,
+        cache_capacity_bytes,
         prefetch_window_bytes,
         fds_before,
-        fds_after: count_dir("/proc/self/fd"),
+        fds_after: process::open_fds(),
         threads_before,
-        threads_after: count_dir("/proc/self/task"),
+        threads_after: process::threads(),
         elapsed_s,
     })
-}
-
-fn count_dir(path: &str) -> usize {
-    std::fs::read_dir(path).map_or(0, |d| d.count())
 }
 
 /// A generated dataset, removed when the soak ends.

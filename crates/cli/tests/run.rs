@@ -54,6 +54,8 @@ fn run_writes_every_policy_with_the_documented_keys() {
             "0",
             "--decoder",
             "jpeg",
+            "--workers-per-rank",
+            "3",
         ])
         .arg("--data")
         .arg(&data)
@@ -68,9 +70,11 @@ fn run_writes_every_policy_with_the_documented_keys() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("speedup"), "{stdout}");
+    assert!(stdout.contains("3 workers per rank"), "{stdout}");
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(report["config"]["ranks_per_node"], 2);
+    assert_eq!(report["config"]["workers_per_rank"], 3);
     let results = report["results"].as_array().unwrap();
     let policies: Vec<&str> = results
         .iter()
@@ -97,11 +101,15 @@ fn run_writes_every_policy_with_the_documented_keys() {
             "hit_ratio",
             "speedup_vs_pytorch",
             "peak_rss_bytes",
+            "cpu_seconds",
         ] {
             assert!(!r[key].is_null(), "{key} in {r}");
         }
         assert_eq!(r["epoch_seconds"].as_array().unwrap().len(), 2, "{r}");
         assert!(r["samples_per_second"].as_f64().unwrap() > 0.0);
+        // 64 samples over 2 nodes: this node delivers 32 per epoch, for 2 epochs.
+        assert_eq!(r["samples"], 64, "{r}");
+        assert!(r["cpu_seconds"].as_f64().unwrap() >= 0.0, "{r}");
         // 2 epochs x 4 iterations x 2 ranks, and the median imbalance follows from them.
         let iterations = r["iterations"].as_array().unwrap();
         assert_eq!(iterations.len(), 16, "{r}");
@@ -152,6 +160,7 @@ fn run_rejects_nonsense_parameters_by_name() {
         ("--decode-threads", "1", "decode_threads"),
         ("--cache-frac", "2", "--cache-frac"),
         ("--io-order", "fifo", "--io-order"),
+        ("--workers-per-rank", "0", "--workers-per-rank"),
     ] {
         let mut args = vec![
             ("--ranks-per-node", "2"),
@@ -171,6 +180,40 @@ fn run_rejects_nonsense_parameters_by_name() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(name), "{flag} {value}: {stderr}");
     }
+}
+
+#[test]
+fn workers_per_rank_defaults_to_the_io_depth_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    gen(&data, 16);
+    let json = dir.path().join("run.json");
+    let out = lobster()
+        .args(["run", "--quiet", "--policy", "pytorch", "--epochs", "1"])
+        .args(["--nodes", "1", "--ranks-per-node", "2", "--batch", "4"])
+        .args([
+            "--compute-ms",
+            "0",
+            "--storage-mbps",
+            "0",
+            "--io-depth",
+            "6",
+        ])
+        .arg("--data")
+        .arg(&data)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // 6 reads in flight over 2 ranks.
+    assert_eq!(report["config"]["workers_per_rank"], 3);
 }
 
 #[test]

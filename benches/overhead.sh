@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# The loader's own cost with nothing else in the way: lobster against pytorch with no emulated
+# storage, 1 ms of compute and no decoding, on generated JPEGs of mean 2, 16, 128 and
+# 1024 KiB, each with the page cache warm and cold with --direct. Per point pytorch first
+# runs once at each of WORKERS workers per rank and keeps the fastest; then lobster and
+# pytorch (at that count) run RUNS times each, alternating which goes first, every run in its
+# own process. Prints per point the median samples/s of each, their ratio, and the process's
+# CPU seconds (user + system) per 1,000 samples delivered.
+#
+# warm: every dataset file is read once before each run.
+# direct: before each run the dataset's pages are dropped from the page cache
+# (posix_fadvise DONTNEED, no root needed); lobster reads with O_DIRECT, pytorch's
+# read-then-decode workers read through the page cache as PyTorch's do (--direct does not
+# apply to them), so their epoch 2 may hit pages their epoch 1 brought in.
+#
+# Usage: [RUNS=3] [SIZES="2 16 128 1024"] [WORKERS="1 2 4 8 16"] [SAMPLES=N] [MODES="warm direct"]
+#        benches/overhead.sh [more lobster run options...]
+# Datasets are generated once into DATA_DIR (default ~/.cache/lobster-io/overhead) and
+# reused. SAMPLES overrides every size's sample count (at least 512: 2 nodes x 8 ranks x a
+# batch of 32), for a smoke run. RUN_OPTS replaces the fixed run options below.
+set -euo pipefail
+runs=${RUNS:-3}
+sizes=(${SIZES:-2 16 128 1024})
+workers=(${WORKERS:-1 2 4 8 16})
+modes=(${MODES:-warm direct})
+run_opts=(${RUN_OPTS:---storage-mbps 0 --compute-ms 1 --nodes 2 --ranks-per-node 8 --batch 32 --epochs 2 --decoder raw})
+data_dir=${DATA_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/lobster-io/overhead}
+cd "$(dirname "$0")/.."
+cargo build --release -q -p lobster-cli
+bin="${CARGO_TARGET_DIR:-target}/release/lobster"
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+# Samples per size: each dataset 32 to 512 MiB, at least 1 iteration per epoch.
+samples_for() {
+    if [[ -n ${SAMPLES:-} ]]; then
+        echo "$SAMPLES"
+        return
+    fi
+    case $1 in
+    2) echo 16384 ;;   # 32 MiB, 16 iterations per epoch
+    16) echo 8192 ;;   # 128 MiB, 8
+    128) echo 2048 ;;  # 256 MiB, 2
+    *) echo 512 ;;     # 1024 KiB: 512 MiB, 1
+    esac
+}
+
+# Reads every file of $2 (warm) or drops its pages from the page cache (direct).
+page_cache() {
+    python3 - "$1" "$2" <<'PY'
+import os, sys
+mode, root = sys.argv[1], sys.argv[2]
+for d, _, files in os.walk(root):
+    for f in files:
+        fd = os.open(os.path.join(d, f), os.O_RDONLY)
+        try:
+            if mode == "warm":
+                while os.read(fd, 1 << 20):
+                    pass
+            else:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+PY
+}
+
+# run MODE DATA JSON POLICY [options...]: one policy in its own process.
+run() {
+    local mode=$1 data=$2 json=$3 policy=$4
+    shift 4
+    local direct=()
+    [[ $mode == direct ]] && direct=(--direct)
+    page_cache "$mode" "$data"
+    "$bin" run --quiet --data "$data" --json "$json" --policy "$policy" "${direct[@]}" \
+        "${run_opts[@]}" "$@" "${extra[@]}" >/dev/null
+}
+extra=("$@")
+
+points=()
+for kb in "${sizes[@]}"; do
+    n=$(samples_for "$kb")
+    data="$data_dir/jpeg-$n-${kb}kb"
+    if [[ ! -e $data/.complete ]]; then
+        rm -rf "$data"
+        echo "generating $n samples of mean $kb KiB into $data ..." >&2
+        "$bin" gen --samples "$n" --classes 10 --mean-kb "$kb" --out "$data" >&2
+        touch "$data/.complete"
+    fi
+    for mode in "${modes[@]}"; do
+        point="$kb-$mode"
+        points+=("$point")
+        for w in "${workers[@]}"; do
+            run "$mode" "$data" "$out/$point-sweep-$w.json" pytorch --workers-per-rank "$w"
+        done
+        best=$(python3 - "$out" "$point" "${workers[@]}" <<'PY'
+import json, sys
+out, point, workers = sys.argv[1], sys.argv[2], sys.argv[3:]
+rate = lambda w: json.load(open(f"{out}/{point}-sweep-{w}.json"))["results"][0]["samples_per_second"]
+print(max(workers, key=rate))
+PY
+)
+        echo "$best" >"$out/$point-best"
+        for ((i = 1; i <= runs; i++)); do
+            if ((i % 2)); then
+                run "$mode" "$data" "$out/$point-lobster-$i.json" lobster
+                run "$mode" "$data" "$out/$point-pytorch-$i.json" pytorch --workers-per-rank "$best"
+            else
+                run "$mode" "$data" "$out/$point-pytorch-$i.json" pytorch --workers-per-rank "$best"
+                run "$mode" "$data" "$out/$point-lobster-$i.json" lobster
+            fi
+        done
+    done
+done
+
+python3 - "$out" "$runs" "${points[@]}" <<'PY'
+import json, statistics, sys
+out, runs, points = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+print(f"medians of {runs} runs each, lobster and pytorch alternating; pytorch at its best workers per rank")
+print("| mean KiB | page cache | samples | dataset MiB | pytorch workers/rank | pytorch samples/s | lobster samples/s | lobster/pytorch | pytorch CPU s/1k samples | lobster CPU s/1k samples |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for point in points:
+    kb, mode = point.split("-")
+    best = open(f"{out}/{point}-best").read().strip()
+    med = {}
+    for policy in ("pytorch", "lobster"):
+        reports = [json.load(open(f"{out}/{point}-{policy}-{i}.json")) for i in range(1, runs + 1)]
+        results = [r["results"][0] for r in reports]
+        med[policy] = (
+            statistics.median(r["samples_per_second"] for r in results),
+            statistics.median(1000 * r["cpu_seconds"] / max(r["samples"], 1) for r in results),
+        )
+        config = reports[0]["config"]
+    print("| %s | %s | %d | %.0f | %s | %.0f | %.0f | %.2f | %.3f | %.3f |" % (
+        kb, mode, config["samples"], config["dataset_bytes"] / 2**20, best,
+        med["pytorch"][0], med["lobster"][0], med["lobster"][0] / med["pytorch"][0],
+        med["pytorch"][1], med["lobster"][1]))
+PY

@@ -1,0 +1,348 @@
+//! The options of `lobster run`, their checks, and the loader settings they give.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use lobster_io::uring::Backend;
+use lobster_io::{
+    ErrorPolicy, FailureBudget, FaultInjection, IoOrder, LoaderConfig, Schedule, StorageEmulation,
+};
+use serde::Serialize;
+
+use super::decode::Decoder;
+use super::strategy::{Budgets, Strategies};
+
+/// Arguments of `lobster run`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct RunArgs {
+    /// An ImageFolder dataset; without it the default dataset is generated once into the
+    /// cache directory (~/.cache/lobster-io) and reused.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Samples of the generated default dataset.
+    #[arg(long, default_value_t = 4000)]
+    pub samples: u32,
+    /// Nodes in the job.
+    #[arg(long, default_value_t = 4)]
+    pub nodes: usize,
+    /// This node's index.
+    #[arg(long, default_value_t = 0)]
+    pub node: usize,
+    /// Ranks (GPUs) per node.
+    #[arg(long, default_value_t = 4)]
+    pub ranks_per_node: usize,
+    /// Samples per batch per rank.
+    #[arg(long, default_value_t = 16)]
+    pub batch: usize,
+    /// Epochs.
+    #[arg(long, default_value_t = 8)]
+    pub epochs: u32,
+    /// Sampler seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Node cache capacity in bytes (overrides --cache-frac).
+    #[arg(long)]
+    pub cache_bytes: Option<u64>,
+    /// Node cache capacity as a fraction of the dataset's bytes.
+    #[arg(long, default_value_t = 0.2)]
+    pub cache_frac: f64,
+    /// `all`, or a comma-separated list of pytorch, nopfs, lobster, lobster-cache-only,
+    /// lobster-alloc-only, run in that order.
+    #[arg(long, default_value = "all")]
+    pub policy: Strategies,
+    /// Reads in flight the node's ranks share (Lobster's io_depth budget).
+    #[arg(long, default_value_t = 32)]
+    pub io_depth: usize,
+    /// Decode threads the node's ranks share, for the pipelined policies (lobster,
+    /// lobster-alloc-only).
+    #[arg(long, default_value_t = 8)]
+    pub decode_threads: usize,
+    /// Workers per rank of the read-then-decode policies (pytorch, nopfs,
+    /// lobster-cache-only); each holds one read in flight [default: io_depth / ranks_per_node,
+    /// at least 1: the reads in flight of the pipelined policies].
+    #[arg(long)]
+    pub workers_per_rank: Option<usize>,
+    /// Iterations the loader may run ahead of the slowest rank.
+    #[arg(long, default_value_t = 2)]
+    pub prefetch: usize,
+    /// How the pipelined policies split the budgets among ranks: `allocate` (lobster-sched,
+    /// every window) or `equal` (a fixed equal split), for ablations.
+    #[arg(long, value_enum, default_value_t = ScheduleArg::Allocate)]
+    pub schedule: ScheduleArg,
+    /// Fraction of predicted time an allocation change must save.
+    #[arg(long, default_value_t = 0.05)]
+    pub hysteresis: f64,
+    /// The decoder.
+    #[arg(long, value_enum, default_value_t = Decoder::Synthetic)]
+    pub decoder: Decoder,
+    /// CPU microseconds per KiB for the synthetic decoder.
+    #[arg(long, default_value_t = 4.0)]
+    pub decode_us_per_kb: f64,
+    /// Simulated compute per iteration, milliseconds.
+    #[arg(long, default_value_t = 25.0)]
+    pub compute_ms: f64,
+    /// Emulated shared storage bandwidth, MB/s (0: no emulation).
+    #[arg(long, default_value_t = 120.0)]
+    pub storage_mbps: f64,
+    /// Emulated storage latency per request, microseconds.
+    #[arg(long, default_value_t = 8000)]
+    pub storage_latency_us: u64,
+    /// I/O backend of the pipelined policies.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
+    /// How the pipelined policies order storage reads: `deadline` (one node-wide queue, each
+    /// iteration's reads ending together for every rank) or `shares` (each rank held to the
+    /// allocator's io_depth share, as the paper's per-rank I/O threads).
+    #[arg(long, value_enum, default_value_t = IoOrderArg::Deadline)]
+    pub io_order: IoOrderArg,
+    /// Read with O_DIRECT (the pipelined policies; the read-then-decode workers read through
+    /// the page cache, as PyTorch's do).
+    #[arg(long)]
+    pub direct: bool,
+    /// Write the configuration and results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+    /// What a rank does with a sample that cannot be read or decoded: fail its batch, or skip
+    /// the sample (the batch arrives short) within --max-failures per epoch.
+    #[arg(long, value_enum, default_value_t = OnError::Fail)]
+    pub on_error: OnError,
+    /// With --on-error skip: samples an epoch may skip on this node, a count N or a
+    /// percentage P% of the epoch's accesses [default: 1%].
+    #[arg(long)]
+    pub max_failures: Option<FailureBudget>,
+    /// Inject deterministic faults into storage reads:
+    /// seed=S,eio=P,short=P,delay=P,corrupt=P[,delay_us=U] with P a probability per read.
+    /// Corruption is caught only by a decoder that checks its input (--decoder jpeg).
+    #[arg(long)]
+    pub inject_faults: Option<FaultInjection>,
+}
+
+/// What a rank does with a sample that fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnError {
+    /// The batch is an error naming the sample, its file and the cause; the run stops.
+    Fail,
+    /// The sample is left out of its batch and reported.
+    Skip,
+}
+
+/// The I/O backend, as the CLI spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendArg {
+    /// io_uring, falling back to pread if a ring cannot be set up.
+    Auto,
+    /// io_uring.
+    Uring,
+    /// The pread thread pool.
+    Pread,
+}
+
+/// The pipelined policies' schedule, as the CLI spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScheduleArg {
+    /// lobster-sched's min-max allocation, every window.
+    Allocate,
+    /// A fixed equal split.
+    Equal,
+}
+
+/// The pipelined read order, as the CLI spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IoOrderArg {
+    /// One node-wide queue in deadline order.
+    Deadline,
+    /// Per-rank io_depth shares.
+    Shares,
+}
+
+/// The skip budget when --max-failures is not given.
+pub(crate) const DEFAULT_MAX_FAILURES: FailureBudget = FailureBudget::Fraction(0.01);
+
+impl RunArgs {
+    /// Checks the options the loader does not check itself (it names its own parameters).
+    pub(crate) fn validate(&self) -> Result<()> {
+        if !(self.cache_frac.is_finite() && (0.0..=1.0).contains(&self.cache_frac)) {
+            bail!("--cache-frac = {}: allowed 0 to 1", self.cache_frac);
+        }
+        if !(self.compute_ms.is_finite() && self.compute_ms >= 0.0) {
+            bail!("--compute-ms = {}: allowed a number >= 0", self.compute_ms);
+        }
+        if !(self.decode_us_per_kb.is_finite() && self.decode_us_per_kb >= 0.0) {
+            bail!(
+                "--decode-us-per-kb = {}: allowed a number >= 0",
+                self.decode_us_per_kb
+            );
+        }
+        if !(self.storage_mbps.is_finite() && self.storage_mbps >= 0.0) {
+            bail!(
+                "--storage-mbps = {}: allowed 0 (no emulation) or more",
+                self.storage_mbps
+            );
+        }
+        self.workers_per_rank()?;
+        self.error_policy()?;
+        Ok(())
+    }
+
+    pub(crate) fn error_policy(&self) -> Result<ErrorPolicy> {
+        match (self.on_error, self.max_failures) {
+            (OnError::Fail, Some(_)) => bail!("--max-failures needs --on-error skip"),
+            (OnError::Fail, None) => Ok(ErrorPolicy::Fail),
+            (OnError::Skip, budget) => Ok(ErrorPolicy::Skip {
+                max_failures: budget.unwrap_or(DEFAULT_MAX_FAILURES),
+            }),
+        }
+    }
+
+    /// The read-then-decode policies' workers per rank: given, or as many reads in flight as
+    /// the pipelined policies' io_depth budget.
+    pub(crate) fn workers_per_rank(&self) -> Result<usize> {
+        match self.workers_per_rank {
+            Some(0) => bail!("--workers-per-rank = 0: allowed 1 or more"),
+            Some(n) => Ok(n),
+            None => Ok((self.io_depth / self.ranks_per_node.max(1)).max(1)),
+        }
+    }
+
+    /// What the strategies share: budgets, schedule and cache capacity.
+    pub(crate) fn budgets(&self, cache_bytes: u64) -> Result<Budgets> {
+        Ok(Budgets {
+            pipelined_schedule: match self.schedule {
+                ScheduleArg::Allocate => Schedule::Allocate {
+                    hysteresis: self.hysteresis,
+                },
+                ScheduleArg::Equal => Schedule::EqualSplit,
+            },
+            decode_threads: self.decode_threads,
+            workers_per_rank: self.workers_per_rank()?,
+            cache_bytes,
+        })
+    }
+
+    /// The loader settings every strategy shares: layout, io_depth, storage, errors. A
+    /// strategy sets its cache, execution, schedule and threads on top.
+    pub(crate) fn loader_config(&self) -> Result<LoaderConfig> {
+        Ok(LoaderConfig {
+            nodes: self.nodes,
+            node: self.node,
+            ranks_per_node: self.ranks_per_node,
+            batch_size: self.batch,
+            epochs: self.epochs,
+            drop_last: false,
+            io_depth_budget: self.io_depth,
+            prefetch_iterations: self.prefetch,
+            window_iterations: 1,
+            io_order: match self.io_order {
+                IoOrderArg::Deadline => IoOrder::Deadline,
+                IoOrderArg::Shares => IoOrder::Shares,
+            },
+            backend: match self.backend {
+                BackendArg::Auto => Backend::Auto,
+                BackendArg::Uring => Backend::Uring,
+                BackendArg::Pread => Backend::Pread,
+            },
+            direct: self.direct,
+            storage_emulation: (self.storage_mbps > 0.0).then_some(StorageEmulation {
+                bandwidth_bytes_per_s: self.storage_mbps * 1e6,
+                latency_us: self.storage_latency_us,
+            }),
+            error_policy: self.error_policy()?,
+            fault_injection: self.inject_faults,
+            ..LoaderConfig::default()
+        })
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    pub(crate) fn parse(args: &[&str]) -> std::result::Result<RunArgs, String> {
+        Cli::try_parse_from(std::iter::once("lobster").chain(args.iter().copied()))
+            .map(|c| c.run)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn fault_flags_parse_and_bad_ones_are_named() {
+        let args = parse(&[
+            "--on-error",
+            "skip",
+            "--max-failures",
+            "2.5%",
+            "--inject-faults",
+            "seed=3,eio=0.01,short=0.1,delay=0.2,corrupt=0.02",
+        ])
+        .unwrap();
+        assert_eq!(
+            args.error_policy().unwrap(),
+            ErrorPolicy::Skip {
+                max_failures: FailureBudget::Fraction(0.025)
+            }
+        );
+        let f = args.inject_faults.unwrap();
+        assert_eq!(
+            (f.seed, f.eio, f.short, f.delay, f.corrupt),
+            (3, 0.01, 0.1, 0.2, 0.02)
+        );
+        assert_eq!(
+            parse(&["--on-error", "skip"])
+                .unwrap()
+                .error_policy()
+                .unwrap(),
+            ErrorPolicy::Skip {
+                max_failures: DEFAULT_MAX_FAILURES
+            }
+        );
+        for (args, named) in [
+            (&["--inject-faults", "seed=3,eio=1.5"][..], "eio"),
+            (&["--inject-faults", "seed=3,typo=0.1"][..], "typo"),
+            (&["--inject-faults", "seed=-1"][..], "seed"),
+            (&["--inject-faults", "short"][..], "short"),
+            (&["--on-error", "skip", "--max-failures", "ten"][..], "ten"),
+            (&["--on-error", "maybe"][..], "maybe"),
+        ] {
+            let e = parse(args).unwrap_err();
+            assert!(e.contains(named), "{args:?}: {e}");
+        }
+        let e = parse(&["--max-failures", "3"])
+            .unwrap()
+            .error_policy()
+            .unwrap_err();
+        assert!(e.to_string().contains("--on-error skip"), "{e}");
+    }
+
+    #[test]
+    fn workers_per_rank_defaults_to_the_io_depth_share_and_zero_is_refused() {
+        let default = |extra: &[&str]| parse(extra).unwrap().workers_per_rank().unwrap();
+        // 32 reads in flight over 4 ranks.
+        assert_eq!(default(&[]), 8);
+        assert_eq!(default(&["--io-depth", "12", "--ranks-per-node", "3"]), 4);
+        assert_eq!(default(&["--io-depth", "2", "--ranks-per-node", "8"]), 1);
+        assert_eq!(default(&["--workers-per-rank", "3"]), 3);
+        let args = parse(&["--workers-per-rank", "3", "--ranks-per-node", "2"]).unwrap();
+        assert_eq!(args.budgets(1).unwrap().workers_per_rank, 3);
+        let e = parse(&["--workers-per-rank", "0"])
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("--workers-per-rank"), "{e}");
+        let e = parse(&["--workers-per-rank", "two"]).unwrap_err();
+        assert!(e.contains("--workers-per-rank"), "{e}");
+    }
+}

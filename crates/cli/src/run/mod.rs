@@ -1,0 +1,271 @@
+//! `lobster run`: simulated synchronous training on this node, Lobster against its baselines
+//! on the same data in the same process.
+
+mod args;
+mod dataset;
+mod decode;
+mod report;
+mod strategy;
+mod train;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use lobster_io::{Dataset, ErrorPolicy, LoaderBuilder, RunMetrics, SampleMeta};
+
+pub use args::RunArgs;
+pub(crate) use decode::{decode, Decoder};
+pub(crate) use strategy::{Budgets, Strategies, Strategy};
+pub(crate) use train::{train, RankTotals};
+
+use crate::process;
+use report::{Measured, RunConfig, StrategyResult};
+
+pub fn run(args: &RunArgs) -> Result<()> {
+    args.validate()?;
+    let data = match &args.data {
+        Some(d) => d.clone(),
+        None => dataset::default_dataset(args.samples, args.quiet)?,
+    };
+    let dataset = Arc::new(
+        Dataset::open_image_folder(&data)
+            .with_context(|| format!("opening the dataset {}", data.display()))?,
+    );
+    let cache_bytes = args
+        .cache_bytes
+        .unwrap_or((dataset.total_bytes() as f64 * args.cache_frac) as u64);
+    let config = RunConfig {
+        data: data.clone(),
+        samples: dataset.len(),
+        dataset_bytes: dataset.total_bytes(),
+        nodes: args.nodes,
+        node: args.node,
+        ranks_per_node: args.ranks_per_node,
+        batch: args.batch,
+        epochs: args.epochs,
+        seed: args.seed,
+        cache_bytes,
+        io_depth: args.io_depth,
+        decode_threads: args.decode_threads,
+        workers_per_rank: args.workers_per_rank()?,
+        prefetch: args.prefetch,
+        schedule: args.schedule,
+        hysteresis: args.hysteresis,
+        decoder: args.decoder,
+        decode_us_per_kb: args.decode_us_per_kb,
+        compute_ms: args.compute_ms,
+        storage_mbps: args.storage_mbps,
+        storage_latency_us: args.storage_latency_us,
+        backend: args.backend,
+        io_order: args.io_order,
+        direct: args.direct,
+        on_error: args.on_error,
+        max_failures: match args.error_policy()? {
+            ErrorPolicy::Skip { max_failures } => Some(max_failures.to_string()),
+            _ => None,
+        },
+        inject_faults: args.inject_faults.map(|f| {
+            format!(
+                "seed={},eio={},short={},delay={},corrupt={},delay_us={}",
+                f.seed, f.eio, f.short, f.delay, f.corrupt, f.delay_us
+            )
+        }),
+    };
+    report::print_header(&config);
+    let mut results = Vec::with_capacity(args.policy.0.len());
+    for &strategy in &args.policy.0 {
+        let (metrics, measured) = run_strategy(args, &dataset, cache_bytes, strategy)?;
+        results.push(StrategyResult::new(strategy, metrics, measured));
+    }
+    report::set_speedups(&mut results);
+    report::print_table(&results);
+    report::print_skipped(&results);
+    if let Some(path) = &args.json {
+        report::write_json(path, &config, &results)?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Runs one strategy to the end with its own loader.
+fn run_strategy(
+    args: &RunArgs,
+    dataset: &Arc<Dataset>,
+    cache_bytes: u64,
+    strategy: Strategy,
+) -> Result<(RunMetrics, Measured)> {
+    process::reset_peak_rss();
+    let cpu_before = process::cpu_seconds();
+    let mut config = args.loader_config()?;
+    strategy.apply(&args.budgets(cache_bytes)?, &mut config);
+    let cache_capacity_bytes = config.cache_capacity_bytes;
+    let (decoder, us_per_kb) = (args.decoder, args.decode_us_per_kb);
+    let mut loader = LoaderBuilder::new(dataset.clone())
+        .config(config)
+        .seed(args.seed)
+        .decode(move |bytes: &[u8], meta: &SampleMeta| decode(decoder, us_per_kb, bytes, meta))
+        .build()
+        .with_context(|| format!("starting the {strategy} loader"))?;
+    let backend = loader
+        .backend()
+        .map_or("read-then-decode workers".to_string(), |b| {
+            format!("{:?}", b.active).to_lowercase()
+        });
+    let steps = loader.iterations_per_epoch() as u64 * u64::from(args.epochs);
+    let bar = progress_bar(args.quiet, strategy, steps);
+    let handles = loader.ranks().context("rank handles already taken")?;
+    let compute = Duration::from_secs_f64(args.compute_ms / 1e3);
+    train(handles, compute, strategy.name(), |_| bar.inc(1))?;
+    bar.finish_and_clear();
+    let metrics = loader.metrics();
+    let prefetch_window_bytes = loader.prefetch_window_bytes();
+    // Dropping joins the loader's threads, so their CPU time is counted.
+    drop(loader);
+    let measured = Measured {
+        backend,
+        peak_rss_bytes: process::status_bytes("VmHWM"),
+        prefetch_window_bytes,
+        cache_capacity_bytes,
+        cpu_seconds: process::cpu_seconds() - cpu_before,
+    };
+    Ok((metrics, measured))
+}
+
+fn progress_bar(quiet: bool, strategy: Strategy, total: u64) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>20} [{bar:40}] {pos}/{len} iterations {elapsed}")
+            .expect("the template is valid")
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(strategy.name());
+    bar
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::path::{Path, PathBuf};
+
+    use super::args::tests::parse;
+    use super::*;
+
+    fn small_run(dir: &Path, extra: &[&str]) -> (RunArgs, PathBuf) {
+        let data = dir.join("data");
+        if !data.exists() {
+            crate::gen::generate(&data, 48, 3, 4.0, 1).unwrap();
+        }
+        let json = dir.join("run.json");
+        let data_s = data.to_str().unwrap();
+        let json_s = json.to_str().unwrap();
+        let mut args = vec![
+            "--quiet",
+            "--data",
+            data_s,
+            "--json",
+            json_s,
+            "--nodes",
+            "1",
+            "--ranks-per-node",
+            "2",
+            "--batch",
+            "4",
+            "--epochs",
+            "3",
+            "--compute-ms",
+            "0",
+            "--storage-mbps",
+            "0",
+            "--decoder",
+            "jpeg",
+            "--decode-threads",
+            "2",
+            "--io-depth",
+            "4",
+        ];
+        args.extend_from_slice(extra);
+        (parse(&args).unwrap(), json)
+    }
+
+    #[test]
+    fn skip_reports_the_same_injected_faults_on_both_executions() {
+        let dir = tempfile::tempdir().unwrap();
+        // nopfs and lobster-alloc-only share the static cache: same reads, same faults, one
+        // through read-then-decode workers, the other through the pipelined reader.
+        let (args, json) = small_run(
+            dir.path(),
+            &[
+                "--policy",
+                "nopfs,lobster-alloc-only",
+                "--on-error",
+                "skip",
+                "--max-failures",
+                "100%",
+                "--inject-faults",
+                "seed=4,eio=0.1,short=0.3,corrupt=0.1",
+            ],
+        );
+        let cpu_before = process::cpu_seconds();
+        run(&args).unwrap();
+        let cpu_s = process::cpu_seconds() - cpu_before;
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+        // Each strategy's CPU time is its own share of the whole run's: decoding JPEGs costs
+        // ticks, and the shares cannot add up to more than the run used.
+        let cpu: Vec<f64> = report["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["cpu_seconds"].as_f64().unwrap())
+            .collect();
+        assert!(cpu.iter().all(|&c| c > 0.0), "{cpu:?}");
+        assert!(
+            cpu.iter().sum::<f64>() <= cpu_s + 1e-9,
+            "{cpu:?} of {cpu_s}"
+        );
+        let sets: Vec<BTreeSet<(u64, u64, u64)>> = report["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let list = r["skipped_samples"].as_array().unwrap();
+                assert_eq!(r["skipped"].as_u64().unwrap() as usize, list.len());
+                list.iter()
+                    .map(|s| {
+                        assert!(!s["cause"].as_str().unwrap().is_empty());
+                        let n = |k: &str| s[k].as_u64().unwrap();
+                        (n("epoch"), n("rank"), n("sample"))
+                    })
+                    .collect()
+            })
+            .collect();
+        assert_eq!(sets.len(), 2);
+        assert!(!sets[0].is_empty());
+        assert_eq!(sets[0], sets[1]);
+    }
+
+    #[test]
+    fn fail_stops_the_run_naming_the_sample() {
+        let dir = tempfile::tempdir().unwrap();
+        let (args, _) = small_run(
+            dir.path(),
+            &[
+                "--policy",
+                "lobster,pytorch",
+                "--inject-faults",
+                "seed=4,eio=0.2",
+            ],
+        );
+        let e = format!("{:#}", run(&args).unwrap_err());
+        assert!(e.contains("lobster: rank"), "{e}");
+        assert!(
+            e.contains("reading sample") && e.contains("injected EIO"),
+            "{e}"
+        );
+    }
+}

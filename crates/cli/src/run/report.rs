@@ -1,0 +1,267 @@
+//! What `lobster run` reports: the configuration, each strategy's figures, the printed table
+//! and the JSON file.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use lobster_io::{AllocationRecord, IterationMetrics, RunMetrics, SkippedSample};
+use serde::Serialize;
+
+use super::args::{BackendArg, IoOrderArg, OnError, ScheduleArg};
+use super::decode::Decoder;
+use super::strategy::Strategy;
+
+/// The run's settings as resolved (defaults filled in), the JSON's `config`.
+#[derive(Debug, Serialize)]
+pub(crate) struct RunConfig {
+    pub data: PathBuf,
+    pub samples: usize,
+    pub dataset_bytes: u64,
+    pub nodes: usize,
+    pub node: usize,
+    pub ranks_per_node: usize,
+    pub batch: usize,
+    pub epochs: u32,
+    pub seed: u64,
+    pub cache_bytes: u64,
+    pub io_depth: usize,
+    pub decode_threads: usize,
+    /// Workers per rank of the read-then-decode strategies.
+    pub workers_per_rank: usize,
+    pub prefetch: usize,
+    pub schedule: ScheduleArg,
+    pub hysteresis: f64,
+    pub decoder: Decoder,
+    pub decode_us_per_kb: f64,
+    pub compute_ms: f64,
+    pub storage_mbps: f64,
+    pub storage_latency_us: u64,
+    pub backend: BackendArg,
+    pub io_order: IoOrderArg,
+    pub direct: bool,
+    pub on_error: OnError,
+    pub max_failures: Option<String>,
+    pub inject_faults: Option<String>,
+}
+
+/// What one strategy's run measured besides the loader's metrics.
+#[derive(Debug)]
+pub(crate) struct Measured {
+    pub backend: String,
+    pub peak_rss_bytes: u64,
+    pub prefetch_window_bytes: u64,
+    pub cache_capacity_bytes: u64,
+    /// CPU seconds (user + system) of the whole process while the strategy ran, from
+    /// building its loader to dropping it.
+    pub cpu_seconds: f64,
+}
+
+/// One strategy's figures, an entry of the JSON's `results`.
+#[derive(Debug, Serialize)]
+pub(crate) struct StrategyResult {
+    #[serde(rename = "policy")]
+    pub strategy: Strategy,
+    pub epoch_seconds: Vec<f64>,
+    /// Samples delivered to the ranks over the run.
+    pub samples: u64,
+    pub samples_per_second: f64,
+    pub stall_fraction: f64,
+    pub job_stall_fraction: f64,
+    pub imbalance_p50: f64,
+    pub imbalance_p95: f64,
+    pub hit_ratio: f64,
+    pub speedup_vs_pytorch: Option<f64>,
+    pub cpu_seconds: f64,
+    pub peak_rss_bytes: u64,
+    pub cache_capacity_bytes: u64,
+    pub prefetch_window_bytes: u64,
+    pub backend: String,
+    /// Median predicted imbalance of the equal split and of lobster-sched's allocation over
+    /// the run's windows (allocating strategies only): the model's view of per-rank shares,
+    /// which the reads follow under `--io-order shares` only.
+    pub predicted_imbalance_equal_split_p50: Option<f64>,
+    pub predicted_imbalance_allocated_p50: Option<f64>,
+    /// Accesses skipped by --on-error skip, and the first of them with their causes.
+    pub skipped: u64,
+    pub skipped_samples: Vec<SkippedSample>,
+    /// Storage read attempts changed by --inject-faults, attempts retried, and reads that
+    /// succeeded on a retry.
+    pub faults_injected: u64,
+    pub read_retries: u64,
+    pub reads_recovered: u64,
+    /// Every rank's figures per iteration, and lobster-sched's decisions (bounded: the most
+    /// recent ones).
+    pub iterations: Vec<IterationMetrics>,
+    pub allocations: Vec<AllocationRecord>,
+}
+
+impl StrategyResult {
+    pub(crate) fn new(strategy: Strategy, metrics: RunMetrics, measured: Measured) -> Self {
+        StrategyResult {
+            strategy,
+            epoch_seconds: metrics.epoch_seconds,
+            samples: metrics.samples,
+            samples_per_second: metrics.samples_per_second,
+            stall_fraction: metrics.stall_fraction,
+            job_stall_fraction: metrics.job_stall_fraction,
+            imbalance_p50: metrics.imbalance_p50,
+            imbalance_p95: metrics.imbalance_p95,
+            hit_ratio: metrics.hit_ratio,
+            speedup_vs_pytorch: None,
+            cpu_seconds: measured.cpu_seconds,
+            peak_rss_bytes: measured.peak_rss_bytes,
+            cache_capacity_bytes: measured.cache_capacity_bytes,
+            prefetch_window_bytes: measured.prefetch_window_bytes,
+            backend: measured.backend,
+            predicted_imbalance_equal_split_p50: median(
+                metrics
+                    .allocations
+                    .iter()
+                    .map(|a| a.predicted_imbalance_equal),
+            ),
+            predicted_imbalance_allocated_p50: median(
+                metrics.allocations.iter().map(|a| a.predicted_imbalance),
+            ),
+            skipped: metrics.skipped,
+            skipped_samples: metrics.skipped_samples,
+            faults_injected: metrics.faults_injected,
+            read_retries: metrics.read_retries,
+            reads_recovered: metrics.reads_recovered,
+            iterations: metrics.iterations,
+            allocations: metrics.allocations,
+        }
+    }
+}
+
+/// Sets every result's speedup over pytorch's samples/s, when pytorch ran.
+pub(crate) fn set_speedups(results: &mut [StrategyResult]) {
+    let baseline = results
+        .iter()
+        .find(|r| r.strategy == Strategy::Pytorch)
+        .map(|r| r.samples_per_second);
+    for r in results {
+        r.speedup_vs_pytorch = baseline.map(|b| r.samples_per_second / b);
+    }
+}
+
+pub(crate) fn print_header(config: &RunConfig) {
+    println!(
+        "dataset {} ({} samples, {:.1} MiB); node {} of {} with {} ranks; batch {}; {} epochs; \
+         cache {:.1} MiB",
+        config.data.display(),
+        config.samples,
+        mib(config.dataset_bytes),
+        config.node,
+        config.nodes,
+        config.ranks_per_node,
+        config.batch,
+        config.epochs,
+        mib(config.cache_bytes)
+    );
+    println!(
+        "pipelined: {} reads in flight and {} decode threads per node; read-then-decode: {} \
+         workers per rank",
+        config.io_depth, config.decode_threads, config.workers_per_rank
+    );
+    if let Some(f) = &config.inject_faults {
+        println!("injecting faults into storage reads: {f}");
+    }
+    if config.storage_mbps > 0.0 {
+        println!(
+            "emulated shared storage: {} MB/s, {} us per request; compute {} ms per iteration",
+            config.storage_mbps, config.storage_latency_us, config.compute_ms
+        );
+    }
+}
+
+pub(crate) fn print_table(results: &[StrategyResult]) {
+    println!(
+        "\n{:<20} {:>12} {:>11} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9}",
+        "policy",
+        "epoch s",
+        "samples/s",
+        "stall %",
+        "job st %",
+        "imb p50",
+        "imb p95",
+        "hit ratio",
+        "speedup"
+    );
+    for r in results {
+        let mean_epoch = r.epoch_seconds.iter().sum::<f64>() / r.epoch_seconds.len().max(1) as f64;
+        println!(
+            "{:<20} {:>12.2} {:>11.0} {:>8.1} {:>8.1} {:>9.3} {:>9.3} {:>9.3} {:>9}",
+            r.strategy.name(),
+            mean_epoch,
+            r.samples_per_second,
+            r.stall_fraction * 100.0,
+            r.job_stall_fraction * 100.0,
+            r.imbalance_p50,
+            r.imbalance_p95,
+            r.hit_ratio,
+            r.speedup_vs_pytorch
+                .map_or("-".to_string(), |s| format!("{s:.2}x")),
+        );
+    }
+}
+
+/// Faults met and what the error policy skipped, per strategy (nothing when none).
+pub(crate) fn print_skipped(results: &[StrategyResult]) {
+    for r in results
+        .iter()
+        .filter(|r| r.skipped + r.faults_injected + r.read_retries > 0)
+    {
+        println!(
+            "{}: {} read attempts faulted by injection, {} retried, {} reads recovered by a \
+             retry; {} samples skipped (budget per epoch held)",
+            r.strategy.name(),
+            r.faults_injected,
+            r.read_retries,
+            r.reads_recovered,
+            r.skipped
+        );
+        for s in r.skipped_samples.iter().take(5) {
+            println!(
+                "  epoch {} rank {} sample {}: {}",
+                s.epoch, s.rank, s.sample, s.cause
+            );
+        }
+    }
+}
+
+/// Writes `{"config": ..., "results": [...]}` to `path`.
+pub(crate) fn write_json(
+    path: &Path,
+    config: &RunConfig,
+    results: &[StrategyResult],
+) -> Result<()> {
+    #[derive(Serialize)]
+    struct Report<'a> {
+        config: &'a RunConfig,
+        results: &'a [StrategyResult],
+    }
+    let text = serde_json::to_string_pretty(&Report { config, results })?;
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// The median of the finite values, the upper one of an even count; None when there are none.
+fn median(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let mut v: Vec<f64> = values.filter(|x| x.is_finite()).collect();
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| v[v.len() / 2])
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 20) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_skips_what_is_not_finite() {
+        assert_eq!(median([3.0, f64::NAN, 1.0, 2.0].into_iter()), Some(2.0));
+        assert_eq!(median([f64::INFINITY].into_iter()), None);
+    }
+}

@@ -1,0 +1,149 @@
+//! The simulated synchronous training loop, shared by `lobster run` and `lobster soak`: one
+//! thread per rank takes its batches, "computes", and meets the other ranks at a barrier.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Barrier;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use lobster_io::RankHandle;
+
+/// What one rank consumed over the run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RankTotals {
+    /// Samples delivered in its batches.
+    pub delivered: u64,
+    /// Samples left out of its batches by the skip policy.
+    pub skipped: u64,
+}
+
+/// Runs every rank handle to its end on its own thread: per batch `compute` of simulated work,
+/// then a barrier with the other ranks, as a synchronous training step. Once every rank has
+/// reached the barrier of step `step` (counted from 0 across epochs), one of them calls
+/// `after_step(step)`. The first failed batch stops the run: that step's barrier is still met
+/// by every rank, then all stop, and the error names `label` and the rank. Returns the ranks'
+/// totals in the handles' order.
+pub(crate) fn train<T: Send>(
+    handles: Vec<RankHandle<T>>,
+    compute: Duration,
+    label: &str,
+    after_step: impl Fn(usize) + Sync,
+) -> Result<Vec<RankTotals>> {
+    let barrier = Barrier::new(handles.len());
+    // The first failed step: a failure in step k + 1 cannot stop a rank just released from
+    // step k's barrier before it reaches k + 1, so no rank waits forever at a barrier.
+    let failed_step = AtomicUsize::new(usize::MAX);
+    std::thread::scope(|s| {
+        let threads: Vec<_> = handles
+            .into_iter()
+            .map(|handle| {
+                let (barrier, failed_step, after_step) = (&barrier, &failed_step, &after_step);
+                s.spawn(move || -> Result<RankTotals> {
+                    let rank = handle.rank();
+                    let mut totals = RankTotals::default();
+                    for (step, batch) in handle.enumerate() {
+                        match &batch {
+                            Ok(batch) => {
+                                totals.delivered += batch.samples.len() as u64;
+                                totals.skipped += batch.skipped.len() as u64;
+                                std::hint::black_box(batch);
+                                if !compute.is_zero() {
+                                    std::thread::sleep(compute);
+                                }
+                            }
+                            Err(_) => {
+                                failed_step.fetch_min(step, Ordering::SeqCst);
+                            }
+                        }
+                        if barrier.wait().is_leader() {
+                            after_step(step);
+                        }
+                        if failed_step.load(Ordering::SeqCst) <= step {
+                            batch.with_context(|| format!("{label}: rank {rank}"))?;
+                            break;
+                        }
+                    }
+                    Ok(totals)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("a training thread panicked"))
+            .collect()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use lobster_io::{CachePolicy, Dataset, ErrorPolicy, FailureBudget, LoaderBuilder};
+
+    use super::*;
+
+    /// 24 samples of 64 bytes in 3 classes; sample i's bytes are all i.
+    fn loader(dir: &std::path::Path, error_policy: ErrorPolicy) -> lobster_io::Loader<Vec<u8>> {
+        for i in 0..24u32 {
+            let class = dir.join(format!("class{}", i % 3));
+            std::fs::create_dir_all(&class).unwrap();
+            std::fs::write(class.join(format!("{i:03}.jpg")), vec![i as u8; 64]).unwrap();
+        }
+        let dataset = Dataset::open_image_folder(dir).unwrap();
+        LoaderBuilder::new(dataset)
+            .world(1, 3, 0)
+            .batch_size(4)
+            .epochs(3)
+            .cache(CachePolicy::Reuse, 1 << 20)
+            .on_error(error_policy)
+            .decode(|bytes: &[u8], _meta| {
+                // Sample 5 cannot be decoded: a failure the error policy decides about.
+                if bytes[0] == 5 {
+                    Err(std::io::Error::other("sample 5 is bad"))
+                } else {
+                    Ok(bytes.to_vec())
+                }
+            })
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn every_step_ends_once_for_all_ranks_and_totals_match_the_loader() {
+        let dir = tempfile::tempdir().unwrap();
+        let skip = ErrorPolicy::Skip {
+            max_failures: FailureBudget::Count(1),
+        };
+        let mut loader = loader(dir.path(), skip);
+        let steps = Mutex::new(Vec::new());
+        let totals = train(loader.ranks().unwrap(), Duration::ZERO, "test", |step| {
+            steps.lock().unwrap().push(step)
+        })
+        .unwrap();
+        // 8 samples per rank per epoch in batches of 4: 2 steps per epoch, 3 epochs.
+        assert_eq!(steps.into_inner().unwrap(), (0..6).collect::<Vec<_>>());
+        assert_eq!(totals.len(), 3);
+        let metrics = loader.metrics();
+        let delivered: u64 = totals.iter().map(|t| t.delivered).sum();
+        let skipped: u64 = totals.iter().map(|t| t.skipped).sum();
+        assert_eq!((delivered, skipped), (metrics.samples, metrics.skipped));
+        // Sample 5 is read once per epoch and skipped each time.
+        assert_eq!((delivered, skipped), (69, 3));
+    }
+
+    #[test]
+    fn a_failed_batch_stops_every_rank_and_names_the_rank() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut loader = loader(dir.path(), ErrorPolicy::Fail);
+        let steps = Mutex::new(Vec::new());
+        let e = train(loader.ranks().unwrap(), Duration::ZERO, "test", |step| {
+            steps.lock().unwrap().push(step)
+        })
+        .unwrap_err();
+        let e = format!("{e:#}");
+        assert!(e.starts_with("test: rank "), "{e}");
+        assert!(e.contains("sample 5 is bad"), "{e}");
+        // Sample 5 is in the first epoch: the run stops within it.
+        assert!(steps.into_inner().unwrap().len() <= 2);
+    }
+}

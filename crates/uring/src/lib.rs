@@ -73,6 +73,7 @@ mod pages;
 mod pool;
 mod pread;
 mod reader;
+mod resident;
 mod sched;
 mod session;
 #[cfg(feature = "tokio-uring")]
@@ -83,6 +84,7 @@ pub use error::ReadError;
 pub use files::{FileId, OpenOptions};
 pub use pages::copy_to_pages;
 pub use pool::block_bytes;
+pub use resident::{read_resident, Resident};
 pub use reader::{ActiveBackend, Backend, BackendInfo, Reader, ReaderBuilder, ReaderConfig};
 pub use sched::{ClassStats, Completion, IoEvent, IoEventKind, Observer, ReadRequest, ReaderStats};
 pub use session::Session;

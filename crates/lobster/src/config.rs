@@ -82,6 +82,20 @@ pub enum IoOrder {
     Shares,
 }
 
+/// Where the pipelined mode reads samples the page cache already holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ResidentReads {
+    /// A decode worker reads a miss itself when the page cache holds all of it (a copy, no
+    /// hand-off), and sends it to the dispatcher otherwise. The planner stops trying while
+    /// most of what it tries is not resident, and tries again later. Only where every read
+    /// is a real buffered read: not with O_DIRECT or an emulated storage tier.
+    #[default]
+    Auto,
+    /// Every storage read goes through the dispatcher.
+    Dispatcher,
+}
+
 /// How a sample is loaded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Execution {
@@ -126,6 +140,8 @@ pub struct LoaderConfig {
     pub io_order: IoOrder,
     /// How samples are loaded.
     pub execution: Execution,
+    /// Where the pipelined mode reads samples the page cache holds.
+    pub resident_reads: ResidentReads,
     /// Which I/O backend runs the reads.
     pub backend: lobster_uring::Backend,
     /// Read with O_DIRECT (bypassing the page cache).
@@ -156,6 +172,7 @@ impl Default for LoaderConfig {
             schedule: Schedule::Allocate { hysteresis: 0.05 },
             io_order: IoOrder::Deadline,
             execution: Execution::Pipelined,
+            resident_reads: ResidentReads::Auto,
             backend: lobster_uring::Backend::Auto,
             direct: false,
             storage_emulation: None,
@@ -184,6 +201,21 @@ impl LoaderConfig {
             c.decode_threads = cores.max(c.ranks_per_node).min(THREADS_MAX);
         }
         c
+    }
+
+    /// Whether decode workers may read resident samples themselves, and if not, why.
+    pub fn resident_reads_enabled(&self) -> Result<(), &'static str> {
+        match () {
+            _ if self.execution != Execution::Pipelined => {
+                Err("read-then-decode workers read every sample")
+            }
+            _ if self.resident_reads == ResidentReads::Dispatcher => Err("resident reads are off"),
+            _ if self.direct => Err("O_DIRECT bypasses the page cache"),
+            _ if self.storage_emulation.is_some() => {
+                Err("the emulated storage tier charges every read")
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Checks every parameter against its allowed range; `samples` is the dataset's size.

@@ -69,7 +69,7 @@ mod pipeline;
 mod sampler;
 
 pub use batch::{Batch, Sample};
-pub use config::{CachePolicy, Execution, IoOrder, LoaderConfig, Schedule};
+pub use config::{CachePolicy, Execution, IoOrder, LoaderConfig, ResidentReads, Schedule};
 pub use dataset::{Dataset, SampleMeta};
 pub use emulate::StorageEmulation;
 pub use error::{Cause, Error};

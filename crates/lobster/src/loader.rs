@@ -110,6 +110,8 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         io_order: IoOrder,
         /// Pipelined (io_uring reads, separate decode) or read-then-decode workers.
         execution: Execution,
+        /// Whether decode workers read samples the page cache holds themselves.
+        resident_reads: crate::config::ResidentReads,
         /// The I/O backend.
         backend: lobster_uring::Backend,
         /// Read with O_DIRECT.
@@ -368,6 +370,18 @@ impl<T> Loader<T> {
         let mut m = pipeline::lock(&shared.collector).summary();
         let count = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
         m.faults_injected = count(&shared.faults.injected);
+        let path = &shared.read_path;
+        let tried = count(&path.tried);
+        m.reads_resident = count(&path.resident);
+        m.reads_not_resident = tried - m.reads_resident.min(tried);
+        m.reads_dispatched = count(&path.dispatched);
+        m.read_path = match self.config.resident_reads_enabled() {
+            Ok(()) => "resident-on-workers".into(),
+            Err(_) if self.config.execution == Execution::ReadThenDecode => {
+                "blocking-workers".into()
+            }
+            Err(why) => format!("dispatcher ({why})"),
+        };
         m.read_retries = count(&shared.faults.retries);
         m.reads_recovered = count(&shared.faults.recovered);
         m

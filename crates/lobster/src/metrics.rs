@@ -112,6 +112,15 @@ pub struct RunMetrics {
     pub read_retries: u64,
     /// Reads that succeeded after at least one retry.
     pub reads_recovered: u64,
+    /// Where misses were read: `resident-on-workers` (decode workers read what the page
+    /// cache held, the dispatcher the rest), or why every read went elsewhere.
+    pub read_path: String,
+    /// Misses decode workers read from the page cache.
+    pub reads_resident: u64,
+    /// Misses decode workers tried and found not resident (the dispatcher read them).
+    pub reads_not_resident: u64,
+    /// Reads the dispatcher made (pipelined).
+    pub reads_dispatched: u64,
 }
 
 /// Per-iteration records kept for the API and JSON; older ones are dropped.
@@ -340,6 +349,10 @@ impl Collector {
             skipped: self.skipped,
             skipped_samples: self.skipped_samples.clone(),
             faults_injected: 0,
+            read_path: String::new(),
+            reads_resident: 0,
+            reads_not_resident: 0,
+            reads_dispatched: 0,
             read_retries: 0,
             reads_recovered: 0,
         }

@@ -84,8 +84,8 @@ pub use error::ReadError;
 pub use files::{FileId, OpenOptions};
 pub use pages::copy_to_pages;
 pub use pool::block_bytes;
-pub use resident::{read_resident, Resident};
 pub use reader::{ActiveBackend, Backend, BackendInfo, Reader, ReaderBuilder, ReaderConfig};
+pub use resident::{read_resident, Resident};
 pub use sched::{ClassStats, Completion, IoEvent, IoEventKind, Observer, ReadRequest, ReaderStats};
 pub use session::Session;
 #[cfg(feature = "tokio-uring")]

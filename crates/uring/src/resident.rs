@@ -111,7 +111,10 @@ mod tests {
     fn a_missing_file_is_an_error_naming_it() {
         let err = read_resident(Path::new("/nonexistent/lobster-sample"), 1).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
-        assert!(err.to_string().contains("/nonexistent/lobster-sample"), "{err}");
+        assert!(
+            err.to_string().contains("/nonexistent/lobster-sample"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -128,7 +131,9 @@ mod tests {
             Resident::NotResident => {}
             Resident::Unsupported => eprintln!("skipped: RWF_NOWAIT refused by this kernel"),
             // tmpfs keeps its pages: nothing to drop there.
-            Resident::Read(_) => eprintln!("skipped: {} keeps pages resident", dir.path().display()),
+            Resident::Read(_) => {
+                eprintln!("skipped: {} keeps pages resident", dir.path().display())
+            }
         }
     }
 }

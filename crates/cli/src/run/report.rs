@@ -87,6 +87,10 @@ pub(crate) struct StrategyResult {
     /// Storage read attempts changed by --inject-faults, attempts retried, and reads that
     /// succeeded on a retry.
     pub faults_injected: u64,
+    pub read_path: String,
+    pub reads_resident: u64,
+    pub reads_not_resident: u64,
+    pub reads_dispatched: u64,
     pub read_retries: u64,
     pub reads_recovered: u64,
     /// Every rank's figures per iteration, and lobster-sched's decisions (bounded: the most
@@ -125,6 +129,10 @@ impl StrategyResult {
             skipped: metrics.skipped,
             skipped_samples: metrics.skipped_samples,
             faults_injected: metrics.faults_injected,
+            read_path: metrics.read_path,
+            reads_resident: metrics.reads_resident,
+            reads_not_resident: metrics.reads_not_resident,
+            reads_dispatched: metrics.reads_dispatched,
             read_retries: metrics.read_retries,
             reads_recovered: metrics.reads_recovered,
             iterations: metrics.iterations,

@@ -1,11 +1,13 @@
-//! The read-then-decode workers' blocking read (the PyTorch and NoPFS baselines): a plain
-//! open and read on the worker's own thread, with the same attempt fate as the dispatcher's.
+//! Reads on a decode worker's own thread: the read-then-decode baselines' blocking read (a
+//! plain open and read, as PyTorch's workers do), and the pipelined mode's read of a sample
+//! the page cache holds. Both go through the same attempt fate as the dispatcher's reads.
 
 use std::fs::File;
 use std::io::Read;
 use std::time::Instant;
 
 use bytes::Bytes;
+use lobster_uring::Resident;
 
 use super::attempt::{self, fate, Attempt, Fate, ReadFailure};
 use super::context::Context;
@@ -14,50 +16,94 @@ use super::state::PipelineState;
 use super::sync::stopped;
 use crate::dataset::SampleMeta;
 
-/// Reads `meta` for an access in `epoch`, charged to the emulated tier, retrying transient
-/// failures with backoff.
+/// What a read on the worker came to.
+#[derive(Debug)]
+pub(crate) enum OnWorker {
+    /// The sample's bytes or its error.
+    Done(Loaded),
+    /// Attempt `attempt` found the sample not in the page cache: the dispatcher reads it.
+    NotResident { attempt: u32 },
+}
+
+/// Reads `meta` for an access in `epoch` with a blocking open and read, charged to the
+/// emulated tier, retrying transient failures with backoff.
 pub(crate) fn blocking_read<T>(
     ctx: &Context<T>,
     state: &PipelineState<T>,
     meta: &SampleMeta,
     epoch: u32,
 ) -> Loaded {
-    let read = || -> std::io::Result<Bytes> {
+    let read = || -> Result<Option<Bytes>, ReadFailure> {
         let mut file = File::open(&meta.path)?;
-        let mut buf = Vec::with_capacity(meta.size_bytes as usize);
+        // Room for the probe byte, so an intact file never regrows the buffer.
+        let mut buf = Vec::with_capacity(meta.size_bytes as usize + 1);
         // One byte more than expected reveals a file that grew since the dataset was opened.
         (&mut file)
             .take(meta.size_bytes + 1)
             .read_to_end(&mut buf)?;
-        Ok(Bytes::from(buf))
+        Ok(Some(Bytes::from(buf)))
     };
+    match on_worker(ctx, state, meta, epoch, read) {
+        OnWorker::Done(loaded) => loaded,
+        OnWorker::NotResident { .. } => unreachable!("a blocking read always reads"),
+    }
+}
+
+/// Reads `meta` on the worker if the page cache holds all of it.
+pub(crate) fn resident_read<T>(
+    ctx: &Context<T>,
+    state: &PipelineState<T>,
+    meta: &SampleMeta,
+    epoch: u32,
+) -> OnWorker {
+    let read = || -> Result<Option<Bytes>, ReadFailure> {
+        match lobster_uring::read_resident(&meta.path, meta.size_bytes as usize)? {
+            Resident::Read(bytes) => Ok(Some(bytes)),
+            Resident::NotResident | Resident::Unsupported => Ok(None),
+        }
+    };
+    on_worker(ctx, state, meta, epoch, read)
+}
+
+/// Runs attempts of `read` (`None`: not resident) until its fate is decided.
+fn on_worker<T>(
+    ctx: &Context<T>,
+    state: &PipelineState<T>,
+    meta: &SampleMeta,
+    epoch: u32,
+    mut read: impl FnMut() -> Result<Option<Bytes>, ReadFailure>,
+) -> OnWorker {
     let mut number = 0;
     loop {
         // Reserved before the read, as the dispatcher does, so the tier serves in issue order.
         let due = attempt::reserve(ctx.device.as_deref(), Instant::now(), meta.size_bytes);
+        let result = match read() {
+            Ok(Some(bytes)) => Ok(bytes),
+            Ok(None) => return OnWorker::NotResident { attempt: number },
+            Err(e) => Err(e),
+        };
         let attempt = Attempt {
             meta,
             epoch,
             number,
             due,
         };
-        let outcome = fate(
+        match fate(
             attempt,
             ctx.config.fault_injection.as_ref(),
             &state.faults,
-            read().map_err(ReadFailure::from),
-        );
-        match outcome {
+            result,
+        ) {
             Fate::Deliver { at, loaded } => {
                 if !state.stop.sleep_until(at) {
-                    return Err(stopped());
+                    return OnWorker::Done(Err(stopped()));
                 }
-                return loaded;
+                return OnWorker::Done(loaded);
             }
             Fate::Retry { at } => {
                 number += 1;
                 if !state.stop.sleep_until(at) {
-                    return Err(stopped());
+                    return OnWorker::Done(Err(stopped()));
                 }
             }
         }

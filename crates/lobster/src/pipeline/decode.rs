@@ -3,10 +3,13 @@
 
 use std::time::{Duration, Instant};
 
-use super::blocking::blocking_read;
+use std::sync::atomic::Ordering;
+
+use super::blocking::{blocking_read, resident_read, OnWorker};
 use super::context::Context;
 use super::decode_queue::TakeRule;
-use super::slot::{Loaded, Ready};
+use super::order::{IoRequest, ToDispatcher};
+use super::slot::{Keep, Loaded, Ready, Task, WorkerRead};
 use super::state::PipelineState;
 use super::sync::lock;
 use crate::batch::Sample;
@@ -29,21 +32,37 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
         let meta = ctx.meta(task.sample);
         // A planned hit that had to read storage after all (counted as the miss it is).
         let mut reread = false;
-        let bytes = if task.read_here {
-            let loaded = blocking_read(ctx, state, meta, task.epoch);
-            let slot = task.slot.as_ref().expect("a task read here never waited");
-            slot.fill(loaded.clone(), task.admitted, &mut released);
-            state.ready(released.drain(..));
-            loaded
-        } else if task.hit && matches!(bytes, Err(Error::Read { .. } | Error::Decode { .. })) {
-            // The read that admitted this sample failed, or its bytes failed to decode: read it
-            // again for this access rather than fail every later hit on it. The slot keeps the
-            // failure, so each such hit reads for itself and its outcome depends only on its
-            // own epoch, not on timing.
-            reread = true;
-            blocking_read(ctx, state, meta, task.epoch)
-        } else {
-            bytes
+        let bytes = match task.read {
+            WorkerRead::Blocking => {
+                let loaded = blocking_read(ctx, state, meta, task.epoch);
+                fill(state, &task, loaded.clone(), &mut released);
+                loaded
+            }
+            WorkerRead::IfResident => {
+                state.read_path.tried.fetch_add(1, Ordering::Relaxed);
+                match resident_read(ctx, state, meta, task.epoch) {
+                    OnWorker::Done(loaded) => {
+                        state.read_path.resident.fetch_add(1, Ordering::Relaxed);
+                        fill(state, &task, loaded.clone(), &mut released);
+                        loaded
+                    }
+                    OnWorker::NotResident { attempt } => {
+                        to_dispatcher(ctx, state, task, attempt);
+                        continue;
+                    }
+                }
+            }
+            WorkerRead::No
+                if task.hit && matches!(bytes, Err(Error::Read { .. } | Error::Decode { .. })) =>
+            {
+                // The read that admitted this sample failed, or its bytes failed to decode:
+                // read it again for this access rather than fail every later hit on it. The
+                // slot keeps the failure, so each such hit reads for itself and its outcome
+                // depends only on its own epoch, not on timing.
+                reread = true;
+                blocking_read(ctx, state, meta, task.epoch)
+            }
+            WorkerRead::No => bytes,
         };
         let (mut item, mut elapsed) = decode_sample(ctx, state, meta, bytes);
         if task.hit && !reread && matches!(item, Err(Error::Decode { .. })) {
@@ -66,6 +85,51 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
         }
         state.ranks[task.rank].deliver(&task, item, elapsed, reread.then_some(meta.size_bytes));
         state.delivered();
+    }
+}
+
+/// Fills the slot of a read the worker made and queues the hits waiting on it.
+fn fill<T>(state: &PipelineState<T>, task: &Task, loaded: Loaded, released: &mut Vec<Ready>) {
+    let slot = task
+        .slot
+        .as_ref()
+        .expect("a task read on its worker never waited");
+    // A read on the worker is a right-sized buffer of its own: the cache keeps it as it is.
+    slot.fill(loaded, Keep::AsIs, released);
+    state.ready(released.drain(..));
+}
+
+/// Sends the read of a sample the page cache did not hold to the dispatcher; the task waits
+/// on its slot like any other.
+fn to_dispatcher<T>(ctx: &Context<T>, state: &PipelineState<T>, mut task: Task, attempt: u32) {
+    state.read_path.dispatched.fetch_add(1, Ordering::Relaxed);
+    let slot = task
+        .slot
+        .take()
+        .expect("a task read on its worker never waited");
+    let req = IoRequest {
+        seq: task.seq,
+        step: ctx.layout.step(task.epoch, task.iteration as usize),
+        // Late already: first among its iteration's reads.
+        finish_ppm: 0,
+        bytes: ctx.meta(task.sample).size_bytes,
+        epoch: task.epoch,
+        rank: task.rank,
+        sample: task.sample,
+        slot: slot.clone(),
+        admitted: task.admitted,
+        attempt,
+    };
+    task.read = WorkerRead::No;
+    // Parked before the read is sent, so the fill finds it.
+    if let Some(ready) = slot.wait(task) {
+        state.ready([ready]);
+    }
+    let tx = state.to_dispatcher.as_ref().expect("pipelined");
+    if tx.send(ToDispatcher::Reads(vec![req])).is_err() {
+        state.fail(Error::Stopped {
+            reason: "the I/O dispatcher ended".into(),
+        });
     }
 }
 

@@ -15,21 +15,12 @@ use super::allocate::equal_split;
 use super::attempt::{self, fate, Attempt, Fate, ReadFailure};
 use super::context::Context;
 use super::files::OpenFiles;
-use super::order::{next_read, IoRequest};
-use super::slot::Loaded;
+use super::order::{next_read, IoRequest, ToDispatcher};
+use super::slot::{Keep, Loaded};
 use super::state::PipelineState;
 use super::sync::{lock, stopped};
 use crate::config::IoOrder;
 use crate::error::Error;
-
-/// What the planner sends the dispatcher.
-#[derive(Debug)]
-pub(crate) enum ToDispatcher {
-    /// A window's reads, together so that their order is chosen over the whole window.
-    Reads(Vec<IoRequest>),
-    /// io_depth per rank for the requests from stream position `from_seq` on.
-    Depths { from_seq: u64, io_depth: Vec<u32> },
-}
 
 /// A read handed to the reader, until it completes on the (emulated) storage.
 #[derive(Debug)]
@@ -70,9 +61,9 @@ impl Reads {
     fn start(&mut self, req: IoRequest, file: FileId) -> usize {
         self.in_flight[req.rank] += 1;
         self.slab.insert(InFlight {
+            attempt: req.attempt,
             req,
             file,
-            attempt: 0,
             issued: Instant::now(),
             due: None,
             parked: None,
@@ -157,7 +148,8 @@ pub(crate) fn dispatcher<T>(
                 Err(e) => fill(state, req, Err(e)),
             }
         }
-        if requests.is_none() && reads.slab.is_empty() && pending.iter().all(VecDeque::is_empty) {
+        // Workers may send reads until every access is delivered.
+        if state.drained() && reads.slab.is_empty() && pending.iter().all(VecDeque::is_empty) {
             return Ok(());
         }
         let now = Instant::now();
@@ -284,7 +276,9 @@ fn finish<T>(ctx: &Context<T>, state: &PipelineState<T>, done: InFlight, loaded:
 /// Fills the request's slot and queues the tasks waiting on it for decode.
 fn fill<T>(state: &PipelineState<T>, req: IoRequest, loaded: Loaded) {
     let mut released = Vec::new();
-    req.slot.fill(loaded, req.admitted, &mut released);
+    // The dispatcher's bytes are pool buffers.
+    let keep = if req.admitted { Keep::Copy } else { Keep::AsIs };
+    req.slot.fill(loaded, keep, &mut released);
     state.ready(released);
 }
 

@@ -30,6 +30,7 @@ mod order;
 mod plan;
 mod progress;
 mod rank;
+mod read_path;
 mod reorder;
 mod slot;
 mod state;
@@ -73,6 +74,7 @@ impl<T: Send + 'static> Pipeline<T> {
         let ranks = ctx.layout.ranks;
         let config = &ctx.config;
         let workers = config.decode_threads;
+        let (to_dispatcher, dispatcher_rx) = crossbeam_channel::unbounded();
         let state = Arc::new(PipelineState {
             stop: sync::StopSignal::default(),
             outstanding: AtomicUsize::new(0),
@@ -90,6 +92,8 @@ impl<T: Send + 'static> Pipeline<T> {
             epoch_accesses: (ctx.layout.per_rank * ranks) as u64,
             budget_failure: Mutex::new(None),
             faults: attempt::FaultCounters::default(),
+            read_path: read_path::ReadPathCounters::default(),
+            to_dispatcher: reader.is_some().then_some(to_dispatcher),
         });
         let ctx = Arc::new(ctx);
         let mut pipeline = Pipeline {
@@ -109,7 +113,6 @@ impl<T: Send + 'static> Pipeline<T> {
             pipeline.threads.push(handle);
             Ok::<_, Error>(())
         };
-        let (to_dispatcher, dispatcher_rx) = crossbeam_channel::unbounded();
         if let Some(reader) = &reader {
             let (c, s, r) = (ctx.clone(), state.clone(), reader.clone());
             spawn(
@@ -130,11 +133,10 @@ impl<T: Send + 'static> Pipeline<T> {
         }
         {
             let (c, s) = (ctx.clone(), state.clone());
-            let tx = reader.is_some().then_some(to_dispatcher);
             spawn(
                 "lobster-plan".into(),
                 Box::new(move || {
-                    if let Err(e) = plan::planner(&c, &s, tx) {
+                    if let Err(e) = plan::planner(&c, &s) {
                         s.fail(e);
                     }
                     s.planner_done.store(true, Ordering::SeqCst);

@@ -28,6 +28,17 @@ pub(crate) struct IoRequest {
     pub(crate) sample: u32,
     pub(crate) slot: Arc<Slot>,
     pub(crate) admitted: bool,
+    /// The attempt the dispatcher starts at (a worker may have tried before).
+    pub(crate) attempt: u32,
+}
+
+/// What the planner and the decode workers send the dispatcher.
+#[derive(Debug)]
+pub(crate) enum ToDispatcher {
+    /// Reads, together so that their order is chosen over the whole window.
+    Reads(Vec<IoRequest>),
+    /// io_depth per rank for the requests from stream position `from_seq` on.
+    Depths { from_seq: u64, io_depth: Vec<u32> },
 }
 
 /// Sets each read's place in the [`IoOrder::Deadline`] order: the fraction, in parts per
@@ -95,6 +106,7 @@ mod tests {
             sample: seq as u32,
             slot: Slot::new(),
             admitted: false,
+            attempt: 0,
         }
     }
 

@@ -7,16 +7,15 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crossbeam_channel::Sender;
 use lobster_cache::{Planner, Store};
 use lobster_sched::{AllocConfig, Allocator, Budgets};
 
 use super::allocate::{allocate, spread, AccessLoad};
 use super::context::Context;
-use super::dispatch::ToDispatcher;
-use super::order::{set_read_fractions, IoRequest};
+use super::order::{set_read_fractions, IoRequest, ToDispatcher};
+use super::read_path::ResidentGate;
 use super::reorder::PendingBatch;
-use super::slot::{Ready, Slot, Task};
+use super::slot::{Ready, Slot, Task, WorkerRead};
 use super::state::PipelineState;
 use super::sync::lock;
 use crate::config::{CachePolicy, Execution, IoOrder, Schedule};
@@ -116,13 +115,11 @@ impl Cache {
 }
 
 /// The planner thread's body.
-pub(crate) fn planner<T>(
-    ctx: &Context<T>,
-    state: &PipelineState<T>,
-    to_dispatcher: Option<Sender<ToDispatcher>>,
-) -> Result<(), Error> {
+pub(crate) fn planner<T>(ctx: &Context<T>, state: &PipelineState<T>) -> Result<(), Error> {
     let layout = &ctx.layout;
     let config = &ctx.config;
+    let to_dispatcher = state.to_dispatcher.as_ref();
+    let mut gate = ResidentGate::new(config.resident_reads_enabled().is_ok());
     let mut cache = Cache::new(ctx)?;
     let mut allocator = match config.schedule {
         Schedule::Allocate { hysteresis } if config.execution == Execution::Pipelined => {
@@ -194,7 +191,7 @@ pub(crate) fn planner<T>(
                         (epoch, first),
                     )?
                 };
-                if let (Some(tx), IoOrder::Shares) = (&to_dispatcher, config.io_order) {
+                if let (Some(tx), IoOrder::Shares) = (to_dispatcher, config.io_order) {
                     let _ = tx.send(ToDispatcher::Depths {
                         from_seq: seq + 1,
                         io_depth: record.io_depth.clone(),
@@ -206,11 +203,17 @@ pub(crate) fn planner<T>(
             open_batches(ctx, state, &window, (epoch, first, last), issued);
             let mut reads = Vec::new();
             let mut ready = Vec::new();
+            let on_workers = gate.next_window(&state.read_path);
             for a in window.drain(..) {
                 seq += 1;
                 state.outstanding.fetch_add(1, Ordering::SeqCst);
-                let read_here = !a.hit && to_dispatcher.is_none();
-                if !a.hit && to_dispatcher.is_some() {
+                let read = match (a.hit, to_dispatcher.is_some(), on_workers) {
+                    (true, _, _) => WorkerRead::No,
+                    (false, false, _) => WorkerRead::Blocking,
+                    (false, true, true) => WorkerRead::IfResident,
+                    (false, true, false) => WorkerRead::No,
+                };
+                if !a.hit && read == WorkerRead::No {
                     reads.push(IoRequest {
                         seq,
                         step: layout.step(a.epoch, a.iteration),
@@ -221,6 +224,7 @@ pub(crate) fn planner<T>(
                         sample: a.sample,
                         slot: a.slot.clone(),
                         admitted: a.admitted,
+                        attempt: 0,
                     });
                 }
                 let task = Task {
@@ -232,10 +236,10 @@ pub(crate) fn planner<T>(
                     sample: a.sample,
                     slot: None,
                     admitted: a.admitted,
-                    read_here,
+                    read,
                     hit: a.hit,
                 };
-                if read_here {
+                if read != WorkerRead::No {
                     let task = Task {
                         slot: Some(a.slot),
                         ..task
@@ -251,7 +255,11 @@ pub(crate) fn planner<T>(
             // Tasks whose bytes are at hand start decoding as soon as they are queued; the
             // queues order them by stream position, one lock for the whole window.
             state.ready(ready);
-            if let Some(tx) = &to_dispatcher {
+            if let Some(tx) = to_dispatcher {
+                state
+                    .read_path
+                    .dispatched
+                    .fetch_add(reads.len() as u64, Ordering::Relaxed);
                 if config.io_order == IoOrder::Deadline {
                     set_read_fractions(&mut reads);
                 }

@@ -42,10 +42,46 @@ pub(crate) struct Task {
     pub(crate) slot: Option<Arc<Slot>>,
     /// The slot's bytes are kept in the cache: store a right-sized copy, not a pool buffer.
     pub(crate) admitted: bool,
-    /// Read-then-decode: the worker that takes this task reads the sample itself.
-    pub(crate) read_here: bool,
+    /// Who reads the sample, if the task's worker does.
+    pub(crate) read: WorkerRead,
     /// A cache hit: its bytes come from the read that admitted the sample.
     pub(crate) hit: bool,
+}
+
+/// A read the decode worker that takes a task makes itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WorkerRead {
+    /// None: the bytes come with the task (a hit, or the dispatcher read them).
+    No,
+    /// Read-then-decode: a blocking read.
+    Blocking,
+    /// Pipelined: a read if the page cache holds the sample, else the dispatcher's.
+    IfResident,
+}
+
+/// What the cache keeps of a filled slot's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Keep {
+    /// Nothing (not admitted), or the bytes as they are (a right-sized buffer of their own).
+    AsIs,
+    /// A copy: the bytes are a pool buffer, which must go back to the pool.
+    Copy,
+}
+
+/// Samples below this size are copied to the heap; at or above it to pages of their own.
+const PAGES_FROM_BYTES: usize = 64 << 10;
+
+/// A cached sample's own copy, so pool buffers only hold samples in flight (the pool stays
+/// small however large the cache). Large samples get whole pages of their own so that
+/// evicted ones give their memory back instead of fragmenting the heap over a long run;
+/// small ones, which the allocator keeps in size classes, the heap (a mapping each would
+/// cost two system calls and a fault). When the system refuses another mapping
+/// (vm.max_map_count), the heap holds it.
+fn cache_copy(b: &Bytes) -> Bytes {
+    if b.len() < PAGES_FROM_BYTES {
+        return Bytes::copy_from_slice(b);
+    }
+    lobster_uring::copy_to_pages(b).unwrap_or_else(|_| Bytes::copy_from_slice(b))
 }
 
 /// A task whose bytes are known, waiting for a decode thread.
@@ -79,21 +115,11 @@ impl Slot {
         }
     }
 
-    /// Fills the slot and moves every task waiting on it into `released`.
-    pub(crate) fn fill(
-        self: &Arc<Self>,
-        loaded: Loaded,
-        admitted: bool,
-        released: &mut Vec<Ready>,
-    ) {
-        // A cached sample gets its own copy so pool buffers only hold samples in flight (the
-        // pool stays small however large the cache), in whole pages of its own so that
-        // evicted samples give their memory back instead of fragmenting the heap over a long
-        // run. When the system refuses another mapping (vm.max_map_count), the heap holds it.
+    /// Fills the slot and moves every task waiting on it into `released`. `keep` says what
+    /// the cache keeps of the bytes.
+    pub(crate) fn fill(self: &Arc<Self>, loaded: Loaded, keep: Keep, released: &mut Vec<Ready>) {
         let loaded = match loaded {
-            Ok(b) if admitted => {
-                Ok(lobster_uring::copy_to_pages(&b).unwrap_or_else(|_| Bytes::copy_from_slice(&b)))
-            }
+            Ok(b) if keep == Keep::Copy => Ok(cache_copy(&b)),
             other => other,
         };
         let waiters = {

@@ -3,11 +3,14 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use crossbeam_channel::Sender;
 use lobster_sched::CostModel;
 
 use super::attempt::FaultCounters;
 use super::decode_queue::DecodeQueues;
+use super::order::ToDispatcher;
 use super::progress::Progress;
+use super::read_path::ReadPathCounters;
 use super::reorder::ReorderBuffer;
 use super::slot::Ready;
 use super::sync::{lock, StopSignal};
@@ -33,6 +36,10 @@ pub(crate) struct PipelineState<T> {
     /// An epoch went over its failure budget: every rank's next batch reports it.
     pub(crate) budget_failure: Mutex<Option<Error>>,
     pub(crate) faults: FaultCounters,
+    pub(crate) read_path: ReadPathCounters,
+    /// The dispatcher's queue (pipelined only): the planner's reads, and the workers' reads
+    /// of samples the page cache did not hold.
+    pub(crate) to_dispatcher: Option<Sender<ToDispatcher>>,
 }
 
 impl<T> std::fmt::Debug for PipelineState<T> {

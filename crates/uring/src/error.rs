@@ -4,7 +4,7 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
-use crate::FileId;
+use crate::types::FileId;
 
 /// Why a read, an open or the reader's setup failed.
 ///

@@ -65,29 +65,35 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod classes;
+mod completion;
 mod deferred;
 mod error;
 mod files;
+mod job;
 mod mapping;
 mod pages;
 mod pool;
 mod pread;
 mod reader;
-mod sched;
 mod session;
+mod state;
 #[cfg(feature = "tokio-uring")]
 mod tokio_reads;
+mod types;
 mod uring;
 
+pub use completion::Completion;
 pub use error::ReadError;
-pub use files::{FileId, OpenOptions};
 pub use pages::copy_to_pages;
 pub use pool::block_bytes;
 pub use reader::{ActiveBackend, Backend, BackendInfo, Reader, ReaderBuilder, ReaderConfig};
-pub use sched::{ClassStats, Completion, IoEvent, IoEventKind, Observer, ReadRequest, ReaderStats};
 pub use session::Session;
 #[cfg(feature = "tokio-uring")]
 pub use tokio_reads::AsyncFile;
+pub use types::{
+    ClassStats, FileId, IoEvent, IoEventKind, Observer, OpenOptions, ReadRequest, ReaderStats,
+};
 
 /// `Bytes`, re-exported so users need not depend on the `bytes` crate.
 pub use bytes::Bytes;

@@ -2,10 +2,12 @@
 
 use std::sync::Arc;
 
-use crate::sched::{Job, Shared, Step};
+use crate::error::ReadError;
+use crate::job::{AfterRead, Job};
+use crate::state::ReaderState;
 
 /// Body of one pread worker: takes reads within the io_depth limits, one at a time.
-pub(crate) fn worker(shared: Arc<Shared>) {
+pub(crate) fn worker(shared: Arc<ReaderState>) {
     loop {
         let job = {
             let mut s = shared.lock();
@@ -35,7 +37,7 @@ pub(crate) fn worker(shared: Arc<Shared>) {
     }
 }
 
-pub(crate) fn read(mut job: Job) -> (Job, Result<(), crate::ReadError>) {
+pub(crate) fn read(mut job: Job) -> (Job, Result<(), ReadError>) {
     if job.is_empty() {
         return (job, Ok(()));
     }
@@ -57,7 +59,7 @@ pub(crate) fn read(mut job: Job) -> (Job, Result<(), crate::ReadError>) {
         } else {
             n as i32
         };
-        if let Step::Done(result) = job.on_result(res) {
+        if let AfterRead::Done(result) = job.on_result(res) {
             return (job, result);
         }
     }

@@ -8,13 +8,15 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::Receiver;
 
-use crate::deferred::{Deferred, Pending};
+use crate::completion::Completion;
+use crate::deferred::Deferred;
+use crate::error::ReadError;
 use crate::files::FileEntry;
+use crate::job::{Job, Pending};
 use crate::pool::{block_bytes, Pool, POOL_BYTES_MAX};
-use crate::sched::{Completion, Job, Observer, ReadRequest, ReaderStats, Shared};
-use crate::session::{Session, SessionParams};
+use crate::state::ReaderState;
+use crate::types::{FileId, IoEvent, Observer, OpenOptions, ReadRequest, ReaderStats};
 use crate::uring::{Engine, SetupParams};
-use crate::{FileId, OpenOptions, ReadError};
 
 /// Which backend a reader should use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -235,7 +237,7 @@ impl ReaderBuilder {
     }
 
     /// See [`ReaderConfig::observer`].
-    pub fn observer(mut self, observer: impl Fn(crate::IoEvent) + Send + Sync + 'static) -> Self {
+    pub fn observer(mut self, observer: impl Fn(IoEvent) + Send + Sync + 'static) -> Self {
         self.config.observer = Some(Arc::new(observer));
         self
     }
@@ -311,6 +313,17 @@ fn report_fallback(reason: &str) {
     }
 }
 
+/// What a session needs from the reader's configuration.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SessionParams {
+    /// The reader runs io_uring (else sessions read with pread on the calling thread).
+    pub(crate) uring: bool,
+    pub(crate) ring_entries: u32,
+    pub(crate) register_buffers: bool,
+    pub(crate) async_punt: bool,
+    pub(crate) queue_capacity: usize,
+}
+
 /// The sample reader: a cheap, cloneable, thread-safe handle. The backend threads stop
 /// when the last clone drops (see `Drop`).
 #[derive(Clone, Debug)]
@@ -320,7 +333,7 @@ pub struct Reader {
 
 #[derive(Debug)]
 struct ReaderInner {
-    shared: Arc<Shared>,
+    shared: Arc<ReaderState>,
     threads: Vec<JoinHandle<()>>,
     backend: BackendInfo,
     completions: Receiver<Completion>,
@@ -387,7 +400,7 @@ impl Reader {
                                 config.fixed_files.min(crate::uring::nofile_limit() as u32)
                             }),
                         };
-                        let shared = Arc::new(Shared::new(
+                        let shared = Arc::new(ReaderState::new(
                             &config.io_depths,
                             setup.wakers,
                             setup.fixed,
@@ -437,7 +450,7 @@ impl Reader {
         completions: Receiver<Completion>,
         reason: String,
     ) -> Result<Reader, ReadError> {
-        let shared = Arc::new(Shared::new(
+        let shared = Arc::new(ReaderState::new(
             &config.io_depths,
             Vec::new(),
             None,
@@ -470,7 +483,7 @@ impl Reader {
     /// Starts the thread that serves reads waiting for pool memory and wraps up the reader.
     fn assemble(
         config: &ReaderConfig,
-        shared: Arc<Shared>,
+        shared: Arc<ReaderState>,
         mut threads: Vec<JoinHandle<()>>,
         backend: BackendInfo,
         completions: Receiver<Completion>,
@@ -537,11 +550,14 @@ impl Reader {
             .ok_or(ReadError::UnknownFile { file })
     }
 
-    /// A caller-driven session on this reader for the calling thread: its own ring (on
-    /// io_uring), sharing this reader's classes, io_depth limits, files and pool; see
-    /// [`Session`]. Fails if the ring cannot be set up (e.g. out of file descriptors).
-    pub fn session(&self) -> Result<Session, ReadError> {
-        Session::new(self.clone(), self.inner.shared.clone(), self.inner.session)
+    /// The state this reader shares with its sessions and backend threads.
+    pub(crate) fn state(&self) -> &Arc<ReaderState> {
+        &self.inner.shared
+    }
+
+    /// What a session of this reader needs from its configuration.
+    pub(crate) fn session_params(&self) -> SessionParams {
+        self.inner.session
     }
 
     /// `submit` needs a backend thread; an io_uring reader with 0 rings has none.
@@ -675,7 +691,7 @@ impl Reader {
 
 /// Starts a backend thread; if that fails, stops and joins the ones already started.
 fn spawn_or_stop(
-    shared: &Shared,
+    shared: &ReaderState,
     threads: &mut Vec<JoinHandle<()>>,
     name: String,
     f: impl FnOnce() + Send + 'static,
@@ -734,7 +750,7 @@ mod tests {
     fn handles_and_completions_cross_threads() {
         fn send_sync<T: Send + Sync>() {}
         send_sync::<Reader>();
-        send_sync::<crate::Completion>();
+        send_sync::<Completion>();
         send_sync::<ReadError>();
     }
 

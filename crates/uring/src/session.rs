@@ -9,19 +9,14 @@ use std::sync::Arc;
 use io_uring::IoUring;
 use slab::Slab;
 
-use crate::sched::{Completion, Job, ReadRequest, Shared, Step};
-use crate::{ReadError, Reader};
-
-/// What a session needs from the reader's configuration.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct SessionParams {
-    /// The reader runs io_uring (else sessions read with pread on the calling thread).
-    pub(crate) uring: bool,
-    pub(crate) ring_entries: u32,
-    pub(crate) register_buffers: bool,
-    pub(crate) async_punt: bool,
-    pub(crate) queue_capacity: usize,
-}
+use crate::completion::Completion;
+use crate::error::ReadError;
+use crate::job::{AfterRead, Job};
+use crate::pread;
+use crate::reader::Reader;
+use crate::state::ReaderState;
+use crate::types::ReadRequest;
+use crate::uring::{build_session_ring, push_entry, read_sqe, register_pool};
 
 struct Ring {
     ring: IoUring,
@@ -66,7 +61,7 @@ pub struct Session {
     started: Vec<Job>,
     finished: Vec<(Job, Result<(), ReadError>)>,
     queue_capacity: usize,
-    shared: Arc<Shared>,
+    shared: Arc<ReaderState>,
     reader: Reader,
     _single_thread: PhantomData<*const ()>,
 }
@@ -82,21 +77,27 @@ impl std::fmt::Debug for Session {
     }
 }
 
+impl Reader {
+    /// A caller-driven session on this reader for the calling thread: its own ring (on
+    /// io_uring), sharing this reader's classes, io_depth limits, files and pool; see
+    /// [`Session`]. Fails if the ring cannot be set up (e.g. out of file descriptors).
+    pub fn session(&self) -> Result<Session, ReadError> {
+        Session::new(self.clone())
+    }
+}
+
 impl Session {
-    pub(crate) fn new(
-        reader: Reader,
-        shared: Arc<Shared>,
-        params: SessionParams,
-    ) -> Result<Session, ReadError> {
+    fn new(reader: Reader) -> Result<Session, ReadError> {
+        let shared = reader.state().clone();
+        let params = reader.session_params();
         let (ring, cap) = if params.uring {
-            let ring = crate::uring::build_session_ring(params.ring_entries).map_err(|source| {
-                ReadError::Setup {
+            let ring =
+                build_session_ring(params.ring_entries).map_err(|source| ReadError::Setup {
                     what: "io_uring_setup for a session",
                     source,
-                }
-            })?;
+                })?;
             let fixed_buffers =
-                params.register_buffers && crate::uring::register_pool(&ring, &shared.pool).is_ok();
+                params.register_buffers && register_pool(&ring, &shared.pool).is_ok();
             let cap = ring.params().sq_entries() as usize;
             let ring = Ring {
                 ring,
@@ -269,7 +270,7 @@ impl Session {
                     push_sqe(ring, key, &mut self.in_ring[key]);
                 }
                 None => {
-                    let (job, result) = crate::pread::read(job);
+                    let (job, result) = pread::read(job);
                     self.finished.push((job, result));
                 }
             }
@@ -322,8 +323,8 @@ impl Session {
             let key = cqe.user_data() as usize;
             let job = &mut self.in_ring[key];
             match job.on_result(cqe.result()) {
-                Step::Again => push_sqe(ring, key, job),
-                Step::Done(result) => self.finished.push((self.in_ring.remove(key), result)),
+                AfterRead::Again => push_sqe(ring, key, job),
+                AfterRead::Done(result) => self.finished.push((self.in_ring.remove(key), result)),
             }
         }
         Ok(())
@@ -356,11 +357,11 @@ impl Session {
 /// Puts the SQE of `job`'s next chunk into the SQ, submitting first if it is full.
 fn push_sqe(ring: &Ring, key: usize, job: &mut Job) {
     // Sessions have no fixed-file table: files are read through their fds.
-    let entry = crate::uring::read_sqe(key, job, false, ring.fixed_buffers, ring.async_punt);
+    let entry = read_sqe(key, job, false, ring.fixed_buffers, ring.async_punt);
     // SAFETY: only this session's thread touches its ring, and the job (and its buffer)
     // stays in the session's slab until its completion is reaped; Drop waits for every read
     // in the ring.
-    unsafe { crate::uring::push_entry(&ring.ring, &entry) }
+    unsafe { push_entry(&ring.ring, &entry) }
 }
 
 impl Drop for Session {

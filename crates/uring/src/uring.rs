@@ -8,9 +8,11 @@ use std::sync::Arc;
 use io_uring::{opcode, squeue, types, IoUring, Probe};
 use slab::Slab;
 
+use crate::error::ReadError;
 use crate::files::FixedTable;
+use crate::job::{AfterRead, Job};
 use crate::pool::Pool;
-use crate::sched::{Job, Shared, Step};
+use crate::state::ReaderState;
 
 /// user_data of the eventfd read each engine keeps in its ring.
 const WAKE_KEY: u64 = u64::MAX;
@@ -243,7 +245,7 @@ pub(crate) fn setup(params: &SetupParams, pool: &Pool) -> Result<UringSetup, Set
 pub(crate) struct Engine {
     pub(crate) id: usize,
     pub(crate) ring: Arc<IoUring>,
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<ReaderState>,
     pub(crate) cap: usize,
     pub(crate) fixed_buffers: bool,
     pub(crate) async_punt: bool,
@@ -327,7 +329,7 @@ impl Engine {
         let mut jobs: Slab<Job> = Slab::with_capacity(self.cap);
         let mut taken: Vec<Job> = Vec::with_capacity(self.cap);
         let mut to_issue: Vec<usize> = Vec::with_capacity(self.cap);
-        let mut finished: Vec<(Job, Result<(), crate::ReadError>)> = Vec::new();
+        let mut finished: Vec<(Job, Result<(), ReadError>)> = Vec::new();
         let mut wake_buf = Box::new(0u64);
         let mut wake_armed = false;
         let mut wake_kicked = false;
@@ -429,15 +431,15 @@ impl Engine {
                 let key = key as usize;
                 let job = &mut jobs[key];
                 match job.on_result(cqe.result()) {
-                    Step::Again => to_issue.push(key),
-                    Step::Done(result) => finished.push((jobs.remove(key), result)),
+                    AfterRead::Again => to_issue.push(key),
+                    AfterRead::Done(result) => finished.push((jobs.remove(key), result)),
                 }
             }
             self.finish(&mut finished);
         }
     }
 
-    fn finish(&self, finished: &mut Vec<(Job, Result<(), crate::ReadError>)>) {
+    fn finish(&self, finished: &mut Vec<(Job, Result<(), ReadError>)>) {
         if finished.is_empty() {
             return;
         }

@@ -15,7 +15,7 @@ use crate::pool::BUFFER_ALIGN;
 use crate::types::FileId;
 
 /// Alignment used when the file system does not report one.
-const DEFAULT_DIO_ALIGN: u64 = 4096;
+pub(crate) const DEFAULT_DIO_ALIGN: u64 = 4096;
 
 pub(crate) struct FileEntry {
     pub(crate) path: PathBuf,

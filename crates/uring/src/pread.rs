@@ -41,12 +41,18 @@ pub(crate) fn read(mut job: Job) -> (Job, Result<(), ReadError>) {
     if job.is_empty() {
         return (job, Ok(()));
     }
+    if let Err(e) = job.open_here() {
+        return (job, Err(e));
+    }
+    let fd = job
+        .fd()
+        .expect("a reader's file, or a path read opened just now");
     loop {
         let (offset, buf_offset, len) = job.next_chunk();
         // SAFETY: next_chunk stays inside the job's buffer, which the job owns exclusively.
         let n = unsafe {
             libc::pread(
-                job.file.raw_fd(),
+                fd,
                 job.buf.as_mut_ptr().add(buf_offset).cast(),
                 len,
                 offset as libc::off_t,

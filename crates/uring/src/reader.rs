@@ -12,10 +12,10 @@ use crate::completion::Completion;
 use crate::deferred::Deferred;
 use crate::error::ReadError;
 use crate::files::FileEntry;
-use crate::job::{Job, Pending};
+use crate::job::{Job, Pending, Source};
 use crate::pool::{block_bytes, Pool, POOL_BYTES_MAX};
 use crate::state::ReaderState;
-use crate::types::{FileId, IoEvent, Observer, OpenOptions, ReadRequest, ReaderStats};
+use crate::types::{FileId, IoEvent, Observer, OpenOptions, PathRead, ReadRequest, ReaderStats};
 use crate::uring::{Engine, SetupParams};
 
 /// Which backend a reader should use.
@@ -57,6 +57,10 @@ pub struct BackendInfo {
     pub fixed_buffers: bool,
     /// Slots of the fixed-file table (0: files are read through plain fds).
     pub fixed_file_slots: u32,
+    /// Sessions read by path ([`crate::Session::submit_path`]) with one linked open, read and close
+    /// in their ring (direct descriptors, Linux 5.15); else they open, read and close with
+    /// separate system calls on the calling thread.
+    pub direct_descriptors: bool,
 }
 
 /// How to build a [`Reader`]. `Default` gives one class at depth 32 and a pool of 32 MiB for
@@ -322,6 +326,8 @@ pub(crate) struct SessionParams {
     pub(crate) register_buffers: bool,
     pub(crate) async_punt: bool,
     pub(crate) queue_capacity: usize,
+    /// Path reads go through direct descriptors (see [`BackendInfo::direct_descriptors`]).
+    pub(crate) direct_descriptors: bool,
 }
 
 /// The sample reader: a cheap, cloneable, thread-safe handle. The backend threads stop
@@ -386,6 +392,10 @@ impl Reader {
                 match crate::uring::setup(&params, &pool) {
                     Ok(setup) => {
                         let mut reason = why;
+                        if let Err(why) = &setup.direct_descriptors {
+                            reason.push_str("; path reads open and close on the calling thread: ");
+                            reason.push_str(why);
+                        }
                         for note in &setup.notes {
                             reason.push_str("; ");
                             reason.push_str(note);
@@ -399,6 +409,7 @@ impl Reader {
                             fixed_file_slots: setup.fixed.as_ref().map_or(0, |_| {
                                 config.fixed_files.min(crate::uring::nofile_limit() as u32)
                             }),
+                            direct_descriptors: setup.direct_descriptors.is_ok(),
                         };
                         let shared = Arc::new(ReaderState::new(
                             &config.io_depths,
@@ -476,6 +487,7 @@ impl Reader {
             ring_capacity: 0,
             fixed_buffers: false,
             fixed_file_slots: 0,
+            direct_descriptors: false,
         };
         Self::assemble(&config, shared, threads, backend, completions)
     }
@@ -497,6 +509,7 @@ impl Reader {
             register_buffers: config.register_buffers,
             async_punt: config.async_punt,
             queue_capacity: config.queue_capacity,
+            direct_descriptors: backend.direct_descriptors,
         };
         let deferred = Arc::new(Deferred::new(
             config.queue_capacity.saturating_mul(config.io_depths.len()),
@@ -572,28 +585,44 @@ impl Reader {
         }
     }
 
+    /// Checks that `class` exists.
+    fn check_class(&self, class: usize) -> Result<(), ReadError> {
+        let classes = self.inner.shared.classes();
+        if class >= classes {
+            return Err(ReadError::InvalidClass { class, classes });
+        }
+        Ok(())
+    }
+
     /// Checks a request against the classes, the open files and `max_read_bytes`.
     pub(crate) fn check(&self, req: &ReadRequest) -> Result<Pending, ReadError> {
-        let shared = &self.inner.shared;
-        let classes = shared.classes();
-        if req.class >= classes {
-            return Err(ReadError::InvalidClass {
-                class: req.class,
-                classes,
-            });
-        }
-        let file = shared
+        self.check_class(req.class)?;
+        let file = self
+            .inner
+            .shared
             .files
             .get(req.file)
             .ok_or(ReadError::UnknownFile { file: req.file })?;
-        let (read_start, skip, read_len) = Job::plan(&file, req, self.inner.max_read_bytes)?;
-        Ok(Pending {
-            file,
-            req: *req,
-            read_start,
-            skip,
-            read_len,
-        })
+        let max = self.inner.max_read_bytes;
+        Pending::plan(
+            Source::File(file),
+            req.offset,
+            req.len,
+            req.class,
+            req.tag,
+            max,
+        )
+    }
+
+    /// Checks a read by path against the classes and `max_read_bytes`.
+    pub(crate) fn check_path(&self, req: &PathRead) -> Result<Pending, ReadError> {
+        self.check_class(req.class)?;
+        let source = Source::Path {
+            path: req.path.clone(),
+            direct: req.direct,
+        };
+        let max = self.inner.max_read_bytes;
+        Pending::plan(source, req.offset, req.len, req.class, req.tag, max)
     }
 
     /// Queues a read at the back of its class's FIFO. Waits while the class queue is full.

@@ -1,6 +1,7 @@
 //! The public plain types: file ids and open options, read requests, observer events and
 //! counters. No logic lives here, so every module may use them.
 
+use std::path::Path;
 use std::sync::Arc;
 
 /// A file opened on a [`crate::Reader`]. Ids of closed files are never reused for other files
@@ -24,6 +25,25 @@ pub struct OpenOptions {
 pub struct ReadRequest {
     /// The file, from [`crate::Reader::open`].
     pub file: FileId,
+    /// First byte to read.
+    pub offset: u64,
+    /// Bytes to read.
+    pub len: usize,
+    /// The class (rank) whose io_depth this read counts against.
+    pub class: usize,
+    /// Caller's tag, returned in the [`crate::Completion`].
+    pub tag: u64,
+}
+
+/// A read of `len` bytes at `offset` of the file at `path`, on behalf of `class`: the file
+/// is opened for this read only and closed after it; see [`crate::Session::submit_path`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PathRead {
+    /// The file (an `Arc`, so that a request is cheap to clone and to keep until its open).
+    pub path: Arc<Path>,
+    /// Open it with O_DIRECT: the read is widened to 4096 bytes (the file is not open yet to
+    /// ask its alignment) and the exact range handed out as a slice.
+    pub direct: bool,
     /// First byte to read.
     pub offset: u64,
     /// Bytes to read.

@@ -1,7 +1,8 @@
 //! The io_uring backend: one engine thread per ring.
 
+use std::ffi::CStr;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -10,7 +11,7 @@ use slab::Slab;
 
 use crate::error::ReadError;
 use crate::files::FixedTable;
-use crate::job::{AfterRead, Job};
+use crate::job::{AfterRead, ChainOp, Job, Source};
 use crate::pool::Pool;
 use crate::state::ReaderState;
 
@@ -28,6 +29,8 @@ pub(crate) struct UringSetup {
     pub(crate) cap: usize,
     pub(crate) fixed_buffers: bool,
     pub(crate) fixed: Option<Arc<FixedTable>>,
+    /// Sessions can read by path through direct descriptors; `Err` says why not.
+    pub(crate) direct_descriptors: Result<(), String>,
     pub(crate) notes: Vec<String>,
 }
 
@@ -165,6 +168,7 @@ pub(crate) fn setup(params: &SetupParams, pool: &Pool) -> Result<UringSetup, Set
             source: io::Error::new(io::ErrorKind::Unsupported, "IORING_OP_READ not supported"),
         });
     }
+    let direct_descriptors = probe_direct_descriptors(&probe);
     let mut wakers = Vec::with_capacity(params.rings);
     for _ in 0..params.rings {
         // Blocking: io_uring answers reads of an O_NONBLOCK file with EAGAIN instead of
@@ -237,6 +241,7 @@ pub(crate) fn setup(params: &SetupParams, pool: &Pool) -> Result<UringSetup, Set
         cap,
         fixed_buffers,
         fixed,
+        direct_descriptors,
         notes,
     })
 }
@@ -253,9 +258,6 @@ pub(crate) struct Engine {
 
 static SUBMIT_ERROR_LOGGED: AtomicBool = AtomicBool::new(false);
 
-/// Builds the SQE for the next chunk of the job stored under `key`: through the file's
-/// fixed slot if `fixed_files` and it has one, into the registered buffer if
-/// `fixed_buffers`.
 /// Pushes `entry` into `ring`'s SQ, submitting first whenever the SQ is full.
 ///
 /// # Safety
@@ -274,10 +276,44 @@ pub(crate) unsafe fn push_entry(ring: &IoUring, entry: &squeue::Entry) {
     }
 }
 
+/// Pushes `entries` into `ring`'s SQ in one batch: if they do not all fit, submits what is
+/// there first, so that no submission cuts a linked chain in two.
+///
+/// # Safety
+/// As for [`push_entry`], for every entry; `entries` fits in the SQ.
+pub(crate) unsafe fn push_entries(ring: &IoUring, entries: &[squeue::Entry]) {
+    loop {
+        // SAFETY: the caller is the SQ's only user.
+        let mut sq = unsafe { ring.submission_shared() };
+        assert!(entries.len() <= sq.capacity(), "a chain longer than the SQ");
+        if sq.capacity() - sq.len() >= entries.len() {
+            for entry in entries {
+                // SAFETY: the caller keeps each entry's memory valid until its completion;
+                // there is room (checked above).
+                unsafe { sq.push(entry) }.expect("room was checked");
+            }
+            return;
+        }
+        drop(sq);
+        let _ = ring.submit();
+    }
+}
+
+/// The file a read SQE names.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ReadTarget {
+    /// A plain descriptor.
+    Fd(RawFd),
+    /// A slot of the ring's fixed-file table.
+    Fixed(u32),
+}
+
+/// Builds the SQE for the next chunk of `job` through `target`, into the registered buffer
+/// if `fixed_buffers`.
 pub(crate) fn read_sqe(
-    key: usize,
+    user_data: u64,
     job: &mut Job,
-    fixed_files: bool,
+    target: ReadTarget,
     fixed_buffers: bool,
     async_punt: bool,
 ) -> squeue::Entry {
@@ -288,22 +324,23 @@ pub(crate) fn read_sqe(
     // capacity), and the job owns the buffer until its completion is reaped.
     let ptr = unsafe { job.buf.as_mut_ptr().add(buf_offset) };
     let len = len as u32;
-    let slot = job.file.fixed.as_ref().filter(|_| fixed_files);
-    let entry = match (slot, fixed_buffers) {
-        (Some(slot), true) => opcode::ReadFixed::new(types::Fixed(slot.index), ptr, len, buf_index)
+    let entry = match (target, fixed_buffers) {
+        (ReadTarget::Fixed(slot), true) => {
+            opcode::ReadFixed::new(types::Fixed(slot), ptr, len, buf_index)
+                .offset(offset)
+                .build()
+        }
+        (ReadTarget::Fixed(slot), false) => opcode::Read::new(types::Fixed(slot), ptr, len)
             .offset(offset)
             .build(),
-        (Some(slot), false) => opcode::Read::new(types::Fixed(slot.index), ptr, len)
+        (ReadTarget::Fd(fd), true) => opcode::ReadFixed::new(types::Fd(fd), ptr, len, buf_index)
             .offset(offset)
             .build(),
-        (None, true) => opcode::ReadFixed::new(types::Fd(job.file.raw_fd()), ptr, len, buf_index)
-            .offset(offset)
-            .build(),
-        (None, false) => opcode::Read::new(types::Fd(job.file.raw_fd()), ptr, len)
+        (ReadTarget::Fd(fd), false) => opcode::Read::new(types::Fd(fd), ptr, len)
             .offset(offset)
             .build(),
     };
-    let entry = entry.user_data(key as u64);
+    let entry = entry.user_data(user_data);
     if async_punt {
         entry.flags(squeue::Flags::ASYNC)
     } else {
@@ -311,9 +348,108 @@ pub(crate) fn read_sqe(
     }
 }
 
+/// Bits of user_data above the slab key that say which operation of a path read's chain
+/// completed; a plain read has 0 there, so its user_data is its key.
+const OP_SHIFT: u32 = 56;
+
+/// The user_data of operation `op` of the job under `key`.
+pub(crate) fn chain_user_data(key: usize, op: ChainOp) -> u64 {
+    debug_assert!((key as u64) < 1 << OP_SHIFT);
+    let op_bits: u64 = match op {
+        ChainOp::Read => 0,
+        ChainOp::Open => 1,
+        ChainOp::Close => 2,
+    };
+    key as u64 | op_bits << OP_SHIFT
+}
+
+/// The key and operation of a session's user_data.
+pub(crate) fn decode_user_data(user_data: u64) -> (usize, ChainOp) {
+    let key = (user_data & ((1 << OP_SHIFT) - 1)) as usize;
+    let op = match user_data >> OP_SHIFT {
+        0 => ChainOp::Read,
+        1 => ChainOp::Open,
+        _ => ChainOp::Close,
+    };
+    (key, op)
+}
+
+/// An openat of `path` straight into fixed-file slot `slot` (a direct descriptor, 5.15).
+/// O_CLOEXEC is not given: the kernel refuses it with a slot, and a slot is never inherited.
+pub(crate) fn open_direct_sqe(
+    user_data: u64,
+    path: &CStr,
+    direct: bool,
+    slot: u32,
+) -> squeue::Entry {
+    let mut flags = libc::O_RDONLY;
+    if direct {
+        flags |= libc::O_DIRECT;
+    }
+    let dest = types::DestinationSlot::try_from_slot_target(slot).expect("slots are small");
+    opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), path.as_ptr())
+        .flags(flags)
+        .file_index(Some(dest))
+        .build()
+        .user_data(user_data)
+}
+
+/// A close of fixed-file slot `slot`.
+pub(crate) fn close_fixed_sqe(user_data: u64, slot: u32) -> squeue::Entry {
+    opcode::Close::new(types::Fixed(slot))
+        .build()
+        .user_data(user_data)
+}
+
+/// Whether this kernel opens files straight into a ring's fixed-file table and closes them
+/// there (direct descriptors, 5.15): a sparse table on a ring of its own, then an open of
+/// "/" into slot 0 linked to a close of the slot. `Err` says why not.
+pub(crate) fn probe_direct_descriptors(probe: &Probe) -> Result<(), String> {
+    if !probe.is_supported(opcode::OpenAt::CODE) || !probe.is_supported(opcode::Close::CODE) {
+        return Err("IORING_OP_OPENAT or IORING_OP_CLOSE not supported".into());
+    }
+    let ring = IoUring::new(4).map_err(|e| format!("io_uring_setup: {e}"))?;
+    ring.submitter()
+        .register_files_sparse(1)
+        .map_err(|e| format!("registering a sparse file table: {e}"))?;
+    let open = open_direct_sqe(1, c"/", false, 0).flags(squeue::Flags::IO_LINK);
+    let close = close_fixed_sqe(2, 0);
+    // SAFETY: this thread is the ring's only user; the path is a static C string and the
+    // entries point at nothing else.
+    unsafe { push_entries(&ring, &[open, close]) };
+    ring.submit_and_wait(2)
+        .map_err(|e| format!("io_uring_enter: {e}"))?;
+    let mut results = [None, None];
+    // SAFETY: this thread is the ring's only user.
+    for cqe in unsafe { ring.completion_shared() } {
+        if let Some(r) = results.get_mut(cqe.user_data() as usize - 1) {
+            *r = Some(cqe.result());
+        }
+    }
+    match results {
+        [Some(0), Some(0)] => Ok(()),
+        [Some(fd), _] if fd > 0 => {
+            // SAFETY: the kernel ignored the slot and handed this descriptor to us.
+            unsafe { libc::close(fd) };
+            Err("the kernel ignores the open's file slot".into())
+        }
+        [open, close] => Err(format!(
+            "an open into a fixed slot returned {open:?}, its close {close:?}"
+        )),
+    }
+}
+
 impl Engine {
     fn read_sqe(&self, key: usize, job: &mut Job) -> squeue::Entry {
-        read_sqe(key, job, true, self.fixed_buffers, self.async_punt)
+        // Engines serve `Reader::submit`, which names only the reader's own files.
+        let Source::File(file) = &job.source else {
+            unreachable!("engines only read files opened on the reader")
+        };
+        let target = match &file.fixed {
+            Some(slot) => ReadTarget::Fixed(slot.index),
+            None => ReadTarget::Fd(file.raw_fd()),
+        };
+        read_sqe(key as u64, job, target, self.fixed_buffers, self.async_punt)
     }
 
     /// Pushes entries, submitting first whenever the SQ is full.

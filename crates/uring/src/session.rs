@@ -122,7 +122,8 @@ impl std::fmt::Debug for Session {
             .field("in_ring", &self.in_ring.len())
             .field("ops_in_ring", &self.ops_in_ring)
             .field("cap", &self.cap)
-            .field("path_slots", &self.path_slots)
+            .field("path_slots", &self.path_slots())
+            .field("path_slots_in_use", &self.path_slots_in_use())
             .finish_non_exhaustive()
     }
 }

@@ -401,9 +401,11 @@ pub(crate) fn close_fixed_sqe(user_data: u64, slot: u32) -> squeue::Entry {
         .user_data(user_data)
 }
 
-/// Whether this kernel opens files straight into a ring's fixed-file table and closes them
-/// there (direct descriptors, 5.15): a sparse table on a ring of its own, then an open of
-/// "/" into slot 0 linked to a close of the slot. `Err` says why not.
+/// Whether this kernel opens files straight into a ring's fixed-file table, reads them
+/// there in the same linked chain and closes them there (direct descriptors, 5.15; a linked
+/// read finds the file its open put in the slot only since the kernel assigns files at
+/// issue, 5.18): on a ring of its own with a sparse table, an open of /dev/null into slot 0
+/// linked to an empty read of the slot linked to its close. `Err` says why not.
 pub(crate) fn probe_direct_descriptors(probe: &Probe) -> Result<(), String> {
     if !probe.is_supported(opcode::OpenAt::CODE) || !probe.is_supported(opcode::Close::CODE) {
         return Err("IORING_OP_OPENAT or IORING_OP_CLOSE not supported".into());
@@ -412,29 +414,39 @@ pub(crate) fn probe_direct_descriptors(probe: &Probe) -> Result<(), String> {
     ring.submitter()
         .register_files_sparse(1)
         .map_err(|e| format!("registering a sparse file table: {e}"))?;
-    let open = open_direct_sqe(1, c"/", false, 0).flags(squeue::Flags::IO_LINK);
-    let close = close_fixed_sqe(2, 0);
-    // SAFETY: this thread is the ring's only user; the path is a static C string and the
-    // entries point at nothing else.
-    unsafe { push_entries(&ring, &[open, close]) };
-    ring.submit_and_wait(2)
+    let mut byte = 0u8;
+    let open = open_direct_sqe(1, c"/dev/null", false, 0).flags(squeue::Flags::IO_LINK);
+    // Empty: a short read would break the link and cancel the close.
+    let read = opcode::Read::new(types::Fixed(0), &mut byte, 0)
+        .build()
+        .user_data(2)
+        .flags(squeue::Flags::IO_LINK);
+    let close = close_fixed_sqe(3, 0);
+    // SAFETY: this thread is the ring's only user; the path is a static C string and
+    // `byte` outlives the wait below, which reaps all three completions.
+    unsafe { push_entries(&ring, &[open, read, close]) };
+    ring.submit_and_wait(3)
         .map_err(|e| format!("io_uring_enter: {e}"))?;
-    let mut results = [None, None];
+    let mut results = [None; 3];
     // SAFETY: this thread is the ring's only user.
     for cqe in unsafe { ring.completion_shared() } {
-        if let Some(r) = results.get_mut(cqe.user_data() as usize - 1) {
+        if let Some(r) = (cqe.user_data() as usize)
+            .checked_sub(1)
+            .and_then(|i| results.get_mut(i))
+        {
             *r = Some(cqe.result());
         }
     }
     match results {
-        [Some(0), Some(0)] => Ok(()),
-        [Some(fd), _] if fd > 0 => {
+        [Some(0), Some(0), Some(0)] => Ok(()),
+        [Some(fd), ..] if fd > 0 => {
             // SAFETY: the kernel ignored the slot and handed this descriptor to us.
             unsafe { libc::close(fd) };
             Err("the kernel ignores the open's file slot".into())
         }
-        [open, close] => Err(format!(
-            "an open into a fixed slot returned {open:?}, its close {close:?}"
+        [open, read, close] => Err(format!(
+            "an open of /dev/null into a fixed slot returned {open:?}, the linked read of the \
+             slot {read:?}, its close {close:?}"
         )),
     }
 }

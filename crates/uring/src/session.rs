@@ -83,6 +83,9 @@ impl PathSlots {
 /// [`Reader::completions`]. [`Reader::stats`] counts a session's reads in flight and
 /// completed in their classes, but not the requests waiting in a session's own queues.
 ///
+/// [`Session::submit_path`] reads a file named by path, opened for that read and closed
+/// after it, in the same queues and limits.
+///
 /// On the pread backend a session reads with pread(2) on the calling thread inside
 /// `wait`/`poll`.
 ///
@@ -426,7 +429,8 @@ impl Session {
             self.ops_in_ring += 1;
         }
         self.started = started;
-        debug_assert!(self.ring.is_none() || self.ops_in_ring <= self.cap);
+        // The CQ (twice the SQ) can never overflow.
+        assert!(self.ring.is_none() || self.ops_in_ring <= self.cap);
     }
 
     /// Submits what is in the SQ and, with `want > 0`, sleeps until the CQ holds `want`

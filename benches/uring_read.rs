@@ -13,19 +13,23 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
 use lobster_io::uring::{Backend, OpenOptions, ReadRequest, Reader, Session};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 const FILE_BYTES: u64 = 64 << 20;
 const BS: usize = 4096;
 const DEPTH: usize = 32;
 
-struct Rng(u64);
+/// Random block-aligned reads of the bench file.
+struct Offsets(StdRng);
 
-impl Rng {
+impl Offsets {
+    fn new(seed: u64) -> Offsets {
+        Offsets(StdRng::seed_from_u64(seed))
+    }
+
     fn offset(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % (FILE_BYTES / BS as u64)) * BS as u64
+        self.0.gen_range(0..FILE_BYTES / BS as u64) * BS as u64
     }
 
     /// A read of one block at a random offset of `file`.
@@ -79,7 +83,7 @@ fn reader(backend: Backend) -> Reader {
 }
 
 /// `n` reads with `read_at` into one buffer.
-fn run_read_at(file: &File, rng: &mut Rng, n: u64) -> Duration {
+fn run_read_at(file: &File, rng: &mut Offsets, n: u64) -> Duration {
     let mut buf = vec![0u8; BS];
     let start = Instant::now();
     for _ in 0..n {
@@ -93,7 +97,7 @@ fn run_read_at(file: &File, rng: &mut Rng, n: u64) -> Duration {
 fn run_reader(
     reader: &Reader,
     file: lobster_io::uring::FileId,
-    rng: &mut Rng,
+    rng: &mut Offsets,
     n: u64,
     depth: usize,
 ) -> Duration {
@@ -126,7 +130,7 @@ fn run_reader(
 fn run_session(
     session: &mut Session,
     file: lobster_io::uring::FileId,
-    rng: &mut Rng,
+    rng: &mut Offsets,
     n: u64,
     depth: usize,
 ) -> Duration {
@@ -158,7 +162,7 @@ fn bench(c: &mut Criterion, tf: &TestFile) {
     let file = File::open(&tf.0).unwrap();
     let mut group = c.benchmark_group("read_4k_page_cache");
     group.throughput(Throughput::Elements(1));
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Offsets::new(0x9e37_79b9_7f4a_7c15);
     group.bench_function("read_at", |b| {
         b.iter_custom(|n| run_read_at(&file, &mut rng, n))
     });
@@ -193,7 +197,7 @@ fn median_ns(mut run: impl FnMut() -> Duration) -> f64 {
 
 fn ratio_table(tf: &TestFile) {
     let file = File::open(&tf.0).unwrap();
-    let mut rng = Rng(42);
+    let mut rng = Offsets::new(42);
     let base = median_ns(|| run_read_at(&file, &mut rng, 200_000));
     println!("\nper-read cost, 4 KiB page-cache hits (median of 5 x 200k reads)");
     println!(

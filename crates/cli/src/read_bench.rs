@@ -1,11 +1,15 @@
-//! `lobster read-bench`: random aligned reads through the lobster-uring reader.
+//! `lobster read-bench`: random aligned reads through the lobster-uring reader. By default
+//! as the loader reads: caller-driven sessions (one thread, its own ring); `--engine` reads
+//! through the reader's engine threads instead; `--by-path` reads the files of a directory
+//! by path (opened, read and closed per read).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
-use lobster_io::uring::{Backend, OpenOptions, ReadRequest, Reader, Session};
+use lobster_io::uring::{Backend, FileId, OpenOptions, PathRead, ReadRequest, Reader, Session};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -17,10 +21,13 @@ pub enum BackendArg {
 
 #[derive(Debug, Args)]
 pub struct ReadBenchArgs {
-    /// File to read (a few GiB, larger than the page cache share you want to avoid).
+    /// File to read (a few GiB, larger than the page cache share you want to avoid); with
+    /// `--by-path`, a directory of sample files.
     #[arg(long)]
     file: PathBuf,
     /// Block size, e.g. 4k, 128k, 1m (bytes without suffix); offsets are multiples of it.
+    /// With `--by-path`: each read takes the first `bs` bytes of its file (all of a smaller
+    /// file).
     #[arg(long, value_parser = parse_size)]
     bs: usize,
     /// Reads in flight (the io_depth of the one class).
@@ -35,16 +42,23 @@ pub struct ReadBenchArgs {
     /// Backend (auto honours LOBSTER_IO).
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     backend: BackendArg,
-    /// io_uring rings (engine threads); page-cache copies run on these threads.
+    /// Engine mode: one consumer thread feeding the reader's engine threads (`--rings`)
+    /// through `Reader::submit_batch` and the completion channel, instead of sessions.
+    #[arg(long, conflicts_with_all = ["threads", "by_path"])]
+    engine: bool,
+    /// With --engine: io_uring rings (engine threads); page-cache copies run on them.
     #[arg(long, default_value_t = 1)]
     rings: usize,
-    /// Caller-driven mode: this many threads, each with its own session (ring) that it
-    /// submits to and reaps itself, `--depth` reads in flight each (like fio's numjobs),
-    /// as one class (rank) per thread; no engine threads. 0: one consumer thread feeding
-    /// the reader's engine threads (`--rings`).
-    #[arg(long, default_value_t = 0)]
+    /// Caller-driven mode (the default, as the loader reads): this many threads, each with
+    /// its own session (ring) that it submits to and reaps itself, `--depth` reads in flight
+    /// each (like fio's numjobs), as one class (rank) per thread; no engine threads.
+    #[arg(long, default_value_t = 1)]
     threads: usize,
-    /// With --threads: hand new reads to the kernel after every N completions processed
+    /// Read the files of the directory `--file` by path (`Session::submit_path`: each read
+    /// opens its file, reads it and closes it), a random file per read.
+    #[arg(long)]
+    by_path: bool,
+    /// In sessions: hand new reads to the kernel after every N completions processed
     /// (like fio's iodepth_batch_submit; 1 keeps a device busiest), 0: once per reap.
     /// Page-cache hits are copied during the submit system call, so batching them saves a
     /// system call per read; O_DIRECT reads gain from reaching the device early.
@@ -132,6 +146,18 @@ pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
     if args.depth == 0 {
         bail!("--depth must be at least 1");
     }
+    if args.threads == 0 {
+        bail!("--threads must be at least 1 (--engine reads through engine threads)");
+    }
+    let backend = match args.backend {
+        BackendArg::Auto => Backend::Auto,
+        BackendArg::Uring => Backend::Uring,
+        BackendArg::Pread => Backend::Pread,
+    };
+    if args.by_path {
+        let files = list_files(&args.file, args.bs)?;
+        return run_sessions(args, backend, Targets::Paths(files));
+    }
     let size = std::fs::metadata(&args.file)
         .with_context(|| format!("reading the size of {}", args.file.display()))?
         .len();
@@ -143,13 +169,8 @@ pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
             args.bs
         );
     }
-    let backend = match args.backend {
-        BackendArg::Auto => Backend::Auto,
-        BackendArg::Uring => Backend::Uring,
-        BackendArg::Pread => Backend::Pread,
-    };
-    if args.threads > 0 {
-        return run_sessions(args, backend, blocks);
+    if !args.engine {
+        return run_sessions(args, backend, Targets::Blocks { file: None, blocks });
     }
     let ring_entries = ((args.depth + 1).div_ceil(args.rings))
         .next_power_of_two()
@@ -218,13 +239,113 @@ pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
     report(args, &hist, bytes_read, end - begin, info.threads, info)
 }
 
-/// Submits and empties `batch`; the pool is sized for every read in flight, so none may wait.
-fn submit_all(session: &mut Session, batch: &mut Vec<ReadRequest>) -> anyhow::Result<()> {
-    if session.submit_batch(batch)? != batch.len() {
-        bail!("the session refused reads with buffers to spare");
+/// Most files `--by-path` lists (each costs a path in memory).
+const MAX_FILES: usize = 1 << 20;
+
+/// The regular files of `dir` and the bytes a read of each takes (its size, at most `bs`).
+fn list_files(dir: &Path, bs: usize) -> anyhow::Result<Vec<(Arc<Path>, usize)>> {
+    let mut files = Vec::new();
+    let entries = std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))?;
+    for entry in entries {
+        let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
+        let meta = entry.metadata()?;
+        if !meta.is_file() || meta.len() == 0 {
+            continue;
+        }
+        if files.len() == MAX_FILES {
+            bail!("{} holds more than {MAX_FILES} files", dir.display());
+        }
+        let len = usize::try_from(meta.len()).unwrap_or(usize::MAX).min(bs);
+        files.push((Arc::from(entry.path()), len));
     }
-    batch.clear();
-    Ok(())
+    if files.is_empty() {
+        bail!("{} holds no non-empty regular file", dir.display());
+    }
+    Ok(files)
+}
+
+/// What session threads read: random blocks of one file, or random files by path.
+enum Targets {
+    Blocks { file: Option<FileId>, blocks: u64 },
+    Paths(Vec<(Arc<Path>, usize)>),
+}
+
+/// Reads to hand to a session, of one kind.
+enum Batch {
+    Blocks(Vec<ReadRequest>),
+    Paths(Vec<PathRead>),
+}
+
+impl Batch {
+    fn new(targets: &Targets, capacity: usize) -> Batch {
+        match targets {
+            Targets::Blocks { .. } => Batch::Blocks(Vec::with_capacity(capacity)),
+            Targets::Paths(_) => Batch::Paths(Vec::with_capacity(capacity)),
+        }
+    }
+
+    /// Adds a read of a random target, tagged `slot`, for class `class`.
+    fn push(
+        &mut self,
+        targets: &Targets,
+        args: &ReadBenchArgs,
+        rng: &mut StdRng,
+        slot: usize,
+        class: usize,
+    ) {
+        let tag = slot as u64;
+        match (self, targets) {
+            (
+                Batch::Blocks(v),
+                Targets::Blocks {
+                    file: Some(file),
+                    blocks,
+                },
+            ) => v.push(ReadRequest {
+                file: *file,
+                offset: rng.gen_range(0..*blocks) * args.bs as u64,
+                len: args.bs,
+                class,
+                tag,
+            }),
+            (Batch::Paths(v), Targets::Paths(files)) => {
+                let (path, len) = &files[rng.gen_range(0..files.len())];
+                v.push(PathRead {
+                    path: path.clone(),
+                    direct: args.direct,
+                    offset: 0,
+                    len: *len,
+                    class,
+                    tag,
+                });
+            }
+            _ => unreachable!("a batch is made for its targets, with the file open"),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Batch::Blocks(v) => v.len(),
+            Batch::Paths(v) => v.len(),
+        }
+    }
+
+    /// Submits and empties the batch; the pool is sized for every read in flight, so none
+    /// may wait.
+    fn submit_all(&mut self, session: &mut Session) -> anyhow::Result<()> {
+        let (submitted, len) = match self {
+            Batch::Blocks(v) => (session.submit_batch(v)?, v.len()),
+            Batch::Paths(v) => (session.submit_path_batch(v)?, v.len()),
+        };
+        if submitted != len {
+            bail!("the session refused reads with buffers to spare");
+        }
+        match self {
+            Batch::Blocks(v) => v.clear(),
+            Batch::Paths(v) => v.clear(),
+        }
+        Ok(())
+    }
 }
 
 /// Pool bytes for `reads` reads of `bs` bytes, each taking a power-of-two block of pages.
@@ -244,8 +365,18 @@ fn open(reader: &Reader, args: &ReadBenchArgs) -> anyhow::Result<lobster_io::uri
 }
 
 /// `--threads N`: N threads, each driving its own session with `--depth` reads in flight.
-fn run_sessions(args: &ReadBenchArgs, backend: Backend, blocks: u64) -> anyhow::Result<()> {
+fn run_sessions(
+    args: &ReadBenchArgs,
+    backend: Backend,
+    mut targets: Targets,
+) -> anyhow::Result<()> {
     let ring_entries = args.depth.next_power_of_two().max(8) as u32;
+    // A read by path holds up to three operations in the ring (open, read, close).
+    let ring_entries = if args.by_path {
+        ring_entries * 4
+    } else {
+        ring_entries
+    };
     let reader = Reader::builder()
         .backend(backend)
         .rings(0)
@@ -258,7 +389,10 @@ fn run_sessions(args: &ReadBenchArgs, backend: Backend, blocks: u64) -> anyhow::
         .max_read_bytes(args.bs)
         .build()
         .context("building the reader")?;
-    let file = open(&reader, args)?;
+    if let Targets::Blocks { file, .. } = &mut targets {
+        *file = Some(open(&reader, args)?);
+    }
+    let targets = &targets;
     let begin = Instant::now();
     let deadline = begin + Duration::from_secs_f64(args.seconds);
     let results = std::thread::scope(|scope| {
@@ -270,25 +404,15 @@ fn run_sessions(args: &ReadBenchArgs, backend: Backend, blocks: u64) -> anyhow::
                     let mut rng = StdRng::seed_from_u64(args.seed.wrapping_add(thread as u64));
                     let mut started = vec![begin; args.depth];
                     let mut hist = Histogram::new();
-                    let mut batch: Vec<ReadRequest> = Vec::with_capacity(args.depth);
+                    let mut batch = Batch::new(targets, args.depth);
                     let mut done = Vec::with_capacity(args.depth);
-                    let mut next_request = |slot: usize, started: &mut [Instant], now| {
-                        started[slot] = now;
-                        ReadRequest {
-                            file,
-                            offset: rng.gen_range(0..blocks) * args.bs as u64,
-                            len: args.bs,
-                            class: thread,
-                            tag: slot as u64,
-                        }
-                    };
                     for slot in 0..args.depth {
-                        batch.push(next_request(slot, &mut started, begin));
+                        batch.push(targets, args, &mut rng, slot, thread);
                     }
                     let mut bytes_read = 0u64;
                     let mut end = begin;
-                    while !batch.is_empty() || session.pending() > 0 {
-                        submit_all(&mut session, &mut batch)?;
+                    while batch.len() > 0 || session.pending() > 0 {
+                        batch.submit_all(&mut session)?;
                         session.wait(1, &mut done)?;
                         let now = Instant::now();
                         for c in done.drain(..) {
@@ -297,9 +421,10 @@ fn run_sessions(args: &ReadBenchArgs, backend: Backend, blocks: u64) -> anyhow::
                             hist.record(now - started[slot]);
                             bytes_read += data.len() as u64;
                             if now < deadline {
-                                batch.push(next_request(slot, &mut started, now));
+                                started[slot] = now;
+                                batch.push(targets, args, &mut rng, slot, thread);
                                 if batch.len() == args.submit_batch {
-                                    submit_all(&mut session, &mut batch)?;
+                                    batch.submit_all(&mut session)?;
                                 }
                             }
                         }
@@ -332,6 +457,17 @@ fn run_sessions(args: &ReadBenchArgs, backend: Backend, blocks: u64) -> anyhow::
     )
 }
 
+/// The mode's name in the report.
+fn mode(args: &ReadBenchArgs) -> &'static str {
+    if args.engine {
+        "engine"
+    } else if args.by_path {
+        "by-path"
+    } else {
+        "sessions"
+    }
+}
+
 fn report(
     args: &ReadBenchArgs,
     hist: &Histogram,
@@ -353,7 +489,8 @@ fn report(
             "p99_us": p99,
             "backend": backend_name,
             "threads": threads,
-            "mode": if args.threads > 0 { "sessions" } else { "engine" },
+            "mode": mode(args),
+            "direct_descriptors": info.direct_descriptors,
             "bs": args.bs,
             "depth": args.depth,
             "direct": args.direct,
@@ -368,10 +505,10 @@ fn report(
             backend_name,
             info.reason,
             threads,
-            if args.threads > 0 {
-                "thread(s) each driving a session"
-            } else {
-                "engine thread(s)"
+            match mode(args) {
+                "engine" => "engine thread(s)",
+                "by-path" => "thread(s) each reading files by path on a session",
+                _ => "thread(s) each driving a session",
             },
             args.bs,
             args.depth,

@@ -7,28 +7,16 @@
 //! largest block cannot deadlock; requests are served in submission order.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard};
 
-use crate::files::FileEntry;
+use crate::error::ReadError;
+use crate::job::{Job, Pending};
 use crate::pool::{Pool, PoolBuf};
-use crate::sched::{Completion, Job, ReadRequest, Shared};
-use crate::ReadError;
+use crate::state::ReaderState;
 
-/// A checked request without its buffer yet.
-#[derive(Clone, Debug)]
-pub(crate) struct Pending {
-    pub(crate) file: Arc<FileEntry>,
-    pub(crate) req: ReadRequest,
-    /// Where the read starts in the file (the offset, or below it for O_DIRECT alignment).
-    pub(crate) read_start: u64,
-    /// Bytes read before the requested range (O_DIRECT alignment).
-    pub(crate) skip: usize,
-    /// Bytes the read needs (after O_DIRECT widening).
-    pub(crate) read_len: usize,
-}
-
+/// The queue behind [`Deferred`]'s lock.
 #[derive(Debug)]
-struct State {
+struct DeferredQueue {
     /// Oldest first; the front stays until its read is queued in its class, so later
     /// requests cannot overtake it.
     queue: VecDeque<Pending>,
@@ -38,7 +26,7 @@ struct State {
 /// The FIFO of requests waiting for pool memory, bounded by `capacity`.
 #[derive(Debug)]
 pub(crate) struct Deferred {
-    state: Mutex<State>,
+    state: Mutex<DeferredQueue>,
     changed: Condvar,
     capacity: usize,
 }
@@ -46,7 +34,7 @@ pub(crate) struct Deferred {
 impl Deferred {
     pub(crate) fn new(capacity: usize) -> Deferred {
         Deferred {
-            state: Mutex::new(State {
+            state: Mutex::new(DeferredQueue {
                 queue: VecDeque::new(),
                 closed: false,
             }),
@@ -55,7 +43,7 @@ impl Deferred {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, DeferredQueue> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -115,7 +103,7 @@ impl Deferred {
     }
 
     /// Body of the deferral thread.
-    pub(crate) fn run(&self, shared: &Shared) {
+    pub(crate) fn run(&self, shared: &ReaderState) {
         loop {
             let next = {
                 let mut s = self.lock();
@@ -138,13 +126,13 @@ impl Deferred {
             self.lock().queue.pop_front();
             self.changed.notify_all();
             if queued.is_err() {
-                shared.deliver(Completion::cancelled(&p.file, &p.req));
+                shared.deliver(p.cancelled());
             }
         }
         let left: Vec<Pending> = self.lock().queue.drain(..).collect();
         self.changed.notify_all();
         for p in left {
-            shared.deliver(Completion::cancelled(&p.file, &p.req));
+            shared.deliver(p.cancelled());
         }
     }
 }

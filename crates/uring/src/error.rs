@@ -4,7 +4,7 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
-use crate::FileId;
+use crate::types::FileId;
 
 /// Why a read, an open or the reader's setup failed.
 ///
@@ -18,6 +18,14 @@ pub enum ReadError {
         /// The file that was opened.
         path: PathBuf,
         /// The OS error (`EISDIR` for a directory).
+        source: io::Error,
+    },
+    /// Closing a file opened for a read by path ([`crate::Session::submit_path`]) failed
+    /// after its bytes were read.
+    Close {
+        /// The file that was closed.
+        path: PathBuf,
+        /// The OS error.
         source: io::Error,
     },
     /// The kernel failed the read with an OS error (after retrying EAGAIN/EINTR/EBUSY).
@@ -109,6 +117,7 @@ impl ReadError {
     pub fn os_error(&self) -> Option<&io::Error> {
         match self {
             ReadError::Open { source, .. }
+            | ReadError::Close { source, .. }
             | ReadError::Read { source, .. }
             | ReadError::Setup { source, .. }
             | ReadError::Enter { source } => Some(source),
@@ -127,6 +136,9 @@ impl fmt::Display for ReadError {
         match self {
             ReadError::Open { path, source } => {
                 write!(f, "cannot open {}: {source}", path.display())
+            }
+            ReadError::Close { path, source } => {
+                write!(f, "cannot close {} after reading it: {source}", path.display())
             }
             ReadError::Read {
                 path,
@@ -186,6 +198,7 @@ impl std::error::Error for ReadError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ReadError::Open { source, .. }
+            | ReadError::Close { source, .. }
             | ReadError::Read { source, .. }
             | ReadError::Setup { source, .. }
             | ReadError::Enter { source } => Some(source),

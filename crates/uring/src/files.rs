@@ -10,27 +10,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use io_uring::IoUring;
 use slab::Slab;
 
+use crate::error::ReadError;
 use crate::pool::BUFFER_ALIGN;
-use crate::ReadError;
-
-/// A file opened on a [`crate::Reader`]. Ids of closed files are never reused for other files
-/// (a generation counter tells them apart).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct FileId {
-    index: u32,
-    generation: u32,
-}
-
-/// How [`crate::Reader::open`] opens a file.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct OpenOptions {
-    /// Bypass the page cache (O_DIRECT). Reads are widened to the file system's alignment
-    /// (statx `STATX_DIOALIGN`, else 4096) and the exact range is handed out as a slice.
-    pub direct: bool,
-}
+use crate::types::FileId;
 
 /// Alignment used when the file system does not report one.
-const DEFAULT_DIO_ALIGN: u64 = 4096;
+pub(crate) const DEFAULT_DIO_ALIGN: u64 = 4096;
 
 pub(crate) struct FileEntry {
     pub(crate) path: PathBuf,

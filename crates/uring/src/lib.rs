@@ -14,6 +14,11 @@
 //!   use N cores the way fio's N jobs do. Sessions share the reader's classes and io_depth
 //!   limits (a class's limit counts the reads of every session and engine together), files
 //!   and pool. `rings = 0` builds a reader that serves sessions only.
+//! - **Reads by path.** [`Session::submit_path`] reads a file it opens for that read only:
+//!   where the kernel has direct descriptors (5.15, probed when the reader is built) the open
+//!   goes straight into a slot of the session ring's fixed-file table, linked to the read and
+//!   the close, so it costs no system call beyond the read's; elsewhere the file is opened,
+//!   read and closed with separate calls on the session's thread.
 //! - **Files** are opened once and registered in a fixed-file table when a slot is free.
 //!   O_DIRECT is per file; its alignment comes from statx (`STATX_DIOALIGN`, else 4096),
 //!   and unaligned ranges read the aligned superset and hand out the exact slice.
@@ -38,7 +43,7 @@
 //! pinned to io-uring 0.6.
 //!
 //! ```
-//! use lobster_uring::{OpenOptions, ReadRequest, Reader};
+//! use lobster_uring::{OpenOptions, PathRead, ReadRequest, Reader};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let path = std::env::temp_dir().join(format!("lobster-uring-doc-{}", std::process::id()));
@@ -58,6 +63,15 @@
 //! let mut done = Vec::new();
 //! session.wait(1, &mut done)?;
 //! assert_eq!(&done[0].result.as_ref().unwrap()[..], b"hello");
+//!
+//! // By path: opened, read and closed for this read only.
+//! let shared_path: std::sync::Arc<std::path::Path> = path.as_path().into();
+//! let (direct, class, tag) = (false, 0, 2);
+//! let read = PathRead { path: shared_path, direct, offset: 15, len: 5, class, tag };
+//! session.submit_path(read)?;
+//! done.clear();
+//! session.wait(1, &mut done)?;
+//! assert_eq!(&done[0].result.as_ref().unwrap()[..], b"eader");
 //! # std::fs::remove_file(&path)?;
 //! # Ok(())
 //! # }
@@ -65,31 +79,38 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod classes;
+mod completion;
 mod deferred;
 mod error;
 mod files;
+mod job;
 mod mapping;
 mod pages;
 mod pool;
 mod pread;
 mod reader;
 mod resident;
-mod sched;
 mod session;
+mod state;
 #[cfg(feature = "tokio-uring")]
 mod tokio_reads;
+mod types;
 mod uring;
 
+pub use completion::Completion;
 pub use error::ReadError;
-pub use files::{FileId, OpenOptions};
 pub use pages::copy_to_pages;
 pub use pool::block_bytes;
 pub use reader::{ActiveBackend, Backend, BackendInfo, Reader, ReaderBuilder, ReaderConfig};
 pub use resident::{read_resident, Resident};
-pub use sched::{ClassStats, Completion, IoEvent, IoEventKind, Observer, ReadRequest, ReaderStats};
 pub use session::Session;
 #[cfg(feature = "tokio-uring")]
 pub use tokio_reads::AsyncFile;
+pub use types::{
+    ClassStats, FileId, IoEvent, IoEventKind, Observer, OpenOptions, PathRead, ReadRequest,
+    ReaderStats,
+};
 
 /// `Bytes`, re-exported so users need not depend on the `bytes` crate.
 pub use bytes::Bytes;

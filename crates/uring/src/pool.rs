@@ -361,19 +361,9 @@ impl AsRef<[u8]> for PoolSlice {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
     use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// xorshift64*, deterministic.
-    struct Rng(u64);
-
-    impl Rng {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-        }
-    }
 
     fn page_of(pool: &Pool, buf: &mut PoolBuf) -> usize {
         (buf.as_mut_ptr() as usize - pool.inner.mapping.base().as_ptr() as usize) / PAGE_BYTES
@@ -455,14 +445,14 @@ mod tests {
         let pool = Pool::new(4 * 65536 + 3 * 4096, 65536).unwrap();
         // The tail that is not a whole largest block is cut into smaller aligned blocks.
         assert_eq!(pool.largest_free_bytes(), 65536);
-        let mut rng = Rng(11);
+        let mut rng = StdRng::seed_from_u64(11);
         let mut held = Vec::new();
-        while let Some(b) = pool.try_acquire(1 + rng.below(20_000) as usize) {
+        while let Some(b) = pool.try_acquire(1 + rng.gen_range(0..20_000) as usize) {
             held.push(b);
         }
         assert!(pool.largest_free_bytes() < 65536);
         while !held.is_empty() {
-            held.swap_remove(rng.below(held.len() as u64) as usize);
+            held.swap_remove(rng.gen_range(0..held.len() as u64) as usize);
         }
         assert_eq!(pool.free_bytes(), pool.budget_bytes());
         let big: Vec<_> = (0..4).map(|_| pool.try_acquire(65536).unwrap()).collect();
@@ -547,14 +537,15 @@ mod tests {
             let max_pages = pool.max_block_bytes() / PAGE_BYTES;
             let mut used = vec![false; budget_pages];
             let mut held: Vec<(PoolBuf, usize, usize)> = Vec::new();
-            let mut rng = Rng(seed);
+            let mut rng = StdRng::seed_from_u64(seed);
             for _ in 0..20_000 {
-                if !held.is_empty() && rng.below(100) < 45 {
-                    let (b, first, n) = held.swap_remove(rng.below(held.len() as u64) as usize);
+                if !held.is_empty() && rng.gen_range(0..100) < 45 {
+                    let (b, first, n) =
+                        held.swap_remove(rng.gen_range(0..held.len() as u64) as usize);
                     drop(b);
                     used[first..first + n].iter_mut().for_each(|u| *u = false);
                 } else {
-                    let len = 1 + rng.below(max_read as u64) as usize;
+                    let len = 1 + rng.gen_range(0..max_read as u64) as usize;
                     let n = block_bytes(len) / PAGE_BYTES;
                     let fits = (0..budget_pages)
                         .step_by(n)
@@ -597,9 +588,9 @@ mod tests {
             .map(|id| {
                 let (pool, owner) = (pool.clone(), owner.clone());
                 std::thread::spawn(move || {
-                    let mut rng = Rng(id as u64 * 77);
+                    let mut rng = StdRng::seed_from_u64(id as u64 * 77);
                     for _ in 0..2000 {
-                        let len = 1 + rng.below(8 * PAGE_BYTES as u64) as usize;
+                        let len = 1 + rng.gen_range(0..8 * PAGE_BYTES as u64) as usize;
                         let mut b = pool.acquire(len).unwrap();
                         let first = page_of(&pool, &mut b);
                         let n = b.capacity() / PAGE_BYTES;

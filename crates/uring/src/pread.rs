@@ -2,10 +2,12 @@
 
 use std::sync::Arc;
 
-use crate::sched::{Job, Shared, Step};
+use crate::error::ReadError;
+use crate::job::{AfterRead, Job};
+use crate::state::ReaderState;
 
 /// Body of one pread worker: takes reads within the io_depth limits, one at a time.
-pub(crate) fn worker(shared: Arc<Shared>) {
+pub(crate) fn worker(shared: Arc<ReaderState>) {
     loop {
         let job = {
             let mut s = shared.lock();
@@ -35,16 +37,22 @@ pub(crate) fn worker(shared: Arc<Shared>) {
     }
 }
 
-pub(crate) fn read(mut job: Job) -> (Job, Result<(), crate::ReadError>) {
+pub(crate) fn read(mut job: Job) -> (Job, Result<(), ReadError>) {
     if job.is_empty() {
         return (job, Ok(()));
     }
+    if let Err(e) = job.open_here() {
+        return (job, Err(e));
+    }
+    let fd = job
+        .fd()
+        .expect("a reader's file, or a path read opened just now");
     loop {
         let (offset, buf_offset, len) = job.next_chunk();
         // SAFETY: next_chunk stays inside the job's buffer, which the job owns exclusively.
         let n = unsafe {
             libc::pread(
-                job.file.raw_fd(),
+                fd,
                 job.buf.as_mut_ptr().add(buf_offset).cast(),
                 len,
                 offset as libc::off_t,
@@ -57,7 +65,7 @@ pub(crate) fn read(mut job: Job) -> (Job, Result<(), crate::ReadError>) {
         } else {
             n as i32
         };
-        if let Step::Done(result) = job.on_result(res) {
+        if let AfterRead::Done(result) = job.on_result(res) {
             return (job, result);
         }
     }

@@ -8,13 +8,15 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::Receiver;
 
-use crate::deferred::{Deferred, Pending};
+use crate::completion::Completion;
+use crate::deferred::Deferred;
+use crate::error::ReadError;
 use crate::files::FileEntry;
+use crate::job::{Job, Pending, Source};
 use crate::pool::{block_bytes, Pool, POOL_BYTES_MAX};
-use crate::sched::{Completion, Job, Observer, ReadRequest, ReaderStats, Shared};
-use crate::session::{Session, SessionParams};
+use crate::state::ReaderState;
+use crate::types::{FileId, IoEvent, Observer, OpenOptions, PathRead, ReadRequest, ReaderStats};
 use crate::uring::{Engine, SetupParams};
-use crate::{FileId, OpenOptions, ReadError};
 
 /// Which backend a reader should use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -55,6 +57,10 @@ pub struct BackendInfo {
     pub fixed_buffers: bool,
     /// Slots of the fixed-file table (0: files are read through plain fds).
     pub fixed_file_slots: u32,
+    /// Sessions read by path ([`crate::Session::submit_path`]) with one linked open, read and close
+    /// in their ring (direct descriptors, Linux 5.15); else they open, read and close with
+    /// separate system calls on the calling thread.
+    pub direct_descriptors: bool,
 }
 
 /// How to build a [`Reader`]. `Default` gives one class at depth 32 and a pool of 32 MiB for
@@ -235,7 +241,7 @@ impl ReaderBuilder {
     }
 
     /// See [`ReaderConfig::observer`].
-    pub fn observer(mut self, observer: impl Fn(crate::IoEvent) + Send + Sync + 'static) -> Self {
+    pub fn observer(mut self, observer: impl Fn(IoEvent) + Send + Sync + 'static) -> Self {
         self.config.observer = Some(Arc::new(observer));
         self
     }
@@ -311,6 +317,19 @@ fn report_fallback(reason: &str) {
     }
 }
 
+/// What a session needs from the reader's configuration.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SessionParams {
+    /// The reader runs io_uring (else sessions read with pread on the calling thread).
+    pub(crate) uring: bool,
+    pub(crate) ring_entries: u32,
+    pub(crate) register_buffers: bool,
+    pub(crate) async_punt: bool,
+    pub(crate) queue_capacity: usize,
+    /// Path reads go through direct descriptors (see [`BackendInfo::direct_descriptors`]).
+    pub(crate) direct_descriptors: bool,
+}
+
 /// The sample reader: a cheap, cloneable, thread-safe handle. The backend threads stop
 /// when the last clone drops (see `Drop`).
 #[derive(Clone, Debug)]
@@ -320,7 +339,7 @@ pub struct Reader {
 
 #[derive(Debug)]
 struct ReaderInner {
-    shared: Arc<Shared>,
+    shared: Arc<ReaderState>,
     threads: Vec<JoinHandle<()>>,
     backend: BackendInfo,
     completions: Receiver<Completion>,
@@ -373,6 +392,10 @@ impl Reader {
                 match crate::uring::setup(&params, &pool) {
                     Ok(setup) => {
                         let mut reason = why;
+                        if let Err(why) = &setup.direct_descriptors {
+                            reason.push_str("; path reads open and close on the calling thread: ");
+                            reason.push_str(why);
+                        }
                         for note in &setup.notes {
                             reason.push_str("; ");
                             reason.push_str(note);
@@ -386,8 +409,9 @@ impl Reader {
                             fixed_file_slots: setup.fixed.as_ref().map_or(0, |_| {
                                 config.fixed_files.min(crate::uring::nofile_limit() as u32)
                             }),
+                            direct_descriptors: setup.direct_descriptors.is_ok(),
                         };
-                        let shared = Arc::new(Shared::new(
+                        let shared = Arc::new(ReaderState::new(
                             &config.io_depths,
                             setup.wakers,
                             setup.fixed,
@@ -437,7 +461,7 @@ impl Reader {
         completions: Receiver<Completion>,
         reason: String,
     ) -> Result<Reader, ReadError> {
-        let shared = Arc::new(Shared::new(
+        let shared = Arc::new(ReaderState::new(
             &config.io_depths,
             Vec::new(),
             None,
@@ -463,6 +487,7 @@ impl Reader {
             ring_capacity: 0,
             fixed_buffers: false,
             fixed_file_slots: 0,
+            direct_descriptors: false,
         };
         Self::assemble(&config, shared, threads, backend, completions)
     }
@@ -470,7 +495,7 @@ impl Reader {
     /// Starts the thread that serves reads waiting for pool memory and wraps up the reader.
     fn assemble(
         config: &ReaderConfig,
-        shared: Arc<Shared>,
+        shared: Arc<ReaderState>,
         mut threads: Vec<JoinHandle<()>>,
         backend: BackendInfo,
         completions: Receiver<Completion>,
@@ -484,6 +509,7 @@ impl Reader {
             register_buffers: config.register_buffers,
             async_punt: config.async_punt,
             queue_capacity: config.queue_capacity,
+            direct_descriptors: backend.direct_descriptors,
         };
         let deferred = Arc::new(Deferred::new(
             config.queue_capacity.saturating_mul(config.io_depths.len()),
@@ -537,11 +563,14 @@ impl Reader {
             .ok_or(ReadError::UnknownFile { file })
     }
 
-    /// A caller-driven session on this reader for the calling thread: its own ring (on
-    /// io_uring), sharing this reader's classes, io_depth limits, files and pool; see
-    /// [`Session`]. Fails if the ring cannot be set up (e.g. out of file descriptors).
-    pub fn session(&self) -> Result<Session, ReadError> {
-        Session::new(self.clone(), self.inner.shared.clone(), self.inner.session)
+    /// The state this reader shares with its sessions and backend threads.
+    pub(crate) fn state(&self) -> &Arc<ReaderState> {
+        &self.inner.shared
+    }
+
+    /// What a session of this reader needs from its configuration.
+    pub(crate) fn session_params(&self) -> SessionParams {
+        self.inner.session
     }
 
     /// `submit` needs a backend thread; an io_uring reader with 0 rings has none.
@@ -556,28 +585,44 @@ impl Reader {
         }
     }
 
+    /// Checks that `class` exists.
+    fn check_class(&self, class: usize) -> Result<(), ReadError> {
+        let classes = self.inner.shared.classes();
+        if class >= classes {
+            return Err(ReadError::InvalidClass { class, classes });
+        }
+        Ok(())
+    }
+
     /// Checks a request against the classes, the open files and `max_read_bytes`.
     pub(crate) fn check(&self, req: &ReadRequest) -> Result<Pending, ReadError> {
-        let shared = &self.inner.shared;
-        let classes = shared.classes();
-        if req.class >= classes {
-            return Err(ReadError::InvalidClass {
-                class: req.class,
-                classes,
-            });
-        }
-        let file = shared
+        self.check_class(req.class)?;
+        let file = self
+            .inner
+            .shared
             .files
             .get(req.file)
             .ok_or(ReadError::UnknownFile { file: req.file })?;
-        let (read_start, skip, read_len) = Job::plan(&file, req, self.inner.max_read_bytes)?;
-        Ok(Pending {
-            file,
-            req: *req,
-            read_start,
-            skip,
-            read_len,
-        })
+        let max = self.inner.max_read_bytes;
+        Pending::plan(
+            Source::File(file),
+            req.offset,
+            req.len,
+            req.class,
+            req.tag,
+            max,
+        )
+    }
+
+    /// Checks a read by path against the classes and `max_read_bytes`.
+    pub(crate) fn check_path(&self, req: &PathRead) -> Result<Pending, ReadError> {
+        self.check_class(req.class)?;
+        let source = Source::Path {
+            path: req.path.clone(),
+            direct: req.direct,
+        };
+        let max = self.inner.max_read_bytes;
+        Pending::plan(source, req.offset, req.len, req.class, req.tag, max)
     }
 
     /// Queues a read at the back of its class's FIFO. Waits while the class queue is full.
@@ -675,7 +720,7 @@ impl Reader {
 
 /// Starts a backend thread; if that fails, stops and joins the ones already started.
 fn spawn_or_stop(
-    shared: &Shared,
+    shared: &ReaderState,
     threads: &mut Vec<JoinHandle<()>>,
     name: String,
     f: impl FnOnce() + Send + 'static,
@@ -734,7 +779,7 @@ mod tests {
     fn handles_and_completions_cross_threads() {
         fn send_sync<T: Send + Sync>() {}
         send_sync::<Reader>();
-        send_sync::<crate::Completion>();
+        send_sync::<Completion>();
         send_sync::<ReadError>();
     }
 

@@ -2,26 +2,27 @@
 //! thread in between (the way fio and liburing programs drive io_uring).
 
 use std::collections::VecDeque;
+use std::ffi::CString;
+use std::io;
 use std::marker::PhantomData;
+use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use io_uring::IoUring;
+use io_uring::{squeue, IoUring};
 use slab::Slab;
 
-use crate::sched::{Completion, Job, ReadRequest, Shared, Step};
-use crate::{ReadError, Reader};
-
-/// What a session needs from the reader's configuration.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct SessionParams {
-    /// The reader runs io_uring (else sessions read with pread on the calling thread).
-    pub(crate) uring: bool,
-    pub(crate) ring_entries: u32,
-    pub(crate) register_buffers: bool,
-    pub(crate) async_punt: bool,
-    pub(crate) queue_capacity: usize,
-}
+use crate::completion::Completion;
+use crate::error::ReadError;
+use crate::job::{AfterRead, ChainNext, ChainOp, Job, Opened, Pending, SlotChain};
+use crate::pread;
+use crate::reader::{Reader, SessionParams};
+use crate::state::ReaderState;
+use crate::types::{PathRead, ReadRequest};
+use crate::uring::{
+    build_session_ring, chain_user_data, close_fixed_sqe, decode_user_data, nofile_limit,
+    open_direct_sqe, push_entries, push_entry, read_sqe, register_pool, ReadTarget,
+};
 
 struct Ring {
     ring: IoUring,
@@ -30,6 +31,42 @@ struct Ring {
 }
 
 static ENTER_ERROR_LOGGED: AtomicBool = AtomicBool::new(false);
+
+/// The slots of a session ring's fixed-file table that reads by path open their files
+/// into: one per path read in the ring, so at most `total` of them at once.
+#[derive(Debug)]
+struct PathSlots {
+    free: Vec<u32>,
+    total: usize,
+}
+
+impl PathSlots {
+    fn new(total: u32) -> PathSlots {
+        PathSlots {
+            free: (0..total).rev().collect(),
+            total: total as usize,
+        }
+    }
+
+    fn take(&mut self) -> Option<u32> {
+        let slot = self.free.pop();
+        assert!(self.in_use() <= self.total);
+        slot
+    }
+
+    fn give(&mut self, slot: u32) {
+        assert!(
+            self.free.len() < self.total && (slot as usize) < self.total,
+            "slot {slot} returned twice or never taken"
+        );
+        debug_assert!(!self.free.contains(&slot));
+        self.free.push(slot);
+    }
+
+    fn in_use(&self) -> usize {
+        self.total - self.free.len()
+    }
+}
 
 /// A caller-driven view of a [`Reader`]: the thread that owns it submits reads and reaps
 /// their completions itself, on a ring of its own, so a read costs no thread hand-off.
@@ -46,6 +83,9 @@ static ENTER_ERROR_LOGGED: AtomicBool = AtomicBool::new(false);
 /// [`Reader::completions`]. [`Reader::stats`] counts a session's reads in flight and
 /// completed in their classes, but not the requests waiting in a session's own queues.
 ///
+/// [`Session::submit_path`] reads a file named by path, opened for that read and closed
+/// after it, in the same queues and limits.
+///
 /// On the pread backend a session reads with pread(2) on the calling thread inside
 /// `wait`/`poll`.
 ///
@@ -58,15 +98,21 @@ pub struct Session {
     /// Per class: requests not yet counted against the class's io_depth.
     queues: Vec<VecDeque<Job>>,
     queued: usize,
-    /// Reads in the kernel, keyed by user_data.
+    /// Reads in the kernel, keyed by user_data (less the bits of a chain's operation).
     in_ring: Slab<Job>,
-    /// Most reads in the kernel at once (the SQ size; the CQ is twice as large).
+    /// Operations in the kernel: one per read, up to three for a read by path.
+    ops_in_ring: usize,
+    /// Most operations in the kernel at once (the SQ size; the CQ is twice as large).
     cap: usize,
+    /// Fixed-file slots for reads by path; `None`: they open on this thread.
+    path_slots: Option<PathSlots>,
+    /// A read by path links its close after its read (the SQ holds the three at once).
+    link_close: bool,
     cursor: usize,
     started: Vec<Job>,
     finished: Vec<(Job, Result<(), ReadError>)>,
     queue_capacity: usize,
-    shared: Arc<Shared>,
+    shared: Arc<ReaderState>,
     reader: Reader,
     _single_thread: PhantomData<*const ()>,
 }
@@ -77,27 +123,49 @@ impl std::fmt::Debug for Session {
             .field("uring", &self.ring.is_some())
             .field("queued", &self.queued)
             .field("in_ring", &self.in_ring.len())
+            .field("ops_in_ring", &self.ops_in_ring)
             .field("cap", &self.cap)
+            .field("path_slots", &self.path_slots())
+            .field("path_slots_in_use", &self.path_slots_in_use())
             .finish_non_exhaustive()
     }
 }
 
+impl Reader {
+    /// A caller-driven session on this reader for the calling thread: its own ring (on
+    /// io_uring), sharing this reader's classes, io_depth limits, files and pool; see
+    /// [`Session`]. Fails if the ring cannot be set up (e.g. out of file descriptors).
+    pub fn session(&self) -> Result<Session, ReadError> {
+        Session::new(self.clone(), self.session_params())
+    }
+}
+
 impl Session {
-    pub(crate) fn new(
-        reader: Reader,
-        shared: Arc<Shared>,
-        params: SessionParams,
-    ) -> Result<Session, ReadError> {
+    fn new(reader: Reader, params: SessionParams) -> Result<Session, ReadError> {
+        let shared = reader.state().clone();
+        let mut path_slots = None;
         let (ring, cap) = if params.uring {
-            let ring = crate::uring::build_session_ring(params.ring_entries).map_err(|source| {
-                ReadError::Setup {
+            let ring =
+                build_session_ring(params.ring_entries).map_err(|source| ReadError::Setup {
                     what: "io_uring_setup for a session",
                     source,
-                }
-            })?;
+                })?;
             let fixed_buffers =
-                params.register_buffers && crate::uring::register_pool(&ring, &shared.pool).is_ok();
+                params.register_buffers && register_pool(&ring, &shared.pool).is_ok();
             let cap = ring.params().sq_entries() as usize;
+            if params.direct_descriptors {
+                // As many slots as chains fit in the ring at once (see `ops_of`).
+                let slots = (cap / chain_ops(cap)) as u64;
+                let slots = slots.min(nofile_limit()) as u32;
+                match ring.submitter().register_files_sparse(slots) {
+                    Ok(()) if slots > 0 => path_slots = Some(PathSlots::new(slots)),
+                    Ok(()) => {}
+                    Err(e) => log::debug!(
+                        "lobster-uring: no fixed-file slots for path reads in a session ({e}); \
+                         they open on the calling thread"
+                    ),
+                }
+            }
             let ring = Ring {
                 ring,
                 fixed_buffers,
@@ -114,7 +182,10 @@ impl Session {
             ring,
             queued: 0,
             in_ring: Slab::with_capacity(cap),
+            ops_in_ring: 0,
             cap,
+            path_slots,
+            link_close: chain_ops(cap) == 3,
             cursor: 0,
             started: Vec::with_capacity(cap),
             finished: Vec::with_capacity(cap),
@@ -131,6 +202,18 @@ impl Session {
     /// This session uses a ring with pool buffers registered (`READ_FIXED`).
     pub fn fixed_buffers(&self) -> bool {
         self.ring.as_ref().is_some_and(|r| r.fixed_buffers)
+    }
+
+    /// Fixed-file slots this session's ring keeps for reads by path: at most this many
+    /// such reads are in the kernel at once. 0 when reads by path open, read and close with
+    /// separate system calls on the calling thread (pread backend, no direct descriptors).
+    pub fn path_slots(&self) -> usize {
+        self.path_slots.as_ref().map_or(0, |p| p.total)
+    }
+
+    /// Fixed-file slots held by reads by path in the kernel now.
+    pub fn path_slots_in_use(&self) -> usize {
+        self.path_slots.as_ref().map_or(0, PathSlots::in_use)
     }
 
     /// Requests submitted and not yet returned by `wait`/`poll` (queued, in flight, or
@@ -161,10 +244,43 @@ impl Session {
             .iter()
             .map(|req| self.reader.check(req))
             .collect::<Result<Vec<_>, _>>()?;
+        self.queue_and_start(pending)
+    }
+
+    /// Queues one read of a file named by path; see [`Session::submit_path_batch`].
+    pub fn submit_path(&mut self, req: PathRead) -> Result<(), ReadError> {
+        self.submit_path_batch(std::slice::from_ref(&req)).map(drop)
+    }
+
+    /// Queues reads of files named by path, as [`Session::submit_batch`] queues reads of
+    /// open files (same queues, io_depth, pool, bounds and return value): each opens its
+    /// file, reads it and closes it, and its [`Completion`] says which of the three failed
+    /// ([`ReadError::Open`], [`ReadError::Read`] or [`ReadError::UnexpectedEof`],
+    /// [`ReadError::Close`]) with the path and the OS error.
+    ///
+    /// Where the kernel has direct descriptors (see
+    /// [`crate::BackendInfo::direct_descriptors`]) the open goes straight into a slot of
+    /// this ring's fixed-file table, linked to the read and the close of that slot, so a
+    /// read by path goes into the kernel with the same one system call as a read of an open
+    /// file; a read waits in its queue while all [`Session::path_slots`] are held, as it
+    /// does over its class's io_depth. Otherwise the file is opened (openat, statx) on this
+    /// thread when its read starts, read through its descriptor and closed when the read
+    /// ends. A zero-length read completes at once without opening the file.
+    pub fn submit_path_batch(&mut self, reqs: &[PathRead]) -> Result<usize, ReadError> {
+        let pending = reqs
+            .iter()
+            .map(|req| self.reader.check_path(req))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.queue_and_start(pending)
+    }
+
+    /// Queues checked requests in order while the bounds allow, then starts what the limits
+    /// allow; see [`Session::submit_batch`].
+    fn queue_and_start(&mut self, pending: Vec<Pending>) -> Result<usize, ReadError> {
         let mut accepted = 0;
         let mut refused = None;
-        for (req, p) in reqs.iter().zip(pending) {
-            if self.queues[req.class].len() >= self.queue_capacity {
+        for p in pending {
+            if self.queues[p.class].len() >= self.queue_capacity {
                 refused = Some("class queue");
                 break;
             }
@@ -178,7 +294,8 @@ impl Session {
                     "the pool only closes when the reader drops, and this session holds it",
                 ),
             };
-            self.queues[req.class].push_back(Job::new(p, buf));
+            let class = p.class;
+            self.queues[class].push_back(Job::new(p, buf));
             self.queued += 1;
             accepted += 1;
         }
@@ -229,55 +346,96 @@ impl Session {
         Ok(self.deliver(out))
     }
 
+    /// Operations `job` may have in the kernel at once once started.
+    fn ops_of(&self, job: &Job) -> usize {
+        if self.path_slots.is_some() && job.by_path() {
+            chain_ops(self.cap)
+        } else {
+            1
+        }
+    }
+
     /// Moves queued jobs whose class is below its io_depth into `started` (one lock round),
-    /// round robin over classes, and puts them into the SQ (or reads them, on pread).
+    /// round robin over classes, as long as the ring has room for their operations and a
+    /// fixed-file slot is free for each read by path; then puts them into the SQ (or reads
+    /// them, on pread).
     fn start_queued(&mut self) {
-        if self.queued > 0 && self.in_ring.len() < self.cap {
-            let room = self.cap - self.in_ring.len();
+        let mut budget = self.cap.saturating_sub(self.ops_in_ring);
+        if self.queued > 0 && budget > 0 {
+            let mut free_slots = self.path_slots.as_ref().map_or(0, |p| p.free.len());
             let n = self.queues.len();
             let mut s = self.shared.lock();
             let mut progress = true;
-            while progress && self.started.len() < room {
+            while progress && budget > 0 {
                 progress = false;
                 for i in 0..n {
                     let c = (self.cursor + i) % n;
                     let Some(job) = self.queues[c].front() else {
                         continue;
                     };
+                    let ops = self.ops_of(job);
+                    let needs_slot = ops > 1 && !job.is_empty();
+                    if ops > budget || (needs_slot && free_slots == 0) {
+                        continue;
+                    }
                     if !self.shared.try_start(&mut s, job) {
                         continue;
                     }
                     let job = self.queues[c].pop_front().expect("front exists");
                     self.queued -= 1;
                     self.started.push(job);
+                    budget -= ops;
+                    free_slots -= usize::from(needs_slot);
                     progress = true;
-                    if self.started.len() == room {
+                    if budget == 0 {
                         self.cursor = (c + 1) % n;
                         break;
                     }
                 }
             }
         }
-        for job in self.started.drain(..) {
+        let mut started = std::mem::take(&mut self.started);
+        for mut job in started.drain(..) {
             if job.is_empty() {
                 self.finished.push((job, Ok(())));
                 continue;
             }
-            match &self.ring {
-                Some(ring) => {
-                    let key = self.in_ring.insert(job);
-                    push_sqe(ring, key, &mut self.in_ring[key]);
+            let Some(ring) = &self.ring else {
+                self.finished.push(pread::read(job));
+                continue;
+            };
+            if job.by_path() {
+                if let Some(slots) = &mut self.path_slots {
+                    let c_path = match c_path_of(&job) {
+                        Ok(c_path) => c_path,
+                        Err(e) => {
+                            self.finished.push((job, Err(e)));
+                            continue;
+                        }
+                    };
+                    let slot = slots.take().expect("a free slot was counted for this read");
+                    self.ops_in_ring +=
+                        start_chain(ring, &mut self.in_ring, job, slot, c_path, self.link_close);
+                    continue;
                 }
-                None => {
-                    let (job, result) = crate::pread::read(job);
-                    self.finished.push((job, result));
+                // No direct descriptors: open here, read through the descriptor.
+                if let Err(e) = job.open_here() {
+                    self.finished.push((job, Err(e)));
+                    continue;
                 }
             }
+            let key = self.in_ring.insert(job);
+            push_read(ring, key, &mut self.in_ring[key]);
+            self.ops_in_ring += 1;
         }
+        self.started = started;
+        // The CQ (twice the SQ) can never overflow.
+        assert!(self.ring.is_none() || self.ops_in_ring <= self.cap);
     }
 
     /// Submits what is in the SQ and, with `want > 0`, sleeps until the CQ holds `want`
-    /// entries; then folds every CQE into its job (resubmitting short reads and retries).
+    /// entries; then folds every CQE into its job (resubmitting short reads and retries,
+    /// and the next operation of a read by path).
     fn enter(&mut self, want: usize) -> Result<(), ReadError> {
         let Some(ring) = &self.ring else {
             return Ok(());
@@ -319,11 +477,47 @@ impl Session {
         // SAFETY: only this session's thread touches its ring.
         let cq = unsafe { ring.ring.completion_shared() };
         for cqe in cq {
-            let key = cqe.user_data() as usize;
+            self.ops_in_ring -= 1;
+            let (key, op) = decode_user_data(cqe.user_data());
             let job = &mut self.in_ring[key];
-            match job.on_result(cqe.result()) {
-                Step::Again => push_sqe(ring, key, job),
-                Step::Done(result) => self.finished.push((self.in_ring.remove(key), result)),
+            if !matches!(job.opened, Opened::Slot(_)) {
+                match job.on_result(cqe.result()) {
+                    AfterRead::Again => {
+                        push_read(ring, key, job);
+                        self.ops_in_ring += 1;
+                    }
+                    AfterRead::Done(result) => {
+                        self.finished.push((self.in_ring.remove(key), result))
+                    }
+                }
+                continue;
+            }
+            match job.on_chain_result(op, cqe.result()) {
+                ChainNext::Wait => {}
+                ChainNext::Read => {
+                    push_chain_op(ring, key, job, ChainOp::Read);
+                    self.ops_in_ring += 1;
+                }
+                ChainNext::Close => {
+                    push_chain_op(ring, key, job, ChainOp::Close);
+                    self.ops_in_ring += 1;
+                }
+                ChainNext::Done(result) => {
+                    let job = self.in_ring.remove(key);
+                    let Opened::Slot(chain) = &job.opened else {
+                        unreachable!()
+                    };
+                    if chain.close_failed() {
+                        // What the slot holds is unknown: empty it before it is used again.
+                        let _ = ring
+                            .ring
+                            .submitter()
+                            .register_files_update(chain.slot, &[-1]);
+                    }
+                    let slots = self.path_slots.as_mut().expect("chains run in slots");
+                    slots.give(chain.slot);
+                    self.finished.push((job, result));
+                }
             }
         }
         Ok(())
@@ -353,14 +547,120 @@ impl Session {
     }
 }
 
+/// Operations a read by path in a slot has in a ring of `cap` SQ entries at once: open,
+/// read and close linked, or, when the SQ cannot hold three, open and read (the close goes
+/// in after them).
+fn chain_ops(cap: usize) -> usize {
+    if cap >= 3 {
+        3
+    } else {
+        2
+    }
+}
+
 /// Puts the SQE of `job`'s next chunk into the SQ, submitting first if it is full.
-fn push_sqe(ring: &Ring, key: usize, job: &mut Job) {
-    // Sessions have no fixed-file table: files are read through their fds.
-    let entry = crate::uring::read_sqe(key, job, false, ring.fixed_buffers, ring.async_punt);
+fn push_read(ring: &Ring, key: usize, job: &mut Job) {
+    // A session reads through plain descriptors: its fixed-file table, if any, holds only
+    // the files of reads by path.
+    let fd = job
+        .fd()
+        .expect("a reader's file, or a path read opened on this thread");
+    let entry = read_sqe(
+        key as u64,
+        job,
+        ReadTarget::Fd(fd),
+        ring.fixed_buffers,
+        ring.async_punt,
+    );
     // SAFETY: only this session's thread touches its ring, and the job (and its buffer)
     // stays in the session's slab until its completion is reaped; Drop waits for every read
     // in the ring.
-    unsafe { crate::uring::push_entry(&ring.ring, &entry) }
+    unsafe { push_entry(&ring.ring, &entry) }
+}
+
+/// The path of a read by path as the kernel takes it.
+fn c_path_of(job: &Job) -> Result<CString, ReadError> {
+    CString::new(job.source.path().as_os_str().as_bytes()).map_err(|_| ReadError::Open {
+        path: job.source.path().to_path_buf(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, "the path holds a NUL byte"),
+    })
+}
+
+/// Opens `job`'s file into fixed slot `slot`, linked to its first read and (with
+/// `link_close`, when that read is the whole job) to the close of the slot, all in one SQ
+/// batch. Returns how many operations went into the ring.
+fn start_chain(
+    ring: &Ring,
+    in_ring: &mut Slab<Job>,
+    mut job: Job,
+    slot: u32,
+    c_path: CString,
+    link_close: bool,
+) -> usize {
+    let with_close = link_close && job.single_chunk();
+    job.opened = Opened::Slot(SlotChain::new(slot, c_path));
+    let key = in_ring.insert(job);
+    let job = &mut in_ring[key];
+    let direct = job.source_is_direct();
+    let Opened::Slot(chain) = &job.opened else {
+        unreachable!()
+    };
+    let open = open_direct_sqe(
+        chain_user_data(key, ChainOp::Open),
+        &chain.c_path,
+        direct,
+        slot,
+    )
+    .flags(squeue::Flags::IO_LINK);
+    let read = read_sqe(
+        chain_user_data(key, ChainOp::Read),
+        job,
+        ReadTarget::Fixed(slot),
+        ring.fixed_buffers,
+        ring.async_punt,
+    );
+    let ops = if with_close {
+        let read = read.flags(squeue::Flags::IO_LINK);
+        let close = close_fixed_sqe(chain_user_data(key, ChainOp::Close), slot);
+        // SAFETY: only this session's thread touches its ring; the job (its path, its
+        // buffer) stays in the slab until every operation's completion is reaped, and Drop
+        // waits for them.
+        unsafe { push_entries(&ring.ring, &[open, read, close]) };
+        3
+    } else {
+        // SAFETY: as above.
+        unsafe { push_entries(&ring.ring, &[open, read]) };
+        2
+    };
+    let Opened::Slot(chain) = &mut job.opened else {
+        unreachable!()
+    };
+    chain.pushed(ops, with_close);
+    ops
+}
+
+/// Puts the next read or the close of a read by path into the SQ.
+fn push_chain_op(ring: &Ring, key: usize, job: &mut Job, op: ChainOp) {
+    let Opened::Slot(chain) = &job.opened else {
+        unreachable!("chain operations are for reads by path in a slot")
+    };
+    let slot = chain.slot;
+    let entry = match op {
+        ChainOp::Close => close_fixed_sqe(chain_user_data(key, op), slot),
+        _ => read_sqe(
+            chain_user_data(key, ChainOp::Read),
+            job,
+            ReadTarget::Fixed(slot),
+            ring.fixed_buffers,
+            ring.async_punt,
+        ),
+    };
+    // SAFETY: as in `push_read`.
+    unsafe { push_entry(&ring.ring, &entry) }
+    let Opened::Slot(chain) = &mut job.opened else {
+        unreachable!()
+    };
+    chain.pushed(1, op == ChainOp::Close);
 }
 
 impl Drop for Session {
@@ -382,5 +682,79 @@ impl Drop for Session {
             sink.clear();
         }
         self.deliver(&mut sink);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::reader::Backend;
+
+    fn path_read(path: &Path, direct: bool, offset: u64, len: usize, tag: u64) -> PathRead {
+        PathRead {
+            path: Arc::from(path),
+            direct,
+            offset,
+            len,
+            class: 0,
+            tag,
+        }
+    }
+
+    /// The fallback of a ring whose kernel has no direct descriptors: open on this thread,
+    /// read through the descriptor in the ring, close when the read is over.
+    #[test]
+    fn without_direct_descriptors_reads_by_path_open_on_the_calling_thread() {
+        let reader = match Reader::builder().backend(Backend::Uring).rings(0).build() {
+            Ok(reader) => reader,
+            Err(e) => {
+                eprintln!("io_uring unavailable, fallback test skipped: {e}");
+                return;
+            }
+        };
+        // Beside the test binary: a real file system, where O_DIRECT works.
+        let exe = std::env::current_exe().unwrap();
+        let dir = tempfile::tempdir_in(exe.parent().unwrap()).unwrap();
+        let data: Vec<u8> = (0..50_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+        let missing = dir.path().join("missing");
+        let mut reqs = Vec::new();
+        for i in 0..12u64 {
+            let path = dir.path().join(format!("f{i}"));
+            std::fs::write(&path, &data).unwrap();
+            reqs.push(path_read(&path, i % 2 == 1, i * 1000, 20_000, i));
+        }
+        reqs.push(path_read(&missing, false, 0, 10, 99));
+        let params = SessionParams {
+            direct_descriptors: false,
+            ring_entries: 4,
+            ..reader.session_params()
+        };
+        let mut session = Session::new(reader.clone(), params).unwrap();
+        assert!(session.ring.is_some());
+        assert_eq!(session.path_slots(), 0);
+        let mut rest = &reqs[..];
+        let mut out = Vec::new();
+        while !rest.is_empty() {
+            rest = &rest[session.submit_path_batch(rest).unwrap()..];
+            session.wait(1, &mut out).unwrap();
+        }
+        while session.pending() > 0 {
+            session.wait(1, &mut out).unwrap();
+        }
+        assert_eq!(out.len(), reqs.len());
+        for c in out {
+            if c.tag == 99 {
+                assert!(
+                    matches!(&c.result, Err(ReadError::Open { path, .. }) if path == &missing),
+                    "{:?}",
+                    c.result
+                );
+                continue;
+            }
+            let offset = c.tag as usize * 1000;
+            assert_eq!(c.result.unwrap()[..], data[offset..offset + 20_000]);
+        }
     }
 }

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use tokio_uring::buf::BoundedBuf;
 
-use crate::sched::MAX_RETRIES;
-use crate::ReadError;
+use crate::error::ReadError;
+use crate::job::MAX_RETRIES;
 
 /// A file opened on the current tokio-uring runtime, read with the same semantics as
 /// [`crate::Reader`]: exact ranges, short reads resumed, EAGAIN/EINTR/EBUSY retried, errors

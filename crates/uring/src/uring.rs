@@ -1,16 +1,19 @@
 //! The io_uring backend: one engine thread per ring.
 
+use std::ffi::CStr;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use io_uring::{opcode, squeue, types, IoUring, Probe};
 use slab::Slab;
 
+use crate::error::ReadError;
 use crate::files::FixedTable;
+use crate::job::{AfterRead, ChainOp, Job, Source};
 use crate::pool::Pool;
-use crate::sched::{Job, Shared, Step};
+use crate::state::ReaderState;
 
 /// user_data of the eventfd read each engine keeps in its ring.
 const WAKE_KEY: u64 = u64::MAX;
@@ -26,6 +29,8 @@ pub(crate) struct UringSetup {
     pub(crate) cap: usize,
     pub(crate) fixed_buffers: bool,
     pub(crate) fixed: Option<Arc<FixedTable>>,
+    /// Sessions can read by path through direct descriptors; `Err` says why not.
+    pub(crate) direct_descriptors: Result<(), String>,
     pub(crate) notes: Vec<String>,
 }
 
@@ -163,6 +168,7 @@ pub(crate) fn setup(params: &SetupParams, pool: &Pool) -> Result<UringSetup, Set
             source: io::Error::new(io::ErrorKind::Unsupported, "IORING_OP_READ not supported"),
         });
     }
+    let direct_descriptors = probe_direct_descriptors(&probe);
     let mut wakers = Vec::with_capacity(params.rings);
     for _ in 0..params.rings {
         // Blocking: io_uring answers reads of an O_NONBLOCK file with EAGAIN instead of
@@ -235,6 +241,7 @@ pub(crate) fn setup(params: &SetupParams, pool: &Pool) -> Result<UringSetup, Set
         cap,
         fixed_buffers,
         fixed,
+        direct_descriptors,
         notes,
     })
 }
@@ -243,7 +250,7 @@ pub(crate) fn setup(params: &SetupParams, pool: &Pool) -> Result<UringSetup, Set
 pub(crate) struct Engine {
     pub(crate) id: usize,
     pub(crate) ring: Arc<IoUring>,
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<ReaderState>,
     pub(crate) cap: usize,
     pub(crate) fixed_buffers: bool,
     pub(crate) async_punt: bool,
@@ -251,9 +258,6 @@ pub(crate) struct Engine {
 
 static SUBMIT_ERROR_LOGGED: AtomicBool = AtomicBool::new(false);
 
-/// Builds the SQE for the next chunk of the job stored under `key`: through the file's
-/// fixed slot if `fixed_files` and it has one, into the registered buffer if
-/// `fixed_buffers`.
 /// Pushes `entry` into `ring`'s SQ, submitting first whenever the SQ is full.
 ///
 /// # Safety
@@ -272,10 +276,44 @@ pub(crate) unsafe fn push_entry(ring: &IoUring, entry: &squeue::Entry) {
     }
 }
 
+/// Pushes `entries` into `ring`'s SQ in one batch: if they do not all fit, submits what is
+/// there first, so that no submission cuts a linked chain in two.
+///
+/// # Safety
+/// As for [`push_entry`], for every entry; `entries` fits in the SQ.
+pub(crate) unsafe fn push_entries(ring: &IoUring, entries: &[squeue::Entry]) {
+    loop {
+        // SAFETY: the caller is the SQ's only user.
+        let mut sq = unsafe { ring.submission_shared() };
+        assert!(entries.len() <= sq.capacity(), "a chain longer than the SQ");
+        if sq.capacity() - sq.len() >= entries.len() {
+            for entry in entries {
+                // SAFETY: the caller keeps each entry's memory valid until its completion;
+                // there is room (checked above).
+                unsafe { sq.push(entry) }.expect("room was checked");
+            }
+            return;
+        }
+        drop(sq);
+        let _ = ring.submit();
+    }
+}
+
+/// The file a read SQE names.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ReadTarget {
+    /// A plain descriptor.
+    Fd(RawFd),
+    /// A slot of the ring's fixed-file table.
+    Fixed(u32),
+}
+
+/// Builds the SQE for the next chunk of `job` through `target`, into the registered buffer
+/// if `fixed_buffers`.
 pub(crate) fn read_sqe(
-    key: usize,
+    user_data: u64,
     job: &mut Job,
-    fixed_files: bool,
+    target: ReadTarget,
     fixed_buffers: bool,
     async_punt: bool,
 ) -> squeue::Entry {
@@ -286,22 +324,23 @@ pub(crate) fn read_sqe(
     // capacity), and the job owns the buffer until its completion is reaped.
     let ptr = unsafe { job.buf.as_mut_ptr().add(buf_offset) };
     let len = len as u32;
-    let slot = job.file.fixed.as_ref().filter(|_| fixed_files);
-    let entry = match (slot, fixed_buffers) {
-        (Some(slot), true) => opcode::ReadFixed::new(types::Fixed(slot.index), ptr, len, buf_index)
+    let entry = match (target, fixed_buffers) {
+        (ReadTarget::Fixed(slot), true) => {
+            opcode::ReadFixed::new(types::Fixed(slot), ptr, len, buf_index)
+                .offset(offset)
+                .build()
+        }
+        (ReadTarget::Fixed(slot), false) => opcode::Read::new(types::Fixed(slot), ptr, len)
             .offset(offset)
             .build(),
-        (Some(slot), false) => opcode::Read::new(types::Fixed(slot.index), ptr, len)
+        (ReadTarget::Fd(fd), true) => opcode::ReadFixed::new(types::Fd(fd), ptr, len, buf_index)
             .offset(offset)
             .build(),
-        (None, true) => opcode::ReadFixed::new(types::Fd(job.file.raw_fd()), ptr, len, buf_index)
-            .offset(offset)
-            .build(),
-        (None, false) => opcode::Read::new(types::Fd(job.file.raw_fd()), ptr, len)
+        (ReadTarget::Fd(fd), false) => opcode::Read::new(types::Fd(fd), ptr, len)
             .offset(offset)
             .build(),
     };
-    let entry = entry.user_data(key as u64);
+    let entry = entry.user_data(user_data);
     if async_punt {
         entry.flags(squeue::Flags::ASYNC)
     } else {
@@ -309,9 +348,120 @@ pub(crate) fn read_sqe(
     }
 }
 
+/// Bits of user_data above the slab key that say which operation of a path read's chain
+/// completed; a plain read has 0 there, so its user_data is its key.
+const OP_SHIFT: u32 = 56;
+
+/// The user_data of operation `op` of the job under `key`.
+pub(crate) fn chain_user_data(key: usize, op: ChainOp) -> u64 {
+    debug_assert!((key as u64) < 1 << OP_SHIFT);
+    let op_bits: u64 = match op {
+        ChainOp::Read => 0,
+        ChainOp::Open => 1,
+        ChainOp::Close => 2,
+    };
+    key as u64 | op_bits << OP_SHIFT
+}
+
+/// The key and operation of a session's user_data.
+pub(crate) fn decode_user_data(user_data: u64) -> (usize, ChainOp) {
+    let key = (user_data & ((1 << OP_SHIFT) - 1)) as usize;
+    let op = match user_data >> OP_SHIFT {
+        0 => ChainOp::Read,
+        1 => ChainOp::Open,
+        _ => ChainOp::Close,
+    };
+    (key, op)
+}
+
+/// An openat of `path` straight into fixed-file slot `slot` (a direct descriptor, 5.15).
+/// O_CLOEXEC is not given: the kernel refuses it with a slot, and a slot is never inherited.
+pub(crate) fn open_direct_sqe(
+    user_data: u64,
+    path: &CStr,
+    direct: bool,
+    slot: u32,
+) -> squeue::Entry {
+    let mut flags = libc::O_RDONLY;
+    if direct {
+        flags |= libc::O_DIRECT;
+    }
+    let dest = types::DestinationSlot::try_from_slot_target(slot).expect("slots are small");
+    opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), path.as_ptr())
+        .flags(flags)
+        .file_index(Some(dest))
+        .build()
+        .user_data(user_data)
+}
+
+/// A close of fixed-file slot `slot`.
+pub(crate) fn close_fixed_sqe(user_data: u64, slot: u32) -> squeue::Entry {
+    opcode::Close::new(types::Fixed(slot))
+        .build()
+        .user_data(user_data)
+}
+
+/// Whether this kernel opens files straight into a ring's fixed-file table, reads them
+/// there in the same linked chain and closes them there (direct descriptors, 5.15; a linked
+/// read finds the file its open put in the slot only since the kernel assigns files at
+/// issue, 5.18): on a ring of its own with a sparse table, an open of /dev/null into slot 0
+/// linked to an empty read of the slot linked to its close. `Err` says why not.
+pub(crate) fn probe_direct_descriptors(probe: &Probe) -> Result<(), String> {
+    if !probe.is_supported(opcode::OpenAt::CODE) || !probe.is_supported(opcode::Close::CODE) {
+        return Err("IORING_OP_OPENAT or IORING_OP_CLOSE not supported".into());
+    }
+    let ring = IoUring::new(4).map_err(|e| format!("io_uring_setup: {e}"))?;
+    ring.submitter()
+        .register_files_sparse(1)
+        .map_err(|e| format!("registering a sparse file table: {e}"))?;
+    let mut byte = 0u8;
+    let open = open_direct_sqe(1, c"/dev/null", false, 0).flags(squeue::Flags::IO_LINK);
+    // Empty: a short read would break the link and cancel the close.
+    let read = opcode::Read::new(types::Fixed(0), &mut byte, 0)
+        .build()
+        .user_data(2)
+        .flags(squeue::Flags::IO_LINK);
+    let close = close_fixed_sqe(3, 0);
+    // SAFETY: this thread is the ring's only user; the path is a static C string and
+    // `byte` outlives the wait below, which reaps all three completions.
+    unsafe { push_entries(&ring, &[open, read, close]) };
+    ring.submit_and_wait(3)
+        .map_err(|e| format!("io_uring_enter: {e}"))?;
+    let mut results = [None; 3];
+    // SAFETY: this thread is the ring's only user.
+    for cqe in unsafe { ring.completion_shared() } {
+        if let Some(r) = (cqe.user_data() as usize)
+            .checked_sub(1)
+            .and_then(|i| results.get_mut(i))
+        {
+            *r = Some(cqe.result());
+        }
+    }
+    match results {
+        [Some(0), Some(0), Some(0)] => Ok(()),
+        [Some(fd), ..] if fd > 0 => {
+            // SAFETY: the kernel ignored the slot and handed this descriptor to us.
+            unsafe { libc::close(fd) };
+            Err("the kernel ignores the open's file slot".into())
+        }
+        [open, read, close] => Err(format!(
+            "an open of /dev/null into a fixed slot returned {open:?}, the linked read of the \
+             slot {read:?}, its close {close:?}"
+        )),
+    }
+}
+
 impl Engine {
     fn read_sqe(&self, key: usize, job: &mut Job) -> squeue::Entry {
-        read_sqe(key, job, true, self.fixed_buffers, self.async_punt)
+        // Engines serve `Reader::submit`, which names only the reader's own files.
+        let Source::File(file) = &job.source else {
+            unreachable!("engines only read files opened on the reader")
+        };
+        let target = match &file.fixed {
+            Some(slot) => ReadTarget::Fixed(slot.index),
+            None => ReadTarget::Fd(file.raw_fd()),
+        };
+        read_sqe(key as u64, job, target, self.fixed_buffers, self.async_punt)
     }
 
     /// Pushes entries, submitting first whenever the SQ is full.
@@ -327,7 +477,7 @@ impl Engine {
         let mut jobs: Slab<Job> = Slab::with_capacity(self.cap);
         let mut taken: Vec<Job> = Vec::with_capacity(self.cap);
         let mut to_issue: Vec<usize> = Vec::with_capacity(self.cap);
-        let mut finished: Vec<(Job, Result<(), crate::ReadError>)> = Vec::new();
+        let mut finished: Vec<(Job, Result<(), ReadError>)> = Vec::new();
         let mut wake_buf = Box::new(0u64);
         let mut wake_armed = false;
         let mut wake_kicked = false;
@@ -429,15 +579,15 @@ impl Engine {
                 let key = key as usize;
                 let job = &mut jobs[key];
                 match job.on_result(cqe.result()) {
-                    Step::Again => to_issue.push(key),
-                    Step::Done(result) => finished.push((jobs.remove(key), result)),
+                    AfterRead::Again => to_issue.push(key),
+                    AfterRead::Done(result) => finished.push((jobs.remove(key), result)),
                 }
             }
             self.finish(&mut finished);
         }
     }
 
-    fn finish(&self, finished: &mut Vec<(Job, Result<(), crate::ReadError>)>) {
+    fn finish(&self, finished: &mut Vec<(Job, Result<(), ReadError>)>) {
         if finished.is_empty() {
             return;
         }

@@ -8,7 +8,8 @@ use lobster_uring::{
 
 mod common;
 
-use common::{backends, builder, make_file, test_dir, Rng};
+use common::{backends, builder, make_file, seeded_rng, test_dir};
+use rand::Rng;
 
 fn memlock_limit_bytes() -> u64 {
     let mut lim = libc::rlimit {
@@ -56,16 +57,16 @@ fn reads_of_random_sizes_up_to_max_read_bytes_match_std_fs() {
             }
             let file = reader.open(&path, OpenOptions { direct }).unwrap();
             let total = 400u64;
-            let mut rng = Rng(7 + direct as u64);
+            let mut rng = seeded_rng(7 + direct as u64);
             let reqs: Vec<ReadRequest> = (0..total)
                 .map(|tag| {
                     // With O_DIRECT the read widens to 4 KiB on both ends.
                     let max = if direct { MAX_READ - 8192 } else { MAX_READ };
-                    let len = match rng.below(4) {
+                    let len = match rng.gen_range(0..4) {
                         0 => max,
-                        _ => 1 + rng.below(max as u64) as usize,
+                        _ => 1 + rng.gen_range(0..max as u64) as usize,
                     };
-                    let offset = rng.below((size - len) as u64);
+                    let offset = rng.gen_range(0..(size - len) as u64);
                     ReadRequest {
                         file,
                         offset,

@@ -7,7 +7,10 @@ use lobster_uring::{ActiveBackend, Backend, Bytes, OpenOptions, ReadError, ReadR
 
 mod common;
 
-use common::{backends, builder, check, make_file, test_dir, truncate, DepthWatch, Rng};
+use common::{
+    backends, builder, check, make_file, random_range, seeded_rng, test_dir, truncate, DepthWatch,
+};
+use rand::Rng;
 
 fn read_one(
     reader: &Reader,
@@ -53,12 +56,12 @@ fn random_ranges_match_std_fs_on_both_backends() {
             );
             let file = reader.open(&path, OpenOptions { direct }).unwrap();
             let rx = reader.completions();
-            let mut rng = Rng(99 + direct as u64);
+            let mut rng = seeded_rng(99 + direct as u64);
             let mut expected: HashMap<u64, (u64, usize)> = HashMap::new();
             let total = 300;
             let mut received = 0;
             for tag in 0..total {
-                let (offset, len) = rng.range(size);
+                let (offset, len) = random_range(&mut rng, size);
                 expected.insert(tag, (offset, len));
                 let class = (tag % 3) as usize;
                 reader
@@ -251,21 +254,19 @@ fn in_flight_reads_per_class_never_exceed_io_depth_while_it_changes() {
             let rx = reader.completions();
             let data = data.clone();
             std::thread::spawn(move || {
-                let mut rng = Rng(5);
                 for _ in 0..total {
                     let c = rx.recv().unwrap();
                     let offset = (c.tag >> 8) as usize;
                     assert_eq!(&c.result.unwrap()[..], &data[offset..offset + (64 << 10)]);
-                    rng.next();
                 }
             })
         };
         let submitter = {
             let reader = reader.clone();
             std::thread::spawn(move || {
-                let mut rng = Rng(6);
+                let mut rng = seeded_rng(6);
                 for i in 0..total {
-                    let offset = rng.below((size as u64) / 4096 - 16) * 4096;
+                    let offset = rng.gen_range(0..(size as u64) / 4096 - 16) * 4096;
                     let class = (i % CLASSES as u64) as usize;
                     let req = ReadRequest {
                         file,
@@ -278,10 +279,10 @@ fn in_flight_reads_per_class_never_exceed_io_depth_while_it_changes() {
                 }
             })
         };
-        let mut rng = Rng(7);
+        let mut rng = seeded_rng(7);
         while !submitter.is_finished() {
-            let class = rng.below(CLASSES as u64) as usize;
-            let new = 1 + rng.below(12) as usize;
+            let class = rng.gen_range(0..CLASSES as u64) as usize;
+            let new = 1 + rng.gen_range(0..12) as usize;
             watch.set_io_depth(&reader, class, new);
             std::thread::yield_now();
         }
@@ -315,11 +316,11 @@ fn dropping_the_reader_with_reads_in_flight_completes_or_cancels_each() {
                 .unwrap();
             let file = reader.open(&path, OpenOptions { direct }).unwrap();
             let rx = reader.completions();
-            let mut rng = Rng(9);
+            let mut rng = seeded_rng(9);
             let mut expected = HashMap::new();
             for tag in 0..64u64 {
-                let offset = rng.below((size - (256 << 10)) as u64);
-                let len = 1 + rng.below(200_000) as usize;
+                let offset = rng.gen_range(0..(size - (256 << 10)) as u64);
+                let len = 1 + rng.gen_range(0..200_000) as usize;
                 expected.insert(tag, (offset as usize, len));
                 reader
                     .submit(ReadRequest {

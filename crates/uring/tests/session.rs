@@ -9,7 +9,10 @@ use lobster_uring::{
 
 mod common;
 
-use common::{backends, check, make_file, test_dir, truncate, DepthWatch, Rng};
+use common::{
+    backends, check, make_file, random_range, seeded_rng, test_dir, truncate, DepthWatch, StdRng,
+};
+use rand::Rng;
 
 fn builder(backend: Backend) -> ReaderBuilder {
     common::builder(backend).pread_threads(4)
@@ -50,13 +53,13 @@ fn sessions_on_several_threads_read_the_same_bytes_as_std_fs() {
                         if backend == Backend::Pread {
                             assert!(!session.fixed_buffers());
                         }
-                        let mut rng = Rng(10 + thread + 2 * direct as u64);
+                        let mut rng = seeded_rng(10 + thread + 2 * direct as u64);
                         let mut expected = HashMap::new();
                         let mut done: Vec<Completion> = Vec::new();
                         let total = 120;
                         let mut received = 0;
                         for tag in 0..total {
-                            let (offset, len) = rng.range(size);
+                            let (offset, len) = random_range(&mut rng, size);
                             expected.insert(tag, (offset, len));
                             let class = (tag % 2) as usize;
                             let queued = session
@@ -129,7 +132,7 @@ fn in_flight_reads_of_sessions_and_engines_together_never_exceed_io_depth() {
             .unwrap();
         let file = reader.open(&path, OpenOptions { direct: true }).unwrap();
         let total: u64 = 900;
-        let offset_of = |rng: &mut Rng| rng.below((size / 4096 - 16) as u64) * 4096;
+        let offset_of = |rng: &mut StdRng| rng.gen_range(0..(size / 4096 - 16) as u64) * 4096;
         let finished = AtomicUsize::new(0);
         std::thread::scope(|scope| {
             // The reader's engine (or pread pool), fed by one thread, drained by another.
@@ -145,7 +148,7 @@ fn in_flight_reads_of_sessions_and_engines_together_never_exceed_io_depth() {
             }));
             let (reader, finished) = (&reader, &finished);
             threads.push(scope.spawn(move || {
-                let mut rng = Rng(6);
+                let mut rng = seeded_rng(6);
                 for i in 0..total {
                     let offset = offset_of(&mut rng);
                     let class = (i % CLASSES as u64) as usize;
@@ -159,7 +162,7 @@ fn in_flight_reads_of_sessions_and_engines_together_never_exceed_io_depth() {
             for thread in 0..2u64 {
                 threads.push(scope.spawn(move || {
                     let mut session = reader.session().unwrap();
-                    let mut rng = Rng(20 + thread);
+                    let mut rng = seeded_rng(20 + thread);
                     let mut done = Vec::new();
                     for i in 0..total {
                         let offset = offset_of(&mut rng);
@@ -189,7 +192,7 @@ fn in_flight_reads_of_sessions_and_engines_together_never_exceed_io_depth() {
                     finished.fetch_add(1, Ordering::SeqCst);
                 }));
             }
-            let mut rng = Rng(7);
+            let mut rng = seeded_rng(7);
             // Until the submitters are done (or one failed: the scope then reports it).
             loop {
                 let done = finished.load(Ordering::SeqCst);
@@ -197,8 +200,8 @@ fn in_flight_reads_of_sessions_and_engines_together_never_exceed_io_depth() {
                 if done == 3 || ended > done {
                     break;
                 }
-                let class = rng.below(CLASSES as u64) as usize;
-                let new = 1 + rng.below(12) as usize;
+                let class = rng.gen_range(0..CLASSES as u64) as usize;
+                let new = 1 + rng.gen_range(0..12) as usize;
                 watch.set_io_depth(reader, class, new);
                 std::thread::yield_now();
             }
@@ -300,11 +303,11 @@ fn dropping_a_session_with_reads_in_flight_returns_every_buffer_and_depth() {
                 .unwrap();
             let file = reader.open(&path, OpenOptions { direct }).unwrap();
             let mut session = reader.session().unwrap();
-            let mut rng = Rng(9);
+            let mut rng = seeded_rng(9);
             let reqs: Vec<ReadRequest> = (0..40u64)
                 .map(|tag| {
-                    let offset = rng.below((size - (256 << 10)) as u64);
-                    let len = 1 + rng.below(200_000) as usize;
+                    let offset = rng.gen_range(0..(size - (256 << 10)) as u64);
+                    let len = 1 + rng.gen_range(0..200_000) as usize;
                     req(file, offset, len, (tag % 2) as usize, tag)
                 })
                 .collect();

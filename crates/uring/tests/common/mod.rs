@@ -7,36 +7,27 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use lobster_uring::{Backend, Completion, IoEvent, IoEventKind, Reader, ReaderBuilder};
+pub use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
 
-/// Deterministic pseudo-random bytes and numbers (xorshift64*).
-pub struct Rng(pub u64);
+/// A deterministic generator: the same seed gives the same test.
+pub fn seeded_rng(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
 
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+/// A read range inside a file of `size` bytes: lengths from one byte to past 1 MiB (which
+/// O_DIRECT splits), page multiples among them, and half the offsets page-aligned.
+pub fn random_range(rng: &mut StdRng, size: usize) -> (u64, usize) {
+    let len = match rng.gen_range(0..10) {
+        0 => rng.gen_range(1..=2_500_000),
+        1..=4 => 4096 * rng.gen_range(1..=32),
+        _ => rng.gen_range(1..=200_000),
+    };
+    let mut offset = rng.gen_range(0..(size - len) as u64);
+    if rng.gen_bool(0.5) {
+        offset -= offset % 4096;
     }
-
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// A read range inside a file of `size` bytes: lengths from one byte to past 1 MiB (which
-    /// O_DIRECT splits), page multiples among them, and half the offsets page-aligned.
-    pub fn range(&mut self, size: usize) -> (u64, usize) {
-        let len = match self.below(10) {
-            0 => 1 + self.below(2_500_000) as usize,
-            1..=4 => 4096 * (1 + self.below(32) as usize),
-            _ => 1 + self.below(200_000) as usize,
-        };
-        let mut offset = self.below((size - len) as u64);
-        if self.below(2) == 0 {
-            offset -= offset % 4096;
-        }
-        (offset, len)
-    }
+    (offset, len)
 }
 
 /// Cuts the file at `path` to `len` bytes.
@@ -79,8 +70,8 @@ pub fn test_dir() -> tempfile::TempDir {
 
 /// A file of `size` pseudo-random bytes, and the bytes.
 pub fn make_file(dir: &Path, name: &str, size: usize, seed: u64) -> (PathBuf, Vec<u8>) {
-    let mut rng = Rng(seed | 1);
-    let data: Vec<u8> = (0..size).map(|_| rng.next() as u8).collect();
+    let mut data = vec![0u8; size];
+    seeded_rng(seed).fill_bytes(&mut data);
     let path = dir.join(name);
     std::fs::write(&path, &data).unwrap();
     (path, data)

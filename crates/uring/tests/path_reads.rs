@@ -1,0 +1,257 @@
+//! Reads by path on sessions (`Session::submit_path`): the file is opened for the read and
+//! closed after it, through direct descriptors where the kernel has them. Every test runs on
+//! both backends.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use lobster_uring::{Backend, Completion, PathRead, ReadError, Reader, ReaderBuilder, Session};
+use rand::Rng;
+
+mod common;
+
+use common::{backends, make_file, seeded_rng, test_dir, DepthWatch};
+
+fn builder(backend: Backend) -> ReaderBuilder {
+    common::builder(backend).rings(0).pread_threads(2)
+}
+
+fn path_read(
+    path: &Path,
+    direct: bool,
+    offset: u64,
+    len: usize,
+    class: usize,
+    tag: u64,
+) -> PathRead {
+    PathRead {
+        path: Arc::from(path),
+        direct,
+        offset,
+        len,
+        class,
+        tag,
+    }
+}
+
+/// Says (once per reader) when this kernel has no direct descriptors, so that the slot
+/// checks below are skipped for a reason that shows.
+fn direct_descriptors(reader: &Reader) -> bool {
+    let info = reader.backend();
+    if !info.direct_descriptors && reader.backend().active == lobster_uring::ActiveBackend::Uring {
+        eprintln!(
+            "no direct descriptors on this kernel, slot checks skipped: {}",
+            info.reason
+        );
+    }
+    info.direct_descriptors
+}
+
+/// Waits for every pending read of `session`, checking after each call that the slots held
+/// never exceed the session's bound; returns the completions and the most slots held.
+fn drain(session: &mut Session, out: &mut Vec<Completion>) -> usize {
+    let mut peak = session.path_slots_in_use();
+    while session.pending() > 0 {
+        session.wait(1, out).unwrap();
+        let in_use = session.path_slots_in_use();
+        assert!(
+            in_use <= session.path_slots(),
+            "{in_use} slots held of {}",
+            session.path_slots()
+        );
+        peak = peak.max(in_use);
+    }
+    assert_eq!(session.path_slots_in_use(), 0, "a slot was not given back");
+    peak
+}
+
+#[test]
+fn reads_by_path_give_the_files_bytes_with_more_files_than_slots() {
+    let dir = test_dir();
+    let mut rng = seeded_rng(31);
+    let files: Vec<(PathBuf, Vec<u8>)> = (0..40)
+        .map(|i| {
+            let size = rng.gen_range(1..300_000);
+            make_file(dir.path(), &format!("f{i}"), size, 100 + i)
+        })
+        .collect();
+    // One file over 1 MiB, which O_DIRECT reads in chunks (the close then goes in last).
+    let (big, big_data) = make_file(dir.path(), "big", (5 << 19) + 77, 7);
+    for backend in backends() {
+        // ring_entries 2: no room for a linked close, it goes in after the read.
+        for (direct, ring_entries) in [(false, 16), (true, 16), (false, 2), (true, 2)] {
+            let reader = builder(backend)
+                .classes(2, 8)
+                .ring_entries(ring_entries)
+                .max_read_bytes(4 << 20)
+                .pool_bytes(16 << 20)
+                .build()
+                .unwrap();
+            let mut session = reader.session().unwrap();
+            let slotted = backend == Backend::Uring && direct_descriptors(&reader);
+            if slotted {
+                assert!(session.path_slots() > 0 && session.path_slots() <= ring_entries as usize);
+            } else {
+                assert_eq!(session.path_slots(), 0);
+            }
+            let mut reqs = Vec::new();
+            let mut expected = Vec::new();
+            for (tag, (path, data)) in files.iter().enumerate() {
+                // Whole files and inner ranges.
+                let (offset, len) = if tag % 2 == 0 {
+                    (0, data.len())
+                } else {
+                    let offset = rng.gen_range(0..data.len());
+                    (offset, rng.gen_range(0..=data.len() - offset))
+                };
+                reqs.push(path_read(
+                    path,
+                    direct,
+                    offset as u64,
+                    len,
+                    tag % 2,
+                    tag as u64,
+                ));
+                expected.push(&data[offset..offset + len]);
+            }
+            reqs.push(path_read(&big, direct, 4095, big_data.len() - 5000, 0, 40));
+            expected.push(&big_data[4095..big_data.len() - 905]);
+            let mut out = Vec::new();
+            let mut peak = 0;
+            let mut rest = &reqs[..];
+            while !rest.is_empty() {
+                let n = session.submit_path_batch(rest).unwrap();
+                peak = peak.max(session.path_slots_in_use());
+                rest = &rest[n..];
+                if !rest.is_empty() {
+                    session.wait(1, &mut out).unwrap();
+                }
+            }
+            peak = peak.max(drain(&mut session, &mut out));
+            if slotted {
+                assert_eq!(
+                    peak,
+                    session.path_slots(),
+                    "the slot bound was never reached"
+                );
+            }
+            assert_eq!(out.len(), reqs.len());
+            for c in out {
+                let bytes = c
+                    .result
+                    .unwrap_or_else(|e| panic!("{backend:?} direct={direct}: {e}"));
+                assert_eq!(c.class, c.tag as usize % 2);
+                assert!(
+                    bytes[..] == *expected[c.tag as usize],
+                    "{backend:?} direct={direct}: bytes of tag {} differ",
+                    c.tag
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_missing_file_fails_its_open_naming_the_path_and_others_still_read() {
+    let dir = test_dir();
+    let (path, data) = make_file(dir.path(), "present", 10_000, 3);
+    let missing = dir.path().join("missing");
+    for backend in backends() {
+        for direct in [false, true] {
+            let reader = builder(backend).build().unwrap();
+            let mut session = reader.session().unwrap();
+            session
+                .submit_path_batch(&[
+                    path_read(&missing, direct, 0, 100, 0, 1),
+                    path_read(&path, direct, 10, 100, 0, 2),
+                    path_read(&missing, direct, 0, 100, 0, 3),
+                ])
+                .unwrap();
+            let mut out = Vec::new();
+            drain(&mut session, &mut out);
+            out.sort_by_key(|c| c.tag);
+            for c in [&out[0], &out[2]] {
+                match &c.result {
+                    Err(ReadError::Open { path, source }) => {
+                        assert_eq!(path, &missing);
+                        assert_eq!(source.raw_os_error(), Some(libc::ENOENT));
+                    }
+                    other => {
+                        panic!("{backend:?} direct={direct}: expected an open error, got {other:?}")
+                    }
+                }
+                let shown = c.result.as_ref().unwrap_err().to_string();
+                assert!(shown.contains("missing"), "{shown}");
+            }
+            assert_eq!(&out[1].result.as_ref().unwrap()[..], &data[10..110]);
+        }
+    }
+}
+
+#[test]
+fn a_read_by_path_past_the_end_is_a_short_read_with_the_file_end() {
+    let dir = test_dir();
+    let (path, _) = make_file(dir.path(), "short", 10_000, 4);
+    for backend in backends() {
+        for direct in [false, true] {
+            let reader = builder(backend).build().unwrap();
+            let mut session = reader.session().unwrap();
+            session
+                .submit_path(path_read(&path, direct, 9_000, 5_000, 0, 1))
+                .unwrap();
+            let mut out = Vec::new();
+            drain(&mut session, &mut out);
+            match &out[0].result {
+                Err(ReadError::UnexpectedEof {
+                    path: p,
+                    offset: 9_000,
+                    len: 5_000,
+                    file_end: 10_000,
+                }) => assert_eq!(p, &path),
+                other => {
+                    panic!("{backend:?} direct={direct}: expected a short read, got {other:?}")
+                }
+            }
+            // The slot of the failed read was closed and given back: a later read works.
+            session
+                .submit_path(path_read(&path, direct, 0, 10_000, 0, 2))
+                .unwrap();
+            out.clear();
+            drain(&mut session, &mut out);
+            assert_eq!(out[0].result.as_ref().unwrap().len(), 10_000);
+        }
+    }
+}
+
+#[test]
+fn reads_by_path_hold_each_class_to_its_io_depth() {
+    let dir = test_dir();
+    let files: Vec<(PathBuf, Vec<u8>)> = (0..24)
+        .map(|i| make_file(dir.path(), &format!("f{i}"), 64 << 10, 200 + i))
+        .collect();
+    for backend in backends() {
+        let watch = DepthWatch::new(2, 2);
+        let reader = builder(backend)
+            .classes(2, 2)
+            .ring_entries(16)
+            .observer(watch.observer())
+            .build()
+            .unwrap();
+        let mut session = reader.session().unwrap();
+        let reqs: Vec<PathRead> = files
+            .iter()
+            .enumerate()
+            .map(|(i, (path, _))| path_read(path, true, 0, 64 << 10, i % 2, i as u64))
+            .collect();
+        assert_eq!(session.submit_path_batch(&reqs).unwrap(), reqs.len());
+        let mut out = Vec::new();
+        drain(&mut session, &mut out);
+        for c in &out {
+            assert_eq!(c.result.as_ref().unwrap()[..], files[c.tag as usize].1[..]);
+        }
+        assert!(watch.in_flight(0) == 0 && watch.in_flight(1) == 0);
+        if backend == Backend::Uring {
+            watch.assert_held(backend);
+        }
+    }
+}

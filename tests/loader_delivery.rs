@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use lobster_io::uring::Backend;
 use lobster_io::{
-    Batch, CachePolicy, Dataset, Execution, IoOrder, Loader, LoaderBuilder, Schedule,
+    Batch, CachePolicy, Dataset, Execution, IoOrder, Loader, LoaderBuilder, ResidentReads, Schedule,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -20,6 +20,7 @@ struct Setup {
     schedule: Schedule,
     io_order: IoOrder,
     window_iterations: usize,
+    resident_reads: ResidentReads,
 }
 
 const NODES: usize = 3;
@@ -42,6 +43,7 @@ fn build(ds: &Arc<Dataset>, s: Setup, node: usize) -> Loader<Vec<u8>> {
         .schedule(s.schedule)
         .io_order(s.io_order)
         .window_iterations(s.window_iterations)
+        .resident_reads(s.resident_reads)
         .decode(|bytes: &[u8], _meta| Ok::<_, std::io::Error>(bytes.to_vec()))
         .build()
         .unwrap()
@@ -118,6 +120,7 @@ fn setups() -> Vec<Setup> {
         schedule: Schedule::Allocate { hysteresis: 0.05 },
         io_order: IoOrder::Deadline,
         window_iterations: 1,
+        resident_reads: ResidentReads::Auto,
     };
     let mut v = Vec::new();
     for policy in [
@@ -127,11 +130,16 @@ fn setups() -> Vec<Setup> {
         CachePolicy::None,
     ] {
         for backend in [Backend::Uring, Backend::Pread] {
-            v.push(Setup {
-                policy,
-                backend,
-                ..base
-            });
+            // The page cache holds the test's files: Auto reads them on the decode workers,
+            // Dispatcher through the reader (by path where the kernel has direct descriptors).
+            for resident_reads in [ResidentReads::Auto, ResidentReads::Dispatcher] {
+                v.push(Setup {
+                    policy,
+                    backend,
+                    resident_reads,
+                    ..base
+                });
+            }
         }
         v.push(Setup {
             policy,
@@ -267,7 +275,12 @@ fn a_sample_whose_decode_fails_names_its_id_and_path() {
 
 #[test]
 fn a_file_that_changed_size_since_open_is_reported_as_such() {
-    for execution in [Execution::Pipelined, Execution::ReadThenDecode] {
+    let ways = [
+        (Execution::Pipelined, ResidentReads::Auto),
+        (Execution::Pipelined, ResidentReads::Dispatcher),
+        (Execution::ReadThenDecode, ResidentReads::Auto),
+    ];
+    for (execution, resident_reads) in ways {
         for grow in [true, false] {
             let dir = tempfile::tempdir().unwrap();
             let ds = make_dataset(dir.path(), 30, 2);
@@ -283,6 +296,7 @@ fn a_file_that_changed_size_since_open_is_reported_as_such() {
                 .world(1, 1, 0)
                 .batch_size(5)
                 .execution(execution)
+                .resident_reads(resident_reads)
                 .decode_threads(2)
                 .decode(|b: &[u8], _| Ok::<_, std::io::Error>(b.len()))
                 .build()
@@ -292,7 +306,11 @@ fn a_file_that_changed_size_since_open_is_reported_as_such() {
                 .filter_map(|b| b.err())
                 .map(|e| e.to_string())
                 .collect();
-            assert_eq!(errors.len(), 1, "{execution:?} grow={grow}: {errors:?}");
+            assert_eq!(
+                errors.len(),
+                1,
+                "{execution:?} {resident_reads:?} grow={grow}: {errors:?}"
+            );
             let e = &errors[0];
             assert!(e.contains("sample 7") && e.contains("changed size"), "{e}");
             assert!(e.contains(&victim.path.display().to_string()), "{e}");

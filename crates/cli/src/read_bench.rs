@@ -315,6 +315,7 @@ impl Batch {
                     direct: args.direct,
                     offset: 0,
                     len: *len,
+                    to_eof: false,
                     class,
                     tag,
                 });

@@ -223,13 +223,13 @@ fn window_samples(config: &LoaderConfig) -> usize {
 /// The reader's allocation unit and O_DIRECT alignment we plan for.
 const PAGE_BYTES: u64 = 4096;
 
-/// Bytes the reader reads for a sample of `size` bytes (at offset 0): the sample itself, or
-/// with O_DIRECT the sample widened to the alignment on both ends.
+/// Bytes the reader reads for a sample of `size` bytes (at offset 0): the sample and the
+/// byte that shows a file grew, with O_DIRECT widened to the alignment on both ends.
 fn read_bytes(config: &LoaderConfig, size: u64) -> u64 {
     if config.direct {
         (size + 2 * PAGE_BYTES).next_multiple_of(PAGE_BYTES)
     } else {
-        size.max(1)
+        size + 1
     }
 }
 

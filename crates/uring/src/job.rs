@@ -33,6 +33,8 @@ pub(crate) enum Source {
         path: Arc<Path>,
         /// Open it with O_DIRECT.
         direct: bool,
+        /// Ending early at the end of the file is not an error: the bytes read are the result.
+        to_eof: bool,
     },
 }
 
@@ -283,7 +285,7 @@ impl Job {
 
     /// Opens a path read's file on this thread (openat and statx, as `Reader::open` does).
     pub(crate) fn open_here(&mut self) -> Result<(), ReadError> {
-        if let Source::Path { path, direct } = &self.source {
+        if let Source::Path { path, direct, .. } = &self.source {
             self.opened = Opened::Fd(FileEntry::open(path, *direct)?);
         }
         Ok(())
@@ -335,6 +337,10 @@ impl Job {
         // (which only happens at EOF; a further read there would fail with EINVAL).
         let at_eof =
             res == 0 || (self.source.direct() && self.done as u64 % self.source.align() != 0);
+        if at_eof && matches!(self.source, Source::Path { to_eof: true, .. }) {
+            self.len = self.len.min(self.done.saturating_sub(self.skip));
+            return AfterRead::Done(Ok(()));
+        }
         if at_eof || self.done >= self.read_len {
             let read_end = self.read_start + self.done as u64;
             return AfterRead::Done(Err(ReadError::UnexpectedEof {
@@ -459,6 +465,7 @@ mod tests {
         let source = Source::Path {
             path: Arc::from(Path::new("/nonexistent/lobster-chain")),
             direct: false,
+            to_eof: false,
         };
         let p = Pending::plan(source, 0, len, 0, 7, 1 << 20).unwrap();
         let mut job = Job::new(p, pool.try_acquire(len).unwrap());

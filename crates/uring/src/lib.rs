@@ -67,7 +67,7 @@
 //! // By path: opened, read and closed for this read only.
 //! let shared_path: std::sync::Arc<std::path::Path> = path.as_path().into();
 //! let (direct, class, tag) = (false, 0, 2);
-//! let read = PathRead { path: shared_path, direct, offset: 15, len: 5, class, tag };
+//! let read = PathRead { path: shared_path, direct, offset: 15, len: 5, to_eof: false, class, tag };
 //! session.submit_path(read)?;
 //! done.clear();
 //! session.wait(1, &mut done)?;

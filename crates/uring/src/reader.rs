@@ -620,6 +620,7 @@ impl Reader {
         let source = Source::Path {
             path: req.path.clone(),
             direct: req.direct,
+            to_eof: req.to_eof,
         };
         let max = self.inner.max_read_bytes;
         Pending::plan(source, req.offset, req.len, req.class, req.tag, max)

@@ -8,7 +8,9 @@ use std::marker::PhantomData;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use io_uring::types::{SubmitArgs, Timespec};
 use io_uring::{squeue, IoUring};
 use slab::Slab;
 
@@ -339,6 +341,30 @@ impl Session {
         }
     }
 
+    /// Like [`Session::wait`], but returns after `timeout` even if fewer than `min` reads
+    /// completed, and at once when every queued read is held back by its class's io_depth
+    /// (the caller decides what to wait for then).
+    pub fn wait_timeout(
+        &mut self,
+        min: usize,
+        timeout: Duration,
+        out: &mut Vec<Completion>,
+    ) -> Result<usize, ReadError> {
+        let deadline = Instant::now() + timeout;
+        let mut got = 0;
+        loop {
+            self.start_queued();
+            got += self.deliver(out);
+            let now = Instant::now();
+            if got >= min || self.pending() == 0 || now >= deadline || self.in_ring.is_empty() {
+                self.enter(0)?;
+                got += self.deliver(out);
+                return Ok(got);
+            }
+            self.enter_with((min - got).min(self.in_ring.len()), Some(deadline - now))?;
+        }
+    }
+
     /// Appends every completion available now to `out` without waiting; returns how many.
     pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, ReadError> {
         self.start_queued();
@@ -437,6 +463,11 @@ impl Session {
     /// entries; then folds every CQE into its job (resubmitting short reads and retries,
     /// and the next operation of a read by path).
     fn enter(&mut self, want: usize) -> Result<(), ReadError> {
+        self.enter_with(want, None)
+    }
+
+    /// Submits and waits for `want` completions, or until `timeout` passes.
+    fn enter_with(&mut self, want: usize, timeout: Option<Duration>) -> Result<(), ReadError> {
         let Some(ring) = &self.ring else {
             return Ok(());
         };
@@ -447,8 +478,27 @@ impl Session {
             sq.is_empty() && !sq.taskrun()
         };
         if !idle {
+            let timespec = timeout.map(Timespec::from);
             loop {
-                match ring.ring.submit_and_wait(want) {
+                let entered = match (&timespec, want) {
+                    (Some(ts), 1..) => {
+                        let args = SubmitArgs::new().timespec(ts);
+                        match ring.ring.submitter().submit_with_args(want, &args) {
+                            // Timed out: whatever completed is reaped below.
+                            Err(e) if e.raw_os_error() == Some(libc::ETIME) => Ok(0),
+                            // No EXT_ARG (before Linux 5.11): submit, and a short nap
+                            // stands for the timed wait.
+                            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                                let submitted = ring.ring.submit();
+                                std::thread::sleep(ts_duration(timeout).min(NAP_WITHOUT_EXT_ARG));
+                                submitted
+                            }
+                            other => other,
+                        }
+                    }
+                    _ => ring.ring.submit_and_wait(want),
+                };
+                match entered {
                     Ok(_) => break,
                     Err(e)
                         if matches!(
@@ -685,6 +735,13 @@ impl Drop for Session {
     }
 }
 
+/// How long a timed wait naps where the kernel cannot time an enter.
+const NAP_WITHOUT_EXT_ARG: Duration = Duration::from_micros(200);
+
+fn ts_duration(timeout: Option<Duration>) -> Duration {
+    timeout.unwrap_or(Duration::ZERO)
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
@@ -698,6 +755,7 @@ mod tests {
             direct,
             offset,
             len,
+            to_eof: false,
             class: 0,
             tag,
         }

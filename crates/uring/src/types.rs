@@ -48,6 +48,10 @@ pub struct PathRead {
     pub offset: u64,
     /// Bytes to read.
     pub len: usize,
+    /// Read up to `len` bytes: a file that ends first gives what it has instead of an
+    /// [`crate::ReadError::UnexpectedEof`]. Asking one byte more than a file should hold then
+    /// tells whether it grew, without a stat.
+    pub to_eof: bool,
     /// The class (rank) whose io_depth this read counts against.
     pub class: usize,
     /// Caller's tag, returned in the [`crate::Completion`].

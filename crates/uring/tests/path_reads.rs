@@ -29,6 +29,7 @@ fn path_read(
         direct,
         offset,
         len,
+        to_eof: false,
         class,
         tag,
     }
@@ -252,6 +253,65 @@ fn reads_by_path_hold_each_class_to_its_io_depth() {
         assert!(watch.in_flight(0) == 0 && watch.in_flight(1) == 0);
         if backend == Backend::Uring {
             watch.assert_held(backend);
+        }
+    }
+}
+
+#[test]
+fn a_read_to_eof_gives_what_the_file_holds_and_one_byte_more_shows_growth() {
+    let dir = test_dir();
+    let mut rng = seeded_rng(57);
+    // Sizes on and off the page and O_DIRECT alignment.
+    let sizes = [1usize, 4095, 4096, 4097, 70_000, rng.gen_range(1..200_000)];
+    let files: Vec<(PathBuf, Vec<u8>)> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| make_file(dir.path(), &format!("e{i}"), size, 300 + i as u64))
+        .collect();
+    for backend in backends() {
+        for direct in [false, true] {
+            let reader = builder(backend)
+                .classes(1, 8)
+                .max_read_bytes(1 << 20)
+                .pool_bytes(8 << 20)
+                .build()
+                .unwrap();
+            let mut session = reader.session().unwrap();
+            let mut out = Vec::new();
+            for (tag, (path, data)) in files.iter().enumerate() {
+                // One byte more than the file holds: its bytes, not an error.
+                let mut req = path_read(path, direct, 0, data.len() + 1, 0, tag as u64);
+                req.to_eof = true;
+                session.submit_path(req.clone()).unwrap();
+                // The same without to_eof is a short read.
+                req.to_eof = false;
+                req.tag += 100;
+                session.submit_path(req).unwrap();
+            }
+            drain(&mut session, &mut out);
+            assert_eq!(out.len(), 2 * files.len());
+            for c in out.drain(..) {
+                let (path, data) = &files[c.tag as usize % 100];
+                match (c.tag >= 100, c.result) {
+                    (false, Ok(bytes)) => {
+                        assert_eq!(&bytes[..], &data[..], "{backend:?} direct={direct}")
+                    }
+                    (true, Err(ReadError::UnexpectedEof { path: p, .. })) => assert_eq!(&p, path),
+                    (to_eof, other) => {
+                        panic!("{backend:?} direct={direct} to_eof={}: {other:?}", !to_eof)
+                    }
+                }
+            }
+            // A file that grew by a byte past the size its reader expects (`len - 1`): asking
+            // that size plus one gives all `len` bytes, so the growth shows.
+            let (path, data) = &files[4];
+            let expected_bytes = data.len() - 1;
+            let mut req = path_read(path, direct, 0, expected_bytes + 1, 0, 7);
+            req.to_eof = true;
+            session.submit_path(req).unwrap();
+            drain(&mut session, &mut out);
+            let c = out.pop().unwrap();
+            assert_eq!(c.result.unwrap().len(), expected_bytes + 1);
         }
     }
 }

@@ -389,3 +389,41 @@ fn a_session_refuses_what_the_pool_cannot_hold_while_it_has_reads_pending() {
         );
     }
 }
+
+#[test]
+fn a_timed_wait_returns_the_reads_done_and_at_once_with_nothing_pending() {
+    let dir = test_dir();
+    let (path, data) = make_file(dir.path(), "timed", 1 << 20, 9);
+    for backend in backends() {
+        let reader = builder(backend).rings(0).classes(1, 8).build().unwrap();
+        let file = reader.open(&path, OpenOptions::default()).unwrap();
+        let mut session = reader.session().unwrap();
+        let mut out = Vec::new();
+        // Nothing pending: nothing to wait for, however long the timeout.
+        assert_eq!(
+            session
+                .wait_timeout(1, std::time::Duration::from_secs(30), &mut out)
+                .unwrap(),
+            0
+        );
+        for tag in 0..8u64 {
+            session
+                .submit(req(file, tag << 16, 1 << 16, 0, tag))
+                .unwrap();
+        }
+        while out.len() < 8 {
+            session
+                .wait_timeout(
+                    8 - out.len(),
+                    std::time::Duration::from_millis(50),
+                    &mut out,
+                )
+                .unwrap();
+        }
+        for c in &out {
+            let at = (c.tag << 16) as usize;
+            assert_eq!(&c.result.as_ref().unwrap()[..], &data[at..at + (1 << 16)]);
+        }
+        assert_eq!(session.pending(), 0, "{backend:?}");
+    }
+}

@@ -1,14 +1,21 @@
 //! The I/O dispatcher: issues the node's storage reads in [`IoOrder`] within the io_depth
 //! budget, holds each attempt until the emulated tier answers it, retries transient failures,
 //! and fills the slots the decode tasks wait on.
+//!
+//! Where the kernel opens files straight into the ring's file table, the dispatcher drives a
+//! ring of its own (a [`Session`]): a read by path is one linked open, read and close, and
+//! many go in one system call, with no other thread between the dispatcher and the kernel.
+//! Elsewhere it opens files itself and hands reads to the reader's engine (or pread threads).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{select, Receiver};
+use crossbeam_channel::{select, Receiver, RecvTimeoutError};
 use lobster_sched::Tier;
-use lobster_uring::{Completion, FileId, ReadRequest, Reader};
+use lobster_uring::{
+    ActiveBackend, Completion, FileId, PathRead, ReadError, ReadRequest, Reader, Session,
+};
 use slab::Slab;
 
 use super::allocate::equal_split;
@@ -16,17 +23,25 @@ use super::attempt::{self, fate, Attempt, Fate, ReadFailure};
 use super::context::Context;
 use super::files::OpenFiles;
 use super::order::{next_read, IoRequest, ToDispatcher};
-use super::slot::{Keep, Loaded};
+use super::slot::{Keep, Loaded, Ready};
 use super::state::PipelineState;
 use super::sync::{lock, stopped};
 use crate::config::IoOrder;
 use crate::error::Error;
 
+/// The longest the dispatcher sleeps without looking at its queue and the stop flag.
+const IDLE_WAIT: Duration = Duration::from_millis(100);
+/// With room for more reads, the longest it waits in the ring before looking for new ones.
+const ROOM_WAIT: Duration = Duration::from_micros(500);
+/// Reads completed over a saturated interval before the link's throughput is observed.
+const THROUGHPUT_READS: u32 = 64;
+
 /// A read handed to the reader, until it completes on the (emulated) storage.
 #[derive(Debug)]
 struct InFlight {
     req: IoRequest,
-    file: FileId,
+    /// The open file (engine port only).
+    file: Option<FileId>,
     /// 0 for the first attempt; a retry waiting for its backoff keeps its io_depth slot.
     attempt: u32,
     issued: Instant,
@@ -37,14 +52,18 @@ struct InFlight {
 }
 
 /// The dispatcher's reads between submission and delivery, and what they hold: an io_depth
-/// slot (counted per rank) and an open file.
+/// slot (counted per rank) and, on the engine port, an open file.
 #[derive(Debug)]
 struct Reads {
     slab: Slab<InFlight>,
     in_flight: Vec<u32>,
+    /// Attempts in the reader (not parked, not backing off).
+    in_reader: usize,
     files: OpenFiles,
     /// Emulated answers and retry backoffs, by due time.
     timers: BinaryHeap<Reverse<(Instant, usize)>>,
+    /// Tasks released by filled slots, queued for decode together.
+    released: Vec<Ready>,
 }
 
 impl Reads {
@@ -52,13 +71,15 @@ impl Reads {
         Reads {
             slab: Slab::new(),
             in_flight: vec![0; ranks],
+            in_reader: 0,
             files: OpenFiles::default(),
             timers: BinaryHeap::new(),
+            released: Vec::new(),
         }
     }
 
-    /// Takes a read that holds an io_depth slot and an open file.
-    fn start(&mut self, req: IoRequest, file: FileId) -> usize {
+    /// Takes a read that holds an io_depth slot (and an open file on the engine port).
+    fn start(&mut self, req: IoRequest, file: Option<FileId>) -> usize {
         self.in_flight[req.rank] += 1;
         self.slab.insert(InFlight {
             attempt: req.attempt,
@@ -74,8 +95,76 @@ impl Reads {
     fn retire(&mut self, key: usize) -> InFlight {
         let done = self.slab.remove(key);
         self.in_flight[done.req.rank] -= 1;
-        self.files.release(done.req.sample);
+        if done.file.is_some() {
+            self.files.release(done.req.sample);
+        }
         done
+    }
+
+    /// Queues the released tasks for decode, under one lock.
+    fn hand_off<T>(&mut self, state: &PipelineState<T>) {
+        if !self.released.is_empty() {
+            state.ready(self.released.drain(..));
+        }
+    }
+
+    /// Fills the request's slot; its waiting tasks go to decode with the others released
+    /// since the last hand-off.
+    fn fill(&mut self, req: IoRequest, loaded: Loaded) {
+        // The dispatcher's bytes are pool buffers: the cache keeps a copy.
+        let keep = if req.admitted { Keep::Copy } else { Keep::AsIs };
+        req.slot.fill(loaded, keep, &mut self.released);
+    }
+}
+
+/// Where the reads go.
+enum Port<'r> {
+    /// The dispatcher's own ring, reading by path.
+    Session(Box<Session>),
+    /// The reader's engine threads or pread workers, reading open files.
+    Engine {
+        reader: &'r Reader,
+        completions: Receiver<Completion>,
+    },
+}
+
+/// Bytes the link delivered while reads queued behind it: the cost model's bandwidth.
+#[derive(Debug, Default)]
+struct Saturation {
+    since: Option<Instant>,
+    bytes: u64,
+    reads: u32,
+}
+
+impl Saturation {
+    /// Whether reads are waiting for io_depth now.
+    fn set(&mut self, saturated: bool, now: Instant) {
+        match (saturated, self.since) {
+            (true, None) => {
+                *self = Saturation {
+                    since: Some(now),
+                    ..Default::default()
+                }
+            }
+            (false, Some(_)) => *self = Saturation::default(),
+            _ => {}
+        }
+    }
+
+    /// A read of `bytes` was delivered; the throughput of a long enough interval, if one ends.
+    fn delivered(&mut self, bytes: u64, now: Instant) -> Option<(u64, Duration)> {
+        let since = self.since?;
+        self.bytes += bytes;
+        self.reads += 1;
+        if self.reads < THROUGHPUT_READS {
+            return None;
+        }
+        let observed = (self.bytes, now - since);
+        *self = Saturation {
+            since: Some(now),
+            ..Default::default()
+        };
+        Some(observed)
     }
 }
 
@@ -88,7 +177,18 @@ pub(crate) fn dispatcher<T>(
 ) -> Result<(), Error> {
     let ranks = ctx.layout.ranks;
     let budget = ctx.config.io_depth_budget as u32;
-    // Under the deadline order the node's reads share the whole budget, so the engine holds
+    let by_path =
+        reader.backend().active == ActiveBackend::Uring && reader.backend().direct_descriptors;
+    let mut port = if by_path {
+        let session = reader.session().map_err(|e| engine("reader session", e))?;
+        Port::Session(Box::new(session))
+    } else {
+        Port::Engine {
+            reader,
+            completions: reader.completions(),
+        }
+    };
+    // Under the deadline order the node's reads share the whole budget, so the reader holds
     // no rank to a share of it.
     let mut depth: Vec<u32> = match ctx.config.io_order {
         IoOrder::Deadline => vec![budget; ranks],
@@ -97,14 +197,17 @@ pub(crate) fn dispatcher<T>(
     let mut pending: Vec<VecDeque<IoRequest>> = (0..ranks).map(|_| VecDeque::new()).collect();
     let mut reads = Reads::new(ranks);
     let mut allocations: VecDeque<(u64, Vec<u32>)> = VecDeque::new();
-    let completions = reader.completions();
-    let mut requests = Some(requests);
+    let mut saturation = Saturation::default();
+    let mut completed = Vec::new();
     for (r, &d) in depth.iter().enumerate() {
         set_depth(reader, r, d)?;
     }
     loop {
         if state.stop.is_set() {
             return Ok(());
+        }
+        while let Ok(msg) = requests.try_recv() {
+            take(msg, &mut pending, &mut allocations);
         }
         // A window's allocation takes effect when its first request is the oldest pending one,
         // not when it was planned, which is up to the prefetch window earlier.
@@ -131,56 +234,88 @@ pub(crate) fn dispatcher<T>(
             let req = pending[r].pop_front().expect("front checked");
             if !req.admitted && state.ranks[req.rank].is_detached() {
                 // Only the dropped rank's own access waits on this slot.
-                fill(state, req, Err(stopped()));
+                reads.fill(req, Err(stopped()));
                 continue;
             }
-            let meta = ctx.meta(req.sample);
-            match reads.files.acquire(reader, meta, ctx.config.direct) {
-                Ok(file) => {
-                    let key = reads.start(req, file);
-                    debug_assert!(
-                        ctx.config.io_order != IoOrder::Deadline
-                            || reads.in_flight.iter().sum::<u32>() <= budget,
-                        "the node holds at most its io_depth budget in flight"
-                    );
-                    submit(ctx, state, reader, &mut reads, key);
+            let file = match &port {
+                Port::Session(_) => None,
+                Port::Engine { reader, .. } => {
+                    match reads
+                        .files
+                        .acquire(reader, ctx.meta(req.sample), ctx.config.direct)
+                    {
+                        Ok(file) => Some(file),
+                        Err(e) => {
+                            reads.fill(req, Err(e));
+                            continue;
+                        }
+                    }
                 }
-                Err(e) => fill(state, req, Err(e)),
-            }
+            };
+            let key = reads.start(req, file);
+            debug_assert!(
+                ctx.config.io_order != IoOrder::Deadline
+                    || reads.in_flight.iter().sum::<u32>() <= budget,
+                "the node holds at most its io_depth budget in flight"
+            );
+            submit(ctx, state, &mut port, &mut reads, key);
         }
+        let now = Instant::now();
+        let room = reads.slab.len() < budget as usize;
+        saturation.set(!room && pending.iter().any(|q| !q.is_empty()), now);
+        reads.hand_off(state);
         // Workers may send reads until every access is delivered.
         if state.drained() && reads.slab.is_empty() && pending.iter().all(VecDeque::is_empty) {
             return Ok(());
         }
-        let now = Instant::now();
-        let wait = reads
+        let until_timer = reads
             .timers
             .peek()
-            .map_or(Duration::from_millis(100), |Reverse((t, _))| {
+            .map_or(IDLE_WAIT, |Reverse((t, _))| {
                 t.saturating_duration_since(now)
             })
-            .min(Duration::from_millis(100));
-        let never = crossbeam_channel::never();
-        let rx = requests.as_ref().unwrap_or(&never);
-        select! {
-            recv(rx) -> msg => match msg {
-                Ok(ToDispatcher::Reads(window)) => {
-                    for req in window {
-                        pending[req.rank].push_back(req);
-                    }
-                }
-                Ok(ToDispatcher::Depths { from_seq, io_depth }) => {
-                    allocations.push_back((from_seq, io_depth));
-                }
-                Err(_) => requests = None,
-            },
-            recv(completions) -> c => {
-                let Ok(c) = c else {
-                    return Err(Error::Stopped { reason: "the reader's completion queue closed".into() });
+            .min(IDLE_WAIT);
+        match &mut port {
+            Port::Session(session) if reads.in_reader > 0 => {
+                // With room for more, new requests are worth a look soon.
+                let wait = if room {
+                    until_timer.min(ROOM_WAIT)
+                } else {
+                    until_timer
                 };
-                on_completion(ctx, state, &mut reads, c);
+                session
+                    .wait_timeout(1, wait, &mut completed)
+                    .map_err(|e| engine("reader session", e))?;
+            }
+            Port::Session(_) => match requests.recv_timeout(until_timer) {
+                Ok(msg) => take(msg, &mut pending, &mut allocations),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(Error::Stopped {
+                        reason: "the dispatcher's queue closed".into(),
+                    })
+                }
             },
-            default(wait) => {}
+            Port::Engine { completions, .. } => {
+                select! {
+                    recv(requests) -> msg => {
+                        if let Ok(msg) = msg {
+                            take(msg, &mut pending, &mut allocations);
+                        }
+                    },
+                    recv(completions) -> c => {
+                        let Ok(c) = c else {
+                            return Err(Error::Stopped { reason: "the reader's completion queue closed".into() });
+                        };
+                        completed.push(c);
+                        completed.extend(completions.try_iter());
+                    },
+                    default(until_timer) => {}
+                }
+            }
+        }
+        for c in completed.drain(..) {
+            on_completion(ctx, state, &mut reads, &mut saturation, c);
         }
         let now = Instant::now();
         while let Some(Reverse((t, key))) = reads.timers.peek().copied() {
@@ -191,21 +326,39 @@ pub(crate) fn dispatcher<T>(
             match reads.slab[key].parked.take() {
                 Some(loaded) => {
                     let done = reads.retire(key);
-                    finish(ctx, state, done, loaded);
+                    finish(ctx, state, &mut reads, &mut saturation, done, loaded);
                 }
                 // A retry's backoff is over.
-                None => submit(ctx, state, reader, &mut reads, key),
+                None => submit(ctx, state, &mut port, &mut reads, key),
             }
+        }
+        reads.hand_off(state);
+    }
+}
+
+fn take(
+    msg: ToDispatcher,
+    pending: &mut [VecDeque<IoRequest>],
+    allocations: &mut VecDeque<(u64, Vec<u32>)>,
+) {
+    match msg {
+        ToDispatcher::Reads(window) => {
+            for req in window {
+                pending[req.rank].push_back(req);
+            }
+        }
+        ToDispatcher::Depths { from_seq, io_depth } => {
+            allocations.push_back((from_seq, io_depth));
         }
     }
 }
 
-/// Hands read `key` (a first attempt or a retry) to the reader; a refused submission fails
+/// Hands read `key` (a first attempt or a retry) to the port; a refused submission fails
 /// the sample.
 fn submit<T>(
     ctx: &Context<T>,
     state: &PipelineState<T>,
-    reader: &Reader,
+    port: &mut Port<'_>,
     reads: &mut Reads,
     key: usize,
 ) {
@@ -213,27 +366,48 @@ fn submit<T>(
     let meta = ctx.meta(read.req.sample);
     read.issued = Instant::now();
     read.due = attempt::reserve(ctx.device.as_deref(), read.issued, meta.size_bytes);
-    let request = ReadRequest {
-        file: read.file,
-        offset: 0,
-        len: meta.size_bytes as usize,
-        class: read.req.rank,
-        tag: key as u64,
+    let (class, tag, len) = (read.req.rank, key as u64, meta.size_bytes as usize);
+    let submitted = match (port, read.file) {
+        // One byte more than the sample: a file that grew since the dataset was opened
+        // shows as too long, without a stat.
+        (Port::Session(session), _) => session.submit_path(PathRead {
+            path: meta.path.clone(),
+            direct: ctx.config.direct,
+            offset: 0,
+            len: len + 1,
+            to_eof: true,
+            class,
+            tag,
+        }),
+        (Port::Engine { reader, .. }, Some(file)) => reader.submit(ReadRequest {
+            file,
+            offset: 0,
+            len,
+            class,
+            tag,
+        }),
+        (Port::Engine { .. }, None) => unreachable!("an engine read holds an open file"),
     };
-    if let Err(e) = reader.submit(request) {
-        let done = reads.retire(key);
-        finish(
-            ctx,
-            state,
-            done,
-            Err(attempt::read_error(meta, std::sync::Arc::new(e))),
-        );
+    match submitted {
+        Ok(()) => reads.in_reader += 1,
+        Err(e) => {
+            let done = reads.retire(key);
+            let loaded = Err(attempt::read_error(meta, std::sync::Arc::new(e)));
+            finish(ctx, state, reads, &mut Saturation::default(), done, loaded);
+        }
     }
 }
 
 /// The reader finished an attempt: decide its fate, and deliver now, park it until the
 /// emulated tier answers, or schedule its retry.
-fn on_completion<T>(ctx: &Context<T>, state: &PipelineState<T>, reads: &mut Reads, c: Completion) {
+fn on_completion<T>(
+    ctx: &Context<T>,
+    state: &PipelineState<T>,
+    reads: &mut Reads,
+    saturation: &mut Saturation,
+    c: Completion,
+) {
+    reads.in_reader -= 1;
     let key = c.tag as usize;
     let read = &reads.slab[key];
     let attempt = Attempt {
@@ -250,7 +424,7 @@ fn on_completion<T>(ctx: &Context<T>, state: &PipelineState<T>, reads: &mut Read
     );
     match outcome {
         Fate::Retry { at } => {
-            // Keeps its io_depth slot and its open file.
+            // Keeps its io_depth slot (and its open file).
             reads.slab[key].attempt += 1;
             reads.timers.push(Reverse((at, key)));
         }
@@ -260,33 +434,41 @@ fn on_completion<T>(ctx: &Context<T>, state: &PipelineState<T>, reads: &mut Read
         }
         Fate::Deliver { loaded, .. } => {
             let done = reads.retire(key);
-            finish(ctx, state, done, loaded);
+            finish(ctx, state, reads, saturation, done, loaded);
         }
     }
 }
 
-fn finish<T>(ctx: &Context<T>, state: &PipelineState<T>, done: InFlight, loaded: Loaded) {
+/// A read is over: teach the cost model, and fill its slot.
+fn finish<T>(
+    ctx: &Context<T>,
+    state: &PipelineState<T>,
+    reads: &mut Reads,
+    saturation: &mut Saturation,
+    done: InFlight,
+    loaded: Loaded,
+) {
     if loaded.is_ok() {
         let bytes = ctx.meta(done.req.sample).size_bytes;
-        lock(&state.model).observe_read(Tier::Storage, bytes, done.issued.elapsed());
+        let now = Instant::now();
+        let mut model = lock(&state.model);
+        model.observe_read(Tier::Storage, bytes, now - done.issued);
+        if let Some((bytes, elapsed)) = saturation.delivered(bytes, now) {
+            model.observe_throughput(Tier::Storage, bytes, elapsed);
+        }
     }
-    fill(state, done.req, loaded);
-}
-
-/// Fills the request's slot and queues the tasks waiting on it for decode.
-fn fill<T>(state: &PipelineState<T>, req: IoRequest, loaded: Loaded) {
-    let mut released = Vec::new();
-    // The dispatcher's bytes are pool buffers.
-    let keep = if req.admitted { Keep::Copy } else { Keep::AsIs };
-    req.slot.fill(loaded, keep, &mut released);
-    state.ready(released);
+    reads.fill(done.req, loaded);
 }
 
 fn set_depth(reader: &Reader, class: usize, depth: u32) -> Result<(), Error> {
     reader
         .set_io_depth(class, depth as usize)
-        .map_err(|e| Error::Engine {
-            part: "reader io_depth",
-            cause: std::sync::Arc::new(e),
-        })
+        .map_err(|e| engine("reader io_depth", e))
+}
+
+fn engine(part: &'static str, e: ReadError) -> Error {
+    Error::Engine {
+        part,
+        cause: std::sync::Arc::new(e),
+    }
 }

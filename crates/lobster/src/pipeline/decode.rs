@@ -24,6 +24,7 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
         Execution::ReadThenDecode => TakeRule::OwnRank,
     };
     let mut released = Vec::new();
+    let mut observed = DecodeObservations::default();
     while let Some(Ready { task, bytes }) =
         state
             .decode
@@ -64,16 +65,16 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
             }
             WorkerRead::No => bytes,
         };
-        let (mut item, mut elapsed) = decode_sample(ctx, state, meta, bytes);
+        let (mut item, mut elapsed) = decode_sample(ctx, meta, bytes, &mut observed);
         if task.hit && !reread && matches!(item, Err(Error::Decode { .. })) {
             // Cached bytes the admitting access has not yet found bad (it may still be
             // decoding them): the same verdict, reached before the mark.
             reread = true;
             let again = decode_sample(
                 ctx,
-                state,
                 meta,
                 blocking_read(ctx, state, meta, task.epoch),
+                &mut observed,
             );
             item = again.0;
             elapsed += again.1;
@@ -85,6 +86,32 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
         }
         state.ranks[task.rank].deliver(&task, item, elapsed, reread.then_some(meta.size_bytes));
         state.delivered();
+        if observed.samples >= OBSERVE_EVERY_SAMPLES {
+            observed.flush(state);
+        }
+    }
+    observed.flush(state);
+}
+
+/// Decodes a worker observed and has not yet given the cost model: one lock per batch of
+/// them, not per sample. The fit is a line in the sample size, so a batch's mean is a point
+/// on it.
+#[derive(Debug, Default)]
+struct DecodeObservations {
+    samples: u64,
+    bytes: u64,
+    elapsed: Duration,
+}
+
+/// Samples a worker decodes between reports to the cost model.
+const OBSERVE_EVERY_SAMPLES: u64 = 16;
+
+impl DecodeObservations {
+    fn flush<T>(&mut self, state: &PipelineState<T>) {
+        if self.samples > 0 {
+            lock(&state.model).observe_decode(self.samples, self.bytes, self.elapsed);
+        }
+        *self = DecodeObservations::default();
     }
 }
 
@@ -136,9 +163,9 @@ fn to_dispatcher<T>(ctx: &Context<T>, state: &PipelineState<T>, mut task: Task, 
 /// Checks a sample's length and runs the user's decode function on it.
 fn decode_sample<T>(
     ctx: &Context<T>,
-    state: &PipelineState<T>,
     meta: &SampleMeta,
     bytes: Loaded,
+    observed: &mut DecodeObservations,
 ) -> (Result<Sample<T>, Error>, Duration) {
     let started = Instant::now();
     let item = bytes.and_then(|b| {
@@ -170,7 +197,9 @@ fn decode_sample<T>(
         })
     });
     let elapsed = started.elapsed();
-    lock(&state.model).observe_decode(1, meta.size_bytes, elapsed);
+    observed.samples += 1;
+    observed.bytes += meta.size_bytes;
+    observed.elapsed += elapsed;
     (item, elapsed)
 }
 

@@ -9,9 +9,8 @@
 #
 # warm: every dataset file is read once before each run.
 # direct: before each run the dataset's pages are dropped from the page cache
-# (posix_fadvise DONTNEED, no root needed); lobster reads with O_DIRECT, pytorch's
-# read-then-decode workers read through the page cache as PyTorch's do (--direct does not
-# apply to them), so their epoch 2 may hit pages their epoch 1 brought in.
+# (posix_fadvise DONTNEED, no root needed) and every policy reads with O_DIRECT (pytorch's
+# read-then-decode workers too), so both read every epoch from the device.
 #
 # Usage: [RUNS=3] [SIZES="2 16 128 1024"] [WORKERS="1 2 4 8 16"] [SAMPLES=N] [MODES="warm direct"]
 #        benches/overhead.sh [more lobster run options...]
@@ -31,17 +30,18 @@ bin="${CARGO_TARGET_DIR:-target}/release/lobster"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-# Samples per size: each dataset 32 to 512 MiB, at least 1 iteration per epoch.
+# Samples per size: 200 MiB to 2 GiB, at least 4 iterations per epoch (2 nodes x 8 ranks x
+# a batch of 32 take 512 samples an iteration), so a run lasts seconds, not a blink.
 samples_for() {
     if [[ -n ${SAMPLES:-} ]]; then
         echo "$SAMPLES"
         return
     fi
     case $1 in
-    2) echo 16384 ;;   # 32 MiB, 16 iterations per epoch
-    16) echo 8192 ;;   # 128 MiB, 8
-    128) echo 2048 ;;  # 256 MiB, 2
-    *) echo 512 ;;     # 1024 KiB: 512 MiB, 1
+    2) echo 100000 ;;  # 200 MiB, 195 iterations per epoch
+    16) echo 32768 ;;  # 512 MiB, 64
+    128) echo 8192 ;;  # 1 GiB, 16
+    *) echo 2048 ;;    # 1024 KiB: 2 GiB, 4
     esac
 }
 

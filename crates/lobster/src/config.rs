@@ -144,7 +144,7 @@ pub struct LoaderConfig {
     pub resident_reads: ResidentReads,
     /// Which I/O backend runs the reads.
     pub backend: lobster_uring::Backend,
-    /// Read with O_DIRECT (bypassing the page cache).
+    /// Read with O_DIRECT (bypassing the page cache), in both executions.
     pub direct: bool,
     /// An emulated storage tier charged on every storage read.
     pub storage_emulation: Option<StorageEmulation>,

@@ -82,6 +82,7 @@
 mod classes;
 mod completion;
 mod deferred;
+mod direct;
 mod error;
 mod files;
 mod job;
@@ -99,6 +100,7 @@ mod types;
 mod uring;
 
 pub use completion::Completion;
+pub use direct::read_direct;
 pub use error::ReadError;
 pub use pages::copy_to_pages;
 pub use pool::block_bytes;

@@ -95,8 +95,8 @@ pub struct RunArgs {
     /// allocator's io_depth share, as the paper's per-rank I/O threads).
     #[arg(long, value_enum, default_value_t = IoOrderArg::Deadline)]
     pub io_order: IoOrderArg,
-    /// Read with O_DIRECT (the pipelined policies; the read-then-decode workers read through
-    /// the page cache, as PyTorch's do).
+    /// Read with O_DIRECT, every policy (the read-then-decode workers too, so that all of
+    /// them read from the device, not from pages an earlier epoch left in the page cache).
     #[arg(long)]
     pub direct: bool,
     /// Write the configuration and results as JSON to this file.

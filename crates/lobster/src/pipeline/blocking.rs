@@ -25,15 +25,23 @@ pub(crate) enum OnWorker {
     NotResident { attempt: u32 },
 }
 
-/// Reads `meta` for an access in `epoch` with a blocking open and read, charged to the
-/// emulated tier, retrying transient failures with backoff.
+/// Reads `meta` for an access in `epoch` with a blocking open and read (O_DIRECT if the
+/// loader reads so), charged to the emulated tier, retrying transient failures with backoff.
 pub(crate) fn blocking_read<T>(
     ctx: &Context<T>,
     state: &PipelineState<T>,
     meta: &SampleMeta,
     epoch: u32,
 ) -> Loaded {
+    let direct = ctx.config.direct;
     let read = || -> Result<Option<Bytes>, ReadFailure> {
+        if direct {
+            // One byte more than expected reveals a file that grew.
+            return Ok(Some(lobster_uring::read_direct(
+                &meta.path,
+                meta.size_bytes as usize + 1,
+            )?));
+        }
         let mut file = File::open(&meta.path)?;
         // Room for the probe byte, so an intact file never regrows the buffer.
         let mut buf = Vec::with_capacity(meta.size_bytes as usize + 1);

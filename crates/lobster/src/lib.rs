@@ -52,6 +52,7 @@
 //! # }
 //! ```
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub use lobster_cache as cache;
 pub use lobster_sched as sched;

@@ -226,29 +226,62 @@ fn a_missing_dataset_is_named() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/lobster-data"));
 }
 
+/// PyTorch's own `DistributedSampler` output, vendored with its provenance in
+/// `tests/data/README.md`: the expectations come from outside this repository.
+const TORCH_SAMPLER_JSON: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/data/torch_sampler.json"
+);
+
 #[test]
-fn order_prints_the_rank_indices_as_json() {
-    let out = lobster()
-        .args([
-            "order",
-            "--samples",
-            "10",
-            "--seed",
-            "0",
-            "--epoch",
-            "0",
-            "--world",
-            "3",
-        ])
-        .args(["--rank", "0"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    // torch DistributedSampler(range(10), num_replicas=3, rank=0, seed=0), epoch 0.
-    let got: Vec<u32> = serde_json::from_slice(&out.stdout).unwrap();
-    let perm = lobster_io::torch_randperm(10, 0);
-    let mut padded = perm.clone();
-    padded.extend_from_slice(&perm[..2]);
-    let expected: Vec<u32> = padded.into_iter().step_by(3).collect();
-    assert_eq!(got, expected);
+fn order_prints_the_rank_indices_torch_distributed_sampler_yields() {
+    let vectors: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(TORCH_SAMPLER_JSON).unwrap()).unwrap();
+    let cases = vectors["distributed_sampler"].as_array().unwrap();
+    // The file must cover both tails, or a case class could vanish unnoticed.
+    for drop_last in [false, true] {
+        assert!(
+            cases.iter().any(|c| c["drop_last"] == drop_last),
+            "no distributed_sampler case with drop_last = {drop_last}"
+        );
+    }
+    for case in cases {
+        // `lobster order` always shuffles, like DistributedSampler(shuffle=True).
+        assert_eq!(case["shuffle"], true, "{case}");
+        let field = |name: &str| {
+            case[name]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{name} in {case}"))
+                .to_string()
+        };
+        let mut cmd = lobster();
+        cmd.arg("order")
+            .args(["--samples", &field("n")])
+            .args(["--seed", &field("seed")])
+            .args(["--epoch", &field("epoch")])
+            .args(["--world", &field("num_replicas")])
+            .args(["--rank", &field("rank")]);
+        if case["drop_last"].as_bool().unwrap() {
+            cmd.arg("--drop-last");
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{case}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got: Vec<u64> = serde_json::from_slice(&out.stdout).unwrap();
+        let expected: Vec<u64> = serde_json::from_value(case["indices"].clone()).unwrap();
+        assert_eq!(
+            got,
+            expected,
+            "n {} seed {} epoch {} world {} rank {} drop_last {}",
+            case["n"],
+            case["seed"],
+            case["epoch"],
+            case["num_replicas"],
+            case["rank"],
+            case["drop_last"]
+        );
+    }
 }

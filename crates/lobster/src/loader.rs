@@ -455,8 +455,79 @@ mod tests {
         Arc::new(Dataset::open_image_folder(dir).unwrap())
     }
 
-    /// The budget follows the dataset's block sizes (reference: blocks found by doubling),
-    /// is far below every access at the largest size, and a loader whose window of large
+    /// `n` samples of exactly `size` bytes each.
+    fn uniform_dataset(dir: &std::path::Path, n: u32, size: usize) -> Dataset {
+        std::fs::create_dir_all(dir.join("a")).unwrap();
+        for i in 0..n {
+            std::fs::write(
+                dir.join("a").join(format!("{i:03}.bin")),
+                vec![i as u8; size],
+            )
+            .unwrap();
+        }
+        Dataset::open_image_folder(dir).unwrap()
+    }
+
+    /// Two ranks of eight samples, `prefetch` iterations ahead, one-iteration windows,
+    /// buffered reads: the shape of the draining test below.
+    fn pool_config(prefetch: usize) -> LoaderConfig {
+        LoaderConfig {
+            ranks_per_node: 2,
+            batch_size: 8,
+            prefetch_iterations: prefetch,
+            window_iterations: 1,
+            direct: false,
+            ..LoaderConfig::default()
+        }
+    }
+
+    /// Worked out by hand from what the pool must hold, not from `pool_shape`'s code. Every
+    /// sample is 16 KiB, so a buffered read asks 16 KiB + 1 byte (the byte that shows a
+    /// grown file): 4 pages and a byte, 5 pages, whose power-of-two block is 8 pages,
+    /// 32 KiB. Every block is the largest block. Two ranks of eight, one iteration ahead:
+    /// 16 accesses may hold a block at once, plus two spare largest blocks, 18 blocks of
+    /// 32 KiB = 589,824 bytes, already whole largest blocks. (Forgetting the extra byte would
+    /// give 16 KiB blocks, 294,912; not rounding to a power of two, 20 KiB blocks, 368,640.)
+    #[test]
+    fn the_pool_of_same_size_samples_holds_every_access_in_the_block_its_read_takes_and_two_spare()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let ds = uniform_dataset(dir.path(), 8, 16 << 10);
+        let (budget, largest_read) = pool_shape(&pool_config(1), &ds);
+        assert_eq!(
+            largest_read, 16_385,
+            "the sample and the byte that shows growth"
+        );
+        assert_eq!(budget, 589_824);
+        // Two iterations ahead: 32 accesses + 2 spare = 34 blocks of 32 KiB.
+        assert_eq!(pool_shape(&pool_config(2), &ds).0, 1_114_112);
+    }
+
+    /// Whatever the prefetch depth, the budget is a whole number of largest blocks (so the
+    /// largest read always finds a block once the pool is free), holds at least one, and grows
+    /// as the planner may run further ahead: more accesses hold blocks at once. The largest
+    /// block is worked out by hand: a 200 KiB sample reads 200 KiB + 1 byte, 51 pages, in a
+    /// 64-page block, 256 KiB.
+    #[test]
+    fn the_pool_is_whole_largest_blocks_and_grows_with_the_prefetch_depth() {
+        let dir = tempfile::tempdir().unwrap();
+        let ds = dataset(dir.path());
+        let largest_block: u64 = 256 << 10;
+        let budgets: Vec<u64> = (1..=4)
+            .map(|prefetch| pool_shape(&pool_config(prefetch), &ds).0)
+            .collect();
+        for (prefetch, &budget) in (1..).zip(&budgets) {
+            assert_eq!(budget % largest_block, 0, "prefetch {prefetch}: {budget}");
+            assert!(budget >= largest_block, "prefetch {prefetch}: {budget}");
+        }
+        assert!(
+            budgets.windows(2).all(|w| w[0] < w[1]),
+            "the budget must grow with prefetch_iterations: {budgets:?}"
+        );
+    }
+
+    /// The budget follows the mean block, not the largest: worked out by hand for this
+    /// dataset, and below every access at the largest size. A loader whose window of large
     /// samples exceeds it still delivers every sample intact: reads wait for memory, the
     /// pipeline does not deadlock.
     #[test]
@@ -487,26 +558,14 @@ mod tests {
             })
             .build()
             .unwrap();
-        let block = |read: u64| {
-            let mut b = 4096;
-            while b < read {
-                b *= 2;
-            }
-            b
-        };
-        let mean_block = ds
-            .samples()
-            .iter()
-            .map(|s| block(s.size_bytes))
-            .sum::<u64>()
-            .div_ceil(64);
-        let largest = block(ds.max_sample_bytes());
-        // One iteration ahead of the slowest rank, two ranks of eight.
-        let accesses = 2 * 8;
+        // By hand from what the pool must hold: 32 samples of 200 KiB read 200 KiB + 1 byte,
+        // 51 pages, in 64-page (256 KiB) blocks; 32 of 1 KiB read 1 KiB + 1 byte in one-page
+        // (4 KiB) blocks. Mean block (32 * 256 + 32 * 4) / 64 = 130 KiB. Two ranks of eight,
+        // one iteration ahead: 16 accesses * 130 KiB = 2,080 KiB, plus two spare 256 KiB
+        // blocks = 2,592 KiB = 10.125 largest blocks, rounded up to 11: 2,816 KiB. (Sized by
+        // the largest block instead, it would be 18 blocks, 4,608 KiB.)
         let budget = pool_shape(&loader.config, &ds).0;
-        assert_eq!(budget % largest, 0);
-        assert!(budget >= accesses * mean_block + 2 * largest);
-        assert!(budget < accesses * mean_block + 3 * largest);
+        assert_eq!(budget, 2_883_584);
         assert!(
             budget < 2 * 8 * (200 << 10),
             "a window of large samples must not fit, or the test proves nothing"

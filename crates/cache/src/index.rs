@@ -176,6 +176,8 @@ pub struct NextUseIndex<S> {
     /// Next use of each access of the batch, relative to `batch_position`: `NEXT_NEVER`, or
     /// `NEXT_FAR` when it does not fit in 32 bits (then it is in `far`).
     next: Vec<u32>,
+    /// std's hasher here and in `far_of`, not ahash as in `Store`: only next uses 2^32 or
+    /// more accesses ahead land in them, so no realistic stream touches them per access.
     far: HashMap<u32, u64>,
     /// (epoch, index of its first access in `samples`) for each epoch of the batch.
     bounds: Vec<(u32, usize)>,

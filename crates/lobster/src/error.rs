@@ -99,6 +99,17 @@ impl Error {
         }
     }
 
+    /// A part of the engine (reader, cache planner, allocator) failed.
+    pub(crate) fn engine(
+        part: &'static str,
+        cause: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Engine {
+            part,
+            cause: std::sync::Arc::new(cause),
+        }
+    }
+
     pub(crate) fn dataset(path: impl Into<PathBuf>, reason: impl fmt::Display) -> Self {
         Error::Dataset {
             path: path.into(),

@@ -317,10 +317,7 @@ fn build_reader(
         )
         .queue_capacity(window_samples.max(1))
         .build()
-        .map_err(|e| Error::Engine {
-            part: "I/O reader",
-            cause: Arc::new(e),
-        })
+        .map_err(|e| Error::engine("I/O reader", e))
 }
 
 /// A running loader. Take the rank handles with [`ranks`](Loader::ranks), give one to each

@@ -1,8 +1,6 @@
 //! The glue to lobster-sched: a window's exact per-rank load in, io_depth and decode threads
 //! per rank out.
 
-use std::sync::Arc;
-
 use lobster_sched::{Allocator, CostModel, RankLoad, Tier};
 
 use crate::error::Error;
@@ -34,10 +32,7 @@ pub(crate) fn allocate(
     }
     let allocation = allocator
         .allocate(&loads, model)
-        .map_err(|e| Error::Engine {
-            part: "allocator",
-            cause: Arc::new(e),
-        })?;
+        .map_err(|e| Error::engine("allocator", e))?;
     let report = allocation.imbalance();
     let mut threads: Vec<u32> = allocation.ranks.iter().map(|r| r.decode_threads).collect();
     let spare = decode_threads - threads.iter().sum::<u32>();

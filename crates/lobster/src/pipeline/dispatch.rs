@@ -13,9 +13,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver, RecvTimeoutError};
 use lobster_sched::Tier;
-use lobster_uring::{
-    ActiveBackend, Completion, FileId, PathRead, ReadError, ReadRequest, Reader, Session,
-};
+use lobster_uring::{ActiveBackend, Completion, FileId, PathRead, ReadRequest, Reader, Session};
 use slab::Slab;
 
 use super::allocate::equal_split;
@@ -180,7 +178,9 @@ pub(crate) fn dispatcher<T>(
     let by_path =
         reader.backend().active == ActiveBackend::Uring && reader.backend().direct_descriptors;
     let mut port = if by_path {
-        let session = reader.session().map_err(|e| engine("reader session", e))?;
+        let session = reader
+            .session()
+            .map_err(|e| Error::engine("reader session", e))?;
         Port::Session(Box::new(session))
     } else {
         Port::Engine {
@@ -285,7 +285,7 @@ pub(crate) fn dispatcher<T>(
                 };
                 session
                     .wait_timeout(1, wait, &mut completed)
-                    .map_err(|e| engine("reader session", e))?;
+                    .map_err(|e| Error::engine("reader session", e))?;
             }
             Port::Session(_) => match requests.recv_timeout(until_timer) {
                 Ok(msg) => take(msg, &mut pending, &mut allocations),
@@ -463,12 +463,5 @@ fn finish<T>(
 fn set_depth(reader: &Reader, class: usize, depth: u32) -> Result<(), Error> {
     reader
         .set_io_depth(class, depth as usize)
-        .map_err(|e| engine("reader io_depth", e))
-}
-
-fn engine(part: &'static str, e: ReadError) -> Error {
-    Error::Engine {
-        part,
-        cause: std::sync::Arc::new(e),
-    }
+        .map_err(|e| Error::engine("reader io_depth", e))
 }

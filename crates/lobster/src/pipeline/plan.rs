@@ -41,13 +41,6 @@ struct Cache {
     evicted: Vec<u32>,
 }
 
-fn engine(part: &'static str, e: impl std::error::Error + Send + Sync + 'static) -> Error {
-    Error::Engine {
-        part,
-        cause: Arc::new(e),
-    }
-}
-
 impl Cache {
     fn new<T>(ctx: &Context<T>) -> Result<Option<Self>, Error> {
         let config = &ctx.config;
@@ -74,7 +67,7 @@ impl Cache {
             })
             .collect::<Result<_, _>>()?;
         let planner = Planner::new(ctx.layout.clone(), sizes, config.cache_capacity_bytes, kind)
-            .map_err(|e| engine("cache planner", e))?;
+            .map_err(|e| Error::engine("cache planner", e))?;
         Ok(Some(Cache {
             planner: Box::new(planner),
             slots: Store::new(config.cache_capacity_bytes),
@@ -88,7 +81,7 @@ impl Cache {
         let d = self
             .planner
             .next(&mut self.evicted)
-            .map_err(|e| engine("cache planner", e))?
+            .map_err(|e| Error::engine("cache planner", e))?
             .ok_or_else(|| Error::Stopped {
                 reason: "cache planner ended early".into(),
             })?;
@@ -108,7 +101,7 @@ impl Cache {
         if d.admitted {
             self.slots
                 .insert(sample, size_bytes, slot.clone())
-                .map_err(|e| engine("cache store", e))?;
+                .map_err(|e| Error::engine("cache store", e))?;
         }
         Ok((slot, d.hit, d.admitted))
     }
@@ -128,7 +121,7 @@ pub(crate) fn planner<T>(ctx: &Context<T>, state: &PipelineState<T>) -> Result<(
                 decode_threads_total: config.decode_threads as u32,
             });
             alloc.hysteresis_fraction = hysteresis;
-            Some(Allocator::new(alloc).map_err(|e| engine("allocator", e))?)
+            Some(Allocator::new(alloc).map_err(|e| Error::engine("allocator", e))?)
         }
         _ => None,
     };

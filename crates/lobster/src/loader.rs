@@ -193,6 +193,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             dataset,
             decode,
             device,
+            reader: reader.clone(),
         };
         let pipeline = Pipeline::start(ctx, reader)?;
         let handles = (0..config.ranks_per_node)
@@ -316,6 +317,9 @@ fn build_reader(
             (config.io_depth_budget / config.ranks_per_node).max(1),
         )
         .queue_capacity(window_samples.max(1))
+        // The budget is sized for the window's worst case; pages come in as blocks first
+        // use them, so a run of small or page-cache reads never pays for the rest.
+        .commit_pool(false)
         .build()
         .map_err(|e| Error::engine("I/O reader", e))
 }

@@ -143,7 +143,19 @@ impl Buddy {
 impl Pool {
     /// Maps and pre-faults `budget_bytes` (rounded up to a page) for reads of up to
     /// `max_read_bytes`. The caller checks that the budget holds one largest block.
+    #[cfg(test)]
     pub(crate) fn new(budget_bytes: usize, max_read_bytes: usize) -> std::io::Result<Pool> {
+        Pool::with_commit(budget_bytes, max_read_bytes, true)
+    }
+
+    /// [`Pool::new`]; with `commit` false the pages are faulted in when a block first uses
+    /// them. Blocks are handed out lowest address first, so the pages touched are the most
+    /// the pool ever held at once, not its whole budget.
+    pub(crate) fn with_commit(
+        budget_bytes: usize,
+        max_read_bytes: usize,
+        commit: bool,
+    ) -> std::io::Result<Pool> {
         let max_block = block_bytes(max_read_bytes);
         let map_len = budget_bytes.div_ceil(PAGE_BYTES) * PAGE_BYTES;
         let pages = u32::try_from(map_len / PAGE_BYTES)
@@ -151,11 +163,11 @@ impl Pool {
         if map_len < max_block || map_len > POOL_BYTES_MAX {
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         }
-        let mapping = Mapping::new(map_len, true)?;
+        let mapping = Mapping::new(map_len, commit)?;
         let base = mapping.base();
         // MAP_POPULATE does not report a partial population: touch every page so the budget
         // is committed now rather than on first use (a no-op for pages already present).
-        for page in 0..map_len / PAGE_BYTES {
+        for page in (0..map_len / PAGE_BYTES).filter(|_| commit) {
             // SAFETY: the offset is inside the fresh mapping, which nothing else uses yet.
             unsafe { base.as_ptr().add(page * PAGE_BYTES).write_volatile(0) };
         }
@@ -426,6 +438,18 @@ mod tests {
     fn the_whole_budget_is_resident_after_creation() {
         let pool = Pool::new(3 << 20, 1 << 20).unwrap();
         let pages = pool.budget_bytes() / PAGE_BYTES;
+        let resident = resident_pages(&pool);
+        assert_eq!(
+            resident,
+            pages,
+            "{} of {pages} pages are not resident",
+            pages - resident
+        );
+    }
+
+    /// Pages of the pool's mapping in memory now.
+    fn resident_pages(pool: &Pool) -> usize {
+        let pages = pool.budget_bytes() / PAGE_BYTES;
         let mut resident = vec![0u8; pages];
         // SAFETY: the range is the pool's mapping and `resident` has one byte per page.
         let rc = unsafe {
@@ -436,8 +460,24 @@ mod tests {
             )
         };
         assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
-        let missing = resident.iter().filter(|&&r| r & 1 == 0).count();
-        assert_eq!(missing, 0, "{missing} of {pages} pages are not resident");
+        resident.iter().filter(|&&r| r & 1 == 1).count()
+    }
+
+    #[test]
+    fn an_uncommitted_pool_holds_in_memory_only_the_pages_its_blocks_used() {
+        let pool = Pool::with_commit(8 << 20, 1 << 20, false).unwrap();
+        assert_eq!(resident_pages(&pool), 0);
+        // Blocks used and given back, again and again: the lowest ones are reused, so the
+        // pages touched are the most held at once (three 64 KiB blocks), not the budget.
+        for _ in 0..50 {
+            let mut held: Vec<PoolBuf> =
+                (0..3).map(|_| pool.try_acquire(60_000).unwrap()).collect();
+            for b in &mut held {
+                // SAFETY: the block is ours, `capacity` bytes long.
+                unsafe { std::ptr::write_bytes(b.as_mut_ptr(), 7, b.capacity()) };
+            }
+        }
+        assert_eq!(resident_pages(&pool), 3 * 16);
     }
 
     #[test]

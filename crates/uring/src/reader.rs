@@ -84,8 +84,9 @@ pub struct ReaderConfig {
     /// Threads of the pread backend; it has at most this many reads in flight.
     pub pread_threads: usize,
     /// The buffer pool's budget in bytes (rounded up to a page): it bounds the memory of
-    /// in-flight reads plus the `Bytes` consumers hold. It is mapped and pre-faulted when the
-    /// reader is built, so it is resident from then on and does not grow. Each read takes a
+    /// in-flight reads plus the `Bytes` consumers hold. It is mapped when the reader is built
+    /// and, with `commit_pool`, pre-faulted, so it is resident from then on and does not grow.
+    /// Each read takes a
     /// block of the next power of two pages at or above its length (less than twice the
     /// read); must be at least one block of `max_read_bytes` and at most 64 GiB.
     pub pool_bytes: usize,
@@ -95,6 +96,11 @@ pub struct ReaderConfig {
     /// Register the pool with the rings (as one buffer) when RLIMIT_MEMLOCK allows and the
     /// pool is at most 1 GiB.
     pub register_buffers: bool,
+    /// Fault the whole pool in when the reader is built (the default). Off, pages are faulted
+    /// in when a block first uses them; blocks go lowest address first, so resident memory is
+    /// the most the pool held at once, at most the budget, and a budget sized for the worst
+    /// case costs nothing until used.
+    pub commit_pool: bool,
     /// Slots in each ring's fixed-file table (capped by RLIMIT_NOFILE); files opened beyond
     /// it are read through their plain fd.
     pub fixed_files: u32,
@@ -117,6 +123,7 @@ impl Default for ReaderConfig {
             pool_bytes: 32 << 20,
             max_read_bytes: 1 << 20,
             register_buffers: true,
+            commit_pool: true,
             fixed_files: 4096,
             io_depths: vec![32],
             queue_capacity: 1024,
@@ -136,6 +143,7 @@ impl fmt::Debug for ReaderConfig {
             .field("pool_bytes", &self.pool_bytes)
             .field("max_read_bytes", &self.max_read_bytes)
             .field("register_buffers", &self.register_buffers)
+            .field("commit_pool", &self.commit_pool)
             .field("fixed_files", &self.fixed_files)
             .field("io_depths", &self.io_depths)
             .field("queue_capacity", &self.queue_capacity)
@@ -226,6 +234,8 @@ impl ReaderBuilder {
         max_read_bytes: usize,
         /// See [`ReaderConfig::register_buffers`].
         register_buffers: bool,
+        /// See [`ReaderConfig::commit_pool`].
+        commit_pool: bool,
         /// See [`ReaderConfig::fixed_files`].
         fixed_files: u32,
         /// See [`ReaderConfig::io_depths`].
@@ -374,12 +384,11 @@ impl Reader {
     pub fn new(config: ReaderConfig) -> Result<Reader, ReadError> {
         config.validate()?;
         let env = std::env::var("LOBSTER_IO").ok();
-        let pool = Pool::new(config.pool_bytes, config.max_read_bytes).map_err(|source| {
-            ReadError::Setup {
+        let pool = Pool::with_commit(config.pool_bytes, config.max_read_bytes, config.commit_pool)
+            .map_err(|source| ReadError::Setup {
                 what: "mapping the buffer pool",
                 source,
-            }
-        })?;
+            })?;
         let (sender, completions) = crossbeam_channel::unbounded();
         match plan(config.backend, env.as_deref()) {
             Plan::Uring { forced, why } => {
@@ -624,6 +633,21 @@ impl Reader {
         };
         let max = self.inner.max_read_bytes;
         Pending::plan(source, req.offset, req.len, req.class, req.tag, max)
+    }
+
+    /// Reads `path` (expected to hold `len` bytes) on the calling thread if the page cache
+    /// holds all of it, into a block of this reader's pool when one is free (memory reused
+    /// read after read); see [`crate::read_resident`].
+    ///
+    /// # Errors
+    /// The file cannot be opened or the read fails for another reason than not being
+    /// resident; the error names the path.
+    pub fn read_resident(
+        &self,
+        path: &Path,
+        len: usize,
+    ) -> Result<crate::Resident, std::io::Error> {
+        crate::resident::read_resident_in(Some(&self.inner.shared.pool), path, len)
     }
 
     /// Queues a read at the back of its class's FIFO. Waits while the class queue is full.

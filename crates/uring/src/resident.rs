@@ -12,12 +12,15 @@ use std::path::Path;
 
 use bytes::Bytes;
 
+use crate::pool::Pool;
+
 /// What [`read_resident`] found.
 #[derive(Debug)]
 pub enum Resident {
     /// Every byte up to the end of the file, read without waiting: at most `len + 1` bytes,
-    /// so a file that grew past `len` shows as one byte too long.
-    Read(Bytes),
+    /// so a file that grew past `len` shows as one byte too long. `pooled`: the bytes hold a
+    /// block of the reader's pool until dropped (keep a copy to hold them long).
+    Read { bytes: Bytes, pooled: bool },
     /// Some of the file is not in the page cache: read it from storage.
     NotResident,
     /// The kernel refuses non-blocking buffered reads of this file (`EOPNOTSUPP`): never
@@ -25,32 +28,81 @@ pub enum Resident {
     Unsupported,
 }
 
-/// Reads `path` (expected to hold `len` bytes) if the page cache holds all of it.
+/// Reads `path` (expected to hold `len` bytes) if the page cache holds all of it, into a
+/// buffer of its own. [`crate::Reader::read_resident`] reads into the reader's pool instead.
 ///
 /// # Errors
 /// The file cannot be opened or the read fails for another reason than not being resident;
 /// the error names the path.
 pub fn read_resident(path: &Path, len: usize) -> Result<Resident, io::Error> {
+    read_resident_in(None, path, len)
+}
+
+/// [`read_resident`], into a block of `pool` when one is free: memory already faulted in and
+/// reused read after read, where a fresh buffer of a large sample costs a page fault per page.
+pub(crate) fn read_resident_in(
+    pool: Option<&Pool>,
+    path: &Path,
+    len: usize,
+) -> Result<Resident, io::Error> {
     let file = File::open(path).map_err(|e| named(path, e))?;
     let want = len + 1;
+    if let Some(mut block) = pool.and_then(|p| p.try_acquire(want)) {
+        let base = block.as_mut_ptr();
+        // SAFETY: the block is ours alone until it becomes `Bytes` below, and holds `want`.
+        let filled = unsafe { fill_nowait(&file, base, want) };
+        return Ok(match filled.map_err(|e| named(path, e))? {
+            Fill::Read(n) => Resident::Read {
+                bytes: block.into_bytes(0, n),
+                pooled: true,
+            },
+            Fill::NotResident => Resident::NotResident,
+            Fill::Unsupported => Resident::Unsupported,
+        });
+    }
     let mut buf: Vec<u8> = Vec::with_capacity(want);
-    loop {
-        let spare = buf.spare_capacity_mut();
-        if spare.is_empty() {
-            break;
+    // SAFETY: the vector's spare capacity holds `want` bytes nothing else uses.
+    let filled = unsafe { fill_nowait(&file, buf.as_mut_ptr(), want) };
+    Ok(match filled.map_err(|e| named(path, e))? {
+        Fill::Read(n) => {
+            // SAFETY: `fill_nowait` initialised the first `n <= want` bytes.
+            unsafe { buf.set_len(n) };
+            Resident::Read {
+                bytes: Bytes::from(buf),
+                pooled: false,
+            }
         }
+        Fill::NotResident => Resident::NotResident,
+        Fill::Unsupported => Resident::Unsupported,
+    })
+}
+
+enum Fill {
+    Read(usize),
+    NotResident,
+    Unsupported,
+}
+
+/// Reads `file` from its start into `base[..cap]` without waiting for storage, up to `cap`
+/// bytes or the end of the file.
+///
+/// # Safety
+/// `base` must be valid for writes of `cap` bytes, used by nothing else during the call.
+unsafe fn fill_nowait(file: &File, base: *mut u8, cap: usize) -> io::Result<Fill> {
+    let mut done = 0;
+    while done < cap {
         let iov = libc::iovec {
-            iov_base: spare.as_mut_ptr().cast(),
-            iov_len: spare.len(),
+            // SAFETY: `done < cap`, inside the buffer the caller vouches for.
+            iov_base: unsafe { base.add(done) }.cast(),
+            iov_len: cap - done,
         };
-        // SAFETY: `iov` points into `buf`'s spare capacity, which nothing else uses during
-        // the call; `file` is open for the whole call.
+        // SAFETY: `iov` covers the rest of the caller's buffer; `file` is open.
         let n = unsafe {
             libc::preadv2(
                 file.as_raw_fd(),
                 &iov,
                 1,
-                buf.len() as libc::off_t,
+                done as libc::off_t,
                 libc::RWF_NOWAIT,
             )
         };
@@ -58,19 +110,17 @@ pub fn read_resident(path: &Path, len: usize) -> Result<Resident, io::Error> {
             let e = io::Error::last_os_error();
             return match e.raw_os_error() {
                 Some(libc::EINTR) => continue,
-                Some(libc::EAGAIN) => Ok(Resident::NotResident),
-                Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => Ok(Resident::Unsupported),
-                _ => Err(named(path, e)),
+                Some(libc::EAGAIN) => Ok(Fill::NotResident),
+                Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => Ok(Fill::Unsupported),
+                _ => Err(e),
             };
         }
         if n == 0 {
             break;
         }
-        // SAFETY: the kernel wrote `n` initialised bytes at the start of the spare capacity,
-        // and `n <= spare.len()`.
-        unsafe { buf.set_len(buf.len() + n as usize) };
+        done += n as usize;
     }
-    Ok(Resident::Read(Bytes::from(buf)))
+    Ok(Fill::Read(done))
 }
 
 fn named(path: &Path, e: io::Error) -> io::Error {
@@ -88,7 +138,7 @@ mod tests {
         let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
         std::fs::write(&path, &data).unwrap();
         match read_resident(&path, data.len()).unwrap() {
-            Resident::Read(b) => assert_eq!(&b[..], &data[..]),
+            Resident::Read { bytes: b, .. } => assert_eq!(&b[..], &data[..]),
             Resident::Unsupported => eprintln!("skipped: RWF_NOWAIT refused by this kernel"),
             Resident::NotResident => panic!("a file just written is in the page cache"),
         }
@@ -99,10 +149,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, vec![1u8; 100]).unwrap();
-        if let Resident::Read(b) = read_resident(&path, 50).unwrap() {
+        if let Resident::Read { bytes: b, .. } = read_resident(&path, 50).unwrap() {
             assert_eq!(b.len(), 51);
         }
-        if let Resident::Read(b) = read_resident(&path, 200).unwrap() {
+        if let Resident::Read { bytes: b, .. } = read_resident(&path, 200).unwrap() {
             assert_eq!(b.len(), 100);
         }
     }
@@ -131,9 +181,37 @@ mod tests {
             Resident::NotResident => {}
             Resident::Unsupported => eprintln!("skipped: RWF_NOWAIT refused by this kernel"),
             // tmpfs keeps its pages: nothing to drop there.
-            Resident::Read(_) => {
+            Resident::Read { .. } => {
                 eprintln!("skipped: {} keeps pages resident", dir.path().display())
             }
         }
+    }
+
+    #[test]
+    fn a_pool_block_holds_the_bytes_while_one_is_free_and_a_buffer_of_their_own_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..5000u32).map(|i| (i * 13) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        // Room for two blocks of 8 KiB (a read of 5001 bytes takes two pages).
+        let pool = Pool::new(16 << 10, 8 << 10).unwrap();
+        let mut held = Vec::new();
+        for expect_pooled in [true, true, false] {
+            match read_resident_in(Some(&pool), &path, data.len()).unwrap() {
+                Resident::Read { bytes, pooled } => {
+                    assert_eq!(&bytes[..], &data[..]);
+                    assert_eq!(pooled, expect_pooled);
+                    held.push(bytes);
+                }
+                Resident::Unsupported => {
+                    eprintln!("skipped: RWF_NOWAIT refused by this kernel");
+                    return;
+                }
+                Resident::NotResident => panic!("a file just written is in the page cache"),
+            }
+        }
+        assert_eq!(pool.free_bytes(), 0);
+        drop(held);
+        assert_eq!(pool.free_bytes(), 16 << 10, "the blocks went back");
     }
 }

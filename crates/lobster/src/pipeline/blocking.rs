@@ -57,20 +57,35 @@ pub(crate) fn blocking_read<T>(
     }
 }
 
-/// Reads `meta` on the worker if the page cache holds all of it.
+/// Reads `meta` on the worker if the page cache holds all of it; also says whether the
+/// bytes hold a block of the reader's pool. A sample the cache keeps (`admitted`) gets a
+/// buffer of its own, which the cache holds as it is; the others a pool block when one is
+/// free, memory reused read after read where a fresh buffer of a large sample costs a page
+/// fault per page.
 pub(crate) fn resident_read<T>(
     ctx: &Context<T>,
     state: &PipelineState<T>,
     meta: &SampleMeta,
     epoch: u32,
-) -> OnWorker {
+    admitted: bool,
+) -> (OnWorker, bool) {
+    let mut pooled = false;
     let read = || -> Result<Option<Bytes>, ReadFailure> {
-        match lobster_uring::read_resident(&meta.path, meta.size_bytes as usize)? {
-            Resident::Read(bytes) => Ok(Some(bytes)),
+        let len = meta.size_bytes as usize;
+        let found = match &ctx.reader {
+            Some(reader) if !admitted => reader.read_resident(&meta.path, len)?,
+            _ => lobster_uring::read_resident(&meta.path, len)?,
+        };
+        match found {
+            Resident::Read { bytes, pooled: p } => {
+                pooled = p;
+                Ok(Some(bytes))
+            }
             Resident::NotResident | Resident::Unsupported => Ok(None),
         }
     };
-    on_worker(ctx, state, meta, epoch, read)
+    let outcome = on_worker(ctx, state, meta, epoch, read);
+    (outcome, pooled)
 }
 
 /// Runs attempts of `read` (`None`: not resident) until its fate is decided.

@@ -19,6 +19,8 @@ pub(crate) struct Context<T> {
     pub(crate) dataset: Arc<Dataset>,
     pub(crate) decode: DecodeFn<T>,
     pub(crate) device: Option<Arc<Device>>,
+    /// The reader (pipelined): its pool also takes the workers' page-cache reads.
+    pub(crate) reader: Option<lobster_uring::Reader>,
 }
 
 impl<T> Context<T> {

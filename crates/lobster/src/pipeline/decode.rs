@@ -36,18 +36,21 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
         let bytes = match task.read {
             WorkerRead::Blocking => {
                 let loaded = blocking_read(ctx, state, meta, task.epoch);
-                fill(state, &task, loaded.clone(), &mut released);
+                // A blocking read is a buffer of its own: the cache keeps it as it is.
+                fill(state, &task, loaded.clone(), Keep::AsIs, &mut released);
                 loaded
             }
             WorkerRead::IfResident => {
                 state.read_path.tried.fetch_add(1, Ordering::Relaxed);
-                match resident_read(ctx, state, meta, task.epoch) {
-                    OnWorker::Done(loaded) => {
+                match resident_read(ctx, state, meta, task.epoch, task.admitted) {
+                    (OnWorker::Done(loaded), pooled) => {
                         state.read_path.resident.fetch_add(1, Ordering::Relaxed);
-                        fill(state, &task, loaded.clone(), &mut released);
+                        // A pool block goes back to the pool; the cache keeps a copy.
+                        let keep = if pooled { Keep::Copy } else { Keep::AsIs };
+                        fill(state, &task, loaded.clone(), keep, &mut released);
                         loaded
                     }
-                    OnWorker::NotResident { attempt } => {
+                    (OnWorker::NotResident { attempt }, _) => {
                         to_dispatcher(ctx, state, task, attempt);
                         continue;
                     }
@@ -116,13 +119,19 @@ impl DecodeObservations {
 }
 
 /// Fills the slot of a read the worker made and queues the hits waiting on it.
-fn fill<T>(state: &PipelineState<T>, task: &Task, loaded: Loaded, released: &mut Vec<Ready>) {
+fn fill<T>(
+    state: &PipelineState<T>,
+    task: &Task,
+    loaded: Loaded,
+    keep: Keep,
+    released: &mut Vec<Ready>,
+) {
     let slot = task
         .slot
         .as_ref()
         .expect("a task read on its worker never waited");
-    // A read on the worker is a right-sized buffer of its own: the cache keeps it as it is.
-    slot.fill(loaded, Keep::AsIs, released);
+    let keep = if task.admitted { keep } else { Keep::AsIs };
+    slot.fill(loaded, keep, released);
     state.ready(released.drain(..));
 }
 

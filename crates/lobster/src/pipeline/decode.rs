@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use super::blocking::{blocking_read, resident_read, OnWorker};
 use super::context::Context;
-use super::decode_queue::TakeRule;
+use super::decode_queue::{TakeRule, GROUP_MAX};
 use super::order::{IoRequest, ToDispatcher};
 use super::slot::{Keep, Loaded, Ready, Task, WorkerRead};
 use super::state::PipelineState;
@@ -25,11 +25,26 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
     };
     let mut released = Vec::new();
     let mut observed = DecodeObservations::default();
-    while let Some(Ready { task, bytes }) =
-        state
-            .decode
-            .take(w, rule, &ctx.layout, &state.stop, || state.drained())
-    {
+    let mut taken: Vec<Ready> = Vec::with_capacity(GROUP_MAX);
+    let mut group = std::vec::IntoIter::default();
+    loop {
+        if observed.samples >= OBSERVE_EVERY_SAMPLES {
+            observed.flush(state);
+        }
+        let Some(Ready { task, bytes }) = group.next().or_else(|| {
+            let more = state.decode.take(
+                w,
+                rule,
+                &ctx.layout,
+                &state.stop,
+                || state.drained(),
+                &mut taken,
+            );
+            group = std::mem::take(&mut taken).into_iter();
+            more.then(|| group.next()).flatten()
+        }) else {
+            break;
+        };
         let meta = ctx.meta(task.sample);
         // A planned hit that had to read storage after all (counted as the miss it is).
         let mut reread = false;
@@ -41,16 +56,17 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                 loaded
             }
             WorkerRead::IfResident => {
-                state.read_path.tried.fetch_add(1, Ordering::Relaxed);
+                observed.tried += 1;
                 match resident_read(ctx, state, meta, task.epoch, task.admitted) {
                     (OnWorker::Done(loaded), pooled) => {
-                        state.read_path.resident.fetch_add(1, Ordering::Relaxed);
+                        observed.resident += 1;
                         // A pool block goes back to the pool; the cache keeps a copy.
                         let keep = if pooled { Keep::Copy } else { Keep::AsIs };
                         fill(state, &task, loaded.clone(), keep, &mut released);
                         loaded
                     }
                     (OnWorker::NotResident { attempt }, _) => {
+                        observed.flush_read_path(state);
                         to_dispatcher(ctx, state, task, attempt);
                         continue;
                     }
@@ -87,11 +103,11 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                 slot.spoil(e.clone());
             }
         }
+        if group.len() == 0 {
+            observed.flush_read_path(state);
+        }
         state.ranks[task.rank].deliver(&task, item, elapsed, reread.then_some(meta.size_bytes));
         state.delivered();
-        if observed.samples >= OBSERVE_EVERY_SAMPLES {
-            observed.flush(state);
-        }
     }
     observed.flush(state);
 }
@@ -104,6 +120,10 @@ struct DecodeObservations {
     samples: u64,
     bytes: u64,
     elapsed: Duration,
+    /// Page-cache reads tried, and of those read, since the last report: counted here so
+    /// that workers do not share a counter's cache line per sample.
+    tried: u64,
+    resident: u64,
 }
 
 /// Samples a worker decodes between reports to the cost model.
@@ -114,7 +134,19 @@ impl DecodeObservations {
         if self.samples > 0 {
             lock(&state.model).observe_decode(self.samples, self.bytes, self.elapsed);
         }
+        self.flush_read_path(state);
         *self = DecodeObservations::default();
+    }
+
+    /// The read-path counts, exact in the metrics once every sample is delivered: reported
+    /// before the last delivery of each group a worker takes.
+    fn flush_read_path<T>(&mut self, state: &PipelineState<T>) {
+        if self.tried > 0 {
+            let path = &state.read_path;
+            path.tried.fetch_add(self.tried, Ordering::Relaxed);
+            path.resident.fetch_add(self.resident, Ordering::Relaxed);
+            (self.tried, self.resident) = (0, 0);
+        }
     }
 }
 

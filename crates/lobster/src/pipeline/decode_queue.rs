@@ -39,6 +39,9 @@ struct Queues {
     sleepers: usize,
 }
 
+/// Tasks a worker takes at once, at most.
+pub(crate) const GROUP_MAX: usize = 4;
+
 /// How workers pick from the queues.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum TakeRule {
@@ -88,8 +91,11 @@ impl DecodeQueues {
         lock(&self.state).assignment = assignment;
     }
 
-    /// Takes the next task for worker `w`, waiting while there is none; `None` once the
-    /// loader stops or `finished` says no task will come.
+    /// Takes the next tasks for worker `w` into `out` (empty on entry), waiting while there
+    /// are none; `false` once the loader stops or `finished` says no task will come. While
+    /// the queue holds more than `workers` tasks per worker the worker takes up to
+    /// [`GROUP_MAX`] of one rank's tasks of the same iteration under one lock; with fewer, one,
+    /// so a shallow queue is spread over every worker.
     pub(crate) fn take(
         &self,
         w: usize,
@@ -97,43 +103,53 @@ impl DecodeQueues {
         layout: &Layout,
         stop: &StopSignal,
         finished: impl Fn() -> bool,
-    ) -> Option<Ready> {
+        out: &mut Vec<Ready>,
+    ) -> bool {
+        debug_assert!(out.is_empty());
         let step = |t: &Ready| layout.step(t.task.epoch, t.task.iteration as usize);
         let mut state = lock(&self.state);
         loop {
             if stop.is_set() {
-                return None;
+                return false;
             }
             let own = state.assignment.get(w).copied();
+            let workers = state.assignment.len().max(1);
             let queues = &mut state.by_rank;
-            match rule {
+            let chosen = match rule {
                 TakeRule::OldestIteration => {
                     let oldest = (0..queues.len())
                         .filter_map(|r| queues[r].peek().map(|t| ((step(t), t.task.pos), r)))
                         .min();
-                    if let Some(((oldest_step, _), oldest_rank)) = oldest {
-                        let r = own
-                            .filter(|&r| queues[r].peek().is_some_and(|t| step(t) <= oldest_step))
-                            .unwrap_or(oldest_rank);
-                        return queues[r].pop();
-                    }
+                    oldest.map(|((oldest_step, _), oldest_rank)| {
+                        own.filter(|&r| queues[r].peek().is_some_and(|t| step(t) <= oldest_step))
+                            .unwrap_or(oldest_rank)
+                    })
                 }
-                TakeRule::OwnRank => {
-                    if let Some(t) = own.and_then(|r| queues[r].pop()) {
-                        return Some(t);
-                    }
-                    if own.is_none() {
-                        let oldest = (0..queues.len())
-                            .filter_map(|r| queues[r].peek().map(|t| (t.task.seq, r)))
-                            .min();
-                        if let Some((_, r)) = oldest {
-                            return queues[r].pop();
-                        }
-                    }
+                TakeRule::OwnRank => match own {
+                    Some(r) => Some(r).filter(|&r| !queues[r].is_empty()),
+                    None => (0..queues.len())
+                        .filter_map(|r| queues[r].peek().map(|t| (t.task.seq, r)))
+                        .min()
+                        .map(|(_, r)| r),
+                },
+            };
+            if let Some(r) = chosen {
+                let first = queues[r].pop().expect("the chosen queue has a task");
+                let first_step = step(&first);
+                out.push(first);
+                let queued: usize = queues.iter().map(BinaryHeap::len).sum();
+                let group = if queued > workers * GROUP_MAX {
+                    GROUP_MAX
+                } else {
+                    1
+                };
+                while out.len() < group && queues[r].peek().is_some_and(|t| step(t) == first_step) {
+                    out.push(queues[r].pop().expect("peeked"));
                 }
+                return true;
             }
             if finished() {
-                return None;
+                return false;
             }
             state.sleepers += 1;
             // The timeout bounds the wait on `finished`, which changes without this lock.

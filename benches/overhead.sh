@@ -116,8 +116,8 @@ python3 - "$out" "$runs" "${points[@]}" <<'PY'
 import json, statistics, sys
 out, runs, points = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 print(f"medians of {runs} runs each, lobster and pytorch alternating; pytorch at its best workers per rank")
-print("| mean KiB | page cache | samples | dataset MiB | pytorch workers/rank | pytorch samples/s | lobster samples/s | lobster/pytorch | pytorch CPU s/1k samples | lobster CPU s/1k samples |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| mean KiB | page cache | samples | dataset MiB | pytorch workers/rank | pytorch samples/s | lobster samples/s | lobster/pytorch | epoch 1 s pytorch / lobster | epoch 2 s pytorch / lobster | pytorch CPU s/1k samples | lobster CPU s/1k samples |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for point in points:
     kb, mode = point.split("-")
     best = open(f"{out}/{point}-best").read().strip()
@@ -128,10 +128,13 @@ for point in points:
         med[policy] = (
             statistics.median(r["samples_per_second"] for r in results),
             statistics.median(1000 * r["cpu_seconds"] / max(r["samples"], 1) for r in results),
+            [statistics.median(r["epoch_seconds"][e] for r in results)
+             for e in range(len(results[0]["epoch_seconds"]))],
         )
         config = reports[0]["config"]
-    print("| %s | %s | %d | %.0f | %s | %.0f | %.0f | %.2f | %.3f | %.3f |" % (
+    epochs = lambda e: "%.3f / %.3f" % (med["pytorch"][2][e], med["lobster"][2][e])
+    print("| %s | %s | %d | %.0f | %s | %.0f | %.0f | %.2f | %s | %s | %.3f | %.3f |" % (
         kb, mode, config["samples"], config["dataset_bytes"] / 2**20, best,
         med["pytorch"][0], med["lobster"][0], med["lobster"][0] / med["pytorch"][0],
-        med["pytorch"][1], med["lobster"][1]))
+        epochs(0), epochs(-1), med["pytorch"][1], med["lobster"][1]))
 PY

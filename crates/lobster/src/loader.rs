@@ -194,6 +194,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             decode,
             device,
             reader: reader.clone(),
+            arena: cache_arena(&config),
         };
         let pipeline = Pipeline::start(ctx, reader)?;
         let handles = (0..config.ranks_per_node)
@@ -212,6 +213,20 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             window_bytes,
         })
     }
+}
+
+/// The cache's arena: address space for its capacity and an eighth more (runs are whole
+/// pages; copies the planner evicted while planned hits still use them come on top until
+/// they drop), faulted in as used. `None` without a cache, or where the system refuses the
+/// mapping: large cached samples then get mappings of their own.
+fn cache_arena(config: &LoaderConfig) -> Option<lobster_uring::Arena> {
+    if config.cache_policy == CachePolicy::None || config.cache_capacity_bytes == 0 {
+        return None;
+    }
+    let budget = config
+        .cache_capacity_bytes
+        .saturating_add(config.cache_capacity_bytes / 8);
+    lobster_uring::Arena::new(usize::try_from(budget).ok()?).ok()
 }
 
 /// Accesses the planner may have handed out and not yet delivered.

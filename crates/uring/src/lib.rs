@@ -79,6 +79,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod arena;
 mod classes;
 mod completion;
 mod deferred;
@@ -99,6 +100,7 @@ mod tokio_reads;
 mod types;
 mod uring;
 
+pub use arena::Arena;
 pub use completion::Completion;
 pub use direct::read_direct;
 pub use error::ReadError;

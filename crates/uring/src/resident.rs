@@ -77,7 +77,7 @@ pub(crate) fn read_resident_in(
     })
 }
 
-enum Fill {
+pub(crate) enum Fill {
     Read(usize),
     NotResident,
     Unsupported,
@@ -88,7 +88,7 @@ enum Fill {
 ///
 /// # Safety
 /// `base` must be valid for writes of `cap` bytes, used by nothing else during the call.
-unsafe fn fill_nowait(file: &File, base: *mut u8, cap: usize) -> io::Result<Fill> {
+pub(crate) unsafe fn fill_nowait(file: &File, base: *mut u8, cap: usize) -> io::Result<Fill> {
     let mut done = 0;
     while done < cap {
         let iov = libc::iovec {

@@ -21,6 +21,8 @@ pub(crate) struct Context<T> {
     pub(crate) device: Option<Arc<Device>>,
     /// The reader (pipelined): its pool also takes the workers' page-cache reads.
     pub(crate) reader: Option<lobster_uring::Reader>,
+    /// Where the cache keeps large samples (`None`: no cache, or no room for the mapping).
+    pub(crate) arena: Option<lobster_uring::Arena>,
 }
 
 impl<T> Context<T> {

@@ -52,7 +52,14 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
             WorkerRead::Blocking => {
                 let loaded = blocking_read(ctx, state, meta, task.epoch);
                 // A blocking read is a buffer of its own: the cache keeps it as it is.
-                fill(state, &task, loaded.clone(), Keep::AsIs, &mut released);
+                fill(
+                    state,
+                    ctx.arena.as_ref(),
+                    &task,
+                    loaded.clone(),
+                    Keep::AsIs,
+                    &mut released,
+                );
                 loaded
             }
             WorkerRead::IfResident => {
@@ -62,7 +69,14 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                         observed.resident += 1;
                         // A pool block goes back to the pool; the cache keeps a copy.
                         let keep = if pooled { Keep::Copy } else { Keep::AsIs };
-                        fill(state, &task, loaded.clone(), keep, &mut released);
+                        fill(
+                            state,
+                            ctx.arena.as_ref(),
+                            &task,
+                            loaded.clone(),
+                            keep,
+                            &mut released,
+                        );
                         loaded
                     }
                     (OnWorker::NotResident { attempt }, _) => {
@@ -153,6 +167,7 @@ impl DecodeObservations {
 /// Fills the slot of a read the worker made and queues the hits waiting on it.
 fn fill<T>(
     state: &PipelineState<T>,
+    arena: Option<&lobster_uring::Arena>,
     task: &Task,
     loaded: Loaded,
     keep: Keep,
@@ -163,7 +178,7 @@ fn fill<T>(
         .as_ref()
         .expect("a task read on its worker never waited");
     let keep = if task.admitted { keep } else { Keep::AsIs };
-    slot.fill(loaded, keep, released);
+    slot.fill(loaded, keep, arena, released);
     state.ready(released.drain(..));
 }
 

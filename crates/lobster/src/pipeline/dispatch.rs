@@ -62,11 +62,14 @@ struct Reads {
     timers: BinaryHeap<Reverse<(Instant, usize)>>,
     /// Tasks released by filled slots, queued for decode together.
     released: Vec<Ready>,
+    /// Where the cache keeps its copies of large samples.
+    arena: Option<lobster_uring::Arena>,
 }
 
 impl Reads {
-    fn new(ranks: usize) -> Self {
+    fn new(ranks: usize, arena: Option<lobster_uring::Arena>) -> Self {
         Reads {
+            arena,
             slab: Slab::new(),
             in_flight: vec![0; ranks],
             in_reader: 0,
@@ -111,7 +114,8 @@ impl Reads {
     fn fill(&mut self, req: IoRequest, loaded: Loaded) {
         // The dispatcher's bytes are pool buffers: the cache keeps a copy.
         let keep = if req.admitted { Keep::Copy } else { Keep::AsIs };
-        req.slot.fill(loaded, keep, &mut self.released);
+        req.slot
+            .fill(loaded, keep, self.arena.as_ref(), &mut self.released);
     }
 }
 
@@ -195,7 +199,7 @@ pub(crate) fn dispatcher<T>(
         IoOrder::Shares => equal_split(budget, ranks),
     };
     let mut pending: Vec<VecDeque<IoRequest>> = (0..ranks).map(|_| VecDeque::new()).collect();
-    let mut reads = Reads::new(ranks);
+    let mut reads = Reads::new(ranks, ctx.arena.clone());
     let mut allocations: VecDeque<(u64, Vec<u32>)> = VecDeque::new();
     let mut saturation = Saturation::default();
     let mut completed = Vec::new();

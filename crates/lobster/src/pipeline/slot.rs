@@ -8,6 +8,7 @@
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use lobster_uring::Arena;
 
 use super::sync::lock;
 use crate::error::Error;
@@ -68,20 +69,23 @@ pub(crate) enum Keep {
     Copy,
 }
 
-/// Samples below this size are copied to the heap; at or above it to pages of their own.
-const PAGES_FROM_BYTES: usize = 64 << 10;
+/// Samples below this size are copied to the heap; at or above it to the cache's arena.
+pub(crate) const ARENA_FROM_BYTES: usize = 64 << 10;
 
 /// A cached sample's own copy, so pool buffers only hold samples in flight (the pool stays
-/// small however large the cache). Large samples get whole pages of their own so that
-/// evicted ones give their memory back instead of fragmenting the heap over a long run;
-/// small ones, which the allocator keeps in size classes, the heap (a mapping each would
-/// cost two system calls and a fault). When the system refuses another mapping
-/// (vm.max_map_count), the heap holds it.
-fn cache_copy(b: &Bytes) -> Bytes {
-    if b.len() < PAGES_FROM_BYTES {
+/// small however large the cache). Large samples go to the cache's arena (whole pages, reused
+/// after evictions, no mapping per sample) so that evicted ones do not fragment the heap over
+/// a long run; small ones, which the allocator keeps in size classes, to the heap. Without an
+/// arena, or when it is full, large samples get pages of their own, or the heap when the
+/// system refuses another mapping (vm.max_map_count).
+fn cache_copy(b: &Bytes, arena: Option<&Arena>) -> Bytes {
+    if b.len() < ARENA_FROM_BYTES {
         return Bytes::copy_from_slice(b);
     }
-    lobster_uring::copy_to_pages(b).unwrap_or_else(|_| Bytes::copy_from_slice(b))
+    arena
+        .and_then(|a| a.copy(b))
+        .or_else(|| lobster_uring::copy_to_pages(b).ok())
+        .unwrap_or_else(|| Bytes::copy_from_slice(b))
 }
 
 /// A task whose bytes are known, waiting for a decode thread.
@@ -117,9 +121,15 @@ impl Slot {
 
     /// Fills the slot and moves every task waiting on it into `released`. `keep` says what
     /// the cache keeps of the bytes.
-    pub(crate) fn fill(self: &Arc<Self>, loaded: Loaded, keep: Keep, released: &mut Vec<Ready>) {
+    pub(crate) fn fill(
+        self: &Arc<Self>,
+        loaded: Loaded,
+        keep: Keep,
+        arena: Option<&Arena>,
+        released: &mut Vec<Ready>,
+    ) {
         let loaded = match loaded {
-            Ok(b) if keep == Keep::Copy => Ok(cache_copy(&b)),
+            Ok(b) if keep == Keep::Copy => Ok(cache_copy(&b, arena)),
             other => other,
         };
         let waiters = {

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use lobster_io::{AllocationRecord, IterationMetrics, RunMetrics, SkippedSample};
+use lobster_io::{AllocationRecord, RunMetrics};
 use serde::Serialize;
 
 use super::args::{BackendArg, IoOrderArg, OnError, ScheduleArg};
@@ -61,15 +61,9 @@ pub(crate) struct Measured {
 pub(crate) struct StrategyResult {
     #[serde(rename = "policy")]
     pub strategy: Strategy,
-    pub epoch_seconds: Vec<f64>,
-    /// Samples delivered to the ranks over the run.
-    pub samples: u64,
-    pub samples_per_second: f64,
-    pub stall_fraction: f64,
-    pub job_stall_fraction: f64,
-    pub imbalance_p50: f64,
-    pub imbalance_p95: f64,
-    pub hit_ratio: f64,
+    /// The loader's own figures, at the top level of the result as they are named there.
+    #[serde(flatten)]
+    pub metrics: RunMetrics,
     pub speedup_vs_pytorch: Option<f64>,
     pub cpu_seconds: f64,
     pub peak_rss_bytes: u64,
@@ -81,62 +75,22 @@ pub(crate) struct StrategyResult {
     /// which the reads follow under `--io-order shares` only.
     pub predicted_imbalance_equal_split_p50: Option<f64>,
     pub predicted_imbalance_allocated_p50: Option<f64>,
-    /// Accesses skipped by --on-error skip, and the first of them with their causes.
-    pub skipped: u64,
-    pub skipped_samples: Vec<SkippedSample>,
-    /// Storage read attempts changed by --inject-faults, attempts retried, and reads that
-    /// succeeded on a retry.
-    pub faults_injected: u64,
-    pub read_path: String,
-    pub reads_resident: u64,
-    pub reads_not_resident: u64,
-    pub reads_dispatched: u64,
-    pub read_retries: u64,
-    pub reads_recovered: u64,
-    /// Every rank's figures per iteration, and lobster-sched's decisions (bounded: the most
-    /// recent ones).
-    pub iterations: Vec<IterationMetrics>,
-    pub allocations: Vec<AllocationRecord>,
 }
 
 impl StrategyResult {
     pub(crate) fn new(strategy: Strategy, metrics: RunMetrics, measured: Measured) -> Self {
+        let predicted = |f: fn(&AllocationRecord) -> f64| median(metrics.allocations.iter().map(f));
         StrategyResult {
             strategy,
-            epoch_seconds: metrics.epoch_seconds,
-            samples: metrics.samples,
-            samples_per_second: metrics.samples_per_second,
-            stall_fraction: metrics.stall_fraction,
-            job_stall_fraction: metrics.job_stall_fraction,
-            imbalance_p50: metrics.imbalance_p50,
-            imbalance_p95: metrics.imbalance_p95,
-            hit_ratio: metrics.hit_ratio,
             speedup_vs_pytorch: None,
             cpu_seconds: measured.cpu_seconds,
             peak_rss_bytes: measured.peak_rss_bytes,
             cache_capacity_bytes: measured.cache_capacity_bytes,
             prefetch_window_bytes: measured.prefetch_window_bytes,
             backend: measured.backend,
-            predicted_imbalance_equal_split_p50: median(
-                metrics
-                    .allocations
-                    .iter()
-                    .map(|a| a.predicted_imbalance_equal),
-            ),
-            predicted_imbalance_allocated_p50: median(
-                metrics.allocations.iter().map(|a| a.predicted_imbalance),
-            ),
-            skipped: metrics.skipped,
-            skipped_samples: metrics.skipped_samples,
-            faults_injected: metrics.faults_injected,
-            read_path: metrics.read_path,
-            reads_resident: metrics.reads_resident,
-            reads_not_resident: metrics.reads_not_resident,
-            reads_dispatched: metrics.reads_dispatched,
-            read_retries: metrics.read_retries,
-            reads_recovered: metrics.reads_recovered,
-            iterations: metrics.iterations,
-            allocations: metrics.allocations,
+            predicted_imbalance_equal_split_p50: predicted(|a| a.predicted_imbalance_equal),
+            predicted_imbalance_allocated_p50: predicted(|a| a.predicted_imbalance),
+            metrics,
         }
     }
 }
@@ -146,9 +100,9 @@ pub(crate) fn set_speedups(results: &mut [StrategyResult]) {
     let baseline = results
         .iter()
         .find(|r| r.strategy == Strategy::Pytorch)
-        .map(|r| r.samples_per_second);
+        .map(|r| r.metrics.samples_per_second);
     for r in results {
-        r.speedup_vs_pytorch = baseline.map(|b| r.samples_per_second / b);
+        r.speedup_vs_pytorch = baseline.map(|b| r.metrics.samples_per_second / b);
     }
 }
 
@@ -196,17 +150,18 @@ pub(crate) fn print_table(results: &[StrategyResult]) {
         "speedup"
     );
     for r in results {
-        let mean_epoch = r.epoch_seconds.iter().sum::<f64>() / r.epoch_seconds.len().max(1) as f64;
+        let mean_epoch = r.metrics.epoch_seconds.iter().sum::<f64>()
+            / r.metrics.epoch_seconds.len().max(1) as f64;
         println!(
             "{:<20} {:>12.2} {:>11.0} {:>8.1} {:>8.1} {:>9.3} {:>9.3} {:>9.3} {:>9}",
             r.strategy.name(),
             mean_epoch,
-            r.samples_per_second,
-            r.stall_fraction * 100.0,
-            r.job_stall_fraction * 100.0,
-            r.imbalance_p50,
-            r.imbalance_p95,
-            r.hit_ratio,
+            r.metrics.samples_per_second,
+            r.metrics.stall_fraction * 100.0,
+            r.metrics.job_stall_fraction * 100.0,
+            r.metrics.imbalance_p50,
+            r.metrics.imbalance_p95,
+            r.metrics.hit_ratio,
             r.speedup_vs_pytorch
                 .map_or("-".to_string(), |s| format!("{s:.2}x")),
         );
@@ -217,18 +172,18 @@ pub(crate) fn print_table(results: &[StrategyResult]) {
 pub(crate) fn print_skipped(results: &[StrategyResult]) {
     for r in results
         .iter()
-        .filter(|r| r.skipped + r.faults_injected + r.read_retries > 0)
+        .filter(|r| r.metrics.skipped + r.metrics.faults_injected + r.metrics.read_retries > 0)
     {
         println!(
             "{}: {} read attempts faulted by injection, {} retried, {} reads recovered by a \
              retry; {} samples skipped (budget per epoch held)",
             r.strategy.name(),
-            r.faults_injected,
-            r.read_retries,
-            r.reads_recovered,
-            r.skipped
+            r.metrics.faults_injected,
+            r.metrics.read_retries,
+            r.metrics.reads_recovered,
+            r.metrics.skipped
         );
-        for s in r.skipped_samples.iter().take(5) {
+        for s in r.metrics.skipped_samples.iter().take(5) {
             println!(
                 "  epoch {} rank {} sample {}: {}",
                 s.epoch, s.rank, s.sample, s.cause

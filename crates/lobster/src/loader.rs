@@ -586,14 +586,30 @@ mod tests {
             budget < 2 * 8 * (200 << 10),
             "a window of large samples must not fit, or the test proves nothing"
         );
+        assert_eq!(drain(&mut loader), 3 * 64);
+        // The same through the dispatcher alone: its reads wait for pool memory, none fails.
+        let mut loader = LoaderBuilder::new(ds.clone())
+            .config(loader.config().clone())
+            .resident_reads(crate::config::ResidentReads::Dispatcher)
+            .decode(|bytes: &[u8], _meta: &SampleMeta| {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                Ok::<_, std::io::Error>(bytes.len())
+            })
+            .build()
+            .unwrap();
+        assert_eq!(pool_shape(&loader.config, &ds).0, budget);
+        assert_eq!(drain(&mut loader), 3 * 64);
+    }
+
+    /// Every rank's samples, each batch unwrapped.
+    fn drain(loader: &mut Loader<usize>) -> usize {
         let handles = loader.ranks().unwrap();
-        let delivered: usize = std::thread::scope(|s| {
+        std::thread::scope(|s| {
             let threads: Vec<_> = handles
                 .into_iter()
                 .map(|h| s.spawn(move || h.map(|b| b.unwrap().samples.len()).sum::<usize>()))
                 .collect();
             threads.into_iter().map(|t| t.join().unwrap()).sum()
-        });
-        assert_eq!(delivered, 3 * 64);
+        })
     }
 }

@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver, RecvTimeoutError};
 use lobster_sched::Tier;
-use lobster_uring::{ActiveBackend, Completion, FileId, PathRead, ReadRequest, Reader, Session};
+use lobster_uring::{
+    ActiveBackend, Completion, FileId, PathRead, ReadError, ReadRequest, Reader, Session,
+};
 use slab::Slab;
 
 use super::allocate::equal_split;
@@ -64,12 +66,15 @@ struct Reads {
     released: Vec<Ready>,
     /// Where the cache keeps its copies of large samples.
     arena: Option<lobster_uring::Arena>,
+    /// Reads the ring's session refused for want of pool memory, in issue order.
+    blocked: VecDeque<usize>,
 }
 
 impl Reads {
     fn new(ranks: usize, arena: Option<lobster_uring::Arena>) -> Self {
         Reads {
             arena,
+            blocked: VecDeque::new(),
             slab: Slab::new(),
             in_flight: vec![0; ranks],
             in_reader: 0,
@@ -228,13 +233,16 @@ pub(crate) fn dispatcher<T>(
             }
             depth = d;
         }
+        submit_blocked(ctx, state, &mut port, &mut reads);
         while let Some(r) = next_read(
             ctx.config.io_order,
             &pending,
             &reads.in_flight,
             &depth,
             budget,
-        ) {
+        )
+        .filter(|_| reads.blocked.is_empty())
+        {
             let req = pending[r].pop_front().expect("front checked");
             if !req.admitted && state.ranks[req.rank].is_detached() {
                 // Only the dropped rank's own access waits on this slot.
@@ -262,7 +270,9 @@ pub(crate) fn dispatcher<T>(
                     || reads.in_flight.iter().sum::<u32>() <= budget,
                 "the node holds at most its io_depth budget in flight"
             );
-            submit(ctx, state, &mut port, &mut reads, key);
+            if !submit(ctx, state, &mut port, &mut reads, key) {
+                reads.blocked.push_back(key);
+            }
         }
         let now = Instant::now();
         let room = reads.slab.len() < budget as usize;
@@ -272,13 +282,19 @@ pub(crate) fn dispatcher<T>(
         if state.drained() && reads.slab.is_empty() && pending.iter().all(VecDeque::is_empty) {
             return Ok(());
         }
+        // Pool memory comes back as decode workers drop their samples: look again soon.
+        let idle_wait = if reads.blocked.is_empty() {
+            IDLE_WAIT
+        } else {
+            ROOM_WAIT
+        };
         let until_timer = reads
             .timers
             .peek()
-            .map_or(IDLE_WAIT, |Reverse((t, _))| {
+            .map_or(idle_wait, |Reverse((t, _))| {
                 t.saturating_duration_since(now)
             })
-            .min(IDLE_WAIT);
+            .min(idle_wait);
         match &mut port {
             Port::Session(session) if reads.in_reader > 0 => {
                 // With room for more, new requests are worth a look soon.
@@ -333,7 +349,11 @@ pub(crate) fn dispatcher<T>(
                     finish(ctx, state, &mut reads, &mut saturation, done, loaded);
                 }
                 // A retry's backoff is over.
-                None => submit(ctx, state, &mut port, &mut reads, key),
+                None => {
+                    if !submit(ctx, state, &mut port, &mut reads, key) {
+                        reads.blocked.push_back(key);
+                    }
+                }
             }
         }
         reads.hand_off(state);
@@ -358,18 +378,17 @@ fn take(
 }
 
 /// Hands read `key` (a first attempt or a retry) to the port; a refused submission fails
-/// the sample.
+/// the sample. `false`: the ring's session has no pool memory for it while its other reads
+/// hold some; it keeps its io_depth slot and goes again when memory is back.
 fn submit<T>(
     ctx: &Context<T>,
     state: &PipelineState<T>,
     port: &mut Port<'_>,
     reads: &mut Reads,
     key: usize,
-) {
-    let read = &mut reads.slab[key];
+) -> bool {
+    let read = &reads.slab[key];
     let meta = ctx.meta(read.req.sample);
-    read.issued = Instant::now();
-    read.due = attempt::reserve(ctx.device.as_deref(), read.issued, meta.size_bytes);
     let (class, tag, len) = (read.req.rank, key as u64, meta.size_bytes as usize);
     let submitted = match (port, read.file) {
         // One byte more than the sample: a file that grew since the dataset was opened
@@ -393,12 +412,34 @@ fn submit<T>(
         (Port::Engine { .. }, None) => unreachable!("an engine read holds an open file"),
     };
     match submitted {
-        Ok(()) => reads.in_reader += 1,
+        Ok(()) => {
+            let read = &mut reads.slab[key];
+            read.issued = Instant::now();
+            read.due = attempt::reserve(ctx.device.as_deref(), read.issued, meta.size_bytes);
+            reads.in_reader += 1;
+        }
+        Err(ReadError::WouldBlock { .. }) => return false,
         Err(e) => {
             let done = reads.retire(key);
             let loaded = Err(attempt::read_error(meta, std::sync::Arc::new(e)));
             finish(ctx, state, reads, &mut Saturation::default(), done, loaded);
         }
+    }
+    true
+}
+
+/// Submits the reads waiting for pool memory, in order, while it lasts.
+fn submit_blocked<T>(
+    ctx: &Context<T>,
+    state: &PipelineState<T>,
+    port: &mut Port<'_>,
+    reads: &mut Reads,
+) {
+    while let Some(&key) = reads.blocked.front() {
+        if !submit(ctx, state, port, reads, key) {
+            return;
+        }
+        reads.blocked.pop_front();
     }
 }
 

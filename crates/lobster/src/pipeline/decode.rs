@@ -9,7 +9,7 @@ use super::blocking::{blocking_read, resident_read, OnWorker};
 use super::context::Context;
 use super::decode_queue::{TakeRule, GROUP_MAX};
 use super::order::{IoRequest, ToDispatcher};
-use super::slot::{Keep, Loaded, Ready, Task, WorkerRead};
+use super::slot::{Loaded, Origin, Ready, Task, WorkerRead};
 use super::state::PipelineState;
 use super::sync::lock;
 use crate::batch::Sample;
@@ -51,13 +51,12 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
         let bytes = match task.read {
             WorkerRead::Blocking => {
                 let loaded = blocking_read(ctx, state, meta, task.epoch);
-                // A blocking read is a buffer of its own: the cache keeps it as it is.
                 fill(
                     state,
-                    ctx.arena.as_ref(),
+                    ctx,
                     &task,
                     loaded.clone(),
-                    Keep::AsIs,
+                    Origin::Own,
                     &mut released,
                 );
                 loaded
@@ -67,16 +66,8 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                 match resident_read(ctx, state, meta, task.epoch, task.admitted) {
                     (OnWorker::Done(loaded), pooled) => {
                         observed.resident += 1;
-                        // A pool block goes back to the pool; the cache keeps a copy.
-                        let keep = if pooled { Keep::Copy } else { Keep::AsIs };
-                        fill(
-                            state,
-                            ctx.arena.as_ref(),
-                            &task,
-                            loaded.clone(),
-                            keep,
-                            &mut released,
-                        );
+                        let origin = if pooled { Origin::Pool } else { Origin::Own };
+                        fill(state, ctx, &task, loaded.clone(), origin, &mut released);
                         loaded
                     }
                     (OnWorker::NotResident { attempt }, _) => {
@@ -167,18 +158,17 @@ impl DecodeObservations {
 /// Fills the slot of a read the worker made and queues the hits waiting on it.
 fn fill<T>(
     state: &PipelineState<T>,
-    arena: Option<&lobster_uring::Arena>,
+    ctx: &Context<T>,
     task: &Task,
     loaded: Loaded,
-    keep: Keep,
+    origin: Origin,
     released: &mut Vec<Ready>,
 ) {
     let slot = task
         .slot
         .as_ref()
         .expect("a task read on its worker never waited");
-    let keep = if task.admitted { keep } else { Keep::AsIs };
-    slot.fill(loaded, keep, arena, released);
+    slot.fill(loaded, task.admitted, origin, ctx.arena.as_ref(), released);
     state.ready(released.drain(..));
 }
 

@@ -23,7 +23,7 @@ use super::attempt::{self, fate, Attempt, Fate, ReadFailure};
 use super::context::Context;
 use super::files::OpenFiles;
 use super::order::{next_read, IoRequest, ToDispatcher};
-use super::slot::{Keep, Loaded, Ready};
+use super::slot::{Loaded, Origin, Ready};
 use super::state::PipelineState;
 use super::sync::{lock, stopped};
 use crate::config::IoOrder;
@@ -117,10 +117,14 @@ impl Reads {
     /// Fills the request's slot; its waiting tasks go to decode with the others released
     /// since the last hand-off.
     fn fill(&mut self, req: IoRequest, loaded: Loaded) {
-        // The dispatcher's bytes are pool buffers: the cache keeps a copy.
-        let keep = if req.admitted { Keep::Copy } else { Keep::AsIs };
-        req.slot
-            .fill(loaded, keep, self.arena.as_ref(), &mut self.released);
+        let arena = self.arena.as_ref();
+        req.slot.fill(
+            loaded,
+            req.admitted,
+            Origin::Pool,
+            arena,
+            &mut self.released,
+        );
     }
 }
 

@@ -60,13 +60,14 @@ pub(crate) enum WorkerRead {
     IfResident,
 }
 
-/// What the cache keeps of a filled slot's bytes.
+/// Where a read's bytes live, which decides what the cache keeps of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Keep {
-    /// Nothing (not admitted), or the bytes as they are (a right-sized buffer of their own).
-    AsIs,
-    /// A copy: the bytes are a pool buffer, which must go back to the pool.
-    Copy,
+pub(crate) enum Origin {
+    /// A block of the reader's pool, which must go back to it: the cache keeps a copy.
+    Pool,
+    /// Memory of their own (a blocking read, a read into the arena or the heap): the cache
+    /// keeps them as they are.
+    Own,
 }
 
 /// Samples below this size are copied to the heap; at or above it to the cache's arena.
@@ -119,17 +120,18 @@ impl Slot {
         }
     }
 
-    /// Fills the slot and moves every task waiting on it into `released`. `keep` says what
-    /// the cache keeps of the bytes.
+    /// Fills the slot and moves every task waiting on it into `released`. A sample the cache
+    /// keeps (`admitted`) whose bytes hold a pool block is copied out of the pool first.
     pub(crate) fn fill(
         self: &Arc<Self>,
         loaded: Loaded,
-        keep: Keep,
+        admitted: bool,
+        origin: Origin,
         arena: Option<&Arena>,
         released: &mut Vec<Ready>,
     ) {
         let loaded = match loaded {
-            Ok(b) if keep == Keep::Copy => Ok(cache_copy(&b, arena)),
+            Ok(b) if admitted && origin == Origin::Pool => Ok(cache_copy(&b, arena)),
             other => other,
         };
         let waiters = {

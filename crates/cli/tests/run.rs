@@ -6,6 +6,34 @@ fn lobster() -> Command {
     Command::new(env!("CARGO_BIN_EXE_lobster"))
 }
 
+/// Runs `lobster run --quiet` on `data` with no compute and no emulated storage, 2 ranks per
+/// node and batches of 4 unless `args` say otherwise, asserts it succeeded, and returns its
+/// output and JSON report.
+fn run_ok(
+    dir: &std::path::Path,
+    data: &std::path::Path,
+    args: &[&str],
+) -> (String, serde_json::Value) {
+    let json = dir.join("run.json");
+    let out = lobster()
+        .args(["run", "--quiet", "--compute-ms", "0", "--storage-mbps", "0"])
+        .args(["--ranks-per-node", "2", "--batch", "4"])
+        .args(args)
+        .arg("--data")
+        .arg(data)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (String::from_utf8_lossy(&out.stdout).into_owned(), report)
+}
+
 fn gen(dir: &std::path::Path, samples: u32) {
     let out = lobster()
         .args([
@@ -33,46 +61,22 @@ fn run_writes_every_policy_with_the_documented_keys() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     gen(&data, 64);
-    let json = dir.path().join("run.json");
-    let out = lobster()
-        .args([
-            "run",
-            "--quiet",
+    let (stdout, report) = run_ok(
+        dir.path(),
+        &data,
+        &[
             "--epochs",
             "2",
             "--nodes",
             "2",
-            "--ranks-per-node",
-            "2",
-        ])
-        .args([
-            "--batch",
-            "4",
-            "--compute-ms",
-            "0",
-            "--storage-mbps",
-            "0",
             "--decoder",
             "jpeg",
             "--workers-per-rank",
             "3",
-        ])
-        .arg("--data")
-        .arg(&data)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
-    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("speedup"), "{stdout}");
     assert!(stdout.contains("3 workers per rank"), "{stdout}");
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(report["config"]["ranks_per_node"], 2);
     assert_eq!(report["config"]["workers_per_rank"], 3);
     let results = report["results"].as_array().unwrap();
@@ -187,31 +191,20 @@ fn workers_per_rank_defaults_to_the_io_depth_share() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     gen(&data, 16);
-    let json = dir.path().join("run.json");
-    let out = lobster()
-        .args(["run", "--quiet", "--policy", "pytorch", "--epochs", "1"])
-        .args(["--nodes", "1", "--ranks-per-node", "2", "--batch", "4"])
-        .args([
-            "--compute-ms",
-            "0",
-            "--storage-mbps",
-            "0",
+    let (_, report) = run_ok(
+        dir.path(),
+        &data,
+        &[
+            "--policy",
+            "pytorch",
+            "--epochs",
+            "1",
+            "--nodes",
+            "1",
             "--io-depth",
             "6",
-        ])
-        .arg("--data")
-        .arg(&data)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     // 6 reads in flight over 2 ranks.
     assert_eq!(report["config"]["workers_per_rank"], 3);
 }

@@ -1,9 +1,11 @@
 //! The loader chooses where misses are read by itself: on the decode workers when the page
-//! cache holds them, by the dispatcher otherwise, and says so in its metrics.
+//! cache holds them, by the dispatcher otherwise, and says so in its metrics. Samples the
+//! cache admits that the page cache holds stay there, until the page cache lets them go.
 
 mod common;
 
 use std::os::fd::AsRawFd;
+use std::sync::{Arc, Barrier};
 
 use common::{make_dataset, rank_plan, run_ranks, Shape};
 use lobster_io::{CachePolicy, Dataset, LoaderBuilder, ResidentReads, RunMetrics};
@@ -17,22 +19,51 @@ const SHAPE: Shape = Shape {
     batch: 8,
 };
 
-fn run(ds: &std::sync::Arc<Dataset>, direct: bool, resident: ResidentReads) -> RunMetrics {
-    let mut loader = LoaderBuilder::new(ds.clone())
+fn run(ds: &Arc<Dataset>, direct: bool, resident: ResidentReads) -> RunMetrics {
+    run_cached(ds, direct, resident, CachePolicy::None, 0)
+}
+
+fn builder(
+    ds: &Arc<Dataset>,
+    direct: bool,
+    resident: ResidentReads,
+    (policy, capacity_bytes): (CachePolicy, u64),
+) -> LoaderBuilder<Vec<u8>> {
+    LoaderBuilder::new(ds.clone())
         .world(SHAPE.nodes, SHAPE.ranks, SHAPE.node)
         .seed(SHAPE.seed)
         .batch_size(SHAPE.batch)
         .epochs(SHAPE.epochs)
-        .cache(CachePolicy::None, 0)
+        .cache(policy, capacity_bytes)
         .decode_threads(2)
         .direct(direct)
         .resident_reads(resident)
         .decode(|b: &[u8], _| Ok::<_, std::io::Error>(b.to_vec()))
+}
+
+fn run_cached(
+    ds: &Arc<Dataset>,
+    direct: bool,
+    resident: ResidentReads,
+    policy: CachePolicy,
+    capacity_bytes: u64,
+) -> RunMetrics {
+    let mut loader = builder(ds, direct, resident, (policy, capacity_bytes))
         .build()
         .unwrap();
     let got = run_ranks(&mut loader);
-    // Each rank gets its planned samples, each with its file's bytes.
-    let plan = rank_plan(ds.len(), SHAPE);
+    check(ds, got, SHAPE, &format!("direct={direct} {resident:?}"));
+    loader.metrics()
+}
+
+/// Each rank got its planned samples, each with its file's bytes.
+fn check(
+    ds: &Dataset,
+    got: Vec<Vec<Result<lobster_io::Batch<Vec<u8>>, lobster_io::Error>>>,
+    shape: Shape,
+    what: &str,
+) {
+    let plan = rank_plan(ds.len(), shape);
     for (rank, (batches, planned)) in got.into_iter().zip(plan).enumerate() {
         let ids: Vec<u32> = batches
             .into_iter()
@@ -44,9 +75,8 @@ fn run(ds: &std::sync::Arc<Dataset>, direct: bool, resident: ResidentReads) -> R
             })
             .collect();
         let want: Vec<u32> = planned.into_iter().flat_map(|(_, _, ids)| ids).collect();
-        assert_eq!(ids, want, "rank {rank}, direct={direct} {resident:?}");
+        assert_eq!(ids, want, "rank {rank}, {what}");
     }
-    loader.metrics()
 }
 
 /// Drops the dataset's pages from the page cache.
@@ -108,4 +138,96 @@ fn samples_not_in_the_page_cache_go_to_the_dispatcher_and_the_planner_stops_tryi
     // straight to the dispatcher, so fewer misses were tried than were read.
     assert!(tried < misses, "{m:?}");
     assert!(m.reads_dispatched > m.reads_not_resident, "{m:?}");
+}
+
+fn dataset_bytes(ds: &Dataset) -> u64 {
+    ds.samples().iter().map(|s| s.size_bytes).sum()
+}
+
+#[test]
+fn cached_samples_the_page_cache_holds_stay_there_and_their_hits_read_them_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), 200, 4);
+    let half = dataset_bytes(&ds) / 2;
+    let m = run_cached(&ds, false, ResidentReads::Auto, CachePolicy::Reuse, half);
+    assert_eq!(m.cache_store, "page-cache-where-resident", "{m:?}");
+    assert!(m.hits > 0, "{m:?}");
+    // Every admitted sample was found in the page cache, and every hit read it back there.
+    assert!(m.cached_in_page_cache > 0, "{m:?}");
+    assert_eq!(m.hits_from_page_cache, m.hits, "{m:?}");
+    assert_eq!(m.hits_lost_by_page_cache, 0);
+    // The plan is the one the cache makes with copies.
+    let copies = run_cached(
+        &ds,
+        false,
+        ResidentReads::Dispatcher,
+        CachePolicy::Reuse,
+        half,
+    );
+    assert!(copies.cache_store.starts_with("copies"), "{copies:?}");
+    assert_eq!((copies.hits, copies.cached_in_page_cache), (m.hits, 0));
+    assert_eq!(copies.hits_from_page_cache, 0);
+}
+
+#[test]
+fn when_the_page_cache_lets_cached_samples_go_their_hits_read_storage_and_copies_follow() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), 400, 4);
+    let shape = Shape {
+        epochs: 3,
+        batch: 4,
+        ..SHAPE
+    };
+    let half_cached = |resident| {
+        builder(
+            &ds,
+            false,
+            resident,
+            (CachePolicy::Reuse, dataset_bytes(&ds) / 2),
+        )
+        .epochs(shape.epochs)
+        .batch_size(shape.batch)
+        .build()
+        .unwrap()
+    };
+    let mut loader = half_cached(ResidentReads::Auto);
+    let per_epoch = loader.iterations_per_epoch();
+    // Every rank stops after the first epoch while the dataset leaves the page cache.
+    let barrier = Barrier::new(shape.ranks + 1);
+    let handles = loader.ranks().unwrap();
+    let got = std::thread::scope(|s| {
+        let threads: Vec<_> = handles
+            .into_iter()
+            .map(|mut h| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let mut batches: Vec<_> = h.by_ref().take(per_epoch).collect();
+                    barrier.wait();
+                    barrier.wait();
+                    batches.extend(h);
+                    batches
+                })
+            })
+            .collect();
+        barrier.wait();
+        evict(&ds);
+        barrier.wait();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    check(&ds, got, shape, "evicted after epoch 1");
+    let m = loader.metrics();
+    let mut with_copies = half_cached(ResidentReads::Dispatcher);
+    check(&ds, run_ranks(&mut with_copies), shape, "with copies");
+    let planned = with_copies.metrics().hits;
+    // A hit the page cache lost is the miss it was: hits fall short of the plan by them.
+    assert_eq!(m.hits + m.hits_lost_by_page_cache, planned, "{m:?}");
+    assert!(m.hits_from_page_cache <= m.hits, "{m:?}");
+    if m.hits_lost_by_page_cache < 16 {
+        eprintln!("skipped: the page cache kept the evicted files ({m:?})");
+        return;
+    }
+    assert!(
+        m.cache_store.starts_with("copies (the page cache let"),
+        "{m:?}"
+    );
 }

@@ -218,6 +218,20 @@ impl LoaderConfig {
         }
     }
 
+    /// Whether the cache may leave a sample it admits in the page cache when a worker found
+    /// it there (no copy; its hits read it back), and if not, why.
+    pub fn cache_in_page_cache(&self) -> Result<(), &'static str> {
+        self.resident_reads_enabled()?;
+        match () {
+            _ if self.cache_policy == CachePolicy::None => Err("no cache"),
+            // A hit read back would draw a storage read's faults the cached bytes never saw.
+            _ if self.fault_injection.is_some() => {
+                Err("faults are injected into every storage read")
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Checks every parameter against its allowed range; `samples` is the dataset's size.
     pub fn validate(&self, samples: usize) -> Result<(), Error> {
         let range = |name: &'static str, value: usize, lo: usize, hi: usize| {

@@ -398,6 +398,18 @@ impl<T> Loader<T> {
             }
             Err(why) => format!("dispatcher ({why})"),
         };
+        m.cached_in_page_cache = count(&path.left_in_page_cache);
+        m.hits_from_page_cache = count(&path.page_cache_hits);
+        m.hits_lost_by_page_cache = count(&path.page_cache_lost);
+        m.cache_store = match self.config.cache_in_page_cache() {
+            _ if self.config.cache_policy == CachePolicy::None => "none".into(),
+            Ok(()) if path.leave_in_page_cache() => "page-cache-where-resident".into(),
+            Ok(()) => format!(
+                "copies (the page cache let {} hits go)",
+                m.hits_lost_by_page_cache
+            ),
+            Err(why) => format!("copies ({why})"),
+        };
         m.read_retries = count(&shared.faults.retries);
         m.reads_recovered = count(&shared.faults.recovered);
         m

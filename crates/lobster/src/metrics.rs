@@ -121,6 +121,16 @@ pub struct RunMetrics {
     pub reads_not_resident: u64,
     /// Reads the dispatcher made (pipelined).
     pub reads_dispatched: u64,
+    /// Where the cache holds its samples: `page-cache-where-resident` (an admitted sample a
+    /// worker found in the page cache stays there, no copy; the rest are copied),
+    /// `copies`, with why, or `none` without a cache.
+    pub cache_store: String,
+    /// Admitted samples left in the page cache.
+    pub cached_in_page_cache: u64,
+    /// Hits on those read back from the page cache.
+    pub hits_from_page_cache: u64,
+    /// Hits on those the page cache had let go, read from storage and counted as misses.
+    pub hits_lost_by_page_cache: u64,
 }
 
 /// Per-iteration records kept for the API and JSON; older ones are dropped.
@@ -353,6 +363,10 @@ impl Collector {
             reads_resident: 0,
             reads_not_resident: 0,
             reads_dispatched: 0,
+            cache_store: String::new(),
+            cached_in_page_cache: 0,
+            hits_from_page_cache: 0,
+            hits_lost_by_page_cache: 0,
             read_retries: 0,
             reads_recovered: 0,
         }

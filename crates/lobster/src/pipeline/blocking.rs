@@ -11,7 +11,7 @@ use lobster_uring::Resident;
 
 use super::attempt::{self, fate, Attempt, Fate, ReadFailure};
 use super::context::Context;
-use super::slot::{Loaded, ARENA_FROM_BYTES};
+use super::slot::{Loaded, LARGE_FROM_BYTES};
 use super::state::PipelineState;
 use super::sync::stopped;
 use crate::dataset::SampleMeta;
@@ -59,9 +59,10 @@ pub(crate) fn blocking_read<T>(
 
 /// Reads `meta` on the worker if the page cache holds all of it; also says whether the
 /// bytes hold a block of the reader's pool. A sample the cache keeps (`admitted`) gets memory
-/// of its own, which the cache holds as it is (a large one a run of the cache's arena); the
-/// others a pool block when one is free, memory reused read after read where a fresh buffer
-/// of a large sample costs a page fault per page.
+/// of its own, which the cache holds as it is (a large one a run of the cache's arena). A
+/// large one that it does not keep gets a pool block when one is free, memory reused read
+/// after read where a fresh buffer costs a page fault per page; a small one the heap, which
+/// reuses freed memory as well without the pool's shared lock.
 pub(crate) fn resident_read<T>(
     ctx: &Context<T>,
     state: &PipelineState<T>,
@@ -73,14 +74,16 @@ pub(crate) fn resident_read<T>(
     let read = || -> Result<Option<Bytes>, ReadFailure> {
         let len = meta.size_bytes as usize;
         let in_arena = match &ctx.arena {
-            Some(arena) if admitted && len >= ARENA_FROM_BYTES => {
+            Some(arena) if admitted && len >= LARGE_FROM_BYTES => {
                 arena.read_resident(&meta.path, len)?
             }
             _ => None,
         };
         let found = match (in_arena, &ctx.reader) {
             (Some(found), _) => found,
-            (None, Some(reader)) if !admitted => reader.read_resident(&meta.path, len)?,
+            (None, Some(reader)) if !admitted && len >= LARGE_FROM_BYTES => {
+                reader.read_resident(&meta.path, len)?
+            }
             (None, _) => lobster_uring::read_resident(&meta.path, len)?,
         };
         match found {

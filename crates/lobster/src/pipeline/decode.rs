@@ -63,7 +63,20 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
             }
             WorkerRead::IfResident => {
                 observed.tried += 1;
-                match resident_read(ctx, state, meta, task.epoch, task.admitted) {
+                // An admitted sample the page cache holds can stay there, read like any other.
+                let leave = task.admitted && state.read_path.leave_in_page_cache();
+                match resident_read(ctx, state, meta, task.epoch, task.admitted && !leave) {
+                    (OnWorker::Done(loaded @ Ok(_)), _) if leave => {
+                        observed.resident += 1;
+                        observed.left_in_page_cache += 1;
+                        let slot = task
+                            .slot
+                            .as_ref()
+                            .expect("a task read on its worker never waited");
+                        slot.fill_in_page_cache(&mut released);
+                        state.ready(released.drain(..));
+                        loaded
+                    }
                     (OnWorker::Done(loaded), pooled) => {
                         observed.resident += 1;
                         let origin = if pooled { Origin::Pool } else { Origin::Own };
@@ -77,6 +90,17 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                     }
                 }
             }
+            WorkerRead::PageCacheHit => match resident_read(ctx, state, meta, task.epoch, false) {
+                (OnWorker::Done(loaded), _) => {
+                    observed.page_cache_hits += 1;
+                    loaded
+                }
+                (OnWorker::NotResident { .. }, _) => {
+                    observed.page_cache_lost += 1;
+                    reread = true;
+                    blocking_read(ctx, state, meta, task.epoch)
+                }
+            },
             WorkerRead::No
                 if task.hit && matches!(bytes, Err(Error::Read { .. } | Error::Decode { .. })) =>
             {
@@ -129,6 +153,10 @@ struct DecodeObservations {
     /// that workers do not share a counter's cache line per sample.
     tried: u64,
     resident: u64,
+    /// Admitted samples left in the page cache, and hits read back from it or lost by it.
+    left_in_page_cache: u64,
+    page_cache_hits: u64,
+    page_cache_lost: u64,
 }
 
 /// Samples a worker decodes between reports to the cost model.
@@ -146,11 +174,17 @@ impl DecodeObservations {
     /// The read-path counts, exact in the metrics once every sample is delivered: reported
     /// before the last delivery of each group a worker takes.
     fn flush_read_path<T>(&mut self, state: &PipelineState<T>) {
+        let path = &state.read_path;
         if self.tried > 0 {
-            let path = &state.read_path;
             path.tried.fetch_add(self.tried, Ordering::Relaxed);
             path.resident.fetch_add(self.resident, Ordering::Relaxed);
-            (self.tried, self.resident) = (0, 0);
+            path.left_in_page_cache
+                .fetch_add(self.left_in_page_cache, Ordering::Relaxed);
+            (self.tried, self.resident, self.left_in_page_cache) = (0, 0, 0);
+        }
+        if self.page_cache_hits + self.page_cache_lost > 0 {
+            path.page_cache_hits(self.page_cache_hits, self.page_cache_lost);
+            (self.page_cache_hits, self.page_cache_lost) = (0, 0);
         }
     }
 }

@@ -92,7 +92,7 @@ impl<T: Send + 'static> Pipeline<T> {
             epoch_accesses: (ctx.layout.per_rank * ranks) as u64,
             budget_failure: Mutex::new(None),
             faults: attempt::FaultCounters::default(),
-            read_path: read_path::ReadPathCounters::default(),
+            read_path: read_path::ReadPathCounters::new(config.cache_in_page_cache().is_ok()),
             to_dispatcher: reader.is_some().then_some(to_dispatcher),
         });
         let ctx = Arc::new(ctx);

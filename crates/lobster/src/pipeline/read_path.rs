@@ -5,8 +5,14 @@
 //! what was resident; while most tries miss the page cache the planner sends misses straight
 //! to the dispatcher (a try that misses delays its read by a trip through the decode queue),
 //! and tries again after a backoff that doubles each time.
+//!
+//! A sample the cache admits that a worker found in the page cache stays there: the cache
+//! keeps no copy of it (a copy would cost a page of fresh memory per 4 KiB and hold the
+//! bytes twice), and its hits read it back from the page cache. The plan, and so every hit
+//! and miss, is unchanged. If the page cache lets such samples go (their hits then read
+//! storage, counted as the misses they are), the cache keeps copies from then on.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Tries needed before their outcome counts.
 const TRIES_MIN: u64 = 16;
@@ -23,6 +29,44 @@ pub(crate) struct ReadPathCounters {
     pub(crate) resident: AtomicU64,
     /// Reads the dispatcher made (planned there, or tried and not resident).
     pub(crate) dispatched: AtomicU64,
+    /// Admitted samples the cache left in the page cache.
+    pub(crate) left_in_page_cache: AtomicU64,
+    /// Hits on those read back from the page cache, and read from storage because the page
+    /// cache had let them go.
+    pub(crate) page_cache_hits: AtomicU64,
+    pub(crate) page_cache_lost: AtomicU64,
+    /// Set from the start where the config rules it out, or once the page cache lost too
+    /// many: admitted samples get copies from then on.
+    pub(crate) copies_only: AtomicBool,
+}
+
+/// Lost hits at which the page cache stops holding the cache's samples, and the share of
+/// its hits (one in this many) they must also reach.
+const LOST_MIN: u64 = 16;
+const LOST_SHARE: u64 = 16;
+
+impl ReadPathCounters {
+    /// Counters for a loader whose cache may (`leave`) keep samples in the page cache.
+    pub(crate) fn new(leave: bool) -> Self {
+        ReadPathCounters {
+            copies_only: AtomicBool::new(!leave),
+            ..Default::default()
+        }
+    }
+
+    /// Whether an admitted sample found in the page cache may stay there.
+    pub(crate) fn leave_in_page_cache(&self) -> bool {
+        !self.copies_only.load(Ordering::Relaxed)
+    }
+
+    /// Counts a worker's page-cache hits and losses; too many losses end the leaving.
+    pub(crate) fn page_cache_hits(&self, hits: u64, lost: u64) {
+        let hits = self.page_cache_hits.fetch_add(hits, Ordering::Relaxed) + hits;
+        let lost = self.page_cache_lost.fetch_add(lost, Ordering::Relaxed) + lost;
+        if lost >= LOST_MIN && lost * LOST_SHARE > hits + lost {
+            self.copies_only.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 /// The planner's side: whether this window's misses are tried on the workers.
@@ -89,6 +133,24 @@ impl ResidentGate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_page_cache_keeps_the_cache_samples_until_it_loses_one_hit_in_sixteen() {
+        assert!(!ReadPathCounters::new(false).leave_in_page_cache());
+        let c = ReadPathCounters::new(true);
+        assert!(c.leave_in_page_cache());
+        // Losses below the floor, however large their share, keep it.
+        c.page_cache_hits(0, 15);
+        assert!(c.leave_in_page_cache());
+        // 16 lost against 300 served: under one in sixteen.
+        c.page_cache_hits(300, 1);
+        assert!(c.leave_in_page_cache());
+        // 30 lost of 330: over it, for good.
+        c.page_cache_hits(0, 14);
+        assert!(!c.leave_in_page_cache());
+        c.page_cache_hits(100_000, 0);
+        assert!(!c.leave_in_page_cache());
+    }
 
     fn saw(c: &ReadPathCounters, tried: u64, resident: u64) {
         c.tried.fetch_add(tried, Ordering::Relaxed);

@@ -3,7 +3,9 @@
 //!
 //! A miss creates a slot; the hits the cache plans on that sample share it. Whoever fills the
 //! slot (the dispatcher, or a read-then-decode worker) releases every task waiting on it, and
-//! the caller hands the released tasks to the decode queues in one go.
+//! the caller hands the released tasks to the decode queues in one go. A sample the cache
+//! keeps that the page cache already holds settles the slot without bytes: its hits read it
+//! there.
 
 use std::sync::{Arc, Mutex};
 
@@ -26,6 +28,9 @@ pub(crate) struct Slot {
 enum SlotState {
     Pending(Vec<Task>),
     Ready(Loaded),
+    /// A cached sample the page cache held when it was read: the cache keeps no copy, and
+    /// each hit reads it from there (see [`WorkerRead::PageCacheHit`]).
+    InPageCache,
 }
 
 /// One access on its way to a rank's batch.
@@ -58,6 +63,9 @@ pub(crate) enum WorkerRead {
     Blocking,
     /// Pipelined: a read if the page cache holds the sample, else the dispatcher's.
     IfResident,
+    /// A hit on a sample the cache left in the page cache: read it from there, or, if the
+    /// page cache has let it go, from storage (the miss it then is).
+    PageCacheHit,
 }
 
 /// Where a read's bytes live, which decides what the cache keeps of them.
@@ -70,8 +78,10 @@ pub(crate) enum Origin {
     Own,
 }
 
-/// Samples below this size are copied to the heap; at or above it to the cache's arena.
-pub(crate) const ARENA_FROM_BYTES: usize = 64 << 10;
+/// Samples at or above this size are large: the cache keeps them in its arena, and reads
+/// of them not kept go to pool blocks. Smaller ones live on the heap, whose size classes
+/// reuse freed memory without a page fault or a shared lock.
+pub(crate) const LARGE_FROM_BYTES: usize = 64 << 10;
 
 /// A cached sample's own copy, so pool buffers only hold samples in flight (the pool stays
 /// small however large the cache). Large samples go to the cache's arena (whole pages, reused
@@ -80,13 +90,23 @@ pub(crate) const ARENA_FROM_BYTES: usize = 64 << 10;
 /// arena, or when it is full, large samples get pages of their own, or the heap when the
 /// system refuses another mapping (vm.max_map_count).
 fn cache_copy(b: &Bytes, arena: Option<&Arena>) -> Bytes {
-    if b.len() < ARENA_FROM_BYTES {
+    if b.len() < LARGE_FROM_BYTES {
         return Bytes::copy_from_slice(b);
     }
     arena
         .and_then(|a| a.copy(b))
         .or_else(|| lobster_uring::copy_to_pages(b).ok())
         .unwrap_or_else(|| Bytes::copy_from_slice(b))
+}
+
+/// A hit on a sample left in the page cache, ready for a worker to read it there.
+fn page_cache_hit(mut task: Task) -> Ready {
+    task.read = WorkerRead::PageCacheHit;
+    task.slot = None;
+    Ready {
+        task,
+        bytes: Ok(Bytes::new()),
+    }
 }
 
 /// A task whose bytes are known, waiting for a decode thread.
@@ -117,6 +137,7 @@ impl Slot {
                 task.slot = Some(self.clone());
                 Some(Ready { task, bytes })
             }
+            SlotState::InPageCache => Some(page_cache_hit(task)),
         }
     }
 
@@ -134,13 +155,7 @@ impl Slot {
             Ok(b) if admitted && origin == Origin::Pool => Ok(cache_copy(&b, arena)),
             other => other,
         };
-        let waiters = {
-            let mut state = lock(&self.state);
-            match std::mem::replace(&mut *state, SlotState::Ready(loaded.clone())) {
-                SlotState::Pending(waiters) => waiters,
-                SlotState::Ready(_) => unreachable!("a slot is filled once"),
-            }
-        };
+        let waiters = self.settle(SlotState::Ready(loaded.clone()));
         released.extend(waiters.into_iter().map(|mut task| {
             task.slot = Some(self.clone());
             Ready {
@@ -148,6 +163,24 @@ impl Slot {
                 bytes: loaded.clone(),
             }
         }));
+    }
+
+    /// Settles an admitted sample that a worker read from the page cache without keeping a
+    /// copy: the hits waiting on it, and every later one, read it from there.
+    pub(crate) fn fill_in_page_cache(&self, released: &mut Vec<Ready>) {
+        let waiters = self.settle(SlotState::InPageCache);
+        released.extend(waiters.into_iter().map(page_cache_hit));
+    }
+
+    /// Moves a pending slot to `settled`, returning the tasks that waited on it.
+    fn settle(&self, settled: SlotState) -> Vec<Task> {
+        let mut state = lock(&self.state);
+        match std::mem::replace(&mut *state, settled) {
+            SlotState::Pending(waiters) => waiters,
+            SlotState::Ready(_) | SlotState::InPageCache => {
+                unreachable!("a slot is filled once")
+            }
+        }
     }
 
     /// The bytes a storage read admitted to the cache failed to decode (corrupt on the way,

@@ -4,16 +4,16 @@
 # policy, starting one further along the list each time, so none always runs first or last.
 #
 # With SWEEP=1 each repetition also runs the read-then-decode baselines (pytorch, nopfs) at
-# each of WORKERS workers per rank (default "1 2 4 8 16"), in a rotating order with the main
+# each of WORKERS workers per rank (default "1 2 4 8 16 32"), in a rotating order with the main
 # job, and prints each baseline's best worker count against lobster from the same script run.
 #
-# Usage: [SWEEP=1] [WORKERS="1 2 4 8 16"] benches/main_job.sh RUNS [lobster run options...]
+# Usage: [SWEEP=1] [WORKERS="1 2 4 8 16 32"] benches/main_job.sh RUNS [lobster run options...]
 # The options must not include --policy or --json (the script sets them).
 set -euo pipefail
 runs=${1:?usage: [SWEEP=1] benches/main_job.sh RUNS [lobster run options...]}
 shift
 sweep=${SWEEP:-0}
-workers=(${WORKERS:-1 2 4 8 16})
+workers=(${WORKERS:-1 2 4 8 16 32})
 policies=(pytorch nopfs lobster-cache-only lobster-alloc-only lobster)
 baselines=(pytorch nopfs)
 cd "$(dirname "$0")/.."

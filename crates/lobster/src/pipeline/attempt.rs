@@ -60,8 +60,9 @@ impl From<lobster_uring::ReadError> for ReadFailure {
 #[derive(Debug)]
 pub(crate) enum Fate {
     /// The sample's bytes or its error, due at `at`: the emulated tier answers (success or
-    /// failure) when it has served the request, an injected delay on top.
-    Deliver { at: Instant, loaded: Loaded },
+    /// failure) when it has served the request, an injected delay on top. `None`: now (no
+    /// emulated tier and no delay, so no clock read).
+    Deliver { at: Option<Instant>, loaded: Loaded },
     /// A transient failure with attempts left: try again at `at`.
     Retry { at: Instant },
 }
@@ -109,26 +110,31 @@ pub(crate) fn fate(
                 })
         }
     });
-    let now = Instant::now();
-    let answered = due.map_or(now, |due| due.max(now));
+    let answered = || {
+        let now = Instant::now();
+        due.map_or(now, |due| due.max(now))
+    };
+    // When an attempt that succeeded or failed for good is answered.
+    let deliver_at =
+        |delay: Duration| (due.is_some() || !delay.is_zero()).then(|| answered() + delay);
     match result {
         Ok((bytes, delay)) => {
             if number > 0 {
                 counters.recovered.fetch_add(1, Ordering::Relaxed);
             }
             Fate::Deliver {
-                at: answered + delay,
+                at: deliver_at(delay),
                 loaded: Ok(bytes),
             }
         }
         Err(e) if e.transient && number + 1 < READ_ATTEMPTS => {
             counters.retries.fetch_add(1, Ordering::Relaxed);
             Fate::Retry {
-                at: answered + faults::backoff(number + 1),
+                at: answered() + faults::backoff(number + 1),
             }
         }
         Err(e) => Fate::Deliver {
-            at: answered,
+            at: deliver_at(Duration::ZERO),
             loaded: Err(read_error(meta, e.cause)),
         },
     }

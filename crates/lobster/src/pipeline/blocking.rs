@@ -128,7 +128,8 @@ fn on_worker<T>(
             result,
         ) {
             Fate::Deliver { at, loaded } => {
-                if !state.stop.sleep_until(at) {
+                let running = at.map_or(!state.stop.is_set(), |at| state.stop.sleep_until(at));
+                if !running {
                     return OnWorker::Done(Err(stopped()));
                 }
                 return OnWorker::Done(loaded);

@@ -7,22 +7,17 @@ use std::sync::atomic::Ordering;
 
 use super::blocking::{blocking_read, resident_read, OnWorker};
 use super::context::Context;
-use super::decode_queue::{TakeRule, GROUP_MAX};
+use super::decode_queue::GROUP_MAX;
 use super::order::{IoRequest, ToDispatcher};
 use super::slot::{Loaded, Origin, Ready, Task, WorkerRead};
 use super::state::PipelineState;
 use super::sync::lock;
 use crate::batch::Sample;
-use crate::config::Execution;
 use crate::dataset::SampleMeta;
 use crate::error::{Cause, Error};
 
 /// Worker `w`'s body.
 pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: usize) {
-    let rule = match ctx.config.execution {
-        Execution::Pipelined => TakeRule::OldestIteration,
-        Execution::ReadThenDecode => TakeRule::OwnRank,
-    };
     let mut released = Vec::new();
     let mut observed = DecodeObservations::default();
     let mut taken: Vec<Ready> = Vec::with_capacity(GROUP_MAX);
@@ -32,14 +27,10 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
             observed.flush(state);
         }
         let Some(Ready { task, bytes }) = group.next().or_else(|| {
-            let more = state.decode.take(
-                w,
-                rule,
-                &ctx.layout,
-                &state.stop,
-                || state.drained(),
-                &mut taken,
-            );
+            let more =
+                state
+                    .decode
+                    .take(w, &ctx.layout, &state.stop, || state.drained(), &mut taken);
             group = std::mem::take(&mut taken).into_iter();
             more.then(|| group.next()).flatten()
         }) else {

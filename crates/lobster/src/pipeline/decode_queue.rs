@@ -57,11 +57,13 @@ pub(crate) enum TakeRule {
 pub(crate) struct DecodeQueues {
     state: Mutex<Queues>,
     cv: Condvar,
+    rule: TakeRule,
 }
 
 impl DecodeQueues {
-    pub(crate) fn new(ranks: usize, assignment: Vec<usize>) -> Self {
+    pub(crate) fn new(ranks: usize, assignment: Vec<usize>, rule: TakeRule) -> Self {
         DecodeQueues {
+            rule,
             state: Mutex::new(Queues {
                 by_rank: (0..ranks).map(|_| BinaryHeap::new()).collect(),
                 assignment,
@@ -79,9 +81,9 @@ impl DecodeQueues {
             state.by_rank[r.task.rank].push(r);
             pushed += 1;
         }
-        let wake = pushed > 0 && state.sleepers > 0;
+        let wake = pushed.min(state.sleepers);
         drop(state);
-        if wake {
+        if wake > 0 {
             // Workers prefer different ranks: wake all, each sees whether a task suits it.
             self.cv.notify_all();
         }
@@ -99,7 +101,6 @@ impl DecodeQueues {
     pub(crate) fn take(
         &self,
         w: usize,
-        rule: TakeRule,
         layout: &Layout,
         stop: &StopSignal,
         finished: impl Fn() -> bool,
@@ -115,7 +116,7 @@ impl DecodeQueues {
             let own = state.assignment.get(w).copied();
             let workers = state.assignment.len().max(1);
             let queues = &mut state.by_rank;
-            let chosen = match rule {
+            let chosen = match self.rule {
                 TakeRule::OldestIteration => {
                     let oldest = (0..queues.len())
                         .filter_map(|r| queues[r].peek().map(|t| ((step(t), t.task.pos), r)))

@@ -477,7 +477,10 @@ fn on_completion<T>(
             reads.slab[key].attempt += 1;
             reads.timers.push(Reverse((at, key)));
         }
-        Fate::Deliver { at, loaded } if at > Instant::now() => {
+        Fate::Deliver {
+            at: Some(at),
+            loaded,
+        } if at > Instant::now() => {
             reads.slab[key].parked = Some(loaded);
             reads.timers.push(Reverse((at, key)));
         }

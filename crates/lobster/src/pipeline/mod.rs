@@ -83,6 +83,10 @@ impl<T: Send + 'static> Pipeline<T> {
             decode: decode_queue::DecodeQueues::new(
                 ranks,
                 allocate::spread(&allocate::equal_split(workers as u32, ranks)),
+                match config.execution {
+                    crate::config::Execution::Pipelined => decode_queue::TakeRule::OldestIteration,
+                    crate::config::Execution::ReadThenDecode => decode_queue::TakeRule::OwnRank,
+                },
             ),
             progress: progress::Progress::new(ranks),
             collector: Mutex::new(Collector::new(ranks, ctx.layout.epochs)),

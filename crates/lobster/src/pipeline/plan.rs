@@ -197,9 +197,10 @@ pub(crate) fn planner<T>(ctx: &Context<T>, state: &PipelineState<T>) -> Result<(
             let mut reads = Vec::new();
             let mut ready = Vec::new();
             let on_workers = gate.next_window(&state.read_path);
+            // Counted before any of them can be delivered (a hit may be released at once).
+            state.outstanding.fetch_add(window.len(), Ordering::SeqCst);
             for a in window.drain(..) {
                 seq += 1;
-                state.outstanding.fetch_add(1, Ordering::SeqCst);
                 let read = match (a.hit, to_dispatcher.is_some(), on_workers) {
                     (true, _, _) => WorkerRead::No,
                     (false, false, _) => WorkerRead::Blocking,

@@ -276,9 +276,25 @@ impl Session {
         self.queue_and_start(pending)
     }
 
-    /// Queues checked requests in order while the bounds allow, then starts what the limits
-    /// allow; see [`Session::submit_batch`].
+    /// Like [`Session::submit_path`], but without the system call: the read's operations go
+    /// into the submission queue, and reach the kernel with the next call of this session
+    /// that enters it ([`Session::wait`], [`Session::wait_timeout`], [`Session::poll`], a
+    /// submission). A caller that queues many reads between waits saves a system call each.
+    pub fn queue_path(&mut self, req: PathRead) -> Result<(), ReadError> {
+        let pending = self.reader.check_path(&req)?;
+        self.queue(vec![pending]).map(drop)
+    }
+
+    /// Queues checked requests in order while the bounds allow, starts what the limits
+    /// allow, and hands them to the kernel; see [`Session::submit_batch`].
     fn queue_and_start(&mut self, pending: Vec<Pending>) -> Result<usize, ReadError> {
+        let accepted = self.queue(pending);
+        self.enter(0)?;
+        accepted
+    }
+
+    /// [`Session::queue_and_start`] up to the system call.
+    fn queue(&mut self, pending: Vec<Pending>) -> Result<usize, ReadError> {
         let mut accepted = 0;
         let mut refused = None;
         for p in pending {
@@ -302,7 +318,6 @@ impl Session {
             accepted += 1;
         }
         self.start_queued();
-        self.enter(0)?;
         match refused {
             Some(bound) if accepted == 0 => Err(ReadError::WouldBlock { bound }),
             _ => Ok(accepted),

@@ -35,6 +35,16 @@ fn path_read(
     }
 }
 
+/// A reader of one class of io_depth 8, reads up to 1 MiB and an 8 MiB pool.
+fn one_class_reader(backend: Backend) -> Reader {
+    builder(backend)
+        .classes(1, 8)
+        .max_read_bytes(1 << 20)
+        .pool_bytes(8 << 20)
+        .build()
+        .unwrap()
+}
+
 /// Says (once per reader) when this kernel has no direct descriptors, so that the slot
 /// checks below are skipped for a reason that shows.
 fn direct_descriptors(reader: &Reader) -> bool {
@@ -270,12 +280,7 @@ fn a_read_to_eof_gives_what_the_file_holds_and_one_byte_more_shows_growth() {
         .collect();
     for backend in backends() {
         for direct in [false, true] {
-            let reader = builder(backend)
-                .classes(1, 8)
-                .max_read_bytes(1 << 20)
-                .pool_bytes(8 << 20)
-                .build()
-                .unwrap();
+            let reader = one_class_reader(backend);
             let mut session = reader.session().unwrap();
             let mut out = Vec::new();
             for (tag, (path, data)) in files.iter().enumerate() {
@@ -312,6 +317,40 @@ fn a_read_to_eof_gives_what_the_file_holds_and_one_byte_more_shows_growth() {
             drain(&mut session, &mut out);
             let c = out.pop().unwrap();
             assert_eq!(c.result.unwrap().len(), expected_bytes + 1);
+        }
+    }
+}
+
+#[test]
+fn queued_reads_reach_the_kernel_with_the_next_wait() {
+    let dir = test_dir();
+    let files: Vec<(PathBuf, Vec<u8>)> = (0..40)
+        .map(|i| {
+            make_file(
+                dir.path(),
+                &format!("q{i}"),
+                1_000 + 997 * i,
+                900 + i as u64,
+            )
+        })
+        .collect();
+    for backend in backends() {
+        for direct in [false, true] {
+            let reader = one_class_reader(backend);
+            let mut session = reader.session().unwrap();
+            let mut out = Vec::new();
+            // More than the class's io_depth: the rest wait in its queue, then in order.
+            for (tag, (path, data)) in files.iter().enumerate() {
+                let req = path_read(path, direct, 0, data.len(), 0, tag as u64);
+                session.queue_path(req).unwrap();
+            }
+            assert_eq!(session.pending(), files.len());
+            drain(&mut session, &mut out);
+            assert_eq!(out.len(), files.len(), "{backend:?} direct={direct}");
+            for c in out {
+                let bytes = c.result.unwrap();
+                assert_eq!(&bytes[..], &files[c.tag as usize].1[..], "{backend:?}");
+            }
         }
     }
 }

@@ -396,8 +396,9 @@ fn submit<T>(
     let (class, tag, len) = (read.req.rank, key as u64, meta.size_bytes as usize);
     let submitted = match (port, read.file) {
         // One byte more than the sample: a file that grew since the dataset was opened
-        // shows as too long, without a stat.
-        (Port::Session(session), _) => session.submit_path(PathRead {
+        // shows as too long, without a stat. Queued without a system call: the reads of a
+        // loop reach the kernel together when the dispatcher next waits in the ring.
+        (Port::Session(session), _) => session.queue_path(PathRead {
             path: meta.path.clone(),
             direct: ctx.config.direct,
             offset: 0,

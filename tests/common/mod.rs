@@ -25,7 +25,7 @@ pub fn make_dataset(dir: &Path, samples: u32, classes: u32) -> Arc<Dataset> {
     for i in 0..samples {
         let class = dir.join(format!("c{}", i % classes));
         std::fs::create_dir_all(&class).unwrap();
-        std::fs::write(class.join(format!("{i:06}.bin")), content(i)).unwrap();
+        std::fs::write(class.join(format!("{i:06}.jpg")), content(i)).unwrap();
     }
     Arc::new(Dataset::open_image_folder(dir).unwrap())
 }

@@ -74,7 +74,7 @@ fn resident_memory_stops_growing_after_the_first_epoch() {
         let class = data.join(format!("c{}", i % 4));
         std::fs::create_dir_all(&class).unwrap();
         let bytes: Vec<u8> = (0..64 << 10).map(|k: u32| (k ^ i) as u8).collect();
-        std::fs::write(class.join(format!("{i:04}.bin")), bytes).unwrap();
+        std::fs::write(class.join(format!("{i:04}.jpg")), bytes).unwrap();
     }
     let json = dir.path().join("soak.json");
     // The pipelined and the read-then-decode executions.

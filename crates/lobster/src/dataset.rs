@@ -1,6 +1,9 @@
-//! Datasets: an ImageFolder directory, opened once with every sample's size recorded.
+//! Datasets: an ImageFolder directory, indexed as torchvision indexes it, with every
+//! sample's size recorded.
 
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -19,13 +22,28 @@ pub struct SampleMeta {
     pub size_bytes: u64,
 }
 
-/// An ImageFolder dataset: `root/<class>/<file>`, like torchvision's `ImageFolder`.
+/// torchvision's `IMG_EXTENSIONS`: the files an ImageFolder takes as samples, matched
+/// case-insensitively at the end of the file name.
+pub const IMAGE_EXTENSIONS: [&str; 9] = [
+    ".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
+];
+
+/// An ImageFolder dataset: `root/<class>/.../<file>`, indexed as torchvision's `ImageFolder`
+/// indexes it, so that sample ids (and with them PyTorch's sampler order) agree.
 ///
-/// Classes are the sub-directories of `root` sorted by name, and their indices are the
-/// labels; files within a class are sorted by name. Regular files directly under `root` are
-/// not samples (as in torchvision). Every entry inside a class directory must be a readable
-/// regular file (symlinks to one are fine): anything else is an error at open, so that a bad
-/// entry is found before training rather than mid-epoch.
+/// - Classes are the directories directly under `root` (symlinks to directories count),
+///   sorted by name; a class's index is its label. Files directly under `root` are not
+///   samples.
+/// - Each class directory is walked recursively, following symlinks; directories in the
+///   order of their paths, files in each sorted by name.
+/// - A sample is a file whose name ends in one of [`IMAGE_EXTENSIONS`] (any case); other
+///   files (`readme.txt`, `.DS_Store`) are not samples.
+/// - A class without a sample is an error naming every such class, as torchvision's.
+///
+/// Where torchvision would go on silently or fail later, opening stops with an error naming
+/// the path: a directory that cannot be listed, a sample whose size cannot be read (a
+/// broken symlink), or a symlink loop. Files are not opened: whether a sample is readable is
+/// found when it is read.
 #[derive(Clone, Debug)]
 pub struct Dataset {
     root: PathBuf,
@@ -33,17 +51,49 @@ pub struct Dataset {
     samples: Vec<SampleMeta>,
 }
 
+/// Which files of a folder are samples.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FolderOptions {
+    /// File name endings (matched case-insensitively) that make a file a sample.
+    pub extensions: Vec<String>,
+}
+
+impl Default for FolderOptions {
+    fn default() -> Self {
+        FolderOptions {
+            extensions: IMAGE_EXTENSIONS.iter().map(|e| e.to_string()).collect(),
+        }
+    }
+}
+
+impl FolderOptions {
+    fn is_sample(&self, name: &std::ffi::OsStr) -> bool {
+        use std::os::unix::ffi::OsStrExt;
+        let name = name.as_bytes();
+        self.extensions.iter().any(|e| {
+            let e = e.as_bytes();
+            name.len() >= e.len() && name[name.len() - e.len()..].eq_ignore_ascii_case(e)
+        })
+    }
+}
+
 impl Dataset {
-    /// Opens an ImageFolder directory and records every sample's size.
+    /// Opens an ImageFolder directory (see [`Dataset`]) and records every sample's size.
     pub fn open_image_folder(root: impl AsRef<Path>) -> Result<Self, Error> {
+        Self::open_folder(root, &FolderOptions::default())
+    }
+
+    /// Opens a folder laid out as an ImageFolder whose samples are the files `options`
+    /// names (torchvision's `DatasetFolder` with `extensions`).
+    pub fn open_folder(root: impl AsRef<Path>, options: &FolderOptions) -> Result<Self, Error> {
         let root = root.as_ref().to_path_buf();
         let entries = fs::read_dir(&root).map_err(|e| Error::dataset(&root, e))?;
         let mut class_dirs = Vec::new();
         for entry in entries {
             let entry = entry.map_err(|e| Error::dataset(&root, e))?;
             let path = entry.path();
-            let meta = fs::metadata(&path).map_err(|e| Error::dataset(&path, e))?;
-            if meta.is_dir() {
+            // As os.scandir's is_dir: follows a symlink, and a broken one is no directory.
+            if fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
                 let name = entry.file_name().into_string().map_err(|name| {
                     Error::dataset(&path, format!("class name {name:?} is not valid UTF-8"))
                 })?;
@@ -59,23 +109,16 @@ impl Dataset {
         }
         let mut samples = Vec::new();
         let mut classes = Vec::with_capacity(class_dirs.len());
+        let mut empty = Vec::new();
         for (label, (name, dir)) in class_dirs.into_iter().enumerate() {
-            let mut files = Vec::new();
-            for entry in fs::read_dir(&dir).map_err(|e| Error::dataset(&dir, e))? {
-                let path = entry.map_err(|e| Error::dataset(&dir, e))?.path();
-                let meta = fs::metadata(&path).map_err(|e| Error::dataset(&path, e))?;
-                if !meta.is_file() {
-                    return Err(Error::dataset(&path, "not a regular file"));
-                }
-                // Opening proves the entry is readable now rather than mid-epoch.
-                fs::File::open(&path).map_err(|e| Error::dataset(&path, e))?;
-                files.push((path, meta.len()));
-            }
+            let files = walk_class(&dir, options)?;
             if files.is_empty() {
-                return Err(Error::dataset(&dir, format!("class {name:?} has no files")));
+                empty.push(name.clone());
             }
-            files.sort();
-            for (path, size_bytes) in files {
+            for path in files {
+                let size_bytes = fs::metadata(&path)
+                    .map_err(|e| Error::dataset(&path, e))?
+                    .len();
                 let id = u32::try_from(samples.len())
                     .map_err(|_| Error::dataset(&root, "more than 2^32 samples"))?;
                 samples.push(SampleMeta {
@@ -86,6 +129,16 @@ impl Dataset {
                 });
             }
             classes.push(name);
+        }
+        if !empty.is_empty() {
+            return Err(Error::dataset(
+                &root,
+                format!(
+                    "no valid file for the classes {}; supported extensions are: {}",
+                    empty.join(", "),
+                    options.extensions.join(", ")
+                ),
+            ));
         }
         Ok(Self {
             root,
@@ -130,6 +183,43 @@ impl Dataset {
     }
 }
 
+/// The samples under class directory `dir` in torchvision's order: `sorted(os.walk(dir,
+/// followlinks=True))`, directories by path, files within each by name.
+fn walk_class(dir: &Path, options: &FolderOptions) -> Result<Vec<PathBuf>, Error> {
+    // Directories found, each with the (device, inode) chain from the class directory down
+    // to it, so a symlink back to one of its ancestors is caught.
+    let mut stack = vec![(dir.to_path_buf(), Vec::<(u64, u64)>::new())];
+    let mut listed: Vec<(PathBuf, Vec<PathBuf>)> = Vec::new();
+    while let Some((path, mut ancestors)) = stack.pop() {
+        let meta = fs::metadata(&path).map_err(|e| Error::dataset(&path, e))?;
+        let id = (meta.dev(), meta.ino());
+        if ancestors.contains(&id) {
+            return Err(Error::dataset(
+                &path,
+                "a symlink loop: this directory contains itself",
+            ));
+        }
+        ancestors.push(id);
+        let mut files = Vec::new();
+        for entry in fs::read_dir(&path).map_err(|e| Error::dataset(&path, e))? {
+            let entry = entry.map_err(|e| Error::dataset(&path, e))?;
+            let child = entry.path();
+            // As os.walk: a symlink to a directory is a directory; anything else (a broken
+            // symlink too) is a file.
+            if fs::metadata(&child).is_ok_and(|m| m.is_dir()) {
+                stack.push((child, ancestors.clone()));
+            } else if options.is_sample(&entry.file_name()) {
+                files.push(child);
+            }
+        }
+        files.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
+        listed.push((path, files));
+    }
+    // Python compares the walk's paths as strings: byte order of their UTF-8.
+    listed.sort_by(|a, b| a.0.as_os_str().as_bytes().cmp(b.0.as_os_str().as_bytes()));
+    Ok(listed.into_iter().flat_map(|(_, files)| files).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,27 +262,49 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_class_is_named() {
+    fn classes_without_a_sample_are_named_together_with_the_extensions() {
         let dir = tempfile::tempdir().unwrap();
         write(&dir.path().join("a/1.jpg"), b"x");
+        write(&dir.path().join("strays/readme.txt"), b"x");
         fs::create_dir_all(dir.path().join("empty")).unwrap();
         let err = Dataset::open_image_folder(dir.path())
             .unwrap_err()
             .to_string();
-        assert!(err.contains("empty") && err.contains("no files"), "{err}");
+        assert!(
+            err.contains("no valid file for the classes empty, strays") && err.contains(".webp"),
+            "{err}"
+        );
     }
 
     #[test]
-    fn a_nested_directory_is_not_a_sample() {
+    fn class_directories_are_walked_and_only_image_files_are_samples() {
         let dir = tempfile::tempdir().unwrap();
-        write(&dir.path().join("a/sub/1.jpg"), b"x");
+        write(&dir.path().join("a/sub/1.JPG"), b"x");
+        write(&dir.path().join("a/readme.txt"), b"x");
+        write(&dir.path().join("a/0.png"), b"xy");
+        let ds = Dataset::open_image_folder(dir.path()).unwrap();
+        let names: Vec<_> = ds.samples().iter().map(|s| s.path.to_path_buf()).collect();
+        assert_eq!(
+            names,
+            [dir.path().join("a/0.png"), dir.path().join("a/sub/1.JPG")]
+        );
+        // Other extensions, when asked for.
+        let bins = FolderOptions {
+            extensions: vec![".txt".into()],
+        };
+        let ds = Dataset::open_folder(dir.path(), &bins).unwrap();
+        assert_eq!(ds.samples()[0].path.file_name().unwrap(), "readme.txt");
+    }
+
+    #[test]
+    fn a_symlink_loop_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        write(&dir.path().join("a/1.jpg"), b"x");
+        std::os::unix::fs::symlink("..", dir.path().join("a/up")).unwrap();
         let err = Dataset::open_image_folder(dir.path())
             .unwrap_err()
             .to_string();
-        assert!(
-            err.contains("sub") && err.contains("not a regular file"),
-            "{err}"
-        );
+        assert!(err.contains("symlink loop") && err.contains("up"), "{err}");
     }
 
     #[test]

@@ -478,7 +478,7 @@ mod tests {
             let size = if i % 2 == 0 { 200 << 10 } else { 1 << 10 };
             let bytes: Vec<u8> = (0..size).map(|k| (k as u32 ^ i) as u8).collect();
             let class = if i % 3 == 0 { "a" } else { "b" };
-            std::fs::write(dir.join(class).join(format!("{i:03}.bin")), bytes).unwrap();
+            std::fs::write(dir.join(class).join(format!("{i:03}.jpg")), bytes).unwrap();
         }
         Arc::new(Dataset::open_image_folder(dir).unwrap())
     }
@@ -488,7 +488,7 @@ mod tests {
         std::fs::create_dir_all(dir.join("a")).unwrap();
         for i in 0..n {
             std::fs::write(
-                dir.join("a").join(format!("{i:03}.bin")),
+                dir.join("a").join(format!("{i:03}.jpg")),
                 vec![i as u8; size],
             )
             .unwrap();

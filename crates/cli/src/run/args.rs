@@ -15,8 +15,9 @@ use super::strategy::{Budgets, Strategies};
 /// Arguments of `lobster run`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct RunArgs {
-    /// An ImageFolder dataset; without it the default dataset is generated once into the
-    /// cache directory (~/.cache/lobster-io) and reused.
+    /// An ImageFolder dataset, indexed as torchvision's ImageFolder indexes it (image
+    /// extensions only; class directories walked recursively); without it the default
+    /// dataset is generated once into the cache directory (~/.cache/lobster-io) and reused.
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// Samples of the generated default dataset.
@@ -73,9 +74,10 @@ pub struct RunArgs {
     /// Fraction of predicted time an allocation change must save.
     #[arg(long, default_value_t = 0.05)]
     pub hysteresis: f64,
-    /// The decoder.
-    #[arg(long, value_enum, default_value_t = Decoder::Synthetic)]
-    pub decoder: Decoder,
+    /// The decoder [default: jpeg with --data, so that a user's corrupt file shows;
+    /// synthetic on the generated built-in dataset, whose decode cost it models].
+    #[arg(long, value_enum)]
+    pub decoder: Option<Decoder>,
     /// CPU microseconds per KiB for the synthetic decoder.
     #[arg(long, default_value_t = 4.0)]
     pub decode_us_per_kb: f64,
@@ -167,6 +169,15 @@ pub enum IoOrderArg {
 pub(crate) const DEFAULT_MAX_FAILURES: FailureBudget = FailureBudget::Fraction(0.01);
 
 impl RunArgs {
+    /// The decoder asked for, or the default for the dataset: real decoding for a user's
+    /// `--data`, the synthetic cost for the built-in one.
+    pub(crate) fn decoder(&self) -> Decoder {
+        self.decoder.unwrap_or(match self.data {
+            Some(_) => Decoder::Jpeg,
+            None => Decoder::Synthetic,
+        })
+    }
+
     /// Checks the options the loader does not check itself (it names its own parameters).
     pub(crate) fn validate(&self) -> Result<()> {
         if !(self.cache_frac.is_finite() && (0.0..=1.0).contains(&self.cache_frac)) {
@@ -326,6 +337,15 @@ pub(super) mod tests {
             .error_policy()
             .unwrap_err();
         assert!(e.to_string().contains("--on-error skip"), "{e}");
+    }
+
+    #[test]
+    fn the_decoder_defaults_to_jpeg_for_a_users_data_and_synthetic_for_the_built_in_set() {
+        let decoder = |args: &[&str]| parse(args).unwrap().decoder();
+        assert_eq!(decoder(&[]), Decoder::Synthetic);
+        assert_eq!(decoder(&["--data", "/d"]), Decoder::Jpeg);
+        assert_eq!(decoder(&["--data", "/d", "--decoder", "raw"]), Decoder::Raw);
+        assert_eq!(decoder(&["--decoder", "jpeg"]), Decoder::Jpeg);
     }
 
     #[test]

@@ -30,6 +30,14 @@ impl fmt::Display for DecodeError {
 
 impl std::error::Error for DecodeError {}
 
+/// Whether a JPEG's end-of-image marker follows its last start-of-scan: inside the entropy-
+/// coded data every 0xFF is stuffed (FF 00), so the two bytes of either marker appear only as
+/// markers. zune-jpeg decodes a file cut short in a scan without a word (a grey tail).
+fn ends_after_last_scan(bytes: &[u8]) -> bool {
+    let last = |marker: [u8; 2]| bytes.windows(2).rposition(|w| w == marker);
+    matches!((last([0xFF, 0xDA]), last([0xFF, 0xD9])), (Some(sos), Some(eoi)) if eoi > sos)
+}
+
 /// Decodes one sample; the value is a small digest so nothing is optimised away.
 pub(crate) fn decode(
     decoder: Decoder,
@@ -40,6 +48,12 @@ pub(crate) fn decode(
     match decoder {
         Decoder::Raw => Ok(bytes.len() as u64),
         Decoder::Jpeg => {
+            if !ends_after_last_scan(bytes) {
+                return Err(DecodeError(format!(
+                    "JPEG of {}: truncated (no end-of-image marker after its last scan)",
+                    meta.path.display()
+                )));
+            }
             let mut d = zune_jpeg::JpegDecoder::new(bytes);
             let pixels = d
                 .decode()

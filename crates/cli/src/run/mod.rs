@@ -53,7 +53,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         prefetch: args.prefetch,
         schedule: args.schedule,
         hysteresis: args.hysteresis,
-        decoder: args.decoder,
+        decoder: args.decoder(),
         decode_us_per_kb: args.decode_us_per_kb,
         compute_ms: args.compute_ms,
         storage_mbps: args.storage_mbps,
@@ -101,7 +101,7 @@ fn run_strategy(
     let mut config = args.loader_config()?;
     strategy.apply(&args.budgets(cache_bytes)?, &mut config);
     let cache_capacity_bytes = config.cache_capacity_bytes;
-    let (decoder, us_per_kb) = (args.decoder, args.decode_us_per_kb);
+    let (decoder, us_per_kb) = (args.decoder(), args.decode_us_per_kb);
     let mut loader = LoaderBuilder::new(dataset.clone())
         .config(config)
         .seed(args.seed)
@@ -181,8 +181,7 @@ mod tests {
             "0",
             "--storage-mbps",
             "0",
-            "--decoder",
-            "jpeg",
+            // No --decoder: with --data it decodes JPEG.
             "--decode-threads",
             "2",
             "--io-depth",
@@ -267,5 +266,27 @@ mod tests {
             e.contains("reading sample") && e.contains("injected EIO"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_truncated_jpeg_in_a_users_folder_fails_by_default_naming_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (args, _) = small_run(dir.path(), &["--policy", "lobster"]);
+        let data = dir.path().join("data");
+        let first = |dir: &Path| {
+            std::fs::read_dir(dir)
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap()
+                .path()
+        };
+        let victim = first(&first(&data));
+        let bytes = std::fs::read(&victim).unwrap();
+        std::fs::write(&victim, &bytes[..bytes.len() / 2]).unwrap();
+        let name = victim.file_name().unwrap().to_str().unwrap();
+        // The generated set is reopened with the file's new size: only the decoder sees it.
+        let e = format!("{:#}", run(&args).unwrap_err());
+        assert!(e.contains(name) && e.contains("decod"), "{e}");
     }
 }

@@ -9,17 +9,34 @@ use std::sync::Arc;
 
 use crate::error::Error;
 
-/// What the loader knows of one sample before reading it.
+/// What the loader knows of one sample before reading it: a byte range of a file, with its
+/// label and its name in the source. The reader, the cache and the planner see only this.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SampleMeta {
-    /// Stable id: the index in (class name, file name) order.
+    /// Stable id: the sample's index in the dataset's order.
     pub id: u32,
     /// The class index: classes sorted by name.
     pub label: u32,
     /// The file holding the sample.
     pub path: Arc<Path>,
-    /// The file's size when the dataset was opened.
+    /// Where the sample's bytes start in the file (0 for a whole file).
+    pub offset: u64,
+    /// The sample's size when the dataset was opened.
     pub size_bytes: u64,
+    /// The sample is the whole file: a read asks one byte more, so that a file that grew
+    /// since the dataset was opened shows. A range (a member of a shard) is read exactly,
+    /// and a file that ends inside it is an error.
+    pub whole_file: bool,
+    /// The sample's name in its source: its path under the root for a folder, its key for a
+    /// shard's member.
+    pub key: Arc<str>,
+}
+
+impl SampleMeta {
+    /// Bytes a read of this sample asks for.
+    pub(crate) fn read_len(&self) -> usize {
+        self.size_bytes as usize + usize::from(self.whole_file)
+    }
 }
 
 /// torchvision's `IMG_EXTENSIONS`: the files an ImageFolder takes as samples, matched
@@ -28,8 +45,10 @@ pub const IMAGE_EXTENSIONS: [&str; 9] = [
     ".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
 ];
 
-/// An ImageFolder dataset: `root/<class>/.../<file>`, indexed as torchvision's `ImageFolder`
-/// indexes it, so that sample ids (and with them PyTorch's sampler order) agree.
+/// A dataset: a table of samples, each a byte range of a file ([`SampleMeta`]). Built from
+/// a caller's table ([`Dataset::from_records`]) or opened from an ImageFolder directory:
+/// `root/<class>/.../<file>`, indexed as torchvision's `ImageFolder` indexes it, so that
+/// sample ids (and with them PyTorch's sampler order) agree.
 ///
 /// - Classes are the directories directly under `root` (symlinks to directories count),
 ///   sorted by name; a class's index is its label. Files directly under `root` are not
@@ -77,7 +96,80 @@ impl FolderOptions {
     }
 }
 
+/// One sample of a table a caller builds from its own format's index: a byte range of a
+/// file, its label and its key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SampleRecord {
+    /// The file holding the sample.
+    pub path: PathBuf,
+    /// Where its bytes start.
+    pub offset: u64,
+    /// How many bytes it has.
+    pub len: u64,
+    /// Its class index into the dataset's classes.
+    pub label: u32,
+    /// Its name, unique in the table.
+    pub key: String,
+}
+
 impl Dataset {
+    /// A dataset from a table the caller built (for loaders that embed this one with their
+    /// own format): ids in the order given, `classes` naming the labels, `root` what the
+    /// dataset is reported as. Nothing is opened: a range its file does not hold fails
+    /// when it is read, naming the sample.
+    ///
+    /// # Errors
+    /// An empty table, a label without a class, a duplicate key, a sample of 4 GiB or more,
+    /// or more than 2^32 samples, naming the record.
+    pub fn from_records(
+        root: impl Into<PathBuf>,
+        classes: Vec<String>,
+        records: impl IntoIterator<Item = SampleRecord>,
+    ) -> Result<Self, Error> {
+        let root = root.into();
+        let mut keys = std::collections::HashSet::new();
+        let mut samples = Vec::new();
+        for r in records {
+            let named =
+                |what: String| Error::dataset(&r.path, format!("record {:?}: {what}", r.key));
+            if r.label as usize >= classes.len() {
+                return Err(named(format!(
+                    "label {} but {} classes",
+                    r.label,
+                    classes.len()
+                )));
+            }
+            if r.len > u64::from(u32::MAX) {
+                return Err(named(format!(
+                    "{} bytes: samples of 4 GiB or more are not supported",
+                    r.len
+                )));
+            }
+            if !keys.insert(r.key.clone()) {
+                return Err(named("a duplicate key".into()));
+            }
+            let id =
+                u32::try_from(samples.len()).map_err(|_| named("more than 2^32 samples".into()))?;
+            samples.push(SampleMeta {
+                id,
+                label: r.label,
+                path: Arc::from(r.path),
+                offset: r.offset,
+                size_bytes: r.len,
+                whole_file: false,
+                key: Arc::from(r.key),
+            });
+        }
+        if samples.is_empty() {
+            return Err(Error::dataset(&root, "an empty table: no samples"));
+        }
+        Ok(Self {
+            root,
+            classes,
+            samples,
+        })
+    }
+
     /// Opens an ImageFolder directory (see [`Dataset`]) and records every sample's size.
     pub fn open_image_folder(root: impl AsRef<Path>) -> Result<Self, Error> {
         Self::open_folder(root, &FolderOptions::default())
@@ -121,11 +213,15 @@ impl Dataset {
                     .len();
                 let id = u32::try_from(samples.len())
                     .map_err(|_| Error::dataset(&root, "more than 2^32 samples"))?;
+                let key = path.strip_prefix(&root).unwrap_or(&path).to_string_lossy();
                 samples.push(SampleMeta {
                     id,
                     label: label as u32,
+                    key: Arc::from(key),
                     path: Arc::from(path),
+                    offset: 0,
                     size_bytes,
+                    whole_file: true,
                 });
             }
             classes.push(name);

@@ -71,7 +71,7 @@ mod sampler;
 
 pub use batch::{Batch, Sample};
 pub use config::{CachePolicy, Execution, IoOrder, LoaderConfig, ResidentReads, Schedule};
-pub use dataset::{Dataset, FolderOptions, SampleMeta, IMAGE_EXTENSIONS};
+pub use dataset::{Dataset, FolderOptions, SampleMeta, SampleRecord, IMAGE_EXTENSIONS};
 pub use emulate::StorageEmulation;
 pub use error::{Cause, Error};
 pub use faults::{AttemptFaults, ErrorPolicy, FailureBudget, Fault, FaultInjection, READ_ATTEMPTS};

@@ -177,18 +177,23 @@ impl Arena {
     }
 
     /// [`crate::read_resident`] into a run of the arena: `None` when no free run holds
-    /// `len + 1` bytes.
+    /// `len` bytes.
     ///
     /// # Errors
     /// As [`crate::read_resident`].
-    pub fn read_resident(&self, path: &Path, len: usize) -> io::Result<Option<Resident>> {
+    pub fn read_resident(
+        &self,
+        path: &Path,
+        offset: u64,
+        len: usize,
+    ) -> io::Result<Option<Resident>> {
         let file = File::open(path).map_err(|e| named(path, e))?;
-        let Some(mut run) = self.run(len + 1) else {
+        let Some(mut run) = self.run(len) else {
             return Ok(None);
         };
-        // SAFETY: the run is ours and holds `len + 1` bytes.
+        // SAFETY: the run is ours and holds `len` bytes.
         let filled =
-            unsafe { fill_nowait(&file, run.ptr(), len + 1) }.map_err(|e| named(path, e))?;
+            unsafe { fill_nowait(&file, offset, run.ptr(), len) }.map_err(|e| named(path, e))?;
         Ok(Some(match filled {
             Fill::Read(n) => {
                 run.len = n;
@@ -286,7 +291,7 @@ mod tests {
         let data: Vec<u8> = (0..70_000u32).map(|i| (i * 7) as u8).collect();
         std::fs::write(&path, &data).unwrap();
         let arena = Arena::new(1 << 20).unwrap();
-        match arena.read_resident(&path, data.len()).unwrap() {
+        match arena.read_resident(&path, 0, data.len() + 1).unwrap() {
             Some(Resident::Read { bytes, pooled }) => {
                 assert_eq!(&bytes[..], &data[..]);
                 assert!(!pooled);
@@ -299,7 +304,7 @@ mod tests {
         assert_eq!(arena.free_bytes(), 1 << 20);
         assert!(Arena::new(8192)
             .unwrap()
-            .read_resident(&path, data.len())
+            .read_resident(&path, 0, data.len() + 1)
             .unwrap()
             .is_none());
     }

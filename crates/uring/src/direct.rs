@@ -1,5 +1,5 @@
-//! A blocking O_DIRECT read of a whole file on the caller's thread, into a buffer aligned for
-//! the device: what a read-then-decode worker does when the page cache must be bypassed.
+//! A blocking O_DIRECT read of a file's range on the caller's thread, into a buffer aligned
+//! for the device: what a read-then-decode worker does when the page cache must be bypassed.
 
 use std::alloc::Layout;
 use std::fs::OpenOptions;
@@ -54,14 +54,14 @@ impl Drop for Aligned {
     }
 }
 
-/// Reads `path` with O_DIRECT up to `len` bytes or its end, whichever comes first: at most
-/// `len` bytes, fewer if the file is shorter. Asking one byte more than a file should hold
-/// tells whether it grew.
+/// Reads `len` bytes of `path` from `offset` with O_DIRECT, fewer if the file ends first.
+/// The device reads whole aligned blocks around the range; the range is handed out as a
+/// slice of them. Asking one byte more than a whole file should hold tells whether it grew.
 ///
 /// # Errors
 /// The file cannot be opened with O_DIRECT (some file systems refuse it) or a read fails;
 /// the error names the path.
-pub fn read_direct(path: &Path, len: usize) -> io::Result<Bytes> {
+pub fn read_direct(path: &Path, offset: u64, len: usize) -> io::Result<Bytes> {
     let named = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
     let file = OpenOptions::new()
         .read(true)
@@ -69,9 +69,12 @@ pub fn read_direct(path: &Path, len: usize) -> io::Result<Bytes> {
         .open(path)
         .map_err(named)?;
     let align = DEFAULT_DIO_ALIGN as usize;
-    let capacity = len.next_multiple_of(align).max(align);
+    let skip = (offset % align as u64) as usize;
+    let start = offset - skip as u64;
+    let end = skip + len;
+    let capacity = end.next_multiple_of(align).max(align);
     let mut buf = Aligned::new(capacity).map_err(named)?;
-    while buf.len < len {
+    while buf.len < end {
         let want = capacity - buf.len;
         // SAFETY: the range [len, capacity) lies in the buffer, which nothing else uses; the
         // offset and length stay aligned while every read before was whole.
@@ -80,7 +83,7 @@ pub fn read_direct(path: &Path, len: usize) -> io::Result<Bytes> {
                 file.as_raw_fd(),
                 buf.ptr.as_ptr().add(buf.len).cast(),
                 want,
-                buf.len as libc::off_t,
+                (start + buf.len as u64) as libc::off_t,
             )
         };
         if n < 0 {
@@ -96,8 +99,9 @@ pub fn read_direct(path: &Path, len: usize) -> io::Result<Bytes> {
             break;
         }
     }
-    buf.len = buf.len.min(len);
-    Ok(Bytes::from_owner(buf))
+    buf.len = buf.len.min(end);
+    let read = Bytes::from_owner(buf);
+    Ok(read.slice(skip.min(read.len())..))
 }
 
 #[cfg(test)]
@@ -111,7 +115,7 @@ mod tests {
             let path = dir.path().join(format!("f{size}"));
             let data: Vec<u8> = (0..size).map(|i| (i * 31 + size) as u8).collect();
             std::fs::write(&path, &data).unwrap();
-            match read_direct(&path, size + 1) {
+            match read_direct(&path, 0, size + 1) {
                 Ok(b) => assert_eq!(&b[..], &data[..], "size {size}"),
                 // tmpfs and some others refuse O_DIRECT.
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
@@ -123,8 +127,15 @@ mod tests {
             if size > 1 {
                 // Asked for less than the file holds: exactly that much.
                 assert_eq!(
-                    &read_direct(&path, size - 1).unwrap()[..],
+                    &read_direct(&path, 0, size - 1).unwrap()[..],
                     &data[..size - 1]
+                );
+                // A range off the alignment, on either side of a block's end.
+                let (offset, len) = (size / 3, size / 2);
+                assert_eq!(
+                    &read_direct(&path, offset as u64, len).unwrap()[..],
+                    &data[offset..offset + len],
+                    "size {size}"
                 );
             }
         }
@@ -132,7 +143,7 @@ mod tests {
 
     #[test]
     fn a_missing_file_is_an_error_naming_it() {
-        let err = read_direct(Path::new("/nonexistent/lobster-direct"), 10).unwrap_err();
+        let err = read_direct(Path::new("/nonexistent/lobster-direct"), 0, 10).unwrap_err();
         assert!(
             err.to_string().contains("/nonexistent/lobster-direct"),
             "{err}"

@@ -645,9 +645,10 @@ impl Reader {
     pub fn read_resident(
         &self,
         path: &Path,
+        offset: u64,
         len: usize,
     ) -> Result<crate::Resident, std::io::Error> {
-        crate::resident::read_resident_in(Some(&self.inner.shared.pool), path, len)
+        crate::resident::read_resident_in(Some(&self.inner.shared.pool), path, offset, len)
     }
 
     /// Queues a read at the back of its class's FIFO. Waits while the class queue is full.

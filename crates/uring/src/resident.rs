@@ -17,9 +17,10 @@ use crate::pool::Pool;
 /// What [`read_resident`] found.
 #[derive(Debug)]
 pub enum Resident {
-    /// Every byte up to the end of the file, read without waiting: at most `len + 1` bytes,
-    /// so a file that grew past `len` shows as one byte too long. `pooled`: the bytes hold a
-    /// block of the reader's pool until dropped (keep a copy to hold them long).
+    /// The bytes asked for, read without waiting: `len` of them, fewer if the file ends
+    /// first (ask one byte more than a whole file should hold to see whether it grew).
+    /// `pooled`: the bytes hold a block of the reader's pool until dropped (keep a copy to
+    /// hold them long).
     Read { bytes: Bytes, pooled: bool },
     /// Some of the file is not in the page cache: read it from storage.
     NotResident,
@@ -28,14 +29,15 @@ pub enum Resident {
     Unsupported,
 }
 
-/// Reads `path` (expected to hold `len` bytes) if the page cache holds all of it, into a
-/// buffer of its own. [`crate::Reader::read_resident`] reads into the reader's pool instead.
+/// Reads `len` bytes of `path` from `offset` (fewer if the file ends first) if the page
+/// cache holds all of them, into a buffer of its own. [`crate::Reader::read_resident`] reads
+/// into the reader's pool instead.
 ///
 /// # Errors
 /// The file cannot be opened or the read fails for another reason than not being resident;
 /// the error names the path.
-pub fn read_resident(path: &Path, len: usize) -> Result<Resident, io::Error> {
-    read_resident_in(None, path, len)
+pub fn read_resident(path: &Path, offset: u64, len: usize) -> Result<Resident, io::Error> {
+    read_resident_in(None, path, offset, len)
 }
 
 /// [`read_resident`], into a block of `pool` when one is free: memory already faulted in and
@@ -43,14 +45,15 @@ pub fn read_resident(path: &Path, len: usize) -> Result<Resident, io::Error> {
 pub(crate) fn read_resident_in(
     pool: Option<&Pool>,
     path: &Path,
+    offset: u64,
     len: usize,
 ) -> Result<Resident, io::Error> {
     let file = File::open(path).map_err(|e| named(path, e))?;
-    let want = len + 1;
+    let want = len;
     if let Some(mut block) = pool.and_then(|p| p.try_acquire(want)) {
         let base = block.as_mut_ptr();
         // SAFETY: the block is ours alone until it becomes `Bytes` below, and holds `want`.
-        let filled = unsafe { fill_nowait(&file, base, want) };
+        let filled = unsafe { fill_nowait(&file, offset, base, want) };
         return Ok(match filled.map_err(|e| named(path, e))? {
             Fill::Read(n) => Resident::Read {
                 bytes: block.into_bytes(0, n),
@@ -62,7 +65,7 @@ pub(crate) fn read_resident_in(
     }
     let mut buf: Vec<u8> = Vec::with_capacity(want);
     // SAFETY: the vector's spare capacity holds `want` bytes nothing else uses.
-    let filled = unsafe { fill_nowait(&file, buf.as_mut_ptr(), want) };
+    let filled = unsafe { fill_nowait(&file, offset, buf.as_mut_ptr(), want) };
     Ok(match filled.map_err(|e| named(path, e))? {
         Fill::Read(n) => {
             // SAFETY: `fill_nowait` initialised the first `n <= want` bytes.
@@ -83,12 +86,17 @@ pub(crate) enum Fill {
     Unsupported,
 }
 
-/// Reads `file` from its start into `base[..cap]` without waiting for storage, up to `cap`
+/// Reads `file` from `offset` into `base[..cap]` without waiting for storage, up to `cap`
 /// bytes or the end of the file.
 ///
 /// # Safety
 /// `base` must be valid for writes of `cap` bytes, used by nothing else during the call.
-pub(crate) unsafe fn fill_nowait(file: &File, base: *mut u8, cap: usize) -> io::Result<Fill> {
+pub(crate) unsafe fn fill_nowait(
+    file: &File,
+    offset: u64,
+    base: *mut u8,
+    cap: usize,
+) -> io::Result<Fill> {
     let mut done = 0;
     while done < cap {
         let iov = libc::iovec {
@@ -102,7 +110,7 @@ pub(crate) unsafe fn fill_nowait(file: &File, base: *mut u8, cap: usize) -> io::
                 file.as_raw_fd(),
                 &iov,
                 1,
-                done as libc::off_t,
+                (offset + done as u64) as libc::off_t,
                 libc::RWF_NOWAIT,
             )
         };
@@ -137,7 +145,7 @@ mod tests {
         let path = dir.path().join("f");
         let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
         std::fs::write(&path, &data).unwrap();
-        match read_resident(&path, data.len()).unwrap() {
+        match read_resident(&path, 0, data.len() + 1).unwrap() {
             Resident::Read { bytes: b, .. } => assert_eq!(&b[..], &data[..]),
             Resident::Unsupported => eprintln!("skipped: RWF_NOWAIT refused by this kernel"),
             Resident::NotResident => panic!("a file just written is in the page cache"),
@@ -149,17 +157,36 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, vec![1u8; 100]).unwrap();
-        if let Resident::Read { bytes: b, .. } = read_resident(&path, 50).unwrap() {
+        if let Resident::Read { bytes: b, .. } = read_resident(&path, 0, 51).unwrap() {
             assert_eq!(b.len(), 51);
         }
-        if let Resident::Read { bytes: b, .. } = read_resident(&path, 200).unwrap() {
+        if let Resident::Read { bytes: b, .. } = read_resident(&path, 0, 201).unwrap() {
             assert_eq!(b.len(), 100);
         }
     }
 
     #[test]
+    fn a_range_reads_from_its_offset_and_ends_with_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..9000u32).map(|i| (i % 253) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        for (offset, len, want) in [
+            (30, 20, 30..50),
+            (4090, 10, 4090..4100),
+            (8990, 50, 8990..9000),
+        ] {
+            match read_resident(&path, offset, len).unwrap() {
+                Resident::Read { bytes, .. } => assert_eq!(&bytes[..], &data[want], "{offset}"),
+                Resident::Unsupported => return eprintln!("skipped: RWF_NOWAIT refused"),
+                Resident::NotResident => panic!("a file just written is in the page cache"),
+            }
+        }
+    }
+
+    #[test]
     fn a_missing_file_is_an_error_naming_it() {
-        let err = read_resident(Path::new("/nonexistent/lobster-sample"), 1).unwrap_err();
+        let err = read_resident(Path::new("/nonexistent/lobster-sample"), 0, 1).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
         assert!(
             err.to_string().contains("/nonexistent/lobster-sample"),
@@ -177,7 +204,7 @@ mod tests {
         // SAFETY: a plain advice call on an open descriptor.
         let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
         assert_eq!(rc, 0);
-        match read_resident(&path, 1 << 20).unwrap() {
+        match read_resident(&path, 0, 1 << 20).unwrap() {
             Resident::NotResident => {}
             Resident::Unsupported => eprintln!("skipped: RWF_NOWAIT refused by this kernel"),
             // tmpfs keeps its pages: nothing to drop there.
@@ -197,7 +224,7 @@ mod tests {
         let pool = Pool::new(16 << 10, 8 << 10).unwrap();
         let mut held = Vec::new();
         for expect_pooled in [true, true, false] {
-            match read_resident_in(Some(&pool), &path, data.len()).unwrap() {
+            match read_resident_in(Some(&pool), &path, 0, data.len() + 1).unwrap() {
                 Resident::Read { bytes, pooled } => {
                     assert_eq!(&bytes[..], &data[..]);
                     assert_eq!(pooled, expect_pooled);

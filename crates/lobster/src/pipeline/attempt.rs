@@ -145,7 +145,7 @@ pub(crate) fn read_error(meta: &SampleMeta, cause: Cause) -> Error {
     Error::Read {
         sample: meta.id,
         path: meta.path.to_path_buf(),
-        offset: 0,
+        offset: meta.offset,
         cause,
     }
 }

@@ -3,7 +3,7 @@
 //! the page cache holds. Both go through the same attempt fate as the dispatcher's reads.
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{Read, Seek, SeekFrom};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -34,21 +34,23 @@ pub(crate) fn blocking_read<T>(
     epoch: u32,
 ) -> Loaded {
     let direct = ctx.config.direct;
+    // A whole file asks one byte more: a file that grew since the dataset was opened shows.
+    let len = meta.read_len();
     let read = || -> Result<Option<Bytes>, ReadFailure> {
         if direct {
-            // One byte more than expected reveals a file that grew.
             return Ok(Some(lobster_uring::read_direct(
                 &meta.path,
-                meta.size_bytes as usize + 1,
+                meta.offset,
+                len,
             )?));
         }
         let mut file = File::open(&meta.path)?;
+        if meta.offset > 0 {
+            file.seek(SeekFrom::Start(meta.offset))?;
+        }
         // Room for the probe byte, so an intact file never regrows the buffer.
-        let mut buf = Vec::with_capacity(meta.size_bytes as usize + 1);
-        // One byte more than expected reveals a file that grew since the dataset was opened.
-        (&mut file)
-            .take(meta.size_bytes + 1)
-            .read_to_end(&mut buf)?;
+        let mut buf = Vec::with_capacity(len);
+        (&mut file).take(len as u64).read_to_end(&mut buf)?;
         Ok(Some(Bytes::from(buf)))
     };
     match on_worker(ctx, state, meta, epoch, read) {
@@ -72,19 +74,19 @@ pub(crate) fn resident_read<T>(
 ) -> (OnWorker, bool) {
     let mut pooled = false;
     let read = || -> Result<Option<Bytes>, ReadFailure> {
-        let len = meta.size_bytes as usize;
+        let (offset, len) = (meta.offset, meta.read_len());
         let in_arena = match &ctx.arena {
             Some(arena) if admitted && len >= LARGE_FROM_BYTES => {
-                arena.read_resident(&meta.path, len)?
+                arena.read_resident(&meta.path, offset, len)?
             }
             _ => None,
         };
         let found = match (in_arena, &ctx.reader) {
             (Some(found), _) => found,
             (None, Some(reader)) if !admitted && len >= LARGE_FROM_BYTES => {
-                reader.read_resident(&meta.path, len)?
+                reader.read_resident(&meta.path, offset, len)?
             }
-            (None, _) => lobster_uring::read_resident(&meta.path, len)?,
+            (None, _) => lobster_uring::read_resident(&meta.path, offset, len)?,
         };
         match found {
             Resident::Read { bytes, pooled: p } => {

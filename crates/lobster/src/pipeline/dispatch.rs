@@ -393,24 +393,25 @@ fn submit<T>(
 ) -> bool {
     let read = &reads.slab[key];
     let meta = ctx.meta(read.req.sample);
-    let (class, tag, len) = (read.req.rank, key as u64, meta.size_bytes as usize);
+    let (class, tag) = (read.req.rank, key as u64);
     let submitted = match (port, read.file) {
-        // One byte more than the sample: a file that grew since the dataset was opened
-        // shows as too long, without a stat. Queued without a system call: the reads of a
-        // loop reach the kernel together when the dispatcher next waits in the ring.
+        // A whole file asks one byte more than the sample: a file that grew since the
+        // dataset was opened shows as too long, without a stat. Queued without a system
+        // call: the reads of a loop reach the kernel together when the dispatcher next
+        // waits in the ring.
         (Port::Session(session), _) => session.queue_path(PathRead {
             path: meta.path.clone(),
             direct: ctx.config.direct,
-            offset: 0,
-            len: len + 1,
-            to_eof: true,
+            offset: meta.offset,
+            len: meta.read_len(),
+            to_eof: meta.whole_file,
             class,
             tag,
         }),
         (Port::Engine { reader, .. }, Some(file)) => reader.submit(ReadRequest {
             file,
-            offset: 0,
-            len,
+            offset: meta.offset,
+            len: meta.size_bytes as usize,
             class,
             tag,
         }),

@@ -49,13 +49,14 @@ impl OpenFiles {
             .map_err(|e| Error::Read {
                 sample: meta.id,
                 path: meta.path.to_path_buf(),
-                offset: 0,
+                offset: meta.offset,
                 cause: Arc::new(e),
             })?;
         // A file that changed since the dataset was opened is reported as such, not read as
-        // a short or partial sample.
+        // a short or partial sample. (A range is read exactly: a file that ends inside it
+        // fails the read.)
         let size = std::fs::metadata(&meta.path).map(|m| m.len());
-        if let Ok(actual_bytes) = size {
+        if let (true, Ok(actual_bytes)) = (meta.whole_file, size) {
             if actual_bytes != meta.size_bytes {
                 let _ = reader.close(file);
                 return Err(Error::SizeChanged {

@@ -170,6 +170,23 @@ impl Dataset {
         })
     }
 
+    /// Opens WebDataset tar shards, read in place: `spec` is a brace pattern
+    /// (`shards/train-{000000..000127}.tar`), a directory of `.tar` files, one `.tar` file,
+    /// or a list file. Members are grouped into samples by key as webdataset groups them;
+    /// a sample's bytes are its image member, its label the integer in its `.cls` member,
+    /// and class `i` is named `"i"`. Only headers and labels are read to index a shard.
+    ///
+    /// # Errors
+    /// Naming the shard and the member or key: a truncated or corrupt archive, a key split
+    /// across two shards, a member that appears twice, a sample without an image or a
+    /// label.
+    pub fn open_shards(spec: &str) -> Result<Self, Error> {
+        let paths = crate::shards::shard_paths(spec)?;
+        let records = crate::shards::records(&paths)?;
+        let classes = records.iter().map(|r| r.label + 1).max().unwrap_or(0);
+        Self::from_records(spec, (0..classes).map(|c| c.to_string()).collect(), records)
+    }
+
     /// Opens an ImageFolder directory (see [`Dataset`]) and records every sample's size.
     pub fn open_image_folder(root: impl AsRef<Path>) -> Result<Self, Error> {
         Self::open_folder(root, &FolderOptions::default())

@@ -68,6 +68,8 @@ mod loader;
 mod metrics;
 mod pipeline;
 mod sampler;
+mod shards;
+mod tar_index;
 
 pub use batch::{Batch, Sample};
 pub use config::{CachePolicy, Execution, IoOrder, LoaderConfig, ResidentReads, Schedule};

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod gen;
 mod order;
+mod pack;
 mod process;
 mod read_bench;
 mod replay;
@@ -43,6 +44,10 @@ enum Command {
     /// Many epochs with faults injected: nothing lost, memory levels off, descriptors and
     /// threads return after the loader is dropped.
     Soak(soak::SoakArgs),
+    /// Write an ImageFolder as WebDataset tar shards.
+    Pack(pack::PackArgs),
+    /// Print a dataset's sample table: id, file, offset, length, label, key.
+    Ls(pack::LsArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -55,5 +60,7 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Replay(args)) => replay::run(&args),
         Some(Command::ReadBench(args)) => read_bench::run(&args),
         Some(Command::Soak(args)) => soak::run(&args),
+        Some(Command::Pack(args)) => pack::run(&args),
+        Some(Command::Ls(args)) => pack::ls(&args),
     }
 }

@@ -170,6 +170,32 @@ impl Dataset {
         })
     }
 
+    /// Opens what `spec` names: WebDataset shards (a brace pattern, a `.tar` file, a list
+    /// file, or a directory holding `.tar` files and no sub-directory) or an ImageFolder
+    /// directory.
+    ///
+    /// # Errors
+    /// As [`Dataset::open_shards`] or [`Dataset::open_image_folder`].
+    pub fn open(spec: &str) -> Result<Self, Error> {
+        let path = Path::new(spec);
+        let shards = spec.contains('{')
+            || path.is_file()
+            || (path.is_dir() && {
+                let entries = fs::read_dir(path).map_err(|e| Error::dataset(path, e))?;
+                let (mut tars, mut dirs) = (false, false);
+                for entry in entries {
+                    let p = entry.map_err(|e| Error::dataset(path, e))?.path();
+                    dirs |= p.is_dir();
+                    tars |= p.extension().is_some_and(|e| e == "tar");
+                }
+                tars && !dirs
+            });
+        match shards {
+            true => Self::open_shards(spec),
+            false => Self::open_image_folder(path),
+        }
+    }
+
     /// Opens WebDataset tar shards, read in place: `spec` is a brace pattern
     /// (`shards/train-{000000..000127}.tar`), a directory of `.tar` files, one `.tar` file,
     /// or a list file. Members are grouped into samples by key as webdataset groups them;

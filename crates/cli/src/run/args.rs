@@ -16,8 +16,10 @@ use super::strategy::{Budgets, Strategies};
 #[derive(Clone, Debug, clap::Args)]
 pub struct RunArgs {
     /// An ImageFolder dataset, indexed as torchvision's ImageFolder indexes it (image
-    /// extensions only; class directories walked recursively); without it the default
-    /// dataset is generated once into the cache directory (~/.cache/lobster-io) and reused.
+    /// extensions only; class directories walked recursively), or WebDataset tar shards
+    /// ('shards/train-{000000..000127}.tar', a directory of .tar files, or a list file);
+    /// without it the default dataset is generated once into the cache directory
+    /// (~/.cache/lobster-io) and reused.
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// Samples of the generated default dataset.

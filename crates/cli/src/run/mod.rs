@@ -30,7 +30,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         None => dataset::default_dataset(args.samples, args.quiet)?,
     };
     let dataset = Arc::new(
-        Dataset::open_image_folder(&data)
+        Dataset::open(&data.to_string_lossy())
             .with_context(|| format!("opening the dataset {}", data.display()))?,
     );
     let cache_bytes = args

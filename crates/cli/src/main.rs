@@ -48,6 +48,9 @@ enum Command {
     Pack(pack::PackArgs),
     /// Print a dataset's sample table: id, file, offset, length, label, key.
     Ls(pack::LsArgs),
+    /// Build an ImageFolder's sample table on disk, so later opens neither list nor stat
+    /// its files; reports the scan and a reopen from the table.
+    Index(pack::IndexArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -62,5 +65,6 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Soak(args)) => soak::run(&args),
         Some(Command::Pack(args)) => pack::run(&args),
         Some(Command::Ls(args)) => pack::ls(&args),
+        Some(Command::Index(args)) => pack::index(&args),
     }
 }

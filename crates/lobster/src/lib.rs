@@ -68,8 +68,6 @@ mod loader;
 mod metrics;
 mod pipeline;
 mod sampler;
-mod shards;
-mod tar_index;
 
 pub use batch::{Batch, Sample};
 pub use config::{CachePolicy, Execution, IoOrder, LoaderConfig, ResidentReads, Schedule};

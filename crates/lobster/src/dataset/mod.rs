@@ -2,12 +2,16 @@
 //! sample's size recorded.
 
 use std::fs;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::Error;
+
+mod folder;
+mod shards;
+mod tar_index;
+
+pub use folder::FolderOptions;
 
 /// What the loader knows of one sample before reading it: a byte range of a file, with its
 /// label and its name in the source. The reader, the cache and the planner see only this.
@@ -68,32 +72,8 @@ pub struct Dataset {
     root: PathBuf,
     classes: Vec<String>,
     samples: Vec<SampleMeta>,
-}
-
-/// Which files of a folder are samples.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FolderOptions {
-    /// File name endings (matched case-insensitively) that make a file a sample.
-    pub extensions: Vec<String>,
-}
-
-impl Default for FolderOptions {
-    fn default() -> Self {
-        FolderOptions {
-            extensions: IMAGE_EXTENSIONS.iter().map(|e| e.to_string()).collect(),
-        }
-    }
-}
-
-impl FolderOptions {
-    fn is_sample(&self, name: &std::ffi::OsStr) -> bool {
-        use std::os::unix::ffi::OsStrExt;
-        let name = name.as_bytes();
-        self.extensions.iter().any(|e| {
-            let e = e.as_bytes();
-            name.len() >= e.len() && name[name.len() - e.len()..].eq_ignore_ascii_case(e)
-        })
-    }
+    /// The sample table it was read from, if it was not scanned.
+    table: Option<PathBuf>,
 }
 
 /// One sample of a table a caller builds from its own format's index: a byte range of a
@@ -167,6 +147,7 @@ impl Dataset {
             root,
             classes,
             samples,
+            table: None,
         })
     }
 
@@ -207,8 +188,8 @@ impl Dataset {
     /// across two shards, a member that appears twice, a sample without an image or a
     /// label.
     pub fn open_shards(spec: &str) -> Result<Self, Error> {
-        let paths = crate::shards::shard_paths(spec)?;
-        let records = crate::shards::records(&paths)?;
+        let paths = shards::shard_paths(spec)?;
+        let records = shards::records(&paths)?;
         let classes = records.iter().map(|r| r.label + 1).max().unwrap_or(0);
         Self::from_records(spec, (0..classes).map(|c| c.to_string()).collect(), records)
     }
@@ -219,71 +200,30 @@ impl Dataset {
     }
 
     /// Opens a folder laid out as an ImageFolder whose samples are the files `options`
-    /// names (torchvision's `DatasetFolder` with `extensions`).
+    /// names (torchvision's `DatasetFolder` with `extensions`), from its cached table when
+    /// the folder has not changed since (see [`FolderOptions::table_dir`]).
     pub fn open_folder(root: impl AsRef<Path>, options: &FolderOptions) -> Result<Self, Error> {
-        let root = root.as_ref().to_path_buf();
-        let entries = fs::read_dir(&root).map_err(|e| Error::dataset(&root, e))?;
-        let mut class_dirs = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::dataset(&root, e))?;
-            let path = entry.path();
-            // As os.scandir's is_dir: follows a symlink, and a broken one is no directory.
-            if fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
-                let name = entry.file_name().into_string().map_err(|name| {
-                    Error::dataset(&path, format!("class name {name:?} is not valid UTF-8"))
-                })?;
-                class_dirs.push((name, path));
-            }
-        }
-        class_dirs.sort();
-        if class_dirs.is_empty() {
-            return Err(Error::dataset(
-                &root,
-                "no class directories (expected root/<class>/<file>)",
-            ));
-        }
-        let mut samples = Vec::new();
-        let mut classes = Vec::with_capacity(class_dirs.len());
-        let mut empty = Vec::new();
-        for (label, (name, dir)) in class_dirs.into_iter().enumerate() {
-            let files = walk_class(&dir, options)?;
-            if files.is_empty() {
-                empty.push(name.clone());
-            }
-            for path in files {
-                let size_bytes = fs::metadata(&path)
-                    .map_err(|e| Error::dataset(&path, e))?
-                    .len();
-                let id = u32::try_from(samples.len())
-                    .map_err(|_| Error::dataset(&root, "more than 2^32 samples"))?;
-                let key = path.strip_prefix(&root).unwrap_or(&path).to_string_lossy();
-                samples.push(SampleMeta {
-                    id,
-                    label: label as u32,
-                    key: Arc::from(key),
-                    path: Arc::from(path),
-                    offset: 0,
-                    size_bytes,
-                    whole_file: true,
-                });
-            }
-            classes.push(name);
-        }
-        if !empty.is_empty() {
-            return Err(Error::dataset(
-                &root,
-                format!(
-                    "no valid file for the classes {}; supported extensions are: {}",
-                    empty.join(", "),
-                    options.extensions.join(", ")
-                ),
-            ));
-        }
-        Ok(Self {
-            root,
-            classes,
-            samples,
-        })
+        folder::open(root.as_ref(), options)
+    }
+
+    /// Scans an ImageFolder and keeps its sample table (see [`FolderOptions::table_dir`]),
+    /// replacing any; also returns where the table was kept: `None` without a table
+    /// directory, or when a directory of the folder changed in the last 2 s (too recently
+    /// for a table to be trusted).
+    ///
+    /// # Errors
+    /// As [`Dataset::open_folder`], and a table that cannot be written.
+    pub fn index_folder(
+        root: impl AsRef<Path>,
+        options: &FolderOptions,
+    ) -> Result<(Self, Option<PathBuf>), Error> {
+        folder::index(root.as_ref(), options)
+    }
+
+    /// The sample table on disk this dataset was read from; `None` when its source was
+    /// scanned (or it was built from records).
+    pub fn table(&self) -> Option<&Path> {
+        self.table.as_deref()
     }
 
     /// The directory the dataset was opened from.
@@ -320,43 +260,6 @@ impl Dataset {
     pub fn total_bytes(&self) -> u64 {
         self.samples.iter().map(|s| s.size_bytes).sum()
     }
-}
-
-/// The samples under class directory `dir` in torchvision's order: `sorted(os.walk(dir,
-/// followlinks=True))`, directories by path, files within each by name.
-fn walk_class(dir: &Path, options: &FolderOptions) -> Result<Vec<PathBuf>, Error> {
-    // Directories found, each with the (device, inode) chain from the class directory down
-    // to it, so a symlink back to one of its ancestors is caught.
-    let mut stack = vec![(dir.to_path_buf(), Vec::<(u64, u64)>::new())];
-    let mut listed: Vec<(PathBuf, Vec<PathBuf>)> = Vec::new();
-    while let Some((path, mut ancestors)) = stack.pop() {
-        let meta = fs::metadata(&path).map_err(|e| Error::dataset(&path, e))?;
-        let id = (meta.dev(), meta.ino());
-        if ancestors.contains(&id) {
-            return Err(Error::dataset(
-                &path,
-                "a symlink loop: this directory contains itself",
-            ));
-        }
-        ancestors.push(id);
-        let mut files = Vec::new();
-        for entry in fs::read_dir(&path).map_err(|e| Error::dataset(&path, e))? {
-            let entry = entry.map_err(|e| Error::dataset(&path, e))?;
-            let child = entry.path();
-            // As os.walk: a symlink to a directory is a directory; anything else (a broken
-            // symlink too) is a file.
-            if fs::metadata(&child).is_ok_and(|m| m.is_dir()) {
-                stack.push((child, ancestors.clone()));
-            } else if options.is_sample(&entry.file_name()) {
-                files.push(child);
-            }
-        }
-        files.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
-        listed.push((path, files));
-    }
-    // Python compares the walk's paths as strings: byte order of their UTF-8.
-    listed.sort_by(|a, b| a.0.as_os_str().as_bytes().cmp(b.0.as_os_str().as_bytes()));
-    Ok(listed.into_iter().flat_map(|(_, files)| files).collect())
 }
 
 #[cfg(test)]
@@ -430,6 +333,7 @@ mod tests {
         // Other extensions, when asked for.
         let bins = FolderOptions {
             extensions: vec![".txt".into()],
+            ..FolderOptions::default()
         };
         let ds = Dataset::open_folder(dir.path(), &bins).unwrap();
         assert_eq!(ds.samples()[0].path.file_name().unwrap(), "readme.txt");

@@ -12,9 +12,9 @@ use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::dataset::{SampleRecord, IMAGE_EXTENSIONS};
+use super::tar_index::{members, Member};
+use super::{SampleRecord, IMAGE_EXTENSIONS};
 use crate::error::Error;
-use crate::tar_index::{members, Member};
 
 /// The longest `.cls` member read.
 const LABEL_MAX_BYTES: u64 = 64;

@@ -1,0 +1,53 @@
+//! What can go wrong with an image.
+
+use std::fmt;
+
+/// An image that cannot be decoded, transformed or collated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ImageError {
+    /// Neither JPEG nor PNG: the first bytes, in hex.
+    UnknownFormat { magic: String },
+    /// A JPEG the decoder refused, or one cut short.
+    Jpeg { reason: String },
+    /// A PNG the decoder refused.
+    Png { reason: String },
+    /// Pixels and dimensions that do not agree.
+    Shape {
+        width: u32,
+        height: u32,
+        bytes: usize,
+    },
+    /// A transform's or a batch's buffer of the wrong size.
+    Buffer { expected: usize, actual: usize },
+    /// A batch already holding all its images.
+    BatchFull { capacity: usize },
+    /// The resizer's failure.
+    Resize { reason: String },
+}
+
+impl fmt::Display for ImageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ImageError::UnknownFormat { magic } => {
+                write!(f, "not a JPEG or PNG (first bytes {magic})")
+            }
+            ImageError::Jpeg { reason } => write!(f, "JPEG: {reason}"),
+            ImageError::Png { reason } => write!(f, "PNG: {reason}"),
+            ImageError::Shape {
+                width,
+                height,
+                bytes,
+            } => write!(f, "{bytes} bytes are not a {width}x{height} RGB image"),
+            ImageError::Buffer { expected, actual } => {
+                write!(f, "a buffer of {actual} bytes where {expected} are needed")
+            }
+            ImageError::BatchFull { capacity } => {
+                write!(f, "the batch already holds its {capacity} images")
+            }
+            ImageError::Resize { reason } => write!(f, "resizing: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for ImageError {}

@@ -1,0 +1,30 @@
+//! Image samples for lobster-io, with no I/O: decoding (JPEG and PNG, to 8-bit RGB), the
+//! transforms training expects (RandomResizedCrop with a horizontal flip, seeded per seed,
+//! epoch and sample so a run repeats; Resize and CenterCrop for evaluation), and batches
+//! collated into one `[B, H, W, 3]` buffer reused from batch to batch.
+//!
+//! ```
+//! use lobster_image::{Collator, Transform, Transformer};
+//!
+//! // A 4x2 RGB image, as decode would give it.
+//! let image = lobster_image::Image::new(4, 2, vec![7u8; 4 * 2 * 3]).unwrap();
+//! let mut t = Transformer::new(Transform::Train { size: 3 });
+//! let mut pixels = vec![0u8; t.output_bytes(&image)];
+//! t.apply(&image, (42, 0, 9), &mut pixels).unwrap();
+//! let mut batch = Collator::new(2, 3, 3);
+//! batch.push(&pixels, 1).unwrap();
+//! batch.push(&pixels, 0).unwrap();
+//! assert_eq!((batch.images().len(), batch.labels()), (2 * 3 * 3 * 3, &[1, 0][..]));
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod collate;
+mod decode;
+mod error;
+mod transform;
+
+pub use collate::Collator;
+pub use decode::{decode, Image};
+pub use error::ImageError;
+pub use transform::{Transform, Transformer};

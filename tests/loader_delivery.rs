@@ -343,3 +343,31 @@ fn a_rank_that_drops_its_handle_leaves_the_others_whole() {
         assert!(loader.metrics().hits > 0, "{setup:?}: the cache is used");
     }
 }
+
+#[test]
+fn the_decode_function_is_told_each_accesss_epoch_cache_hits_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), 40, 2);
+    let bytes: u64 = ds.samples().iter().map(|s| s.size_bytes).sum();
+    let mut loader = LoaderBuilder::new(ds.clone())
+        .world(1, 2, 0)
+        .batch_size(4)
+        .epochs(3)
+        .cache(CachePolicy::Reuse, bytes / 2)
+        .decode_in_epoch(|_, meta, epoch| Ok::<_, std::io::Error>((meta.id, epoch)))
+        .build()
+        .unwrap();
+    let mut seen = 0;
+    for batch in common::run_ranks(&mut loader).into_iter().flatten() {
+        let batch = batch.unwrap();
+        for s in &batch.samples {
+            assert_eq!(s.value, (s.id, batch.epoch));
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 3 * 40);
+    assert!(
+        loader.metrics().hits > 0,
+        "hits are decoded for their own epoch too"
+    );
+}

@@ -224,7 +224,16 @@ fn soak(args: &SoakArgs, strategy: Strategy, dataset: &Arc<Dataset>) -> Result<S
     let started = Instant::now();
     let mut loader = LoaderBuilder::new(dataset.clone())
         .config(config)
-        .decode(move |bytes: &[u8], meta: &SampleMeta| decode(decoder, 1.0, bytes, meta))
+        .decode_in_epoch(move |bytes: &[u8], meta: &SampleMeta, epoch| {
+            decode(
+                decoder,
+                1.0,
+                lobster_image::Transform::None,
+                (0, epoch),
+                bytes,
+                meta,
+            )
+        })
         .build()
         .context("starting the loader")?;
     let rss_bytes_after_build = process::status_bytes("VmRSS");
@@ -232,13 +241,19 @@ fn soak(args: &SoakArgs, strategy: Strategy, dataset: &Arc<Dataset>) -> Result<S
     let prefetch_window_bytes = loader.prefetch_window_bytes();
     let handles = loader.ranks().context("rank handles already taken")?;
     let rss = Mutex::new(Vec::with_capacity(args.epochs as usize));
-    let totals = train(handles, Duration::ZERO, strategy.name(), |step| {
-        if (step + 1) % iterations == 0 {
-            rss.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(process::status_bytes("VmRSS"));
-        }
-    })?;
+    let totals = train(
+        handles,
+        Duration::ZERO,
+        strategy.name(),
+        |step| {
+            if (step + 1) % iterations == 0 {
+                rss.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(process::status_bytes("VmRSS"));
+            }
+        },
+        |_, _: &mut ()| {},
+    )?;
     let metrics = loader.metrics();
     drop(loader);
     let elapsed_s = started.elapsed().as_secs_f64();

@@ -63,6 +63,11 @@ impl Collator {
         &self.labels
     }
 
+    /// Images a batch holds at most.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// Images collated so far.
     pub fn len(&self) -> usize {
         self.labels.len()

@@ -15,7 +15,10 @@ fn flat(name: &str, rgb: [u8; 3], tolerance: u8) {
     assert_eq!((image.width(), image.height()), (24, 16), "{name}");
     for p in image.pixels().chunks_exact(3) {
         for c in 0..3 {
-            assert!(p[c].abs_diff(rgb[c]) <= tolerance, "{name}: {p:?} against {rgb:?}");
+            assert!(
+                p[c].abs_diff(rgb[c]) <= tolerance,
+                "{name}: {p:?} against {rgb:?}"
+            );
         }
     }
 }
@@ -41,9 +44,16 @@ fn pngs_of_every_colour_type_decode_to_rgb() {
 fn a_truncated_jpeg_and_a_damaged_png_are_errors() {
     let jpeg = data("rgb.jpg");
     let e = decode(&jpeg[..jpeg.len() / 2]).unwrap_err();
-    assert!(matches!(e, ImageError::Jpeg { .. }) && e.to_string().contains("truncated"), "{e}");
+    assert!(
+        matches!(e, ImageError::Jpeg { .. }) && e.to_string().contains("truncated"),
+        "{e}"
+    );
     let mut png = data("rgb.png");
     let n = png.len();
     png[n - 20] ^= 0xFF;
-    assert!(matches!(decode(&png), Err(ImageError::Png { .. })), "{:?}", decode(&png));
+    assert!(
+        matches!(decode(&png), Err(ImageError::Png { .. })),
+        "{:?}",
+        decode(&png)
+    );
 }

@@ -139,14 +139,26 @@ impl<T: Send + 'static> LoaderBuilder<T> {
     }
 
     /// The function that turns a sample's bytes into `T`, run on the decode threads.
-    pub fn decode<F, E>(mut self, decode: F) -> Self
+    pub fn decode<F, E>(self, decode: F) -> Self
     where
         F: Fn(&[u8], &SampleMeta) -> Result<T, E> + Send + Sync + 'static,
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        self.decode = Some(Arc::new(move |bytes: &[u8], meta: &SampleMeta| {
-            decode(bytes, meta).map_err(|e| Cause::from(e.into()))
-        }));
+        self.decode_in_epoch(move |bytes, meta, _epoch| decode(bytes, meta))
+    }
+
+    /// Like [`LoaderBuilder::decode`], with the epoch of each access as well, so that
+    /// augmentation can be seeded by (seed, epoch, sample id) and a run repeats exactly.
+    pub fn decode_in_epoch<F, E>(mut self, decode: F) -> Self
+    where
+        F: Fn(&[u8], &SampleMeta, u32) -> Result<T, E> + Send + Sync + 'static,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        self.decode = Some(Arc::new(
+            move |bytes: &[u8], meta: &SampleMeta, epoch: u32| {
+                decode(bytes, meta, epoch).map_err(|e| Cause::from(e.into()))
+            },
+        ));
         self
     }
 

@@ -9,7 +9,7 @@ use lobster_io::{
 };
 use serde::Serialize;
 
-use super::decode::Decoder;
+use super::decode::{Decoder, TransformArg};
 use super::strategy::{Budgets, Strategies};
 
 /// Arguments of `lobster run`.
@@ -80,6 +80,14 @@ pub struct RunArgs {
     /// synthetic on the generated built-in dataset, whose decode cost it models].
     #[arg(long, value_enum)]
     pub decoder: Option<Decoder>,
+    /// What the jpeg decoder does to each image: `train` (RandomResizedCrop and a flip,
+    /// seeded by seed, epoch and sample), `eval` (Resize and CenterCrop) or `none`.
+    /// Transformed images are collated per batch into one [B, H, W, 3] buffer.
+    #[arg(long, value_enum, default_value_t = TransformArg::None)]
+    pub transform: TransformArg,
+    /// The side of the transformed images, pixels.
+    #[arg(long, default_value_t = 224)]
+    pub image_size: u32,
     /// CPU microseconds per KiB for the synthetic decoder.
     #[arg(long, default_value_t = 4.0)]
     pub decode_us_per_kb: f64,
@@ -187,6 +195,14 @@ impl RunArgs {
         }
         if !(self.compute_ms.is_finite() && self.compute_ms >= 0.0) {
             bail!("--compute-ms = {}: allowed a number >= 0", self.compute_ms);
+        }
+        if self.transform != TransformArg::None {
+            if !(1..=8192).contains(&self.image_size) {
+                bail!("--image-size {}: allowed 1..=8192", self.image_size);
+            }
+            if self.decoder() != Decoder::Jpeg {
+                bail!("--transform needs real decoding (--decoder jpeg)");
+            }
         }
         if !(self.decode_us_per_kb.is_finite() && self.decode_us_per_kb >= 0.0) {
             bail!(

@@ -1,7 +1,12 @@
-//! The CLI's decoders: real JPEG, none, or a CPU cost per KiB.
+//! The CLI's decoders: real image decoding (lobster-image) with its transforms, none, or a
+//! CPU cost per KiB.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::time::{Duration, Instant};
+
+use lobster_image::{Collator, Transform, Transformer};
+use lobster_io::Batch;
 
 use lobster_io::SampleMeta;
 use serde::Serialize;
@@ -10,7 +15,7 @@ use serde::Serialize;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Decoder {
-    /// Real JPEG decoding (zune-jpeg).
+    /// Real decoding of JPEG and PNG (lobster-image), then `--transform`.
     Jpeg,
     /// No decoding: the bytes are the sample.
     Raw,
@@ -30,35 +35,82 @@ impl fmt::Display for DecodeError {
 
 impl std::error::Error for DecodeError {}
 
-/// Whether a JPEG's end-of-image marker follows its last start-of-scan: inside the entropy-
-/// coded data every 0xFF is stuffed (FF 00), so the two bytes of either marker appear only as
-/// markers. zune-jpeg decodes a file cut short in a scan without a word (a grey tail).
-fn ends_after_last_scan(bytes: &[u8]) -> bool {
-    let last = |marker: [u8; 2]| bytes.windows(2).rposition(|w| w == marker);
-    matches!((last([0xFF, 0xDA]), last([0xFF, 0xD9])), (Some(sos), Some(eoi)) if eoi > sos)
+/// What a decoded sample is to the training loop.
+#[derive(Debug)]
+pub(crate) enum Decoded {
+    /// A digest of the work, so that nothing is optimised away.
+    Digest(u64),
+    /// A transformed image: `side` x `side` RGB, collated with its batch.
+    Image { side: u32, pixels: Vec<u8> },
 }
 
-/// Decodes one sample; the value is a small digest so nothing is optimised away.
+/// How a decoded image is transformed (`--transform`, `--image-size`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransformArg {
+    /// RandomResizedCrop and a horizontal flip, seeded by (seed, epoch, sample id).
+    Train,
+    /// Resize and CenterCrop.
+    Eval,
+    /// Decoding only.
+    None,
+}
+
+impl TransformArg {
+    pub(crate) fn transform(self, size: u32) -> Transform {
+        match self {
+            TransformArg::Train => Transform::Train { size },
+            TransformArg::Eval => Transform::Eval { size },
+            TransformArg::None => Transform::None,
+        }
+    }
+}
+
+thread_local! {
+    /// Each decode thread keeps its resizer's buffers from sample to sample.
+    static TRANSFORMER: RefCell<Option<Transformer>> = const { RefCell::new(None) };
+}
+
+/// Decodes one sample of `epoch` (`seed`: the run's, for augmentation).
 pub(crate) fn decode(
     decoder: Decoder,
     us_per_kb: f64,
+    transform: Transform,
+    (seed, epoch): (u64, u32),
     bytes: &[u8],
     meta: &SampleMeta,
-) -> Result<u64, DecodeError> {
+) -> Result<Decoded, DecodeError> {
     match decoder {
-        Decoder::Raw => Ok(bytes.len() as u64),
+        Decoder::Raw => Ok(Decoded::Digest(bytes.len() as u64)),
         Decoder::Jpeg => {
-            if !ends_after_last_scan(bytes) {
-                return Err(DecodeError(format!(
-                    "JPEG of {}: truncated (no end-of-image marker after its last scan)",
-                    meta.path.display()
-                )));
+            let named = |e: lobster_image::ImageError| {
+                DecodeError(format!("image of {}: {e}", meta.path.display()))
+            };
+            let image = lobster_image::decode(bytes).map_err(named)?;
+            if transform == Transform::None {
+                return Ok(Decoded::Digest(
+                    image
+                        .pixels()
+                        .iter()
+                        .step_by(4099)
+                        .map(|&b| u64::from(b))
+                        .sum(),
+                ));
             }
-            let mut d = zune_jpeg::JpegDecoder::new(bytes);
-            let pixels = d
-                .decode()
-                .map_err(|e| DecodeError(format!("JPEG of {}: {e:?}", meta.path.display())))?;
-            Ok(pixels.iter().step_by(4099).map(|&b| u64::from(b)).sum())
+            TRANSFORMER.with(|t| {
+                let mut t = t.borrow_mut();
+                let t = match &mut *t {
+                    Some(t) if t.transform() == transform => t,
+                    slot => slot.insert(Transformer::new(transform)),
+                };
+                let mut pixels = vec![0u8; t.output_bytes(&image)];
+                t.apply(&image, (seed, epoch, meta.id), &mut pixels)
+                    .map_err(named)?;
+                Ok(Decoded::Image {
+                    side: t.output_shape(&image).0,
+                    pixels,
+                })
+            })
         }
         Decoder::Synthetic => {
             let budget = Duration::from_secs_f64(us_per_kb * bytes.len() as f64 / 1024.0 / 1e6);
@@ -70,7 +122,35 @@ pub(crate) fn decode(
                     digest = digest.wrapping_mul(31).wrapping_add(u64::from(chunk[0]));
                 }
             }
-            Ok(digest)
+            Ok(Decoded::Digest(digest))
         }
     }
+}
+
+/// A training thread's use of a batch: transformed images are written into the rank's one
+/// `[B, H, W, 3]` buffer (made at the first batch, reused), as a model's input would be.
+pub(crate) fn collate(batch: &Batch<Decoded>, collator: &mut Option<Collator>) {
+    let mut images = batch.samples.iter().filter_map(|s| match &s.value {
+        Decoded::Image { side, pixels } => Some((*side, pixels, s.label)),
+        Decoded::Digest(d) => {
+            std::hint::black_box(d);
+            None
+        }
+    });
+    let Some(first) = images.next() else {
+        return;
+    };
+    // The batch as planned (skipped samples included): the first is as long as any.
+    let planned = batch.samples.len() + batch.skipped.len();
+    let c = match collator {
+        Some(c) if c.capacity() >= planned => c,
+        slot => slot.insert(Collator::new(planned, first.0, first.0)),
+    };
+    c.clear();
+    for (_, pixels, label) in std::iter::once(first).chain(images) {
+        // Every image of a run has the transform's size.
+        c.push(pixels, label)
+            .expect("transformed images are equal in size, and the batch fits");
+    }
+    std::hint::black_box(c.images());
 }

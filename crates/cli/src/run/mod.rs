@@ -54,6 +54,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
         schedule: args.schedule,
         hysteresis: args.hysteresis,
         decoder: args.decoder(),
+        transform: args.transform,
+        image_size: args.image_size,
         decode_us_per_kb: args.decode_us_per_kb,
         compute_ms: args.compute_ms,
         storage_mbps: args.storage_mbps,
@@ -101,11 +103,14 @@ fn run_strategy(
     let mut config = args.loader_config()?;
     strategy.apply(&args.budgets(cache_bytes)?, &mut config);
     let cache_capacity_bytes = config.cache_capacity_bytes;
-    let (decoder, us_per_kb) = (args.decoder(), args.decode_us_per_kb);
+    let (decoder, us_per_kb, seed) = (args.decoder(), args.decode_us_per_kb, args.seed);
+    let transform = args.transform.transform(args.image_size);
     let mut loader = LoaderBuilder::new(dataset.clone())
         .config(config)
-        .seed(args.seed)
-        .decode(move |bytes: &[u8], meta: &SampleMeta| decode(decoder, us_per_kb, bytes, meta))
+        .seed(seed)
+        .decode_in_epoch(move |bytes: &[u8], meta: &SampleMeta, epoch| {
+            decode(decoder, us_per_kb, transform, (seed, epoch), bytes, meta)
+        })
         .build()
         .with_context(|| format!("starting the {strategy} loader"))?;
     let backend = loader
@@ -117,7 +122,13 @@ fn run_strategy(
     let bar = progress_bar(args.quiet, strategy, steps);
     let handles = loader.ranks().context("rank handles already taken")?;
     let compute = Duration::from_secs_f64(args.compute_ms / 1e3);
-    train(handles, compute, strategy.name(), |_| bar.inc(1))?;
+    train(
+        handles,
+        compute,
+        strategy.name(),
+        |_| bar.inc(1),
+        decode::collate,
+    )?;
     bar.finish_and_clear();
     let metrics = loader.metrics();
     let prefetch_window_bytes = loader.prefetch_window_bytes();
@@ -266,6 +277,29 @@ mod tests {
             e.contains("reading sample") && e.contains("injected EIO"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn images_are_transformed_and_collated_for_either_transform() {
+        let dir = tempfile::tempdir().unwrap();
+        for transform in ["train", "eval"] {
+            let (args, json) = small_run(
+                dir.path(),
+                &["--policy", "lobster,pytorch", "--transform", transform, "--image-size", "32"],
+            );
+            run(&args).unwrap();
+            let report: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+            assert_eq!(report["config"]["transform"], transform);
+            for r in report["results"].as_array().unwrap() {
+                assert_eq!(r["samples"], 48 * 3, "{transform}");
+            }
+        }
+        let e = parse(&["--transform", "train", "--decoder", "raw"])
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("--decoder jpeg"), "{e}");
     }
 
     #[test]

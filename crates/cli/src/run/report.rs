@@ -8,7 +8,7 @@ use lobster_io::{AllocationRecord, RunMetrics};
 use serde::Serialize;
 
 use super::args::{BackendArg, IoOrderArg, OnError, ScheduleArg};
-use super::decode::Decoder;
+use super::decode::{Decoder, TransformArg};
 use super::strategy::Strategy;
 
 /// The run's settings as resolved (defaults filled in), the JSON's `config`.
@@ -32,6 +32,8 @@ pub(crate) struct RunConfig {
     pub schedule: ScheduleArg,
     pub hysteresis: f64,
     pub decoder: Decoder,
+    pub transform: TransformArg,
+    pub image_size: u32,
     pub decode_us_per_kb: f64,
     pub compute_ms: f64,
     pub storage_mbps: f64,

@@ -17,17 +17,19 @@ pub(crate) struct RankTotals {
     pub skipped: u64,
 }
 
-/// Runs every rank handle to its end on its own thread: per batch `compute` of simulated work,
-/// then a barrier with the other ranks, as a synchronous training step. Once every rank has
+/// Runs every rank handle to its end on its own thread: per batch `consume` (with the rank's
+/// own state, made once: a collation buffer) and `compute` of simulated work, then a barrier
+/// with the other ranks, as a synchronous training step. Once every rank has
 /// reached the barrier of step `step` (counted from 0 across epochs), one of them calls
 /// `after_step(step)`. The first failed batch stops the run: that step's barrier is still met
 /// by every rank, then all stop, and the error names `label` and the rank. Returns the ranks'
 /// totals in the handles' order.
-pub(crate) fn train<T: Send>(
+pub(crate) fn train<T: Send, C: Default>(
     handles: Vec<RankHandle<T>>,
     compute: Duration,
     label: &str,
     after_step: impl Fn(usize) + Sync,
+    consume: impl Fn(&lobster_io::Batch<T>, &mut C) + Sync,
 ) -> Result<Vec<RankTotals>> {
     let barrier = Barrier::new(handles.len());
     // The first failed step: a failure in step k + 1 cannot stop a rank just released from
@@ -38,14 +40,17 @@ pub(crate) fn train<T: Send>(
             .into_iter()
             .map(|handle| {
                 let (barrier, failed_step, after_step) = (&barrier, &failed_step, &after_step);
+                let consume = &consume;
                 s.spawn(move || -> Result<RankTotals> {
                     let rank = handle.rank();
                     let mut totals = RankTotals::default();
+                    let mut state = C::default();
                     for (step, batch) in handle.enumerate() {
                         match &batch {
                             Ok(batch) => {
                                 totals.delivered += batch.samples.len() as u64;
                                 totals.skipped += batch.skipped.len() as u64;
+                                consume(batch, &mut state);
                                 std::hint::black_box(batch);
                                 if !compute.is_zero() {
                                     std::thread::sleep(compute);
@@ -116,9 +121,13 @@ mod tests {
         };
         let mut loader = loader(dir.path(), skip);
         let steps = Mutex::new(Vec::new());
-        let totals = train(loader.ranks().unwrap(), Duration::ZERO, "test", |step| {
-            steps.lock().unwrap().push(step)
-        })
+        let totals = train(
+            loader.ranks().unwrap(),
+            Duration::ZERO,
+            "test",
+            |step| steps.lock().unwrap().push(step),
+            |_, _: &mut ()| {},
+        )
         .unwrap();
         // 8 samples per rank per epoch in batches of 4: 2 steps per epoch, 3 epochs.
         assert_eq!(steps.into_inner().unwrap(), (0..6).collect::<Vec<_>>());
@@ -136,9 +145,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut loader = loader(dir.path(), ErrorPolicy::Fail);
         let steps = Mutex::new(Vec::new());
-        let e = train(loader.ranks().unwrap(), Duration::ZERO, "test", |step| {
-            steps.lock().unwrap().push(step)
-        })
+        let e = train(
+            loader.ranks().unwrap(),
+            Duration::ZERO,
+            "test",
+            |step| steps.lock().unwrap().push(step),
+            |_, _: &mut ()| {},
+        )
         .unwrap_err();
         let e = format!("{e:#}");
         assert!(e.starts_with("test: rank "), "{e}");

@@ -10,7 +10,10 @@ use crate::emulate::Device;
 use crate::error::Cause;
 
 /// The user's decode function, type-erased.
-pub(crate) type DecodeFn<T> = Arc<dyn Fn(&[u8], &SampleMeta) -> Result<T, Cause> + Send + Sync>;
+/// The user's decode function: a sample's bytes, what is known of it, and the epoch of the
+/// access (to seed augmentation).
+pub(crate) type DecodeFn<T> =
+    Arc<dyn Fn(&[u8], &SampleMeta, u32) -> Result<T, Cause> + Send + Sync>;
 
 /// Everything the threads need, fixed at build time.
 pub(crate) struct Context<T> {

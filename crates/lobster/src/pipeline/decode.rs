@@ -104,7 +104,7 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
             }
             WorkerRead::No => bytes,
         };
-        let (mut item, mut elapsed) = decode_sample(ctx, meta, bytes, &mut observed);
+        let (mut item, mut elapsed) = decode_sample(ctx, meta, task.epoch, bytes, &mut observed);
         if task.hit && !reread && matches!(item, Err(Error::Decode { .. })) {
             // Cached bytes the admitting access has not yet found bad (it may still be
             // decoding them): the same verdict, reached before the mark.
@@ -112,6 +112,7 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
             let again = decode_sample(
                 ctx,
                 meta,
+                task.epoch,
                 blocking_read(ctx, state, meta, task.epoch),
                 &mut observed,
             );
@@ -235,6 +236,7 @@ fn to_dispatcher<T>(ctx: &Context<T>, state: &PipelineState<T>, mut task: Task, 
 fn decode_sample<T>(
     ctx: &Context<T>,
     meta: &SampleMeta,
+    epoch: u32,
     bytes: Loaded,
     observed: &mut DecodeObservations,
 ) -> (Result<Sample<T>, Error>, Duration) {
@@ -249,13 +251,14 @@ fn decode_sample<T>(
             });
         }
         // A panicking decoder fails its sample, not the worker: the batch must still come.
-        let decoded =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (ctx.decode)(&b, meta)))
-                .unwrap_or_else(|panic| {
-                    Err(Cause::from(
-                        Box::<dyn std::error::Error + Send + Sync>::from(panic_message(&panic)),
-                    ))
-                });
+        let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            (ctx.decode)(&b, meta, epoch)
+        }))
+        .unwrap_or_else(|panic| {
+            Err(Cause::from(
+                Box::<dyn std::error::Error + Send + Sync>::from(panic_message(&panic)),
+            ))
+        });
         let value = decoded.map_err(|cause| Error::Decode {
             sample: meta.id,
             path: meta.path.to_path_buf(),

@@ -5,6 +5,7 @@
 use clap::{Parser, Subcommand};
 
 mod gen;
+mod image_bench;
 mod order;
 mod pack;
 mod process;
@@ -51,6 +52,9 @@ enum Command {
     /// Build an ImageFolder's sample table on disk, so later opens neither list nor stat
     /// its files; reports the scan and a reopen from the table.
     Index(pack::IndexArgs),
+    /// Decode alone against decode + transform + collate, per image, on a dataset's files
+    /// held in memory.
+    ImageBench(image_bench::ImageBenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -66,5 +70,6 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Pack(args)) => pack::run(&args),
         Some(Command::Ls(args)) => pack::ls(&args),
         Some(Command::Index(args)) => pack::index(&args),
+        Some(Command::ImageBench(args)) => image_bench::run(&args),
     }
 }

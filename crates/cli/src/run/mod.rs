@@ -16,7 +16,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use lobster_io::{Dataset, ErrorPolicy, LoaderBuilder, RunMetrics, SampleMeta};
 
 pub use args::RunArgs;
-pub(crate) use decode::{decode, Decoder};
+pub(crate) use dataset::default_dataset;
+pub(crate) use decode::{decode, Decoder, TransformArg};
 pub(crate) use strategy::{Budgets, Strategies, Strategy};
 pub(crate) use train::{train, RankTotals};
 
@@ -285,7 +286,14 @@ mod tests {
         for transform in ["train", "eval"] {
             let (args, json) = small_run(
                 dir.path(),
-                &["--policy", "lobster,pytorch", "--transform", transform, "--image-size", "32"],
+                &[
+                    "--policy",
+                    "lobster,pytorch",
+                    "--transform",
+                    transform,
+                    "--image-size",
+                    "32",
+                ],
             );
             run(&args).unwrap();
             let report: serde_json::Value =

@@ -74,27 +74,36 @@ pub(crate) fn run(args: &ImageBenchArgs) -> Result<()> {
         .collect::<std::io::Result<_>>()
         .context("reading the samples into memory")?;
     let transform = args.transform.transform(args.image_size);
-    let (mut decode, mut transformed) = (Vec::new(), Vec::new());
+    let (mut decode, mut transformed) =
+        (Vec::with_capacity(args.runs), Vec::with_capacity(args.runs));
     for _ in 0..args.runs {
         decode.push(pass(&files, args, None)?);
         transformed.push(pass(&files, args, Some(transform))?);
     }
-    let median = |v: &mut Vec<(f64, f64)>, i: usize| {
-        let mut xs: Vec<f64> = v.iter().map(|p| if i == 0 { p.0 } else { p.1 }).collect();
-        xs.sort_by(f64::total_cmp);
-        xs[xs.len() / 2]
+    // Medians of wall and CPU seconds, each on its own.
+    let medians = |runs: &[(f64, f64)]| {
+        let median = |mut xs: Vec<f64>| {
+            xs.sort_by(f64::total_cmp);
+            xs[xs.len() / 2]
+        };
+        (
+            median(runs.iter().map(|r| r.0).collect()),
+            median(runs.iter().map(|r| r.1).collect()),
+        )
     };
+    let ((decode_s, decode_cpu_s), (transformed_s, transformed_cpu_s)) =
+        (medians(&decode), medians(&transformed));
     let n = files.len() as f64;
     let f = Figures {
         images: files.len(),
         threads: args.threads,
         transform: args.transform,
         image_size: args.image_size,
-        decode_images_per_s: n / median(&mut decode, 0),
-        decode_cpu_ms_per_image: 1e3 * median(&mut decode, 1) / n,
-        transformed_images_per_s: n / median(&mut transformed, 0),
-        transformed_cpu_ms_per_image: 1e3 * median(&mut transformed, 1) / n,
-        transform_adds: median(&mut transformed, 1) / median(&mut decode, 1) - 1.0,
+        decode_images_per_s: n / decode_s,
+        decode_cpu_ms_per_image: 1e3 * decode_cpu_s / n,
+        transformed_images_per_s: n / transformed_s,
+        transformed_cpu_ms_per_image: 1e3 * transformed_cpu_s / n,
+        transform_adds: transformed_cpu_s / decode_cpu_s - 1.0,
     };
     if args.json {
         println!("{}", serde_json::to_string(&f)?);

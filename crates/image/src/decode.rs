@@ -72,10 +72,15 @@ pub fn decode(bytes: &[u8]) -> Result<Image, ImageError> {
 
 /// Whether a JPEG's end-of-image marker follows its last start-of-scan: inside entropy-
 /// coded data every 0xFF is stuffed (FF 00), so either marker's two bytes appear only as
-/// markers.
+/// markers. Read without crossing the scan data: the last end is near the file's end, and
+/// a first scan near its start.
 pub(crate) fn jpeg_is_whole(bytes: &[u8]) -> bool {
-    let last = |marker: [u8; 2]| bytes.windows(2).rposition(|w| w == marker);
-    matches!((last([0xFF, 0xDA]), last([0xFF, 0xD9])), (Some(sos), Some(eoi)) if eoi > sos)
+    const SOS: [u8; 2] = [0xFF, 0xDA];
+    let Some(eoi) = bytes.windows(2).rposition(|w| w == [0xFF, 0xD9]) else {
+        return false;
+    };
+    let has = |part: &[u8]| part.windows(2).any(|w| w == SOS);
+    has(&bytes[..eoi]) && !has(&bytes[eoi..])
 }
 
 fn jpeg(bytes: &[u8]) -> Result<Image, ImageError> {

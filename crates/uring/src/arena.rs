@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::Bytes;
 
 use crate::mapping::Mapping;
-use crate::resident::{fill_nowait, Fill, Resident};
+use crate::resident::{fill_nowait, Resident};
 
 const PAGE_BYTES: usize = 4096;
 
@@ -194,17 +194,10 @@ impl Arena {
         // SAFETY: the run is ours and holds `len` bytes.
         let filled =
             unsafe { fill_nowait(&file, offset, run.ptr(), len) }.map_err(|e| named(path, e))?;
-        Ok(Some(match filled {
-            Fill::Read(n) => {
-                run.len = n;
-                Resident::Read {
-                    bytes: Bytes::from_owner(run),
-                    pooled: false,
-                }
-            }
-            Fill::NotResident => Resident::NotResident,
-            Fill::Unsupported => Resident::Unsupported,
-        }))
+        Ok(Some(filled.resident(|n| {
+            run.len = n;
+            (Bytes::from_owner(run), false)
+        })))
     }
 }
 

@@ -49,41 +49,43 @@ pub(crate) fn read_resident_in(
     len: usize,
 ) -> Result<Resident, io::Error> {
     let file = File::open(path).map_err(|e| named(path, e))?;
-    let want = len;
-    if let Some(mut block) = pool.and_then(|p| p.try_acquire(want)) {
+    if let Some(mut block) = pool.and_then(|p| p.try_acquire(len)) {
         let base = block.as_mut_ptr();
-        // SAFETY: the block is ours alone until it becomes `Bytes` below, and holds `want`.
-        let filled = unsafe { fill_nowait(&file, offset, base, want) };
-        return Ok(match filled.map_err(|e| named(path, e))? {
-            Fill::Read(n) => Resident::Read {
-                bytes: block.into_bytes(0, n),
-                pooled: true,
-            },
-            Fill::NotResident => Resident::NotResident,
-            Fill::Unsupported => Resident::Unsupported,
-        });
+        // SAFETY: the block is ours alone until it becomes `Bytes` below, and holds `len`.
+        let filled = unsafe { fill_nowait(&file, offset, base, len) };
+        return Ok(filled
+            .map_err(|e| named(path, e))?
+            .resident(|n| (block.into_bytes(0, n), true)));
     }
-    let mut buf: Vec<u8> = Vec::with_capacity(want);
-    // SAFETY: the vector's spare capacity holds `want` bytes nothing else uses.
-    let filled = unsafe { fill_nowait(&file, offset, buf.as_mut_ptr(), want) };
-    Ok(match filled.map_err(|e| named(path, e))? {
-        Fill::Read(n) => {
-            // SAFETY: `fill_nowait` initialised the first `n <= want` bytes.
-            unsafe { buf.set_len(n) };
-            Resident::Read {
-                bytes: Bytes::from(buf),
-                pooled: false,
-            }
-        }
-        Fill::NotResident => Resident::NotResident,
-        Fill::Unsupported => Resident::Unsupported,
-    })
+    let mut buf: Vec<u8> = Vec::with_capacity(len);
+    // SAFETY: the vector's spare capacity holds `len` bytes nothing else uses.
+    let filled = unsafe { fill_nowait(&file, offset, buf.as_mut_ptr(), len) };
+    Ok(filled.map_err(|e| named(path, e))?.resident(|n| {
+        // SAFETY: `fill_nowait` initialised the first `n <= len` bytes.
+        unsafe { buf.set_len(n) };
+        (Bytes::from(buf), false)
+    }))
 }
 
 pub(crate) enum Fill {
     Read(usize),
     NotResident,
     Unsupported,
+}
+
+impl Fill {
+    /// What the caller gets: for `n` bytes read, the bytes `read(n)` makes of its buffer and
+    /// whether they hold a pool block.
+    pub(crate) fn resident(self, read: impl FnOnce(usize) -> (Bytes, bool)) -> Resident {
+        match self {
+            Fill::Read(n) => {
+                let (bytes, pooled) = read(n);
+                Resident::Read { bytes, pooled }
+            }
+            Fill::NotResident => Resident::NotResident,
+            Fill::Unsupported => Resident::Unsupported,
+        }
+    }
 }
 
 /// Reads `file` from `offset` into `base[..cap]` without waiting for storage, up to `cap`

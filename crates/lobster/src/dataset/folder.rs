@@ -162,7 +162,9 @@ fn scan(root: &Path, options: &FolderOptions) -> Result<(Dataset, Vec<Walked>), 
             let size_bytes = fs::metadata(&path)
                 .map_err(|e| Error::dataset(&path, e))?
                 .len();
-            push_sample(&mut samples, root, path, label as u32, size_bytes)?;
+            let key = path.strip_prefix(root).unwrap_or(&path).to_string_lossy();
+            push_sample(&mut samples, &path, &key, label as u32, size_bytes)
+                .map_err(|e| Error::dataset(root, e))?;
         }
         classes.push(name);
     }
@@ -185,16 +187,16 @@ fn scan(root: &Path, options: &FolderOptions) -> Result<(Dataset, Vec<Walked>), 
     Ok((ds, walked))
 }
 
+/// Appends a folder's sample (a whole file; `key` its path under the root), scanned or
+/// read from a table.
 fn push_sample(
     samples: &mut Vec<SampleMeta>,
-    root: &Path,
-    path: PathBuf,
+    path: &Path,
+    key: &str,
     label: u32,
     size_bytes: u64,
-) -> Result<(), Error> {
-    let id =
-        u32::try_from(samples.len()).map_err(|_| Error::dataset(root, "more than 2^32 samples"))?;
-    let key = path.strip_prefix(root).unwrap_or(&path).to_string_lossy();
+) -> Result<(), &'static str> {
+    let id = u32::try_from(samples.len()).map_err(|_| "more than 2^32 samples")?;
     samples.push(SampleMeta {
         id,
         label,
@@ -490,16 +492,9 @@ fn load(path: &Path, root: &Path, options: &FolderOptions) -> Result<Option<Data
                 }
                 let rel_at = path_buf.len();
                 unescape_into(rel, &mut path_buf).ok_or("a sample path")?;
-                let id = u32::try_from(samples.len()).map_err(|_| "more than 2^32 samples")?;
-                samples.push(SampleMeta {
-                    id,
-                    label,
-                    key: Arc::from(String::from_utf8_lossy(&path_buf[rel_at..])),
-                    path: Arc::from(Path::new(std::ffi::OsStr::from_bytes(&path_buf))),
-                    offset: 0,
-                    size_bytes,
-                    whole_file: true,
-                });
+                let key = String::from_utf8_lossy(&path_buf[rel_at..]);
+                let path = Path::new(std::ffi::OsStr::from_bytes(&path_buf));
+                push_sample(&mut samples, path, &key, label, size_bytes)?;
             }
             _ => return bad("an unknown line"),
         }

@@ -107,6 +107,8 @@ fn key_and_extension(name: &str) -> Option<(&str, String)> {
 struct Parts {
     image: Option<Member>,
     label: Option<Member>,
+    /// What the label member holds, read while its shard is open.
+    label_value: Option<Result<u32, String>>,
 }
 
 /// The samples of `shards`, in order, with the labels read from their `.cls` members.
@@ -124,7 +126,8 @@ pub(crate) fn records(shards: &[PathBuf]) -> Result<Vec<SampleRecord>, Error> {
         let bad = |what: String| Error::dataset(shard, what);
         let mut order: Vec<String> = Vec::new();
         let mut parts: HashMap<String, Parts> = HashMap::new();
-        for m in members(shard)? {
+        let file = std::fs::File::open(shard).map_err(|e| Error::dataset(shard, e))?;
+        for m in members(&file, shard)? {
             let Some((key, ext)) = key_and_extension(&m.name) else {
                 continue;
             };
@@ -162,22 +165,28 @@ pub(crate) fn records(shards: &[PathBuf]) -> Result<Vec<SampleRecord>, Error> {
                 None => *slot = Some(m),
             }
         }
+        // Labels are read while the shard is open: one descriptor at a time however many
+        // shards there are.
+        for p in parts.values_mut() {
+            p.label_value = p.label.as_ref().map(|m| read_label(&file, m));
+        }
         indexed.push((order, parts));
     }
     let mut records = Vec::new();
     for (shard, (order, mut parts)) in shards.iter().zip(indexed) {
         let bad = |what: String| Error::dataset(shard, what);
-        let file = std::fs::File::open(shard).map_err(|e| Error::dataset(shard, e))?;
         for key in order {
             let p = parts.remove(&key).expect("every key in order has parts");
             let image = p
                 .image
                 .ok_or_else(|| bad(format!("sample {key:?} has no image member")))?;
-            let label = p
-                .label
-                .ok_or_else(|| bad(format!("sample {key:?} has no .cls member (its label)")))?;
-            let label = read_label(&file, &label)
-                .map_err(|what| bad(format!("sample {key:?}: member {}: {what}", label.name)))?;
+            let (Some(member), Some(value)) = (p.label, p.label_value) else {
+                return Err(bad(format!(
+                    "sample {key:?} has no .cls member (its label)"
+                )));
+            };
+            let label = value
+                .map_err(|what| bad(format!("sample {key:?}: member {}: {what}", member.name)))?;
             records.push(SampleRecord {
                 path: shard.clone(),
                 offset: image.offset,

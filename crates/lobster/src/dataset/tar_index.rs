@@ -29,15 +29,14 @@ struct Pending {
     size: Option<u64>,
 }
 
-/// Every regular file of the tar archive at `path`, in archive order. Directories, links and
+/// Every regular file of the tar archive `file` (opened from `path`), in archive order. Directories, links and
 /// other entries are not members.
 ///
 /// # Errors
 /// The archive cannot be read, a header is corrupt (bad checksum or number), or a member's
 /// bytes run past the end of the file (a truncated archive); the error names the archive,
 /// the offset and the member.
-pub(crate) fn members(path: &Path) -> Result<Vec<Member>, Error> {
-    let file = File::open(path).map_err(|e| Error::dataset(path, e))?;
+pub(crate) fn members(file: &File, path: &Path) -> Result<Vec<Member>, Error> {
     let len = file.metadata().map_err(|e| Error::dataset(path, e))?.len();
     let bad = |at: u64, what: String| Error::dataset(path, format!("at offset {at}: {what}"));
     let mut members = Vec::new();

@@ -57,20 +57,14 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                 // An admitted sample the page cache holds can stay there, read like any other.
                 let leave = task.admitted && state.read_path.leave_in_page_cache();
                 match resident_read(ctx, state, meta, task.epoch, task.admitted && !leave) {
-                    (OnWorker::Done(loaded @ Ok(_)), _) if leave => {
-                        observed.resident += 1;
-                        observed.left_in_page_cache += 1;
-                        let slot = task
-                            .slot
-                            .as_ref()
-                            .expect("a task read on its worker never waited");
-                        slot.fill_in_page_cache(&mut released);
-                        state.ready(released.drain(..));
-                        loaded
-                    }
                     (OnWorker::Done(loaded), pooled) => {
                         observed.resident += 1;
-                        let origin = if pooled { Origin::Pool } else { Origin::Own };
+                        observed.left_in_page_cache += u64::from(leave && loaded.is_ok());
+                        let origin = match (leave, pooled) {
+                            (true, _) => Origin::PageCache,
+                            (false, true) => Origin::Pool,
+                            (false, false) => Origin::Own,
+                        };
                         fill(state, ctx, &task, loaded.clone(), origin, &mut released);
                         loaded
                     }

@@ -76,6 +76,9 @@ pub(crate) enum Origin {
     /// Memory of their own (a blocking read, a read into the arena or the heap): the cache
     /// keeps them as they are.
     Own,
+    /// The page cache, which holds the sample: the cache keeps no copy, and its hits read it
+    /// back from there.
+    PageCache,
 }
 
 /// Samples at or above this size are large: the cache keeps them in its arena, and reads
@@ -142,7 +145,8 @@ impl Slot {
     }
 
     /// Fills the slot and moves every task waiting on it into `released`. A sample the cache
-    /// keeps (`admitted`) whose bytes hold a pool block is copied out of the pool first.
+    /// keeps (`admitted`) whose bytes hold a pool block is copied out of the pool first; one
+    /// the page cache holds is not kept at all, and its hits are sent to read it there.
     pub(crate) fn fill(
         self: &Arc<Self>,
         loaded: Loaded,
@@ -151,6 +155,11 @@ impl Slot {
         arena: Option<&Arena>,
         released: &mut Vec<Ready>,
     ) {
+        if admitted && origin == Origin::PageCache && loaded.is_ok() {
+            let waiters = self.settle(SlotState::InPageCache);
+            released.extend(waiters.into_iter().map(page_cache_hit));
+            return;
+        }
         let loaded = match loaded {
             Ok(b) if admitted && origin == Origin::Pool => Ok(cache_copy(&b, arena)),
             other => other,
@@ -163,13 +172,6 @@ impl Slot {
                 bytes: loaded.clone(),
             }
         }));
-    }
-
-    /// Settles an admitted sample that a worker read from the page cache without keeping a
-    /// copy: the hits waiting on it, and every later one, read it from there.
-    pub(crate) fn fill_in_page_cache(&self, released: &mut Vec<Ready>) {
-        let waiters = self.settle(SlotState::InPageCache);
-        released.extend(waiters.into_iter().map(page_cache_hit));
     }
 
     /// Moves a pending slot to `settled`, returning the tasks that waited on it.

@@ -2,12 +2,13 @@
 //! Python's tarfile (data/tars/make_tars.py) and the member offsets tarfile reports for them
 //! (data/tars/listing.json): pax and GNU long names, members out of order, and the errors
 //! for a truncated archive, a key split across shards, a duplicate member and a missing
-//! label.
+//! label; labels from `.json` members; shard indexes kept and reused.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use common::run_ranks;
 use lobster_io::{CachePolicy, Dataset, LoaderBuilder};
@@ -42,17 +43,22 @@ fn payload(key: &str, n: u64) -> Vec<u8> {
         .collect()
 }
 
+/// Opens shards keeping no index: every shard's headers are read.
+fn open(spec: &str) -> Result<Dataset, lobster_io::Error> {
+    Dataset::open_shards_indexed(spec, None)
+}
+
 fn table(ds: &Dataset) -> Vec<(String, u64, u64, u32)> {
     ds.samples()
         .iter()
-        .map(|s| (s.key.to_string(), s.offset, s.size_bytes, s.label))
+        .map(|s| (s.key().to_string(), s.offset, s.size_bytes, s.label))
         .collect()
 }
 
 #[test]
 fn samples_are_the_image_members_at_tarfiles_offsets_in_shard_order() {
     let spec = format!("{}/wds-{{0..1}}.tar", tars().display());
-    let ds = Dataset::open_shards(&spec).unwrap();
+    let ds = open(&spec).unwrap();
     let want: Vec<_> = ["wds-0.tar", "wds-1.tar"]
         .iter()
         .flat_map(|s| listing(s))
@@ -67,16 +73,13 @@ fn samples_are_the_image_members_at_tarfiles_offsets_in_shard_order() {
         .map(|n| tars().join(n).display().to_string())
         .collect();
     std::fs::write(&list, format!("# two shards\n{}\n", names.join("\n"))).unwrap();
-    assert_eq!(
-        table(&Dataset::open_shards(list.to_str().unwrap()).unwrap()),
-        want
-    );
+    assert_eq!(table(&open(list.to_str().unwrap()).unwrap()), want);
 }
 
 #[test]
 fn gnu_long_names_and_members_out_of_order_are_read() {
     for shard in ["gnu.tar", "out_of_order.tar"] {
-        let ds = Dataset::open_shards(tars().join(shard).to_str().unwrap()).unwrap();
+        let ds = open(tars().join(shard).to_str().unwrap()).unwrap();
         assert_eq!(table(&ds), listing(shard), "{shard}");
     }
 }
@@ -84,7 +87,7 @@ fn gnu_long_names_and_members_out_of_order_are_read() {
 #[test]
 fn the_loader_delivers_each_shard_members_bytes() {
     let spec = format!("{}/wds-{{0..1}}.tar", tars().display());
-    let ds = Arc::new(Dataset::open_shards(&spec).unwrap());
+    let ds = Arc::new(open(&spec).unwrap());
     let mut loader = LoaderBuilder::new(ds.clone())
         .world(1, 2, 0)
         .batch_size(1)
@@ -98,7 +101,12 @@ fn the_loader_delivers_each_shard_members_bytes() {
     for batch in run_ranks(&mut loader).into_iter().flatten() {
         for s in batch.unwrap().samples {
             let meta = &ds.samples()[s.id as usize];
-            assert_eq!(s.value, payload(&meta.key, meta.size_bytes), "{}", meta.key);
+            assert_eq!(
+                s.value,
+                payload(&meta.key(), meta.size_bytes),
+                "{}",
+                meta.key()
+            );
             seen += 1;
         }
     }
@@ -106,7 +114,7 @@ fn the_loader_delivers_each_shard_members_bytes() {
 }
 
 fn refused(spec: &str) -> String {
-    Dataset::open_shards(spec).unwrap_err().to_string()
+    open(spec).unwrap_err().to_string()
 }
 
 #[test]
@@ -139,4 +147,98 @@ fn bad_shards_are_refused_naming_the_shard_and_the_member() {
     );
     let e = refused(&format!("{}/nothing-{{0..1}}.tar", dir.path().display()));
     assert!(e.contains("nothing-0.tar"), "{e}");
+}
+
+#[test]
+fn labels_come_from_json_members_when_there_is_no_cls() {
+    let ds = open(tars().join("json.tar").to_str().unwrap()).unwrap();
+    assert_eq!(table(&ds), listing("json.tar"));
+    let e = refused(&tars().join("json_bad.tar").display().to_string());
+    assert!(
+        e.contains("json_bad.tar") && e.contains("b0.json") && e.contains("\"label\""),
+        "{e}"
+    );
+}
+
+/// Sets `path`'s modification time `ago` before now.
+fn age(path: &Path, ago: Duration) {
+    let f = std::fs::File::options().write(true).open(path).unwrap();
+    f.set_modified(SystemTime::now() - ago).unwrap();
+}
+
+fn indexes(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "idx"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_shards_index_is_reused_until_the_shard_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, kept) = (dir.path().join("data"), dir.path().join("indexes"));
+    std::fs::create_dir(&data).unwrap();
+    for n in ["wds-0.tar", "wds-1.tar"] {
+        std::fs::copy(tars().join(n), data.join(n)).unwrap();
+        age(&data.join(n), Duration::from_secs(3600));
+    }
+    let spec = format!("{}/wds-{{0..1}}.tar", data.display());
+    let want = table(&open(&spec).unwrap());
+    let first = Dataset::open_shards_indexed(&spec, Some(&kept)).unwrap();
+    assert_eq!(table(&first), want);
+    assert_eq!(indexes(&kept).len(), 2);
+    // The shard's bytes replaced, its size and time kept: the index answers, so the
+    // shard was not read.
+    let shard = data.join("wds-1.tar");
+    let len = std::fs::metadata(&shard).unwrap().len() as usize;
+    let stamp = std::fs::metadata(&shard).unwrap().modified().unwrap();
+    std::fs::write(&shard, vec![0u8; len]).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_modified(stamp)
+        .unwrap();
+    assert_eq!(
+        table(&Dataset::open_shards_indexed(&spec, Some(&kept)).unwrap()),
+        want
+    );
+    // Another modification time: the shard is read again, and found to hold nothing.
+    age(&shard, Duration::from_secs(60));
+    let e = Dataset::open_shards_indexed(&spec, Some(&kept))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("wds-1.tar") && e.contains("no samples"), "{e}");
+    // Restored, then its index damaged: the index is not trusted, the shard is read.
+    std::fs::copy(tars().join("wds-1.tar"), &shard).unwrap();
+    age(&shard, Duration::from_secs(3600));
+    assert_eq!(
+        table(&Dataset::open_shards_indexed(&spec, Some(&kept)).unwrap()),
+        want
+    );
+    for idx in indexes(&kept) {
+        let mut bytes = std::fs::read(&idx).unwrap();
+        let at = bytes.len() / 2;
+        bytes[at] ^= 1;
+        std::fs::write(&idx, bytes).unwrap();
+    }
+    assert_eq!(
+        table(&Dataset::open_shards_indexed(&spec, Some(&kept)).unwrap()),
+        want
+    );
+}
+
+#[test]
+fn a_shard_written_just_now_keeps_no_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let kept = dir.path().join("indexes");
+    let shard = dir.path().join("fresh.tar");
+    std::fs::copy(tars().join("wds-0.tar"), &shard).unwrap();
+    age(&shard, Duration::ZERO);
+    let ds = Dataset::open_shards_indexed(shard.to_str().unwrap(), Some(&kept)).unwrap();
+    assert_eq!(table(&ds), listing("wds-0.tar"));
+    assert!(!kept.exists() || indexes(&kept).is_empty());
 }

@@ -161,7 +161,7 @@ struct Row<'a> {
     offset: u64,
     length: u64,
     label: u32,
-    key: &'a str,
+    key: std::borrow::Cow<'a, str>,
 }
 
 pub(crate) fn ls(args: &LsArgs) -> Result<()> {
@@ -172,7 +172,7 @@ pub(crate) fn ls(args: &LsArgs) -> Result<()> {
         offset: s.offset,
         length: s.size_bytes,
         label: s.label,
-        key: &s.key,
+        key: s.key(),
     });
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let written = if args.json {
@@ -259,40 +259,77 @@ mod tests {
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct IndexArgs {
-    /// The ImageFolder whose sample table to build.
+    /// The ImageFolder whose sample table to build, or the shards whose indexes to build
+    /// (a brace pattern, a directory of `.tar` files, a `.tar` file or a list file).
     #[arg(long)]
-    data: PathBuf,
+    data: String,
     /// Print the figures as JSON.
     #[arg(long)]
     json: bool,
+    /// Only open the dataset and print the seconds it took (how `index` times a reopen
+    /// in a process of its own, as a second job would open it).
+    #[arg(long, hide = true)]
+    open_only: bool,
 }
 
 #[derive(Serialize)]
 struct Indexed {
-    data: PathBuf,
+    data: String,
+    kind: &'static str,
     samples: usize,
+    /// The folder's table, or the directory holding the shards' indexes.
     table: Option<PathBuf>,
     scan_s: f64,
     reopen_s: f64,
 }
 
-/// `lobster index`: scans a folder, keeps its table, and times a reopen from the table.
+/// `lobster index`: scans a folder or reads every shard, keeps the table or the shards'
+/// indexes, and times a reopen in a fresh process, as the next job's.
 pub(crate) fn index(args: &IndexArgs) -> Result<()> {
     let options = lobster_io::FolderOptions::default();
+    let shards = Dataset::names_shards(&args.data)?;
+    if args.open_only {
+        let started = std::time::Instant::now();
+        let ds = Dataset::open(&args.data)?;
+        let open_s = started.elapsed().as_secs_f64();
+        println!("{open_s}\t{}", ds.len());
+        return Ok(());
+    }
     let started = std::time::Instant::now();
-    let (ds, table) = Dataset::index_folder(&args.data, &options)
-        .with_context(|| format!("indexing {}", args.data.display()))?;
+    let (ds, table) = if shards {
+        let ds = Dataset::index_shards(&args.data, None)
+            .with_context(|| format!("indexing {}", args.data))?;
+        (ds, options.table_dir.clone())
+    } else {
+        Dataset::index_folder(&args.data, &options)
+            .with_context(|| format!("indexing {}", args.data))?
+    };
     let scan_s = started.elapsed().as_secs_f64();
-    let started = std::time::Instant::now();
-    let reopened = Dataset::open_folder(&args.data, &options)?;
-    let reopen_s = started.elapsed().as_secs_f64();
-    if reopened.len() != ds.len() {
-        bail!("the folder changed while it was indexed: open it again");
+    let reopened = std::process::Command::new(std::env::current_exe()?)
+        .arg("index")
+        .arg("--open-only")
+        .arg("--data")
+        .arg(&args.data)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("re-running this program to time a reopen")?;
+    if !reopened.status.success() {
+        bail!("the reopen of {} failed", args.data);
+    }
+    let line = String::from_utf8_lossy(&reopened.stdout);
+    let mut fields = line.trim_end_matches('\n').splitn(2, '\t');
+    let (Some(reopen_s), Some(samples)) = (fields.next(), fields.next()) else {
+        bail!("the reopen printed {line:?}");
+    };
+    let reopen_s: f64 = reopen_s.parse().context("the reopen's seconds")?;
+    if samples.parse::<usize>().ok() != Some(ds.len()) {
+        bail!("the dataset changed while it was indexed: index it again");
     }
     let out = Indexed {
         data: args.data.clone(),
+        kind: if shards { "shards" } else { "folder" },
         samples: ds.len(),
-        table: reopened.table().map(Path::to_path_buf),
+        table,
         scan_s,
         reopen_s,
     };
@@ -300,9 +337,10 @@ pub(crate) fn index(args: &IndexArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&out)?);
         return Ok(());
     }
-    match &table {
+    let what = if shards { "shard indexes in" } else { "table" };
+    match &out.table {
         Some(t) => println!(
-            "{} samples; table {}; scan {:.3} s, reopen from the table {:.3} s ({:.0}x)",
+            "{} samples; {what} {}; first open {:.3} s, reopen {:.3} s ({:.0}x)",
             out.samples,
             t.display(),
             scan_s,
@@ -310,8 +348,8 @@ pub(crate) fn index(args: &IndexArgs) -> Result<()> {
             scan_s / reopen_s.max(1e-9)
         ),
         None => println!(
-            "{} samples; scan {:.3} s; no table kept (no cache directory, or the folder changed \
-             in the last 2 s)",
+            "{} samples; first open {:.3} s; nothing kept (no cache directory, or the data \
+             changed in the last 2 s)",
             out.samples, scan_s
         ),
     }

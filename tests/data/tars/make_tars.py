@@ -6,11 +6,14 @@
 - out_of_order.tar: members of two samples interleaved (a.jpg, b.jpg, b.cls, a.cls).
 - split-{0..1}.tar: key "k2" in both shards.
 - dup.tar: a member twice. no_label.tar: a sample without .cls.
+- json.tar: labels from .json members ({"cls": n}, {"label": n}, and .cls beside .json,
+  which wins). json_bad.tar: a .json member without either field.
 
 Run: python3 tests/data/tars/make_tars.py (deterministic: fixed mtimes, owners and bytes).
 """
 
 import io
+import json
 import os
 import tarfile
 
@@ -55,6 +58,20 @@ write("split-0.tar", sample("k1", 0, 10) + [sample("k2", 1, 10)[0]])
 write("split-1.tar", [sample("k2", 1, 10)[1]] + sample("k3", 0, 10))
 write("dup.tar", sample("d", 0, 10) + [sample("d", 0, 10)[0]])
 write("no_label.tar", sample("n1", 0, 10) + [sample("n2", 0, 10)[0]])
+
+
+def with_json(key, meta, n):
+    return [(key + ".jpg", payload(key, n)), (key + ".json", json.dumps(meta).encode())]
+
+
+write(
+    "json.tar",
+    with_json("j0", {"cls": 2, "caption": "a"}, 40)
+    + with_json("j1", {"label": 1}, 41)
+    + with_json("j2", {"cls": 0}, 42)[:1]
+    + [("j2.cls", b"3"), ("j2.json", b'{"cls": 0}')],
+)
+write("json_bad.tar", with_json("b0", {"name": "x"}, 10))
 print("written")
 
 
@@ -72,16 +89,17 @@ def listing(name):
             s = out.setdefault(key, {})
             if ext == "cls":
                 s["label"] = int(tar.extractfile(m).read())
+            elif ext == "json":
+                meta = json.loads(tar.extractfile(m).read())
+                s.setdefault("json_label", meta.get("cls", meta.get("label")))
             else:
                 s["offset"], s["size"] = m.offset_data, m.size
-    return [[k, v["offset"], v["size"], v["label"]] for k, v in out.items()]
+    return [[k, v["offset"], v["size"], v.get("label", v.get("json_label"))] for k, v in out.items()]
 
-
-import json
 
 with open(os.path.join(HERE, "listing.json"), "w") as f:
     json.dump(
-        {n: listing(n) for n in ["wds-0.tar", "wds-1.tar", "gnu.tar", "out_of_order.tar"]},
+        {n: listing(n) for n in ["wds-0.tar", "wds-1.tar", "gnu.tar", "out_of_order.tar", "json.tar"]},
         f,
         indent=1,
     )

@@ -10,17 +10,19 @@
 //! the same clock tick would not show), so such a folder is scanned again.
 
 use std::fs;
-use std::io::Write;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Dataset, SampleMeta, IMAGE_EXTENSIONS};
+use super::table_file::{
+    default_dir, escape, fnv, mtime_ns, now_ns, prune, read_sealed, seal, split, unescape,
+    unescape_into, write_atomically, RACY_NS,
+};
+use super::{Dataset, Key, SampleMeta, IMAGE_EXTENSIONS};
 use crate::error::Error;
 
 /// How close to the table's writing a directory's change makes it untrusted.
-const RACY_NS: i128 = 2_000_000_000;
 /// Tables kept in a table directory; the least recently written go first.
 const TABLES_MAX: usize = 64;
 const MAGIC: &[u8] = b"lobster-folder-table 1";
@@ -38,12 +40,9 @@ pub struct FolderOptions {
 
 impl Default for FolderOptions {
     fn default() -> Self {
-        let cache = std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")));
         FolderOptions {
             extensions: IMAGE_EXTENSIONS.iter().map(|e| e.to_string()).collect(),
-            table_dir: cache.map(|c| c.join("lobster-io").join("tables")),
+            table_dir: default_dir(),
         }
     }
 }
@@ -64,16 +63,6 @@ struct Walked {
     mtime_ns: i128,
 }
 
-fn mtime_ns(meta: &fs::Metadata) -> i128 {
-    i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec())
-}
-
-fn now_ns() -> i128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i128)
-}
-
 /// Opens `root`: from its table if one is valid, else by scanning (and then keeping the
 /// table, unless the folder changed too recently to trust).
 pub(super) fn open(root: &Path, options: &FolderOptions) -> Result<Dataset, Error> {
@@ -82,7 +71,7 @@ pub(super) fn open(root: &Path, options: &FolderOptions) -> Result<Dataset, Erro
         .as_ref()
         .map(|d| table_path(d, root, options));
     if let Some(path) = &table {
-        match load(path, root, options) {
+        match load(path, root, options, PARALLEL_FROM_BYTES) {
             Ok(Some(ds)) => return Ok(ds),
             Ok(None) => {}
             // A table that cannot be read is scanned over, not trusted.
@@ -162,8 +151,11 @@ fn scan(root: &Path, options: &FolderOptions) -> Result<(Dataset, Vec<Walked>), 
             let size_bytes = fs::metadata(&path)
                 .map_err(|e| Error::dataset(&path, e))?
                 .len();
-            let key = path.strip_prefix(root).unwrap_or(&path).to_string_lossy();
-            push_sample(&mut samples, &path, &key, label as u32, size_bytes)
+            // The path under the root is a tail of the path's bytes.
+            let rel = path.strip_prefix(root).unwrap_or(&path);
+            let key_at = path.as_os_str().len() - rel.as_os_str().len();
+            let id = samples.len();
+            push_sample(&mut samples, id, &path, key_at, label as u32, size_bytes)
                 .map_err(|e| Error::dataset(root, e))?;
         }
         classes.push(name);
@@ -187,24 +179,26 @@ fn scan(root: &Path, options: &FolderOptions) -> Result<(Dataset, Vec<Walked>), 
     Ok((ds, walked))
 }
 
-/// Appends a folder's sample (a whole file; `key` its path under the root), scanned or
-/// read from a table.
+/// Appends a folder's sample `id`: a whole file, named by its path from byte `key_at` on (its
+/// path under the root); scanned or read from a table.
 fn push_sample(
     samples: &mut Vec<SampleMeta>,
+    id: usize,
     path: &Path,
-    key: &str,
+    key_at: usize,
     label: u32,
     size_bytes: u64,
 ) -> Result<(), &'static str> {
-    let id = u32::try_from(samples.len()).map_err(|_| "more than 2^32 samples")?;
+    let id = u32::try_from(id).map_err(|_| "more than 2^32 samples")?;
+    let key_at = u32::try_from(key_at).map_err(|_| "a root path of 4 GiB")?;
     samples.push(SampleMeta {
         id,
         label,
-        key: Arc::from(key),
         path: Arc::from(path),
         offset: 0,
         size_bytes,
         whole_file: true,
+        key: Key::InPath(key_at),
     });
     Ok(())
 }
@@ -256,69 +250,11 @@ fn walk_class(
     Ok(listed.into_iter().flat_map(|(_, files)| files).collect())
 }
 
-/// FNV-1a over `parts`, eight bytes a step (a table is megabytes): stable across runs and
-/// builds.
-fn fnv(parts: &[&[u8]]) -> u64 {
-    const PRIME: u64 = 0x0100_0000_01b3;
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        let mut words = part.chunks_exact(8);
-        for w in &mut words {
-            let w = u64::from_le_bytes(w.try_into().expect("chunks of 8"));
-            h = (h ^ w).wrapping_mul(PRIME).rotate_left(29);
-        }
-        for &b in words.remainder() {
-            h = (h ^ u64::from(b)).wrapping_mul(PRIME);
-        }
-        h = (h ^ part.len() as u64).wrapping_mul(PRIME);
-    }
-    h
-}
-
 /// Where `root`'s table lives: named by a hash of the root and the extensions.
 fn table_path(dir: &Path, root: &Path, options: &FolderOptions) -> PathBuf {
     let mut parts = vec![root.as_os_str().as_bytes()];
     parts.extend(options.extensions.iter().map(|e| e.as_bytes()));
     dir.join(format!("folder-{:016x}.table", fnv(&parts)))
-}
-
-/// Tabs, newlines and backslashes escaped, so a field is one tab-free run of bytes.
-fn escape(bytes: &[u8], out: &mut Vec<u8>) {
-    for &b in bytes {
-        match b {
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            b'\t' => out.extend_from_slice(b"\\t"),
-            b'\n' => out.extend_from_slice(b"\\n"),
-            _ => out.push(b),
-        }
-    }
-}
-
-fn unescape(field: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(field.len());
-    unescape_into(field, &mut out)?;
-    Some(out)
-}
-
-/// Appends `field` unescaped to `out`.
-fn unescape_into(field: &[u8], out: &mut Vec<u8>) -> Option<()> {
-    if !field.contains(&b'\\') {
-        out.extend_from_slice(field);
-        return Some(());
-    }
-    let mut it = field.iter();
-    while let Some(&b) = it.next() {
-        out.push(match b {
-            b'\\' => match it.next()? {
-                b'\\' => b'\\',
-                b't' => b'\t',
-                b'n' => b'\n',
-                _ => return None,
-            },
-            _ => b,
-        });
-    }
-    Some(())
 }
 
 /// Writes the table of `ds` (atomically: a temporary file renamed), unless a directory
@@ -359,70 +295,36 @@ fn store(
         escape(rel.as_os_str().as_bytes(), &mut out);
         out.push(b'\n');
     }
-    // The last line checks the rest: a table cut short or damaged is not read.
-    let check = fnv(&[&out]);
-    out.extend_from_slice(format!("end\t{check:016x}\n").as_bytes());
-    let dir = path.parent().expect("a table path has a directory");
-    fs::create_dir_all(dir)?;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let mut f = fs::File::create(&tmp)?;
-    f.write_all(&out)?;
-    f.sync_all()?;
-    fs::rename(&tmp, path)?;
-    prune(dir);
+    seal(&mut out);
+    write_atomically(path, &out)?;
+    prune(path, TABLES_MAX);
     Ok(())
 }
 
-/// Removes the least recently written tables past [`TABLES_MAX`].
-fn prune(dir: &Path) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    let mut tables: Vec<(std::time::SystemTime, PathBuf)> = entries
-        .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == "table"))
-        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
-        .collect();
-    if tables.len() > TABLES_MAX {
-        tables.sort();
-        for (_, p) in &tables[..tables.len() - TABLES_MAX] {
-            let _ = fs::remove_file(p);
-        }
-    }
-}
-
 /// The dataset `path` holds for `root`, if the table exists and every directory it walked
-/// is unchanged and was not changed too close to the table's writing.
-fn load(path: &Path, root: &Path, options: &FolderOptions) -> Result<Option<Dataset>, String> {
-    let bytes = match fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.to_string()),
+/// is unchanged and was not changed too close to the table's writing. Sample lines past
+/// `parallel_from_bytes` are read in two halves at once.
+fn load(
+    path: &Path,
+    root: &Path,
+    options: &FolderOptions,
+    parallel_from_bytes: usize,
+) -> Result<Option<Dataset>, String> {
+    let Some((bytes, at)) = read_sealed(path, MAGIC)? else {
+        return Ok(None);
     };
+    let body = &bytes[at..];
     let bad = |what: &str| Err(format!("malformed: {what}"));
-    let body_len = bytes[..bytes.len().saturating_sub(1)]
-        .iter()
-        .rposition(|&b| b == b'\n')
-        .map_or(0, |i| i + 1);
-    let (body, end) = bytes.split_at(body_len);
-    if end != format!("end\t{:016x}\n", fnv(&[body])).as_bytes() {
-        return bad("cut short or damaged (its check does not match)");
-    }
-    let mut lines = body.split(|&b| b == b'\n');
-    if lines.next() != Some(MAGIC) {
-        return bad("not a table of this version");
-    }
-    let mut root_line = lines.next().unwrap_or_default().split(|&b| b == b'\t');
+    let mut lines = split(body, b'\n');
+    let mut root_line = split(lines.next().unwrap_or_default(), b'\t');
     if root_line.next() != Some(b"root")
         || root_line.next().and_then(unescape).as_deref() != Some(root.as_os_str().as_bytes())
     {
         // Another root with the same hash: scan.
         return Ok(None);
     }
-    let ext: Vec<Vec<u8>> = lines
-        .next()
-        .unwrap_or_default()
-        .split(|&b| b == b'\t')
+    let ext = lines.next().unwrap_or_default();
+    let ext: Vec<Vec<u8>> = split(ext, b'\t')
         .skip(1)
         .map(|e| unescape(e).unwrap_or_default())
         .collect();
@@ -435,26 +337,15 @@ fn load(path: &Path, root: &Path, options: &FolderOptions) -> Result<Option<Data
     }
     let number =
         |field: Option<&[u8]>| -> Option<i128> { std::str::from_utf8(field?).ok()?.parse().ok() };
-    // A sample line's label and size: plain decimal digits.
-    let count = |field: Option<&[u8]>| -> Option<u64> {
-        let field = field?;
-        if field.is_empty() || field.len() > 19 || !field.iter().all(u8::is_ascii_digit) {
-            return None;
-        }
-        Some(field.iter().fold(0, |n, &d| n * 10 + u64::from(d - b'0')))
-    };
-    let mut written_line = lines.next().unwrap_or_default().split(|&b| b == b'\t');
+    let mut written_line = split(lines.next().unwrap_or_default(), b'\t');
     let Some(written) = written_line.nth(1).and_then(|f| number(Some(f))) else {
         return bad("no time of writing");
     };
+    // The sample lines come last; the lines before them name directories and classes.
+    let samples_at = memchr::memmem::find(body, b"\ns\t").map_or(body.len(), |i| i + 1);
     let mut classes = Vec::new();
-    // About one sample per 40 bytes of table.
-    let mut samples = Vec::with_capacity(body.len() / 40);
-    // The path of each sample is built here, then copied once into its `Arc`.
-    let root_bytes = root.as_os_str().as_bytes();
-    let mut path_buf: Vec<u8> = Vec::with_capacity(root_bytes.len() + 256);
-    for line in lines.filter(|l| !l.is_empty()) {
-        let mut fields = line.split(|&b| b == b'\t');
+    for line in split(&body[..samples_at], b'\n').skip(4) {
+        let mut fields = split(line, b'\t');
         match fields.next() {
             Some(b"dir") => {
                 let (Some(stored), Some(rel)) =
@@ -474,30 +365,36 @@ fn load(path: &Path, root: &Path, options: &FolderOptions) -> Result<Option<Data
                 };
                 classes.push(String::from_utf8(name).map_err(|_| "a class name not UTF-8")?);
             }
-            Some(b"s") => {
-                let (Some(label), Some(size), Some(rel)) =
-                    (count(fields.next()), count(fields.next()), fields.next())
-                else {
-                    return bad("a sample line");
-                };
-                let label = u32::try_from(label).map_err(|_| "a label out of range")?;
-                let size_bytes = size;
-                if label as usize >= classes.len() {
-                    return bad("a label without a class");
-                }
-                path_buf.clear();
-                path_buf.extend_from_slice(root_bytes);
-                if !root_bytes.ends_with(b"/") {
-                    path_buf.push(b'/');
-                }
-                let rel_at = path_buf.len();
-                unescape_into(rel, &mut path_buf).ok_or("a sample path")?;
-                let key = String::from_utf8_lossy(&path_buf[rel_at..]);
-                let path = Path::new(std::ffi::OsStr::from_bytes(&path_buf));
-                push_sample(&mut samples, path, &key, label, size_bytes)?;
-            }
+            Some(b"") if line.is_empty() => {}
             _ => return bad("an unknown line"),
         }
+    }
+    // A large table is read in two halves at once: most of a reopen is building each
+    // sample's path, and page faults on the memory that holds them.
+    let lines = &body[samples_at..];
+    let mut cut = lines.len();
+    if lines.len() >= parallel_from_bytes {
+        cut = memchr::memchr(b'\n', &lines[lines.len() / 2..])
+            .map_or(lines.len(), |i| lines.len() / 2 + i + 1);
+    }
+    let (first, second) = lines.split_at(cut);
+    let first_lines = memchr::memchr_iter(b'\n', first).count();
+    let second_lines = memchr::memchr_iter(b'\n', second).count();
+    let mut samples = Vec::with_capacity(first_lines + second_lines);
+    let classes_len = classes.len();
+    let rest = std::thread::scope(|scope| {
+        let rest = (!second.is_empty()).then(|| {
+            scope.spawn(move || {
+                let mut rest = Vec::with_capacity(second_lines);
+                read_samples(second, root, classes_len, first_lines, &mut rest).map(|()| rest)
+            })
+        });
+        let read = read_samples(first, root, classes_len, 0, &mut samples);
+        let rest = rest.map(|h| h.join().expect("reading a table's samples panicked"));
+        read.and(rest.transpose())
+    })?;
+    if let Some(rest) = rest {
+        samples.extend(rest);
     }
     if samples.is_empty() {
         return bad("no samples");
@@ -508,6 +405,57 @@ fn load(path: &Path, root: &Path, options: &FolderOptions) -> Result<Option<Data
         samples,
         table: Some(path.to_path_buf()),
     }))
+}
+
+/// A table with this many bytes of sample lines or more is read in two threads.
+const PARALLEL_FROM_BYTES: usize = 1 << 20;
+
+/// Appends the samples of a table's sample `lines`, the first of them numbered `first_id`.
+fn read_samples(
+    lines: &[u8],
+    root: &Path,
+    classes: usize,
+    first_id: usize,
+    samples: &mut Vec<SampleMeta>,
+) -> Result<(), String> {
+    let bad = |what: &str| Err(format!("malformed: {what}"));
+    // A label and a size: plain decimal digits.
+    let count = |field: Option<&[u8]>| -> Option<u64> {
+        let field = field?;
+        if field.is_empty() || field.len() > 19 || !field.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        Some(field.iter().fold(0, |n, &d| n * 10 + u64::from(d - b'0')))
+    };
+    // The path of each sample is built here, then copied once into its `Arc`.
+    let root_bytes = root.as_os_str().as_bytes();
+    let mut path_buf: Vec<u8> = Vec::with_capacity(root_bytes.len() + 256);
+    for line in split(lines, b'\n').filter(|l| !l.is_empty()) {
+        let mut fields = split(line, b'\t');
+        if fields.next() != Some(b"s") {
+            return bad("an unknown line among the samples");
+        }
+        let (Some(label), Some(size_bytes), Some(rel)) =
+            (count(fields.next()), count(fields.next()), fields.next())
+        else {
+            return bad("a sample line");
+        };
+        let label = u32::try_from(label).map_err(|_| "a label out of range")?;
+        if label as usize >= classes {
+            return bad("a label without a class");
+        }
+        path_buf.clear();
+        path_buf.extend_from_slice(root_bytes);
+        if !root_bytes.ends_with(b"/") {
+            path_buf.push(b'/');
+        }
+        let rel_at = path_buf.len();
+        unescape_into(rel, &mut path_buf).ok_or("a sample path")?;
+        let path = Path::new(std::ffi::OsStr::from_bytes(&path_buf));
+        let id = first_id + samples.len();
+        push_sample(samples, id, path, rel_at, label, size_bytes)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -543,7 +491,7 @@ mod tests {
                     s.id,
                     s.label,
                     s.size_bytes,
-                    s.key.to_string(),
+                    s.key().to_string(),
                     s.path.to_path_buf(),
                 )
             })
@@ -590,12 +538,37 @@ mod tests {
         assert!(with_txt
             .samples()
             .iter()
-            .any(|s| s.key.ends_with("notes.txt")));
+            .any(|s| s.key().ends_with("notes.txt")));
         assert!(!open(&root, &o)
             .unwrap()
             .samples()
             .iter()
-            .any(|s| s.key.ends_with("notes.txt")));
+            .any(|s| s.key().ends_with("notes.txt")));
+    }
+
+    #[test]
+    fn a_table_read_in_two_halves_is_the_table_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, tables) = (dir.path().join("data"), dir.path().join("tables"));
+        for (class, n) in [("a", 7), ("b", 1), ("c", 4)] {
+            for i in 0..n {
+                write(
+                    &root.join(format!("{class}/{i:03}.jpg")),
+                    &vec![b'x'; i + 1],
+                );
+            }
+        }
+        age(&root);
+        let o = options(&tables);
+        let scanned = open(&root, &o).unwrap();
+        let at = table_path(&tables, &root, &o);
+        let whole = load(&at, &root, &o, usize::MAX).unwrap().unwrap();
+        assert_eq!(table(&whole), table(&scanned));
+        for from in [1, 40, 200] {
+            let halves = load(&at, &root, &o, from).unwrap().unwrap();
+            assert_eq!(table(&halves), table(&scanned), "split from {from} bytes");
+            assert_eq!(halves.classes(), scanned.classes());
+        }
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! sample's size recorded.
 
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -9,6 +10,7 @@ use crate::error::Error;
 
 mod folder;
 mod shards;
+mod table_file;
 mod tar_index;
 
 pub use folder::FolderOptions;
@@ -31,15 +33,34 @@ pub struct SampleMeta {
     /// since the dataset was opened shows. A range (a member of a shard) is read exactly,
     /// and a file that ends inside it is an error.
     pub whole_file: bool,
-    /// The sample's name in its source: its path under the root for a folder, its key for a
-    /// shard's member.
-    pub key: Arc<str>,
+    key: Key,
+}
+
+/// Where a sample's name is kept. A folder's sample is named by its path under the root,
+/// which its path already holds: one allocation per sample, not two, when a table of a
+/// million samples is read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Key {
+    /// The path's bytes from this index on.
+    InPath(u32),
+    Own(Arc<str>),
 }
 
 impl SampleMeta {
     /// Bytes a read of this sample asks for.
     pub(crate) fn read_len(&self) -> usize {
         self.size_bytes as usize + usize::from(self.whole_file)
+    }
+
+    /// The sample's name in its source: its path under the root for a folder (lossily
+    /// UTF-8), its key for a shard's member or a caller's record.
+    pub fn key(&self) -> std::borrow::Cow<'_, str> {
+        match &self.key {
+            Key::InPath(at) => {
+                String::from_utf8_lossy(&self.path.as_os_str().as_bytes()[*at as usize..])
+            }
+            Key::Own(key) => std::borrow::Cow::Borrowed(key),
+        }
     }
 }
 
@@ -130,14 +151,19 @@ impl Dataset {
             }
             let id =
                 u32::try_from(samples.len()).map_err(|_| named("more than 2^32 samples".into()))?;
+            // A shard's members share one path.
+            let path = match samples.last() {
+                Some(SampleMeta { path, .. }) if **path == *r.path => Arc::clone(path),
+                _ => Arc::from(r.path),
+            };
             samples.push(SampleMeta {
                 id,
                 label: r.label,
-                path: Arc::from(r.path),
+                path,
                 offset: r.offset,
                 size_bytes: r.len,
                 whole_file: false,
-                key: Arc::from(r.key),
+                key: Key::Own(Arc::from(r.key)),
             });
         }
         if samples.is_empty() {
@@ -158,8 +184,62 @@ impl Dataset {
     /// # Errors
     /// As [`Dataset::open_shards`] or [`Dataset::open_image_folder`].
     pub fn open(spec: &str) -> Result<Self, Error> {
+        match Self::names_shards(spec)? {
+            true => Self::open_shards(spec),
+            false => Self::open_image_folder(spec),
+        }
+    }
+
+    /// Opens WebDataset tar shards, read in place: `spec` is a brace pattern
+    /// (`shards/train-{000000..000127}.tar`), a directory of `.tar` files, one `.tar` file,
+    /// or a list file. Members are grouped into samples by key as webdataset groups them;
+    /// a sample's bytes are its image member, its label the integer in its `.cls` member
+    /// (or the `"cls"`, else `"label"`, field of its `.json` member), and class `i` is
+    /// named `"i"`. Only headers and labels are read to index a shard, and each shard's
+    /// index is kept in the directory folders' tables use (see
+    /// [`Dataset::open_shards_indexed`]).
+    ///
+    /// # Errors
+    /// Naming the shard and the member or key: a truncated or corrupt archive, a key split
+    /// across two shards, a member that appears twice, a sample without an image or a
+    /// label.
+    pub fn open_shards(spec: &str) -> Result<Self, Error> {
+        Self::open_shards_indexed(spec, table_file::default_dir().as_deref())
+    }
+
+    /// Opens shards as [`Dataset::open_shards`] does, keeping each shard's index in
+    /// `index_dir` (`None`: read every shard's headers and labels each time). An index is
+    /// reused while its shard keeps its size and modification time.
+    ///
+    /// # Errors
+    /// As [`Dataset::open_shards`]. An index that cannot be read or written is not an
+    /// error: the shard is read instead, and a warning logged.
+    pub fn open_shards_indexed(spec: &str, index_dir: Option<&Path>) -> Result<Self, Error> {
+        Self::shards_from(spec, index_dir, true)
+    }
+
+    /// Reads every shard `spec` names and keeps its index in `index_dir` (the default
+    /// directory when `None`), replacing any, as `lobster index` does.
+    ///
+    /// # Errors
+    /// As [`Dataset::open_shards`], and no index directory.
+    pub fn index_shards(spec: &str, index_dir: Option<&Path>) -> Result<Self, Error> {
+        let dir = index_dir
+            .map(Path::to_path_buf)
+            .or_else(table_file::default_dir)
+            .ok_or_else(|| {
+                Error::dataset(Path::new(spec), "no directory to keep indexes in: no $HOME")
+            })?;
+        Self::shards_from(spec, Some(&dir), false)
+    }
+
+    /// Whether [`Dataset::open`] takes `spec` for shards (else for a folder).
+    ///
+    /// # Errors
+    /// A directory that cannot be listed.
+    pub fn names_shards(spec: &str) -> Result<bool, Error> {
         let path = Path::new(spec);
-        let shards = spec.contains('{')
+        Ok(spec.contains('{')
             || path.is_file()
             || (path.is_dir() && {
                 let entries = fs::read_dir(path).map_err(|e| Error::dataset(path, e))?;
@@ -170,26 +250,12 @@ impl Dataset {
                     tars |= p.extension().is_some_and(|e| e == "tar");
                 }
                 tars && !dirs
-            });
-        match shards {
-            true => Self::open_shards(spec),
-            false => Self::open_image_folder(path),
-        }
+            }))
     }
 
-    /// Opens WebDataset tar shards, read in place: `spec` is a brace pattern
-    /// (`shards/train-{000000..000127}.tar`), a directory of `.tar` files, one `.tar` file,
-    /// or a list file. Members are grouped into samples by key as webdataset groups them;
-    /// a sample's bytes are its image member, its label the integer in its `.cls` member,
-    /// and class `i` is named `"i"`. Only headers and labels are read to index a shard.
-    ///
-    /// # Errors
-    /// Naming the shard and the member or key: a truncated or corrupt archive, a key split
-    /// across two shards, a member that appears twice, a sample without an image or a
-    /// label.
-    pub fn open_shards(spec: &str) -> Result<Self, Error> {
+    fn shards_from(spec: &str, index_dir: Option<&Path>, reuse: bool) -> Result<Self, Error> {
         let paths = shards::shard_paths(spec)?;
-        let records = shards::records(&paths)?;
+        let records = shards::records(&paths, index_dir, reuse)?;
         let classes = records.iter().map(|r| r.label + 1).max().unwrap_or(0);
         Self::from_records(spec, (0..classes).map(|c| c.to_string()).collect(), records)
     }

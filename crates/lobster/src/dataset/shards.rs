@@ -5,19 +5,48 @@
 //! extension (lower-cased), as webdataset splits them (`a/b.c.jpg`: key `a/b`, extension
 //! `c.jpg`); names without such a split are not samples' members. A sample has one image
 //! member (an extension of [`crate::IMAGE_EXTENSIONS`]) whose bytes are the sample, and a
-//! `.cls` member whose text is its label (a non-negative integer). Samples are numbered in
-//! shard order, then by their first member's place in the shard.
+//! label: the text of its `.cls` member (a non-negative integer), or, without one, the
+//! `"cls"` (else `"label"`) field of its `.json` member, a non-negative integer. Samples
+//! are numbered in shard order, then by their first member's place in the shard.
+//!
+//! **Shard indexes.** Indexing a shard reads every member's header and every label, which
+//! on a parallel file system is a read per member. So each shard's index is kept in the
+//! index directory (by default the one folders' tables use) as `shard-<hash of its
+//! path>.idx`, and reused while the shard keeps its size and modification time:
+//!
+//! ```text
+//! lobster-shard-index 1
+//! shard   <path>  <size bytes>  <modification time, ns>  <written, ns>
+//! <label> <image member's data offset> <its size> <key>     (a line per sample, in order)
+//! end     <check of the lines above>
+//! ```
+//!
+//! Fields are tab-separated, with tabs, newlines and backslashes in a path or key escaped
+//! (`\t`, `\n`, `\\`). DALI's `wds2idx` format was the candidate to reuse, but it holds
+//! members' offsets without labels: reopening would still read every `.cls` member. A
+//! shard modified within 2 s of indexing is not kept (it may still be being written).
 
 use std::collections::HashMap;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use super::table_file::{
+    escape, fnv, mtime_ns, now_ns, prune, read_sealed, seal, split, unescape, write_atomically,
+    RACY_NS,
+};
 use super::tar_index::{members, Member};
 use super::{SampleRecord, IMAGE_EXTENSIONS};
 use crate::error::Error;
 
 /// The longest `.cls` member read.
 const LABEL_MAX_BYTES: u64 = 64;
+/// The longest `.json` member read for a label.
+const JSON_MAX_BYTES: u64 = 64 << 10;
+/// Shard indexes kept in one directory, the least recently written removed first.
+const INDEXES_MAX: usize = 1 << 16;
+const MAGIC: &[u8] = b"lobster-shard-index 1";
 
 /// The shards a specification names: `dir/train-{000000..000127}.tar` (brace ranges, zero
 /// padding kept), a directory (its `.tar` files, sorted), one `.tar` file, or a list file
@@ -106,107 +135,216 @@ fn key_and_extension(name: &str) -> Option<(&str, String)> {
 #[derive(Default)]
 struct Parts {
     image: Option<Member>,
-    label: Option<Member>,
+    cls: Option<Member>,
+    json: Option<Member>,
     /// What the label member holds, read while its shard is open.
-    label_value: Option<Result<u32, String>>,
+    label: Option<Result<u32, String>>,
 }
 
-/// The samples of `shards`, in order, with the labels read from their `.cls` members.
+/// A shard's samples before they are judged: keys in order, with their members.
+struct Grouped {
+    order: Vec<String>,
+    parts: HashMap<String, Parts>,
+}
+
+/// One sample as a shard's index holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Indexed {
+    key: String,
+    offset: u64,
+    size: u64,
+    label: u32,
+}
+
+/// A shard as found: from its index, or read and not yet judged.
+enum Shard {
+    Indexed(Vec<Indexed>),
+    Read(Grouped),
+}
+
+/// The samples of `shards`, in order, each shard from its index in `index_dir` when that
+/// is still valid and `reuse`, else by reading its headers and labels (then its index is
+/// kept).
 ///
 /// # Errors
 /// Anything [`members`] refuses, and, naming the shard and the member or key: a key split
 /// across two shards, a member that appears twice, two image members, a sample without an
-/// image or a label, a label that is not a non-negative integer.
-pub(crate) fn records(shards: &[PathBuf]) -> Result<Vec<SampleRecord>, Error> {
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    // Every shard is indexed before any sample is judged, so a key split across shards is
+/// image or a label, a label that is not a non-negative integer, a shard without samples.
+pub(crate) fn records(
+    shards: &[PathBuf],
+    index_dir: Option<&Path>,
+    reuse: bool,
+) -> Result<Vec<SampleRecord>, Error> {
+    let mut found = Vec::with_capacity(shards.len());
+    for shard in shards {
+        let meta = fs::metadata(shard).map_err(|e| Error::dataset(shard, e))?;
+        let index = index_dir.filter(|_| reuse).map(|d| index_path(d, shard));
+        let kept = match &index {
+            Some(at) => load_index(at, shard, &meta).unwrap_or_else(|e| {
+                log::warn!("lobster-io: ignoring the shard index {}: {e}", at.display());
+                None
+            }),
+            None => None,
+        };
+        found.push(match kept {
+            Some(samples) => Shard::Indexed(samples),
+            None => Shard::Read(group(shard)?),
+        });
+    }
+    // Every shard is grouped before any sample is judged, so a key split across shards is
     // reported as such, not as a sample missing a member.
-    let mut indexed = Vec::with_capacity(shards.len());
-    for (s, shard) in shards.iter().enumerate() {
-        let bad = |what: String| Error::dataset(shard, what);
-        let mut order: Vec<String> = Vec::new();
-        let mut parts: HashMap<String, Parts> = HashMap::new();
-        let file = std::fs::File::open(shard).map_err(|e| Error::dataset(shard, e))?;
-        for m in members(&file, shard)? {
-            let Some((key, ext)) = key_and_extension(&m.name) else {
-                continue;
-            };
-            let key = key.to_owned();
-            if let Some(&other) = seen.get(&key) {
-                if other != s {
-                    return Err(bad(format!(
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (s, shard) in found.iter().enumerate() {
+        let keys: Box<dyn Iterator<Item = &str>> = match shard {
+            Shard::Indexed(samples) => Box::new(samples.iter().map(|x| x.key.as_str())),
+            Shard::Read(g) => Box::new(g.order.iter().map(String::as_str)),
+        };
+        for key in keys {
+            if let Some(other) = seen.insert(key, s) {
+                return Err(Error::dataset(
+                    &shards[s],
+                    format!(
                         "key {key:?} is split across two shards: also in {}",
                         shards[other].display()
-                    )));
-                }
-            }
-            let p = parts.entry(key.clone()).or_insert_with(|| {
-                order.push(key.clone());
-                Parts::default()
-            });
-            seen.insert(key.clone(), s);
-            let slot = if ext == "cls" {
-                &mut p.label
-            } else if IMAGE_EXTENSIONS.iter().any(|e| e[1..] == ext) {
-                &mut p.image
-            } else {
-                continue;
-            };
-            match slot {
-                Some(first) if first.name == m.name => {
-                    return Err(bad(format!("member {} appears twice", m.name)))
-                }
-                Some(first) => {
-                    return Err(bad(format!(
-                        "sample {key:?} has two members of one kind: {} and {}",
-                        first.name, m.name
-                    )))
-                }
-                None => *slot = Some(m),
+                    ),
+                ));
             }
         }
-        // Labels are read while the shard is open: one descriptor at a time however many
-        // shards there are.
-        for p in parts.values_mut() {
-            p.label_value = p.label.as_ref().map(|m| read_label(&file, m));
-        }
-        indexed.push((order, parts));
     }
+    drop(seen);
     let mut records = Vec::new();
-    for (shard, (order, mut parts)) in shards.iter().zip(indexed) {
-        let bad = |what: String| Error::dataset(shard, what);
-        for key in order {
-            let p = parts.remove(&key).expect("every key in order has parts");
-            let image = p
-                .image
-                .ok_or_else(|| bad(format!("sample {key:?} has no image member")))?;
-            let (Some(member), Some(value)) = (p.label, p.label_value) else {
-                return Err(bad(format!(
-                    "sample {key:?} has no .cls member (its label)"
-                )));
-            };
-            let label = value
-                .map_err(|what| bad(format!("sample {key:?}: member {}: {what}", member.name)))?;
-            records.push(SampleRecord {
-                path: shard.clone(),
-                offset: image.offset,
-                len: image.size,
-                label,
-                key,
-            });
-        }
+    let mut wrote = None;
+    for (shard, found) in shards.iter().zip(found) {
+        let samples = match found {
+            Shard::Indexed(samples) => samples,
+            Shard::Read(grouped) => {
+                let samples = judge(shard, grouped)?;
+                if let Some(dir) = index_dir {
+                    let at = index_path(dir, shard);
+                    match store_index(&at, shard, &samples) {
+                        Ok(true) => wrote = Some(at),
+                        Ok(false) => {}
+                        Err(e) => log::warn!(
+                            "lobster-io: could not keep the shard index {}: {e}",
+                            at.display()
+                        ),
+                    }
+                }
+                samples
+            }
+        };
+        records.extend(samples.into_iter().map(|x| SampleRecord {
+            path: shard.clone(),
+            offset: x.offset,
+            len: x.size,
+            label: x.label,
+            key: x.key,
+        }));
+    }
+    if let Some(at) = wrote {
+        prune(&at, INDEXES_MAX);
     }
     Ok(records)
 }
 
-/// A `.cls` member's label.
-fn read_label(file: &std::fs::File, m: &Member) -> Result<u32, String> {
-    if m.size > LABEL_MAX_BYTES {
-        return Err(format!("{} bytes, not a label", m.size));
+/// A shard's members grouped into samples by key, with the labels read.
+fn group(shard: &Path) -> Result<Grouped, Error> {
+    let bad = |what: String| Error::dataset(shard, what);
+    let mut order: Vec<String> = Vec::new();
+    let mut parts: HashMap<String, Parts> = HashMap::new();
+    let file = fs::File::open(shard).map_err(|e| Error::dataset(shard, e))?;
+    for m in members(&file, shard)? {
+        let Some((key, ext)) = key_and_extension(&m.name) else {
+            continue;
+        };
+        let p = match parts.get_mut(key) {
+            Some(p) => p,
+            None => {
+                order.push(key.to_owned());
+                parts.entry(key.to_owned()).or_default()
+            }
+        };
+        let slot = if ext == "cls" {
+            &mut p.cls
+        } else if ext == "json" {
+            &mut p.json
+        } else if IMAGE_EXTENSIONS.iter().any(|e| e[1..] == ext) {
+            &mut p.image
+        } else {
+            continue;
+        };
+        match slot {
+            Some(first) if first.name == m.name => {
+                return Err(bad(format!("member {} appears twice", m.name)))
+            }
+            Some(first) => {
+                return Err(bad(format!(
+                    "sample {key:?} has two members of one kind: {} and {}",
+                    first.name, m.name
+                )))
+            }
+            None => *slot = Some(m),
+        }
+    }
+    // Labels are read while the shard is open: one descriptor at a time however many
+    // shards there are.
+    for p in parts.values_mut() {
+        p.label = match (&p.cls, &p.json) {
+            (Some(m), _) => Some(read_cls(&file, m)),
+            (None, Some(m)) => Some(read_json_label(&file, m)),
+            (None, None) => None,
+        };
+    }
+    Ok(Grouped { order, parts })
+}
+
+/// A shard's samples, each with an image and a label.
+fn judge(shard: &Path, grouped: Grouped) -> Result<Vec<Indexed>, Error> {
+    let bad = |what: String| Error::dataset(shard, what);
+    let Grouped { order, mut parts } = grouped;
+    if order.is_empty() {
+        return Err(bad(
+            "holds no samples (no member named <key>.<extension>)".into()
+        ));
+    }
+    let mut samples = Vec::with_capacity(order.len());
+    for key in order {
+        let p = parts.remove(&key).expect("every key in order has parts");
+        let image = p
+            .image
+            .ok_or_else(|| bad(format!("sample {key:?} has no image member")))?;
+        let Some(label) = p.label else {
+            return Err(bad(format!(
+                "sample {key:?} has no label: no .cls member, and no .json member"
+            )));
+        };
+        let member = p.cls.or(p.json).expect("a label comes from a member");
+        let label =
+            label.map_err(|what| bad(format!("sample {key:?}: member {}: {what}", member.name)))?;
+        samples.push(Indexed {
+            key,
+            offset: image.offset,
+            size: image.size,
+            label,
+        });
+    }
+    Ok(samples)
+}
+
+/// A member's bytes, refused past `max` bytes.
+fn read_member(file: &fs::File, m: &Member, max: u64) -> Result<Vec<u8>, String> {
+    if m.size > max {
+        return Err(format!("{} bytes, more than a label's {max}", m.size));
     }
     let mut buf = vec![0u8; m.size as usize];
     file.read_exact_at(&mut buf, m.offset)
         .map_err(|e| e.to_string())?;
+    Ok(buf)
+}
+
+/// A `.cls` member's label.
+fn read_cls(file: &fs::File, m: &Member) -> Result<u32, String> {
+    let buf = read_member(file, m, LABEL_MAX_BYTES)?;
     std::str::from_utf8(&buf)
         .ok()
         .and_then(|t| t.trim().parse().ok())
@@ -216,6 +354,121 @@ fn read_label(file: &std::fs::File, m: &Member) -> Result<u32, String> {
                 String::from_utf8_lossy(&buf)
             )
         })
+}
+
+/// A `.json` member's label: its object's `"cls"` field, else its `"label"` field.
+fn read_json_label(file: &fs::File, m: &Member) -> Result<u32, String> {
+    let buf = read_member(file, m, JSON_MAX_BYTES)?;
+    let value: serde_json::Value =
+        serde_json::from_slice(&buf).map_err(|e| format!("not JSON: {e}"))?;
+    let field = ["cls", "label"]
+        .into_iter()
+        .find_map(|f| value.get(f).map(|v| (f, v)));
+    let Some((name, v)) = field else {
+        return Err("no \"cls\" or \"label\" field".into());
+    };
+    v.as_u64()
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| format!("its {name:?} field, {v}, is not a non-negative integer"))
+}
+
+/// Where `shard`'s index lives: named by a hash of its absolute path.
+fn index_path(dir: &Path, shard: &Path) -> PathBuf {
+    let absolute = std::path::absolute(shard).unwrap_or_else(|_| shard.to_path_buf());
+    dir.join(format!(
+        "shard-{:016x}.idx",
+        fnv(&[absolute.as_os_str().as_bytes()])
+    ))
+}
+
+/// Keeps `samples` as `shard`'s index at `at`, unless the shard changed too recently to
+/// be trusted (then `Ok(false)`).
+fn store_index(at: &Path, shard: &Path, samples: &[Indexed]) -> std::io::Result<bool> {
+    let written = now_ns();
+    let meta = fs::metadata(shard)?;
+    if mtime_ns(&meta) > written - RACY_NS {
+        return Ok(false);
+    }
+    let absolute = std::path::absolute(shard)?;
+    let mut out = Vec::with_capacity(64 + 48 * samples.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(b"\nshard\t");
+    escape(absolute.as_os_str().as_bytes(), &mut out);
+    out.extend_from_slice(format!("\t{}\t{}\t{written}\n", meta.len(), mtime_ns(&meta)).as_bytes());
+    for x in samples {
+        out.extend_from_slice(format!("{}\t{}\t{}\t", x.label, x.offset, x.size).as_bytes());
+        escape(x.key.as_bytes(), &mut out);
+        out.push(b'\n');
+    }
+    seal(&mut out);
+    write_atomically(at, &out)?;
+    Ok(true)
+}
+
+/// `shard`'s samples from its index at `at`, if the index exists and was written for the
+/// shard as it is now (its path, size and modification time), not too soon after the
+/// shard changed.
+fn load_index(
+    at: &Path,
+    shard: &Path,
+    meta: &fs::Metadata,
+) -> Result<Option<Vec<Indexed>>, String> {
+    let Some((bytes, at)) = read_sealed(at, MAGIC)? else {
+        return Ok(None);
+    };
+    let body = &bytes[at..];
+    let bad = |what: &str| Err(format!("malformed: {what}"));
+    let mut lines = split(body, b'\n');
+    let mut head = split(lines.next().unwrap_or_default(), b'\t');
+    let number = |f: Option<&[u8]>| -> Option<i128> { std::str::from_utf8(f?).ok()?.parse().ok() };
+    let absolute = std::path::absolute(shard).map_err(|e| e.to_string())?;
+    if head.next() != Some(b"shard")
+        || head.next().and_then(unescape).as_deref() != Some(absolute.as_os_str().as_bytes())
+    {
+        // Another shard with the same hash.
+        return Ok(None);
+    }
+    let (Some(size), Some(mtime), Some(written)) = (
+        number(head.next()),
+        number(head.next()),
+        number(head.next()),
+    ) else {
+        return bad("the shard line");
+    };
+    let mtime_now = mtime_ns(meta);
+    if size != i128::from(meta.len()) || mtime != mtime_now || mtime_now > written - RACY_NS {
+        return Ok(None);
+    }
+    let mut samples = Vec::new();
+    for line in lines.filter(|l| !l.is_empty()) {
+        let mut f = split(line, b'\t');
+        let (Some(label), Some(offset), Some(size), Some(key)) = (
+            number(f.next()),
+            number(f.next()),
+            number(f.next()),
+            f.next().and_then(unescape),
+        ) else {
+            return bad("a sample line");
+        };
+        let (Ok(label), Ok(offset), Ok(size), Ok(key)) = (
+            u32::try_from(label),
+            u64::try_from(offset),
+            u64::try_from(size),
+            String::from_utf8(key),
+        ) else {
+            return bad("a sample line's field out of range");
+        };
+        if offset.checked_add(size).is_none_or(|end| end > meta.len()) {
+            return bad("a sample past the shard's end");
+        }
+        samples.push(Indexed {
+            key,
+            offset,
+            size,
+            label,
+        });
+    }
+    Ok(Some(samples))
 }
 
 #[cfg(test)]

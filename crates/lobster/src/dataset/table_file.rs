@@ -1,0 +1,175 @@
+//! The files lobster-io keeps beside a dataset to open it again without scanning it (a
+//! folder's table, a shard's index): lines of tab-separated fields, escaped so a field
+//! holds any bytes, ended by a check line so that a file cut short or damaged is not read.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// A source changed this close to when its file was written may change again within the
+/// same timestamp: such a file is not trusted.
+pub(super) const RACY_NS: i128 = 2_000_000_000;
+
+/// `$XDG_CACHE_HOME/lobster-io/tables`, else `~/.cache/lobster-io/tables`.
+pub(super) fn default_dir() -> Option<PathBuf> {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")));
+    cache.map(|c| c.join("lobster-io").join("tables"))
+}
+
+pub(super) fn mtime_ns(meta: &fs::Metadata) -> i128 {
+    i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec())
+}
+
+pub(super) fn now_ns() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128)
+}
+
+/// FNV-1a over `parts`, eight bytes a step (a table is megabytes): stable across runs and
+/// builds.
+pub(super) fn fnv(parts: &[&[u8]]) -> u64 {
+    const PRIME: u64 = 0x0100_0000_01b3;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        let mut words = part.chunks_exact(8);
+        for w in &mut words {
+            let w = u64::from_le_bytes(w.try_into().expect("chunks of 8"));
+            h = (h ^ w).wrapping_mul(PRIME).rotate_left(29);
+        }
+        for &b in words.remainder() {
+            h = (h ^ u64::from(b)).wrapping_mul(PRIME);
+        }
+        h = (h ^ part.len() as u64).wrapping_mul(PRIME);
+    }
+    h
+}
+
+/// Appends the check line of everything in `out`.
+pub(super) fn seal(out: &mut Vec<u8>) {
+    let check = fnv(&[out]);
+    out.extend_from_slice(format!("end\t{check:016x}\n").as_bytes());
+}
+
+/// What [`seal`] sealed, if its check line matches.
+pub(super) fn unseal(bytes: &[u8]) -> Option<&[u8]> {
+    let body_len = bytes[..bytes.len().saturating_sub(1)]
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |i| i + 1);
+    let (body, end) = bytes.split_at(body_len);
+    (end == format!("end\t{:016x}\n", fnv(&[body])).as_bytes()).then_some(body)
+}
+
+/// The lines of the file at `path` after its first line, `magic`, when the file exists
+/// (else `None`) and its check line matches (else an error saying what is wrong); the
+/// bytes read and where those lines start in them.
+pub(super) fn read_sealed(path: &Path, magic: &[u8]) -> Result<Option<(Vec<u8>, usize)>, String> {
+    let mut bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    let Some(body_len) = unseal(&bytes).map(<[u8]>::len) else {
+        return Err("malformed: cut short or damaged (its check does not match)".into());
+    };
+    bytes.truncate(body_len);
+    match bytes.strip_prefix(magic) {
+        Some([b'\n', ..]) => Ok(Some((bytes, magic.len() + 1))),
+        _ => Err("malformed: not of this version".into()),
+    }
+}
+
+/// Writes `bytes` to `path` whole or not at all: a temporary file, synced, then renamed.
+pub(super) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().expect("a kept file's path has a directory");
+    fs::create_dir_all(dir)?;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let mut f = fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    fs::rename(&tmp, path)
+}
+
+/// Removes the least recently written files of `kept`'s kind (its extension) in its
+/// directory past the `max` newest.
+pub(super) fn prune(kept: &Path, max: usize) {
+    let (Some(dir), Some(kind)) = (kept.parent(), kept.extension()) else {
+        return;
+    };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    let mut files: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .flatten()
+        .filter(|e| e.path().extension() == Some(kind))
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    if files.len() > max {
+        files.sort();
+        for (_, p) in &files[..files.len() - max] {
+            let _ = fs::remove_file(p);
+        }
+    }
+}
+
+/// `bytes` split at each `sep` as `slice::split` splits, but found by `memchr`: a table
+/// has millions of fields.
+pub(super) fn split(bytes: &[u8], sep: u8) -> impl Iterator<Item = &[u8]> {
+    let mut rest = Some(bytes);
+    std::iter::from_fn(move || {
+        let r = rest?;
+        match memchr::memchr(sep, r) {
+            Some(i) => {
+                rest = Some(&r[i + 1..]);
+                Some(&r[..i])
+            }
+            None => {
+                rest = None;
+                Some(r)
+            }
+        }
+    })
+}
+
+/// Tabs, newlines and backslashes escaped, so a field is one tab-free run of bytes.
+pub(super) fn escape(bytes: &[u8], out: &mut Vec<u8>) {
+    for &b in bytes {
+        match b {
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            _ => out.push(b),
+        }
+    }
+}
+
+pub(super) fn unescape(field: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(field.len());
+    unescape_into(field, &mut out)?;
+    Some(out)
+}
+
+/// Appends `field` unescaped to `out`.
+pub(super) fn unescape_into(field: &[u8], out: &mut Vec<u8>) -> Option<()> {
+    if !field.contains(&b'\\') {
+        out.extend_from_slice(field);
+        return Some(());
+    }
+    let mut it = field.iter();
+    while let Some(&b) = it.next() {
+        out.push(match b {
+            b'\\' => match it.next()? {
+                b'\\' => b'\\',
+                b't' => b'\t',
+                b'n' => b'\n',
+                _ => return None,
+            },
+            _ => b,
+        });
+    }
+    Some(())
+}

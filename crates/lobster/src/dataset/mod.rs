@@ -64,6 +64,16 @@ impl SampleMeta {
     }
 }
 
+/// The id of the sample after `count` others, if a range of `len` bytes can be one.
+fn range_id(count: usize, len: u64) -> Result<u32, String> {
+    if len > u64::from(u32::MAX) {
+        return Err(format!(
+            "{len} bytes: samples of 4 GiB or more are not supported"
+        ));
+    }
+    u32::try_from(count).map_err(|_| "more than 2^32 samples".into())
+}
+
 /// torchvision's `IMG_EXTENSIONS`: the files an ImageFolder takes as samples, matched
 /// case-insensitively at the end of the file name.
 pub const IMAGE_EXTENSIONS: [&str; 9] = [
@@ -140,17 +150,10 @@ impl Dataset {
                     classes.len()
                 )));
             }
-            if r.len > u64::from(u32::MAX) {
-                return Err(named(format!(
-                    "{} bytes: samples of 4 GiB or more are not supported",
-                    r.len
-                )));
-            }
             if !keys.insert(r.key.clone()) {
                 return Err(named("a duplicate key".into()));
             }
-            let id =
-                u32::try_from(samples.len()).map_err(|_| named("more than 2^32 samples".into()))?;
+            let id = range_id(samples.len(), r.len).map_err(named)?;
             // A shard's members share one path.
             let path = match samples.last() {
                 Some(SampleMeta { path, .. }) if **path == *r.path => Arc::clone(path),
@@ -255,9 +258,32 @@ impl Dataset {
 
     fn shards_from(spec: &str, index_dir: Option<&Path>, reuse: bool) -> Result<Self, Error> {
         let paths = shards::shard_paths(spec)?;
-        let records = shards::records(&paths, index_dir, reuse)?;
-        let classes = records.iter().map(|r| r.label + 1).max().unwrap_or(0);
-        Self::from_records(spec, (0..classes).map(|c| c.to_string()).collect(), records)
+        let indexed = shards::indexed(&paths, index_dir, reuse)?;
+        // Keys are unique already (within a shard by grouping, across shards checked).
+        let mut samples = Vec::with_capacity(indexed.iter().map(Vec::len).sum());
+        for (shard, list) in paths.iter().zip(indexed) {
+            let path: Arc<Path> = Arc::from(shard.as_path());
+            for x in list {
+                let id = range_id(samples.len(), x.size)
+                    .map_err(|what| Error::dataset(shard, format!("sample {:?}: {what}", x.key)))?;
+                samples.push(SampleMeta {
+                    id,
+                    label: x.label,
+                    path: Arc::clone(&path),
+                    offset: x.offset,
+                    size_bytes: x.size,
+                    whole_file: false,
+                    key: Key::Own(x.key),
+                });
+            }
+        }
+        let classes = samples.iter().map(|s| s.label + 1).max().unwrap_or(0);
+        Ok(Self {
+            root: PathBuf::from(spec),
+            classes: (0..classes).map(|c| c.to_string()).collect(),
+            samples,
+            table: None,
+        })
     }
 
     /// Opens an ImageFolder directory (see [`Dataset`]) and records every sample's size.

@@ -31,13 +31,14 @@ use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::table_file::{
-    escape, fnv, mtime_ns, now_ns, prune, read_sealed, seal, split, unescape, write_atomically,
-    RACY_NS,
+    escape, fnv, mtime_ns, now_ns, prune, read_sealed, seal, split, unescape, unescape_into,
+    write_atomically, RACY_NS,
 };
 use super::tar_index::{members, Member};
-use super::{SampleRecord, IMAGE_EXTENSIONS};
+use super::IMAGE_EXTENSIONS;
 use crate::error::Error;
 
 /// The longest `.cls` member read.
@@ -149,11 +150,11 @@ struct Grouped {
 
 /// One sample as a shard's index holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Indexed {
-    key: String,
-    offset: u64,
-    size: u64,
-    label: u32,
+pub(super) struct Indexed {
+    pub(super) key: Arc<str>,
+    pub(super) offset: u64,
+    pub(super) size: u64,
+    pub(super) label: u32,
 }
 
 /// A shard as found: from its index, or read and not yet judged.
@@ -170,11 +171,11 @@ enum Shard {
 /// Anything [`members`] refuses, and, naming the shard and the member or key: a key split
 /// across two shards, a member that appears twice, two image members, a sample without an
 /// image or a label, a label that is not a non-negative integer, a shard without samples.
-pub(crate) fn records(
+pub(super) fn indexed(
     shards: &[PathBuf],
     index_dir: Option<&Path>,
     reuse: bool,
-) -> Result<Vec<SampleRecord>, Error> {
+) -> Result<Vec<Vec<Indexed>>, Error> {
     let mut found = Vec::with_capacity(shards.len());
     for shard in shards {
         let meta = fs::metadata(shard).map_err(|e| Error::dataset(shard, e))?;
@@ -193,10 +194,18 @@ pub(crate) fn records(
     }
     // Every shard is grouped before any sample is judged, so a key split across shards is
     // reported as such, not as a sample missing a member.
-    let mut seen: HashMap<&str, usize> = HashMap::new();
+    let total = found
+        .iter()
+        .map(|f| match f {
+            Shard::Indexed(samples) => samples.len(),
+            Shard::Read(g) => g.order.len(),
+        })
+        .sum();
+    let mut seen: HashMap<&str, usize, ahash::RandomState> =
+        HashMap::with_capacity_and_hasher(total, ahash::RandomState::new());
     for (s, shard) in found.iter().enumerate() {
         let keys: Box<dyn Iterator<Item = &str>> = match shard {
-            Shard::Indexed(samples) => Box::new(samples.iter().map(|x| x.key.as_str())),
+            Shard::Indexed(samples) => Box::new(samples.iter().map(|x| &*x.key)),
             Shard::Read(g) => Box::new(g.order.iter().map(String::as_str)),
         };
         for key in keys {
@@ -212,7 +221,7 @@ pub(crate) fn records(
         }
     }
     drop(seen);
-    let mut records = Vec::new();
+    let mut all = Vec::with_capacity(shards.len());
     let mut wrote = None;
     for (shard, found) in shards.iter().zip(found) {
         let samples = match found {
@@ -233,18 +242,12 @@ pub(crate) fn records(
                 samples
             }
         };
-        records.extend(samples.into_iter().map(|x| SampleRecord {
-            path: shard.clone(),
-            offset: x.offset,
-            len: x.size,
-            label: x.label,
-            key: x.key,
-        }));
+        all.push(samples);
     }
     if let Some(at) = wrote {
         prune(&at, INDEXES_MAX);
     }
-    Ok(records)
+    Ok(all)
 }
 
 /// A shard's members grouped into samples by key, with the labels read.
@@ -322,7 +325,7 @@ fn judge(shard: &Path, grouped: Grouped) -> Result<Vec<Indexed>, Error> {
         let label =
             label.map_err(|what| bad(format!("sample {key:?}: member {}: {what}", member.name)))?;
         samples.push(Indexed {
-            key,
+            key: Arc::from(key),
             offset: image.offset,
             size: image.size,
             label,
@@ -440,21 +443,23 @@ fn load_index(
         return Ok(None);
     }
     let mut samples = Vec::new();
+    let mut key = Vec::new();
     for line in lines.filter(|l| !l.is_empty()) {
         let mut f = split(line, b'\t');
-        let (Some(label), Some(offset), Some(size), Some(key)) = (
-            number(f.next()),
-            number(f.next()),
-            number(f.next()),
-            f.next().and_then(unescape),
-        ) else {
+        let (Some(label), Some(offset), Some(size)) =
+            (number(f.next()), number(f.next()), number(f.next()))
+        else {
             return bad("a sample line");
         };
+        key.clear();
+        if f.next().and_then(|k| unescape_into(k, &mut key)).is_none() {
+            return bad("a sample's key");
+        }
         let (Ok(label), Ok(offset), Ok(size), Ok(key)) = (
             u32::try_from(label),
             u64::try_from(offset),
             u64::try_from(size),
-            String::from_utf8(key),
+            std::str::from_utf8(&key),
         ) else {
             return bad("a sample line's field out of range");
         };
@@ -462,7 +467,7 @@ fn load_index(
             return bad("a sample past the shard's end");
         }
         samples.push(Indexed {
-            key,
+            key: Arc::from(key),
             offset,
             size,
             label,

@@ -55,6 +55,7 @@
 #![forbid(unsafe_code)]
 
 pub use lobster_cache as cache;
+pub use lobster_image as image;
 pub use lobster_sched as sched;
 pub use lobster_uring as uring;
 
@@ -64,6 +65,7 @@ mod dataset;
 mod emulate;
 mod error;
 mod faults;
+pub mod images;
 mod loader;
 mod metrics;
 mod pipeline;

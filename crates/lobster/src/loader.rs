@@ -19,8 +19,12 @@ pub struct LoaderBuilder<T> {
     dataset: Arc<Dataset>,
     config: LoaderConfig,
     order: EpochOrder,
-    decode: Option<DecodeFn<T>>,
+    decode: Option<MakeDecode<T>>,
 }
+
+/// Makes the decode function once the run's seed is known (at `build`), so that a decoder
+/// seeding augmentation need not be given the seed twice.
+pub(crate) type MakeDecode<T> = Box<dyn FnOnce(u64) -> DecodeFn<T> + Send>;
 
 impl<T> std::fmt::Debug for LoaderBuilder<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -154,11 +158,19 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         F: Fn(&[u8], &SampleMeta, u32) -> Result<T, E> + Send + Sync + 'static,
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        self.decode = Some(Arc::new(
-            move |bytes: &[u8], meta: &SampleMeta, epoch: u32| {
-                decode(bytes, meta, epoch).map_err(|e| Cause::from(e.into()))
-            },
-        ));
+        let decode: DecodeFn<T> = Arc::new(move |bytes: &[u8], meta: &SampleMeta, epoch: u32| {
+            decode(bytes, meta, epoch).map_err(|e| Cause::from(e.into()))
+        });
+        self.decode = Some(Box::new(move |_seed| decode));
+        self
+    }
+
+    /// Sets the decode function made from the run's seed when the loader is built.
+    pub(crate) fn decode_seeded(
+        mut self,
+        make: impl FnOnce(u64) -> DecodeFn<T> + Send + 'static,
+    ) -> Self {
+        self.decode = Some(Box::new(make));
         self
     }
 
@@ -167,9 +179,15 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         let dataset = self.dataset;
         self.config.validate(dataset.len())?;
         let config = self.config.resolved();
+        let seed = match self.order {
+            EpochOrder::Shuffle { seed } => seed,
+            EpochOrder::Sequential | EpochOrder::Explicit(_) => 0,
+        };
         let decode = self
             .decode
-            .ok_or_else(|| Error::invalid("decode", "none", "a decode function"))?;
+            .ok_or_else(|| Error::invalid("decode", "none", "a decode function"))?(
+            seed
+        );
         let sampler =
             DistributedSampler::new(dataset.len(), config.world(), config.drop_last, self.order)?;
         if let Some(n) = sampler.explicit_epochs() {

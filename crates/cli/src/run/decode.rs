@@ -1,11 +1,11 @@
 //! The CLI's decoders: real image decoding (lobster-image) with its transforms, none, or a
 //! CPU cost per KiB.
 
-use std::cell::RefCell;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use lobster_image::{Collator, Transform, Transformer};
+use lobster_image::{Collator, Transform};
+use lobster_io::images::Pixels;
 use lobster_io::Batch;
 
 use lobster_io::SampleMeta;
@@ -40,8 +40,8 @@ impl std::error::Error for DecodeError {}
 pub(crate) enum Decoded {
     /// A digest of the work, so that nothing is optimised away.
     Digest(u64),
-    /// A transformed image: `side` x `side` RGB, collated with its batch.
-    Image { side: u32, pixels: Vec<u8> },
+    /// A transformed image, collated with its batch.
+    Image(Pixels),
 }
 
 /// How a decoded image is transformed (`--transform`, `--image-size`).
@@ -66,11 +66,6 @@ impl TransformArg {
     }
 }
 
-thread_local! {
-    /// Each decode thread keeps its resizer's buffers from sample to sample.
-    static TRANSFORMER: RefCell<Option<Transformer>> = const { RefCell::new(None) };
-}
-
 /// Decodes one sample of `epoch` (`seed`: the run's, for augmentation).
 pub(crate) fn decode(
     decoder: Decoder,
@@ -86,8 +81,8 @@ pub(crate) fn decode(
             let named = |e: lobster_image::ImageError| {
                 DecodeError(format!("image of {}: {e}", meta.path.display()))
             };
-            let image = lobster_image::decode(bytes).map_err(named)?;
             if transform == Transform::None {
+                let image = lobster_image::decode(bytes).map_err(named)?;
                 return Ok(Decoded::Digest(
                     image
                         .pixels()
@@ -97,20 +92,9 @@ pub(crate) fn decode(
                         .sum(),
                 ));
             }
-            TRANSFORMER.with(|t| {
-                let mut t = t.borrow_mut();
-                let t = match &mut *t {
-                    Some(t) if t.transform() == transform => t,
-                    slot => slot.insert(Transformer::new(transform)),
-                };
-                let mut pixels = vec![0u8; t.output_bytes(&image)];
-                t.apply(&image, (seed, epoch, meta.id), &mut pixels)
-                    .map_err(named)?;
-                Ok(Decoded::Image {
-                    side: t.output_shape(&image).0,
-                    pixels,
-                })
-            })
+            let pixels = lobster_io::images::decode_pixels(transform, seed, epoch, bytes, meta)
+                .map_err(named)?;
+            Ok(Decoded::Image(pixels))
         }
         Decoder::Synthetic => {
             let budget = Duration::from_secs_f64(us_per_kb * bytes.len() as f64 / 1024.0 / 1e6);
@@ -131,7 +115,7 @@ pub(crate) fn decode(
 /// `[B, H, W, 3]` buffer (made at the first batch, reused), as a model's input would be.
 pub(crate) fn collate(batch: &Batch<Decoded>, collator: &mut Option<Collator>) {
     let mut images = batch.samples.iter().filter_map(|s| match &s.value {
-        Decoded::Image { side, pixels } => Some((*side, pixels, s.label)),
+        Decoded::Image(p) => Some((p.height, p.width, &p.data, s.label)),
         Decoded::Digest(d) => {
             std::hint::black_box(d);
             None
@@ -144,10 +128,10 @@ pub(crate) fn collate(batch: &Batch<Decoded>, collator: &mut Option<Collator>) {
     let planned = batch.samples.len() + batch.skipped.len();
     let c = match collator {
         Some(c) if c.capacity() >= planned => c,
-        slot => slot.insert(Collator::new(planned, first.0, first.0)),
+        slot => slot.insert(Collator::new(planned, first.0, first.1)),
     };
     c.clear();
-    for (_, pixels, label) in std::iter::once(first).chain(images) {
+    for (_, _, pixels, label) in std::iter::once(first).chain(images) {
         // Every image of a run has the transform's size.
         c.push(pixels, label)
             .expect("transformed images are equal in size, and the batch fits");

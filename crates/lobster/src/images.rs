@@ -1,0 +1,262 @@
+//! Image batches: samples decoded and transformed by lobster-image on the decode threads
+//! ([`LoaderBuilder::decode_images`]), then collated per rank into `[B, H, W, 3]` buffers
+//! ([`ImageBatches`]) taken from a fixed number of slots, each allocated once and reused.
+//!
+//! ```no_run
+//! use lobster_io::images::{ImageBatches, Pixels};
+//! use lobster_io::image::Transform;
+//! use lobster_io::{Dataset, LoaderBuilder};
+//! use std::sync::Arc;
+//!
+//! let ds = Arc::new(Dataset::open("/data/imagenet/train")?);
+//! let mut loader = LoaderBuilder::<Pixels>::new(ds.clone())
+//!     .world(1, 1, 0)
+//!     .batch_size(64)
+//!     .seed(7)
+//!     .decode_images(Transform::Train { size: 224 })
+//!     .build()?;
+//! let rank = loader.ranks().unwrap().remove(0);
+//! for batch in ImageBatches::new(rank, ds, 2) {
+//!     let batch = batch?;
+//!     let [b, h, w, c] = batch.shape();
+//!     // batch.images(): b * h * w * c bytes, contiguous; batch.labels(): b labels.
+//!     # let _ = (b, h, w, c);
+//! }
+//! # Ok::<(), lobster_io::Error>(())
+//! ```
+
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex};
+
+use lobster_image::{Collator, Transform, Transformer};
+
+use crate::batch::Batch;
+use crate::dataset::{Dataset, SampleMeta};
+use crate::error::{Cause, Error};
+use crate::loader::LoaderBuilder;
+
+/// A decoded, transformed image: `height` x `width` RGB, 8 bits a channel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pixels {
+    /// Columns.
+    pub width: u32,
+    /// Rows.
+    pub height: u32,
+    /// `height * width * 3` bytes, row-major.
+    pub data: Vec<u8>,
+}
+
+thread_local! {
+    /// Each decode thread keeps its resizer's buffers from sample to sample.
+    static TRANSFORMER: RefCell<Option<Transformer>> = const { RefCell::new(None) };
+}
+
+/// Decodes a JPEG or PNG sample to RGB and applies `transform`, seeded by (`seed`,
+/// `epoch`, the sample's id) so that a run repeats exactly.
+///
+/// # Errors
+/// A format other than JPEG or PNG, a truncated or corrupt image, naming the sample's
+/// file and key.
+pub fn decode_pixels(
+    transform: Transform,
+    seed: u64,
+    epoch: u32,
+    bytes: &[u8],
+    meta: &SampleMeta,
+) -> Result<Pixels, lobster_image::ImageError> {
+    let image = lobster_image::decode(bytes)?;
+    if transform == Transform::None {
+        let (width, height) = (image.width(), image.height());
+        return Ok(Pixels {
+            width,
+            height,
+            data: image.pixels().to_vec(),
+        });
+    }
+    TRANSFORMER.with(|t| {
+        let mut t = t.borrow_mut();
+        let t = match &mut *t {
+            Some(t) if t.transform() == transform => t,
+            slot => slot.insert(Transformer::new(transform)),
+        };
+        let (width, height) = t.output_shape(&image);
+        let mut data = vec![0u8; t.output_bytes(&image)];
+        t.apply(&image, (seed, epoch, meta.id), &mut data)?;
+        Ok(Pixels {
+            width,
+            height,
+            data,
+        })
+    })
+}
+
+impl LoaderBuilder<Pixels> {
+    /// Decodes samples as images with [`decode_pixels`], `transform` seeded by the run's
+    /// shuffle seed (0 for other orders), the epoch and the sample id.
+    pub fn decode_images(self, transform: Transform) -> Self {
+        self.decode_seeded(move |seed| {
+            Arc::new(move |bytes: &[u8], meta: &SampleMeta, epoch: u32| {
+                decode_pixels(transform, seed, epoch, bytes, meta).map_err(|e| {
+                    Cause::from(Box::<dyn std::error::Error + Send + Sync>::from(format!(
+                        "image {:?}: {e}",
+                        meta.key()
+                    )))
+                })
+            })
+        })
+    }
+}
+
+/// The collators of one rank's batches, shared with the batches lent out.
+type Slots = Arc<Mutex<Vec<Collator>>>;
+
+/// A rank's batches of [`Pixels`], collated: each batch's images in one `[B, H, W, 3]`
+/// buffer and its labels in `[B]`. At most `slots` batches are out at once; a batch's
+/// buffer goes back to its slot when the batch is dropped, so memory is `slots` buffers
+/// however long the run.
+#[derive(Debug)]
+pub struct ImageBatches<I> {
+    batches: I,
+    dataset: Arc<Dataset>,
+    slots: usize,
+    made: usize,
+    free: Slots,
+}
+
+impl<I> ImageBatches<I>
+where
+    I: Iterator<Item = Result<Batch<Pixels>, Error>>,
+{
+    /// Collates `batches` (a [`crate::RankHandle`], or any iterator of batches) of samples
+    /// of `dataset`, with at most `slots` batches held at once.
+    pub fn new(batches: I, dataset: Arc<Dataset>, slots: usize) -> Self {
+        Self {
+            batches,
+            dataset,
+            slots,
+            made: 0,
+            free: Arc::new(Mutex::new(Vec::with_capacity(slots))),
+        }
+    }
+
+    fn collate(&mut self, batch: Batch<Pixels>) -> Result<ImageBatch, Error> {
+        let free = self.free.lock().expect("image slots poisoned").pop();
+        // The batch as planned, skipped samples included: the longest any batch can be.
+        let planned = batch.samples.len() + batch.skipped.len();
+        let (h, w) = batch
+            .samples
+            .first()
+            .map_or((0, 0), |s| (s.value.height, s.value.width));
+        let mut c = match free {
+            Some(c) => c,
+            None if self.made < self.slots => {
+                self.made += 1;
+                Collator::new(planned, h, w)
+            }
+            None => {
+                return Err(Error::invalid(
+                    "slots",
+                    self.slots,
+                    "more than the image batches held at once: drop a batch before \
+                     taking the next",
+                ))
+            }
+        };
+        // A slot is made at its first batch's size; with a fixed-size transform it is never
+        // made again.
+        let fits = c.capacity() >= planned && c.shape()[1..3] == [h as usize, w as usize];
+        if !fits && !batch.samples.is_empty() {
+            c = Collator::new(planned, h, w);
+        }
+        c.clear();
+        let mut ids = Vec::with_capacity(batch.samples.len());
+        for s in &batch.samples {
+            if let Err(e) = c.push(&s.value.data, s.label) {
+                let meta = &self.dataset.samples()[s.id as usize];
+                let [_, h, w, _] = c.shape();
+                let cause = format!(
+                    "image {:?} is {}x{}, its batch's {h}x{w}: collated images need one size \
+                     (a Train or Eval transform): {e}",
+                    meta.key(),
+                    s.value.height,
+                    s.value.width
+                );
+                self.free.lock().expect("image slots poisoned").push(c);
+                return Err(Error::Decode {
+                    sample: s.id,
+                    path: meta.path.to_path_buf(),
+                    cause: Cause::from(Box::<dyn std::error::Error + Send + Sync>::from(cause)),
+                });
+            }
+            ids.push(s.id);
+        }
+        Ok(ImageBatch {
+            epoch: batch.epoch,
+            iteration: batch.iteration,
+            ids,
+            skipped: batch.skipped,
+            collator: Some(c),
+            home: Arc::clone(&self.free),
+        })
+    }
+}
+
+impl<I> Iterator for ImageBatches<I>
+where
+    I: Iterator<Item = Result<Batch<Pixels>, Error>>,
+{
+    type Item = Result<ImageBatch, Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        Some(match self.batches.next()? {
+            Ok(batch) => self.collate(batch),
+            Err(e) => Err(e),
+        })
+    }
+}
+
+/// One rank's collated batch; its buffer returns to its slot when dropped.
+#[derive(Debug)]
+pub struct ImageBatch {
+    /// The epoch.
+    pub epoch: u32,
+    /// The iteration within the epoch.
+    pub iteration: u32,
+    /// The samples' ids, in the batch's order (the images' order).
+    pub ids: Vec<u32>,
+    /// Samples left out by [`crate::ErrorPolicy::Skip`].
+    pub skipped: Vec<u32>,
+    collator: Option<Collator>,
+    home: Slots,
+}
+
+impl ImageBatch {
+    fn collator(&self) -> &Collator {
+        self.collator
+            .as_ref()
+            .expect("a batch holds its buffer until dropped")
+    }
+
+    /// The images, `[B, H, W, 3]`, contiguous.
+    pub fn images(&self) -> &[u8] {
+        self.collator().images()
+    }
+
+    /// The labels, `[B]`.
+    pub fn labels(&self) -> &[u32] {
+        self.collator().labels()
+    }
+
+    /// `[B, H, W, 3]`.
+    pub fn shape(&self) -> [usize; 4] {
+        self.collator().shape()
+    }
+}
+
+impl Drop for ImageBatch {
+    fn drop(&mut self) {
+        if let (Some(c), Ok(mut free)) = (self.collator.take(), self.home.lock()) {
+            free.push(c);
+        }
+    }
+}

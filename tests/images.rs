@@ -1,0 +1,150 @@
+//! Image batches through the facade: samples decoded and transformed on the decode threads
+//! (`LoaderBuilder::decode_images`) and collated per rank into `[B, H, W, 3]` buffers from a
+//! fixed number of slots (`ImageBatches`).
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use lobster_io::image::Transform;
+use lobster_io::images::{ImageBatches, Pixels};
+use lobster_io::{Dataset, LoaderBuilder};
+
+/// A folder of 3 classes x 4 JPEGs, each a gradient of its own size (so that crops differ).
+fn folder(dir: &Path) -> Arc<Dataset> {
+    for i in 0..12u16 {
+        let class = dir.join(format!("c{}", i % 3));
+        std::fs::create_dir_all(&class).unwrap();
+        let (w, h) = (20 + 3 * i, 16 + 2 * i);
+        let mut rgb = Vec::with_capacity(usize::from(w) * usize::from(h) * 3);
+        for y in 0..h {
+            for x in 0..w {
+                rgb.extend_from_slice(&[(x * 9) as u8, (y * 13) as u8, ((x + y) * 5 + i) as u8]);
+            }
+        }
+        jpeg_encoder::Encoder::new_file(class.join(format!("{i:02}.jpg")), 95)
+            .unwrap()
+            .encode(&rgb, w, h, jpeg_encoder::ColorType::Rgb)
+            .unwrap();
+    }
+    let options = lobster_io::FolderOptions {
+        table_dir: None,
+        ..Default::default()
+    };
+    Arc::new(Dataset::open_folder(dir, &options).unwrap())
+}
+
+fn loader(ds: &Arc<Dataset>, transform: Transform, seed: u64) -> lobster_io::Loader<Pixels> {
+    LoaderBuilder::<Pixels>::new(ds.clone())
+        .world(1, 1, 0)
+        .batch_size(4)
+        .epochs(2)
+        .seed(seed)
+        .decode_threads(2)
+        .decode_images(transform)
+        .build()
+        .unwrap()
+}
+
+/// Every batch of a run: ids, labels, shape and image bytes.
+type Run = Vec<(Vec<u32>, Vec<u32>, [usize; 4], Vec<u8>)>;
+
+fn run(ds: &Arc<Dataset>, transform: Transform, seed: u64) -> (Run, usize) {
+    let mut l = loader(ds, transform, seed);
+    let rank = l.ranks().unwrap().remove(0);
+    let mut out = Vec::new();
+    let mut buffers = std::collections::HashSet::new();
+    for batch in ImageBatches::new(rank, ds.clone(), 2) {
+        let b = batch.unwrap();
+        buffers.insert(b.images().as_ptr() as usize);
+        out.push((
+            b.ids.clone(),
+            b.labels().to_vec(),
+            b.shape(),
+            b.images().to_vec(),
+        ));
+    }
+    (out, buffers.len())
+}
+
+#[test]
+fn batches_are_collated_with_their_labels_into_reused_buffers() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = folder(dir.path());
+    let (batches, buffers) = run(&ds, Transform::Train { size: 5 }, 3);
+    assert_eq!(batches.len(), 2 * 3);
+    for (ids, labels, shape, images) in &batches {
+        assert_eq!(*shape, [4, 5, 5, 3]);
+        assert_eq!(images.len(), 4 * 5 * 5 * 3);
+        let want: Vec<u32> = ids
+            .iter()
+            .map(|&i| ds.samples()[i as usize].label)
+            .collect();
+        assert_eq!(*labels, want);
+    }
+    // Each epoch holds every sample once.
+    for epoch in batches.chunks(3) {
+        let mut ids: Vec<u32> = epoch.iter().flat_map(|b| b.0.clone()).collect();
+        ids.sort();
+        assert_eq!(ids, (0..12).collect::<Vec<_>>());
+    }
+    // One batch held at a time: its slot's buffer serves every batch.
+    assert_eq!(buffers, 1);
+}
+
+#[test]
+fn the_same_seed_gives_the_same_bytes_and_another_seed_other_crops() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = folder(dir.path());
+    let (a, _) = run(&ds, Transform::Train { size: 6 }, 11);
+    let (b, _) = run(&ds, Transform::Train { size: 6 }, 11);
+    assert_eq!(a, b);
+    // Another shuffle seed: other orders and other crops. Match images by sample id.
+    let (c, _) = run(&ds, Transform::Train { size: 6 }, 12);
+    let by_id = |r: &Run| {
+        let mut m = std::collections::BTreeMap::new();
+        for (ids, _, shape, images) in &r[..3] {
+            let each = shape[1] * shape[2] * 3;
+            for (k, id) in ids.iter().enumerate() {
+                m.insert(*id, images[k * each..(k + 1) * each].to_vec());
+            }
+        }
+        m
+    };
+    assert_ne!(by_id(&a), by_id(&c));
+    // Evaluation crops do not depend on the seed.
+    let (e1, _) = run(&ds, Transform::Eval { size: 6 }, 11);
+    let (e2, _) = run(&ds, Transform::Eval { size: 6 }, 12);
+    assert_eq!(by_id(&e1), by_id(&e2));
+}
+
+#[test]
+fn holding_more_batches_than_slots_is_refused_and_a_dropped_batch_frees_its_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = folder(dir.path());
+    let mut l = loader(&ds, Transform::Eval { size: 4 }, 0);
+    let rank = l.ranks().unwrap().remove(0);
+    let mut batches = ImageBatches::new(rank, ds.clone(), 2);
+    let first = batches.next().unwrap().unwrap();
+    let second = batches.next().unwrap().unwrap();
+    assert_ne!(first.images().as_ptr(), second.images().as_ptr());
+    let e = batches.next().unwrap().unwrap_err().to_string();
+    assert!(e.contains("slots") && e.contains('2'), "{e}");
+    let held = first.images().as_ptr();
+    drop(first);
+    let fourth = batches.next().unwrap().unwrap();
+    assert_eq!(fourth.images().as_ptr(), held);
+}
+
+#[test]
+fn images_of_different_sizes_cannot_share_a_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = folder(dir.path());
+    let mut l = loader(&ds, Transform::None, 0);
+    let rank = l.ranks().unwrap().remove(0);
+    let errors: Vec<String> = ImageBatches::new(rank, ds.clone(), 1)
+        .filter_map(|b| b.err().map(|e| e.to_string()))
+        .collect();
+    assert!(errors.iter().any(|e| e.contains("one size")), "{errors:?}");
+}

@@ -1,0 +1,101 @@
+//! What can go wrong between a node's host and its rank processes.
+
+use std::fmt;
+
+/// An error of lobster-node: every variant names what failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// The launcher's environment does not say where this process stands, or says it
+    /// inconsistently: the variable and its value.
+    Launch { variable: String, reason: String },
+    /// A system call failed: which, on what.
+    Os {
+        call: &'static str,
+        what: String,
+        source: std::io::Error,
+    },
+    /// The arena cannot be made: its size against the memory available.
+    ArenaTooLarge { bytes: u64, available_bytes: u64 },
+    /// The host refused a rank's configuration: the first field that differs.
+    Mismatch {
+        field: String,
+        host: String,
+        rank: String,
+    },
+    /// No host answered in time.
+    NoHost { address: String, waited_s: f64 },
+    /// The host went away (closed its socket, died): named by its address and pid.
+    HostGone {
+        address: String,
+        pid: u32,
+        reason: String,
+    },
+    /// Another rank of the node went away, so this synchronous job cannot go on.
+    RankGone { rank: usize, reason: String },
+    /// A message that does not parse: the protocol was broken.
+    Protocol { reason: String },
+    /// The loader failed; its error, as the host reported it.
+    Loader { reason: String },
+}
+
+impl fmt::Display for NodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NodeError::Launch { variable, reason } => {
+                write!(f, "launcher environment: {variable}: {reason}")
+            }
+            NodeError::Os { call, what, source } => write!(f, "{call} on {what}: {source}"),
+            NodeError::ArenaTooLarge {
+                bytes,
+                available_bytes,
+            } => write!(
+                f,
+                "the batch arena needs {bytes} bytes but only {available_bytes} are available \
+                 (MemAvailable): lower the slots or the batch size"
+            ),
+            NodeError::Mismatch { field, host, rank } => write!(
+                f,
+                "configuration differs from the host's in {field}: host {host}, this rank {rank}"
+            ),
+            NodeError::NoHost { address, waited_s } => write!(
+                f,
+                "no host answered at {address} after {waited_s:.1} s (is local rank 0 running \
+                 with the same job id?)"
+            ),
+            NodeError::HostGone {
+                address,
+                pid,
+                reason,
+            } => write!(
+                f,
+                "the node's host (pid {pid}, {address}) went away: {reason}"
+            ),
+            NodeError::RankGone { rank, reason } => {
+                write!(f, "local rank {rank} went away: {reason}")
+            }
+            NodeError::Protocol { reason } => write!(f, "host protocol: {reason}"),
+            NodeError::Loader { reason } => write!(f, "loader: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for NodeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            NodeError::Os { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+impl NodeError {
+    /// The last OS error of `call` on `what`.
+    pub(crate) fn last_os(call: &'static str, what: impl Into<String>) -> Self {
+        NodeError::Os {
+            call,
+            what: what.into(),
+            source: std::io::Error::last_os_error(),
+        }
+    }
+}

@@ -1,0 +1,578 @@
+//! The node's host: the in-process loader for every local rank, on local rank 0's threads,
+//! delivering each rank's batches into that rank's slots of the shared arena.
+//!
+//! Threads: one accepts the ranks' connections (checking each configuration), one per rank
+//! reads its releases, one per rank feeds it (takes its batches from the loader, waits for a
+//! free slot, copies the samples into the slot, sends the placements). A rank whose socket
+//! closes before its last batch stops the job: the loader is dropped (its threads stop), and
+//! every other rank is told why.
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use lobster_io::{Dataset, Loader, LoaderConfig, RankHandle, RunMetrics};
+
+use crate::arena::Arena;
+use crate::error::NodeError;
+use crate::fdpass::send_with_fd;
+use crate::launch::NodeEnv;
+use crate::wire::{read_frame, Placed, ToHost, ToRank};
+
+/// How the host lays out the arena and how long it waits for the ranks.
+#[derive(Clone, Debug)]
+pub struct HostOptions {
+    /// Batches each rank may hold or have in flight at once: its slots in the arena.
+    pub slots_per_rank: usize,
+    /// Bytes of one slot: a batch's decoded samples must fit.
+    pub slot_bytes: u64,
+    /// How long the host waits for every local rank to attach.
+    pub attach_timeout: Duration,
+}
+
+/// The configuration every rank of a node must share, as (field, value) pairs; a rank
+/// started with another is refused naming the first field that differs.
+pub fn fingerprint(dataset: &Dataset, config: &LoaderConfig, seed: u64) -> Vec<(String, String)> {
+    let mut v = vec![
+        ("dataset", dataset.root().display().to_string()),
+        ("samples", dataset.len().to_string()),
+        ("dataset_bytes", dataset.total_bytes().to_string()),
+        ("seed", seed.to_string()),
+        ("batch_size", config.batch_size.to_string()),
+        ("epochs", config.epochs.to_string()),
+        ("nodes", config.nodes.to_string()),
+        ("node", config.node.to_string()),
+        ("ranks_per_node", config.ranks_per_node.to_string()),
+        ("drop_last", config.drop_last.to_string()),
+    ];
+    v.push((
+        "cache",
+        format!("{:?} {}", config.cache_policy, config.cache_capacity_bytes),
+    ));
+    v.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
+/// The loader, whatever its sample type: what the host asks of it after start.
+trait Engine: Send {
+    fn metrics(&self) -> RunMetrics;
+}
+
+impl<T: Send + 'static> Engine for Loader<T> {
+    fn metrics(&self) -> RunMetrics {
+        Loader::metrics(self)
+    }
+}
+
+/// Why the job stopped early, first cause kept.
+#[derive(Clone, Debug)]
+enum Stopped {
+    RankGone { rank: usize, reason: String },
+    Loader(String),
+}
+
+impl Stopped {
+    fn message(&self) -> ToRank {
+        match self {
+            Stopped::RankGone { rank, reason } => ToRank::Stop {
+                rank: Some(*rank as u32),
+                reason: reason.clone(),
+            },
+            Stopped::Loader(reason) => ToRank::Stop {
+                rank: None,
+                reason: reason.clone(),
+            },
+        }
+    }
+
+    fn error(&self) -> NodeError {
+        match self {
+            Stopped::RankGone { rank, reason } => NodeError::RankGone {
+                rank: *rank,
+                reason: reason.clone(),
+            },
+            Stopped::Loader(reason) => NodeError::Loader {
+                reason: reason.clone(),
+            },
+        }
+    }
+}
+
+/// One local rank as the host sees it.
+#[derive(Default)]
+struct RankState {
+    /// Its socket once attached (its feeder and its reader hold clones).
+    stream: Option<UnixStream>,
+    /// Its slots not lent out.
+    free: VecDeque<u32>,
+    /// Its last batch was sent: a close after this is not a failure.
+    ended: bool,
+}
+
+struct State {
+    ranks: Vec<RankState>,
+    stopped: Option<Stopped>,
+    attached: usize,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+    arena: Arena,
+    options: HostOptions,
+    config: Vec<(String, String)>,
+    address: String,
+    /// Dropped (its threads stopped) when the job stops early.
+    loader: Mutex<Option<Box<dyn Engine>>>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("host state poisoned")
+    }
+
+    /// Stops the job for `why` (the first cause wins): the loader is dropped and every
+    /// waiting thread woken.
+    fn stop(&self, why: Stopped) {
+        {
+            let mut s = self.lock();
+            if s.stopped.is_some() {
+                return;
+            }
+            log::warn!(
+                "lobster-node host {}: stopping: {}",
+                self.address,
+                why.error()
+            );
+            s.stopped = Some(why);
+        }
+        self.changed.notify_all();
+        // Outside the state lock: the loader's threads may be finishing a batch.
+        let loader = self.loader.lock().expect("host loader poisoned").take();
+        drop(loader);
+    }
+
+    /// The slot's bytes in the arena.
+    fn slot_offset(&self, rank: usize, slot: u32) -> u64 {
+        (rank as u64 * self.options.slots_per_rank as u64 + u64::from(slot))
+            * self.options.slot_bytes
+    }
+}
+
+/// The node's host, running on this process's threads until every rank has its last batch
+/// or the job stops.
+pub struct NodeHost {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for NodeHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeHost")
+            .field("address", &self.shared.address)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeHost {
+    /// Starts the host of `env`'s node over `loader` (built for the node's local ranks),
+    /// listening at `env.address()`; `config` is what every attaching rank must present
+    /// (see [`fingerprint`]).
+    ///
+    /// # Errors
+    /// Bad options, an arena larger than the memory available, or an address already in use
+    /// (another host of the same job and node).
+    pub fn start<T>(
+        env: &NodeEnv,
+        mut loader: Loader<T>,
+        config: Vec<(String, String)>,
+        options: HostOptions,
+    ) -> Result<NodeHost, NodeError>
+    where
+        T: AsRef<[u8]> + Send + 'static,
+    {
+        let ranks = env.local_world_size;
+        if options.slots_per_rank == 0 || options.slot_bytes == 0 {
+            return Err(NodeError::Launch {
+                variable: "slots_per_rank, slot_bytes".into(),
+                reason: "both must be at least 1".into(),
+            });
+        }
+        let handles = loader.ranks().ok_or_else(|| NodeError::Loader {
+            reason: "the loader's rank handles were already taken".into(),
+        })?;
+        if handles.len() != ranks {
+            return Err(NodeError::Launch {
+                variable: "LOCAL_WORLD_SIZE".into(),
+                reason: format!(
+                    "{ranks} local ranks, but the loader was built for {}",
+                    handles.len()
+                ),
+            });
+        }
+        let arena_bytes = (ranks * options.slots_per_rank) as u64 * options.slot_bytes;
+        let address = env.address();
+        let arena = Arena::create(&format!("lobster-node {address}"), arena_bytes)?;
+        let addr = SocketAddr::from_abstract_name(address.as_bytes())
+            .map_err(|e| os("bind", &address, e))?;
+        let listener = UnixListener::bind_addr(&addr).map_err(|e| os("bind", &address, e))?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                ranks: (0..ranks)
+                    .map(|_| RankState {
+                        free: (0..options.slots_per_rank as u32).collect(),
+                        ..RankState::default()
+                    })
+                    .collect(),
+                stopped: None,
+                attached: 0,
+            }),
+            changed: Condvar::new(),
+            arena,
+            options,
+            config,
+            address,
+            loader: Mutex::new(Some(Box::new(loader))),
+        });
+        let mut threads = Vec::with_capacity(1 + ranks);
+        let s = Arc::clone(&shared);
+        threads.push(spawn("lobster-host-accept", move || accept(&s, listener))?);
+        for handle in handles {
+            let s = Arc::clone(&shared);
+            let name = format!("lobster-host-feed-{}", handle.rank());
+            threads.push(spawn(&name, move || feed(&s, handle))?);
+        }
+        Ok(NodeHost { shared, threads })
+    }
+
+    /// The address ranks attach to.
+    pub fn address(&self) -> &str {
+        &self.shared.address
+    }
+
+    /// The loader's metrics so far (`None` once the job stopped early).
+    pub fn metrics(&self) -> Option<RunMetrics> {
+        let loader = self.shared.loader.lock().expect("host loader poisoned");
+        loader.as_ref().map(|l| l.metrics())
+    }
+
+    /// Waits until every rank had its last batch (`Ok`, with the loader's metrics) or the
+    /// job stopped (the first cause); the loader is dropped either way.
+    ///
+    /// # Errors
+    /// A rank that went away, ranks that never attached, or a loader that stopped.
+    pub fn wait(self) -> Result<RunMetrics, NodeError> {
+        for t in self.threads {
+            let _ = t.join();
+        }
+        let stopped = self.shared.lock().stopped.clone();
+        let loader = self
+            .shared
+            .loader
+            .lock()
+            .expect("host loader poisoned")
+            .take();
+        match (stopped, loader) {
+            (None, Some(loader)) => Ok(loader.metrics()),
+            (Some(why), _) => Err(why.error()),
+            (None, None) => Err(NodeError::Loader {
+                reason: "the loader was dropped".into(),
+            }),
+        }
+    }
+}
+
+fn os(call: &'static str, what: &str, source: std::io::Error) -> NodeError {
+    NodeError::Os {
+        call,
+        what: what.to_owned(),
+        source,
+    }
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, NodeError> {
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(f)
+        .map_err(|e| os("spawn", name, e))
+}
+
+/// Accepts ranks until all attached, the job stopped, or the attach timeout passed.
+fn accept(shared: &Arc<Shared>, listener: UnixListener) {
+    let ranks = shared.lock().ranks.len();
+    let deadline = Instant::now() + shared.options.attach_timeout;
+    if let Err(e) = listener.set_nonblocking(true) {
+        shared.stop(Stopped::Loader(format!(
+            "listening at {}: {e}",
+            shared.address
+        )));
+        return;
+    }
+    loop {
+        {
+            let s = shared.lock();
+            if s.stopped.is_some() || s.attached == ranks {
+                return;
+            }
+        }
+        match listener.accept() {
+            Ok((stream, _)) => {
+                if let Err(e) = welcome(shared, stream) {
+                    log::warn!(
+                        "lobster-node host {}: a rank not attached: {e}",
+                        shared.address
+                    );
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    let s = shared.lock();
+                    let missing: Vec<usize> = (0..ranks)
+                        .filter(|&r| s.ranks[r].stream.is_none())
+                        .collect();
+                    drop(s);
+                    shared.stop(Stopped::Loader(format!(
+                        "local ranks {missing:?} did not attach within {:.1} s",
+                        shared.options.attach_timeout.as_secs_f64()
+                    )));
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => {
+                shared.stop(Stopped::Loader(format!(
+                    "accepting at {}: {e}",
+                    shared.address
+                )));
+                return;
+            }
+        }
+    }
+}
+
+/// Reads a connection's hello; refuses it or attaches it and starts its reader.
+fn welcome(shared: &Arc<Shared>, mut stream: UnixStream) -> Result<(), NodeError> {
+    let io = |e: std::io::Error| os("attach", &shared.address, e);
+    stream.set_nonblocking(false).map_err(io)?;
+    // A peer that connects and says nothing does not hold up the others for long.
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(io)?;
+    let mut buf = Vec::new();
+    if !read_frame(&mut stream, &mut buf).map_err(io)? {
+        return Err(NodeError::Protocol {
+            reason: "a connection closed before its hello".into(),
+        });
+    }
+    let ToHost::Hello {
+        local_rank,
+        pid,
+        config,
+    } = ToHost::decode(&buf)?
+    else {
+        return Err(NodeError::Protocol {
+            reason: "the first message was not a hello".into(),
+        });
+    };
+    stream.set_read_timeout(None).map_err(io)?;
+    let refuse = |mut stream: UnixStream, field: &str, host: String, rank: String| {
+        let m = ToRank::Refused {
+            field: field.into(),
+            host: host.clone(),
+            rank: rank.clone(),
+        };
+        let _ = stream.write_all(&m.encode());
+        Err(NodeError::Mismatch {
+            field: field.into(),
+            host,
+            rank,
+        })
+    };
+    let ranks = shared.lock().ranks.len();
+    let r = local_rank as usize;
+    if r >= ranks {
+        return refuse(stream, "local_rank", format!("< {ranks}"), r.to_string());
+    }
+    let ours = &shared.config;
+    for i in 0..ours.len().max(config.len()) {
+        let (field, host) = ours
+            .get(i)
+            .map_or(("(none)", ""), |(k, v)| (k.as_str(), v.as_str()));
+        let theirs = config
+            .get(i)
+            .map_or(("(none)", ""), |(k, v)| (k.as_str(), v.as_str()));
+        if (field, host) != theirs {
+            let rank = match theirs.0 == field {
+                true => theirs.1.to_owned(),
+                false => format!("{}={}", theirs.0, theirs.1),
+            };
+            return refuse(stream, field, host.to_owned(), rank);
+        }
+    }
+    let reader = stream.try_clone().map_err(io)?;
+    {
+        let mut s = shared.lock();
+        if s.ranks[r].stream.is_some() {
+            drop(s);
+            return refuse(
+                stream,
+                "local_rank",
+                "attached already".into(),
+                r.to_string(),
+            );
+        }
+        let welcome = ToRank::Welcome {
+            pid: std::process::id(),
+            arena_bytes: shared.arena.len() as u64,
+            slots: shared.options.slots_per_rank as u32,
+        };
+        send_with_fd(&stream, &welcome.encode(), shared.arena.fd()).map_err(io)?;
+        s.ranks[r].stream = Some(stream);
+        s.attached += 1;
+    }
+    shared.changed.notify_all();
+    log::debug!(
+        "lobster-node host {}: local rank {r} (pid {pid}) attached",
+        shared.address
+    );
+    let s = Arc::clone(shared);
+    spawn(&format!("lobster-host-read-{r}"), move || {
+        read_releases(&s, r, reader, pid)
+    })?;
+    Ok(())
+}
+
+/// Takes rank `r`'s releases until its socket closes.
+fn read_releases(shared: &Arc<Shared>, r: usize, mut stream: UnixStream, pid: u32) {
+    let mut buf = Vec::new();
+    let why = loop {
+        match read_frame(&mut stream, &mut buf) {
+            Ok(true) => match ToHost::decode(&buf) {
+                Ok(ToHost::Release { slot }) if (slot as usize) < shared.options.slots_per_rank => {
+                    let mut s = shared.lock();
+                    if !s.ranks[r].free.contains(&slot) {
+                        s.ranks[r].free.push_back(slot);
+                    }
+                    drop(s);
+                    shared.changed.notify_all();
+                }
+                Ok(other) => break format!("sent {other:?} instead of a release"),
+                Err(e) => break e.to_string(),
+            },
+            Ok(false) => break format!("process {pid} closed its connection"),
+            Err(e) => break format!("process {pid}: {e}"),
+        }
+    };
+    let ended = shared.lock().ranks[r].ended;
+    if !ended {
+        shared.stop(Stopped::RankGone {
+            rank: r,
+            reason: why,
+        });
+    }
+}
+
+/// Sends `m` to a rank; a failed send is that rank going away (its reader says why).
+fn send(stream: &mut Option<UnixStream>, m: &ToRank) -> bool {
+    match stream {
+        Some(s) => s.write_all(&m.encode()).is_ok(),
+        None => false,
+    }
+}
+
+/// Feeds rank handle `handle`'s batches to its process.
+fn feed<T: AsRef<[u8]>>(shared: &Arc<Shared>, handle: RankHandle<T>) {
+    let r = handle.rank();
+    // Wait for the rank to attach (or the job to stop); this thread alone writes to it.
+    let mut stream = {
+        let mut s = shared.lock();
+        while s.ranks[r].stream.is_none() && s.stopped.is_none() {
+            s = shared.changed.wait(s).expect("host state poisoned");
+        }
+        s.ranks[r].stream.as_ref().and_then(|s| s.try_clone().ok())
+    };
+    let slot_bytes = shared.options.slot_bytes;
+    for batch in handle {
+        let batch = match batch {
+            Ok(b) => b,
+            Err(e) => {
+                if shared.lock().stopped.is_some() {
+                    break;
+                }
+                // A failed batch, as the in-process loader reports it; the handle ends
+                // itself after an error that stops the loader.
+                let failed = ToRank::Failed {
+                    epoch: u32::MAX,
+                    reason: e.to_string(),
+                };
+                if !send(&mut stream, &failed) {
+                    break;
+                }
+                continue;
+            }
+        };
+        // A free slot, or the job stopped.
+        let slot = {
+            let mut s = shared.lock();
+            loop {
+                if s.stopped.is_some() {
+                    break None;
+                }
+                if let Some(slot) = s.ranks[r].free.pop_front() {
+                    break Some(slot);
+                }
+                s = shared.changed.wait(s).expect("host state poisoned");
+            }
+        };
+        let Some(slot) = slot else { break };
+        let base = shared.slot_offset(r, slot);
+        let mut at = 0u64;
+        let mut samples = Vec::with_capacity(batch.samples.len());
+        for s in &batch.samples {
+            let bytes = s.value.as_ref();
+            let len = bytes.len() as u64;
+            if at + len > slot_bytes {
+                shared.stop(Stopped::Loader(format!(
+                    "local rank {r}'s batch (epoch {}, iteration {}) needs more than a slot's \
+                     {slot_bytes} bytes at sample {}: raise slot_bytes",
+                    batch.epoch, batch.iteration, s.id
+                )));
+                break;
+            }
+            shared.arena.write_at((base + at) as usize, bytes);
+            samples.push(Placed {
+                id: s.id,
+                label: s.label,
+                offset: base + at,
+                len,
+            });
+            at += len;
+        }
+        if samples.len() < batch.samples.len() {
+            break;
+        }
+        let m = ToRank::Batch {
+            slot,
+            epoch: batch.epoch,
+            iteration: batch.iteration,
+            samples,
+            skipped: batch.skipped,
+        };
+        if !send(&mut stream, &m) {
+            break;
+        }
+    }
+    let stopped = shared.lock().stopped.clone();
+    match stopped {
+        Some(why) => {
+            send(&mut stream, &why.message());
+        }
+        None => {
+            shared.lock().ranks[r].ended = true;
+            send(&mut stream, &ToRank::End);
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! A rank process's side: attach to the node's host, then take batches placed in the shared
+//! arena, reading them in place; a batch's slot goes back to the host when it is dropped.
+
+use std::io::{Read, Write};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::arena::Arena;
+use crate::error::NodeError;
+use crate::fdpass::recv_with_fd;
+use crate::launch::NodeEnv;
+use crate::wire::{read_body, read_frame, Placed, ToHost, ToRank};
+
+struct Inner {
+    arena: Arena,
+    /// For releases, which batches send from whichever thread drops them.
+    writer: Mutex<UnixStream>,
+}
+
+/// A local rank attached to its node's host: an iterator of [`NodeBatch`]es.
+pub struct NodeRank {
+    inner: Arc<Inner>,
+    reader: UnixStream,
+    buf: Vec<u8>,
+    address: String,
+    host_pid: u32,
+    local_rank: usize,
+    done: bool,
+}
+
+impl std::fmt::Debug for NodeRank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeRank")
+            .field("address", &self.address)
+            .field("local_rank", &self.local_rank)
+            .field("host_pid", &self.host_pid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeRank {
+    /// Attaches this process, local rank `env.local_rank`, to the host at `env.address()`,
+    /// presenting `config` (see [`crate::fingerprint`]); waits up to `timeout` for the host
+    /// to come up, logging what it waits for.
+    ///
+    /// # Errors
+    /// No host within `timeout`, a refused configuration (naming the field), or a host that
+    /// went away while attaching.
+    pub fn attach(
+        env: &NodeEnv,
+        config: Vec<(String, String)>,
+        timeout: Duration,
+    ) -> Result<NodeRank, NodeError> {
+        let address = env.address();
+        let addr =
+            SocketAddr::from_abstract_name(address.as_bytes()).map_err(|e| NodeError::Os {
+                call: "connect",
+                what: address.clone(),
+                source: e,
+            })?;
+        let started = Instant::now();
+        let mut said = false;
+        let mut stream = loop {
+            match UnixStream::connect_addr(&addr) {
+                Ok(s) => break s,
+                Err(e) if started.elapsed() >= timeout => {
+                    log::warn!("lobster-node: no host at {address}: {e}");
+                    return Err(NodeError::NoHost {
+                        address,
+                        waited_s: started.elapsed().as_secs_f64(),
+                    });
+                }
+                Err(_) => {
+                    if !said {
+                        log::info!(
+                            "lobster-node: local rank {} waiting up to {:.0} s for the host of \
+                             job {} node {} at @{address}",
+                            env.local_rank,
+                            timeout.as_secs_f64(),
+                            env.job_id,
+                            env.node
+                        );
+                        said = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        };
+        let gone = |reason: String| NodeError::HostGone {
+            address: address.clone(),
+            pid: 0,
+            reason,
+        };
+        let hello = ToHost::Hello {
+            local_rank: env.local_rank as u32,
+            pid: std::process::id(),
+            config,
+        };
+        stream
+            .write_all(&hello.encode())
+            .map_err(|e| gone(format!("sending the hello: {e}")))?;
+        // The length prefix first, with the arena's descriptor riding on its first byte.
+        let mut len = [0u8; 4];
+        let (n, fd) =
+            recv_with_fd(&stream, &mut len).map_err(|e| gone(format!("awaiting welcome: {e}")))?;
+        if n == 0 {
+            return Err(gone("closed the connection before answering".into()));
+        }
+        stream
+            .read_exact(&mut len[n..])
+            .map_err(|e| gone(format!("awaiting welcome: {e}")))?;
+        let mut buf = Vec::new();
+        read_body(&mut stream, u32::from_le_bytes(len), &mut buf)
+            .map_err(|e| gone(format!("awaiting welcome: {e}")))?;
+        let (host_pid, arena_bytes) = match ToRank::decode(&buf)? {
+            ToRank::Welcome {
+                pid, arena_bytes, ..
+            } => (pid, arena_bytes),
+            ToRank::Refused { field, host, rank } => {
+                return Err(NodeError::Mismatch { field, host, rank })
+            }
+            other => {
+                return Err(NodeError::Protocol {
+                    reason: format!("expected a welcome, got {other:?}"),
+                })
+            }
+        };
+        let fd = fd.ok_or_else(|| NodeError::Protocol {
+            reason: "the welcome came without the arena".into(),
+        })?;
+        let arena = Arena::from_fd(fd, arena_bytes)?;
+        let writer = stream.try_clone().map_err(|e| NodeError::Os {
+            call: "dup",
+            what: address.clone(),
+            source: e,
+        })?;
+        Ok(NodeRank {
+            inner: Arc::new(Inner {
+                arena,
+                writer: Mutex::new(writer),
+            }),
+            reader: stream,
+            buf,
+            address,
+            host_pid,
+            local_rank: env.local_rank,
+            done: false,
+        })
+    }
+
+    /// This process's local rank.
+    pub fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+
+    /// The host's process id.
+    pub fn host_pid(&self) -> u32 {
+        self.host_pid
+    }
+
+    fn host_gone(&self, reason: String) -> NodeError {
+        NodeError::HostGone {
+            address: self.address.clone(),
+            pid: self.host_pid,
+            reason,
+        }
+    }
+}
+
+impl Iterator for NodeRank {
+    type Item = Result<NodeBatch, NodeError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let item = match read_frame(&mut self.reader, &mut self.buf) {
+            Ok(true) => match ToRank::decode(&self.buf) {
+                Ok(ToRank::Batch {
+                    slot,
+                    epoch,
+                    iteration,
+                    samples,
+                    skipped,
+                }) => {
+                    let end = samples.iter().map(|s| s.offset + s.len).max().unwrap_or(0);
+                    if end > self.inner.arena.len() as u64 {
+                        Err(NodeError::Protocol {
+                            reason: format!("a batch placed past the arena's end ({end} bytes)"),
+                        })
+                    } else {
+                        Ok(NodeBatch {
+                            epoch,
+                            iteration,
+                            samples,
+                            skipped,
+                            slot,
+                            inner: Arc::clone(&self.inner),
+                        })
+                    }
+                }
+                Ok(ToRank::Failed { reason, .. }) => Err(NodeError::Loader { reason }),
+                Ok(ToRank::Stop { rank, reason }) => {
+                    self.done = true;
+                    Err(match rank {
+                        Some(rank) => NodeError::RankGone {
+                            rank: rank as usize,
+                            reason,
+                        },
+                        None => NodeError::Loader { reason },
+                    })
+                }
+                Ok(ToRank::End) => {
+                    self.done = true;
+                    return None;
+                }
+                Ok(other) => Err(NodeError::Protocol {
+                    reason: format!("unexpected {other:?}"),
+                }),
+                Err(e) => Err(e),
+            },
+            Ok(false) => Err(self.host_gone("it closed the connection".into())),
+            Err(e) => Err(self.host_gone(e.to_string())),
+        };
+        if matches!(
+            item,
+            Err(NodeError::HostGone { .. } | NodeError::Protocol { .. })
+        ) {
+            self.done = true;
+        }
+        Some(item)
+    }
+}
+
+/// One batch, read in place from the shared arena; its slot returns to the host on drop.
+pub struct NodeBatch {
+    /// The epoch.
+    pub epoch: u32,
+    /// The iteration within the epoch.
+    pub iteration: u32,
+    /// Where each sample's bytes are, in the sampler's order.
+    pub samples: Vec<Placed>,
+    /// Samples left out by the skip error policy.
+    pub skipped: Vec<u32>,
+    slot: u32,
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for NodeBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeBatch")
+            .field("epoch", &self.epoch)
+            .field("iteration", &self.iteration)
+            .field("samples", &self.samples.len())
+            .field("slot", &self.slot)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeBatch {
+    /// Sample `i`'s bytes.
+    pub fn bytes(&self, i: usize) -> &[u8] {
+        let p = &self.samples[i];
+        self.inner.arena.read_at(p.offset as usize, p.len as usize)
+    }
+
+    /// The batch's slot, for a consumer that tracks buffers.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+}
+
+impl Drop for NodeBatch {
+    fn drop(&mut self) {
+        // A host that is gone cannot take the slot back; the next call says so.
+        if let Ok(mut w) = self.inner.writer.lock() {
+            let _ = w.write_all(&ToHost::Release { slot: self.slot }.encode());
+        }
+    }
+}

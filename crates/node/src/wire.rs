@@ -1,0 +1,461 @@
+//! The messages between a node's host and its rank processes: frames of a little-endian
+//! length (`u32`) and a body whose first byte is the message's kind. Hand-written, so that a
+//! batch's message costs a few hundred bytes and no allocation beyond its buffer.
+
+use std::io::Read;
+
+use crate::error::NodeError;
+
+/// The longest frame either side accepts: a batch of 65,536 samples fits.
+pub(crate) const FRAME_MAX_BYTES: usize = 2 << 20;
+
+/// One sample of a delivered batch: where its bytes are in the arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placed {
+    /// The sample's id in the dataset.
+    pub id: u32,
+    /// Its label.
+    pub label: u32,
+    /// Where its bytes start in the arena.
+    pub offset: u64,
+    /// How many bytes.
+    pub len: u64,
+}
+
+/// What a rank says to the host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ToHost {
+    /// The first message: who the rank is and the configuration it was started with, as
+    /// (field, value) pairs in a fixed order.
+    Hello {
+        local_rank: u32,
+        pid: u32,
+        config: Vec<(String, String)>,
+    },
+    /// The rank dropped the batch in `slot`: the host may fill it again.
+    Release { slot: u32 },
+}
+
+/// What the host says to a rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ToRank {
+    /// Attached; the arena's descriptor rides with this message.
+    Welcome {
+        pid: u32,
+        arena_bytes: u64,
+        slots: u32,
+    },
+    /// Not attached: the first configuration field that differs.
+    Refused {
+        field: String,
+        host: String,
+        rank: String,
+    },
+    /// A batch, in `slot` of the rank's slots.
+    Batch {
+        slot: u32,
+        epoch: u32,
+        iteration: u32,
+        samples: Vec<Placed>,
+        skipped: Vec<u32>,
+    },
+    /// The loader failed this rank's batch; the rank may go on (the host decides).
+    Failed { epoch: u32, reason: String },
+    /// The job cannot go on: `rank` went away (`None`: the loader stopped).
+    Stop { rank: Option<u32>, reason: String },
+    /// Every epoch delivered.
+    End,
+}
+
+const HELLO: u8 = 1;
+const RELEASE: u8 = 2;
+const WELCOME: u8 = 10;
+const REFUSED: u8 = 11;
+const BATCH: u8 = 12;
+const FAILED: u8 = 13;
+const STOP: u8 = 14;
+const END: u8 = 15;
+
+/// Appends to a frame under construction.
+struct Out(Vec<u8>);
+
+impl Out {
+    fn new(kind: u8) -> Self {
+        let mut v = Vec::with_capacity(64);
+        v.extend_from_slice(&[0, 0, 0, 0, kind]);
+        Out(v)
+    }
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn str(&mut self, s: &str) -> &mut Self {
+        self.u32(s.len() as u32);
+        self.0.extend_from_slice(s.as_bytes());
+        self
+    }
+    /// The frame, its length filled in.
+    fn done(mut self) -> Vec<u8> {
+        let body = (self.0.len() - 4) as u32;
+        self.0[..4].copy_from_slice(&body.to_le_bytes());
+        self.0
+    }
+}
+
+/// Reads a frame's body.
+struct In<'a>(&'a [u8]);
+
+impl In<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], NodeError> {
+        if self.0.len() < n {
+            return Err(protocol("a message cut short"));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u32(&mut self) -> Result<u32, NodeError> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self) -> Result<u64, NodeError> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn str(&mut self) -> Result<String, NodeError> {
+        let n = self.u32()? as usize;
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| protocol("a string not UTF-8"))
+    }
+    /// A count of items of at least `each` bytes, checked against what is left.
+    fn count(&mut self, each: usize) -> Result<usize, NodeError> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(each) > self.0.len() {
+            return Err(protocol("a count past the message's end"));
+        }
+        Ok(n)
+    }
+    fn end(self) -> Result<(), NodeError> {
+        match self.0.is_empty() {
+            true => Ok(()),
+            false => Err(protocol("bytes after the message's end")),
+        }
+    }
+}
+
+fn protocol(reason: &str) -> NodeError {
+    NodeError::Protocol {
+        reason: reason.into(),
+    }
+}
+
+impl ToHost {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        match self {
+            ToHost::Hello {
+                local_rank,
+                pid,
+                config,
+            } => {
+                let mut o = Out::new(HELLO);
+                o.u32(*local_rank).u32(*pid).u32(config.len() as u32);
+                for (k, v) in config {
+                    o.str(k).str(v);
+                }
+                o.done()
+            }
+            ToHost::Release { slot } => {
+                let mut o = Out::new(RELEASE);
+                o.u32(*slot);
+                o.done()
+            }
+        }
+    }
+
+    pub(crate) fn decode(body: &[u8]) -> Result<Self, NodeError> {
+        let (&kind, rest) = body
+            .split_first()
+            .ok_or_else(|| protocol("an empty message"))?;
+        let mut i = In(rest);
+        let m = match kind {
+            HELLO => {
+                let (local_rank, pid) = (i.u32()?, i.u32()?);
+                let n = i.count(8)?;
+                let mut config = Vec::with_capacity(n);
+                for _ in 0..n {
+                    config.push((i.str()?, i.str()?));
+                }
+                ToHost::Hello {
+                    local_rank,
+                    pid,
+                    config,
+                }
+            }
+            RELEASE => ToHost::Release { slot: i.u32()? },
+            k => return Err(protocol(&format!("unknown message kind {k} to the host"))),
+        };
+        i.end()?;
+        Ok(m)
+    }
+}
+
+impl ToRank {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        match self {
+            ToRank::Welcome {
+                pid,
+                arena_bytes,
+                slots,
+            } => {
+                let mut o = Out::new(WELCOME);
+                o.u32(*pid).u64(*arena_bytes).u32(*slots);
+                o.done()
+            }
+            ToRank::Refused { field, host, rank } => {
+                let mut o = Out::new(REFUSED);
+                o.str(field).str(host).str(rank);
+                o.done()
+            }
+            ToRank::Batch {
+                slot,
+                epoch,
+                iteration,
+                samples,
+                skipped,
+            } => {
+                let mut o = Out::new(BATCH);
+                o.0.reserve(16 + 24 * samples.len() + 4 * skipped.len());
+                o.u32(*slot).u32(*epoch).u32(*iteration);
+                o.u32(samples.len() as u32);
+                for s in samples {
+                    o.u32(s.id).u32(s.label).u64(s.offset).u64(s.len);
+                }
+                o.u32(skipped.len() as u32);
+                for &id in skipped {
+                    o.u32(id);
+                }
+                o.done()
+            }
+            ToRank::Failed { epoch, reason } => {
+                let mut o = Out::new(FAILED);
+                o.u32(*epoch).str(reason);
+                o.done()
+            }
+            ToRank::Stop { rank, reason } => {
+                let mut o = Out::new(STOP);
+                o.u32(rank.map_or(u32::MAX, |r| r)).str(reason);
+                o.done()
+            }
+            ToRank::End => Out::new(END).done(),
+        }
+    }
+
+    pub(crate) fn decode(body: &[u8]) -> Result<Self, NodeError> {
+        let (&kind, rest) = body
+            .split_first()
+            .ok_or_else(|| protocol("an empty message"))?;
+        let mut i = In(rest);
+        let m = match kind {
+            WELCOME => ToRank::Welcome {
+                pid: i.u32()?,
+                arena_bytes: i.u64()?,
+                slots: i.u32()?,
+            },
+            REFUSED => ToRank::Refused {
+                field: i.str()?,
+                host: i.str()?,
+                rank: i.str()?,
+            },
+            BATCH => {
+                let (slot, epoch, iteration) = (i.u32()?, i.u32()?, i.u32()?);
+                let n = i.count(24)?;
+                let mut samples = Vec::with_capacity(n);
+                for _ in 0..n {
+                    samples.push(Placed {
+                        id: i.u32()?,
+                        label: i.u32()?,
+                        offset: i.u64()?,
+                        len: i.u64()?,
+                    });
+                }
+                let n = i.count(4)?;
+                let skipped = (0..n).map(|_| i.u32()).collect::<Result<_, _>>()?;
+                ToRank::Batch {
+                    slot,
+                    epoch,
+                    iteration,
+                    samples,
+                    skipped,
+                }
+            }
+            FAILED => ToRank::Failed {
+                epoch: i.u32()?,
+                reason: i.str()?,
+            },
+            STOP => ToRank::Stop {
+                rank: Some(i.u32()?).filter(|&r| r != u32::MAX),
+                reason: i.str()?,
+            },
+            END => ToRank::End,
+            k => return Err(protocol(&format!("unknown message kind {k} to a rank"))),
+        };
+        i.end()?;
+        Ok(m)
+    }
+}
+
+/// Reads one frame's body from `r` into `buf`; `Ok(false)` when the peer closed before a
+/// frame began.
+pub(crate) fn read_frame(r: &mut impl Read, buf: &mut Vec<u8>) -> std::io::Result<bool> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    read_body(r, u32::from_le_bytes(len), buf)?;
+    Ok(true)
+}
+
+/// Reads a body of `len` bytes (its length prefix already read) into `buf`.
+pub(crate) fn read_body(r: &mut impl Read, len: u32, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    let len = len as usize;
+    if len > FRAME_MAX_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a frame of {len} bytes, more than {FRAME_MAX_BYTES}"),
+        ));
+    }
+    buf.resize(len, 0);
+    r.read_exact(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(frame: &[u8]) -> &[u8] {
+        assert_eq!(
+            u32::from_le_bytes(frame[..4].try_into().unwrap()) as usize,
+            frame.len() - 4
+        );
+        &frame[4..]
+    }
+
+    #[test]
+    fn every_message_comes_back_as_it_was_sent() {
+        let to_host = [
+            ToHost::Hello {
+                local_rank: 3,
+                pid: 4242,
+                config: vec![
+                    ("seed".into(), "7".into()),
+                    ("dataset".into(), "/d ü".into()),
+                ],
+            },
+            ToHost::Release { slot: 9 },
+        ];
+        for m in to_host {
+            assert_eq!(ToHost::decode(body(&m.encode())).unwrap(), m);
+        }
+        let to_rank = [
+            ToRank::Welcome {
+                pid: 1,
+                arena_bytes: 1 << 40,
+                slots: 4,
+            },
+            ToRank::Refused {
+                field: "seed".into(),
+                host: "1".into(),
+                rank: "2".into(),
+            },
+            ToRank::Batch {
+                slot: 2,
+                epoch: 1,
+                iteration: 77,
+                samples: vec![
+                    Placed {
+                        id: 5,
+                        label: 1,
+                        offset: 1 << 33,
+                        len: 150_528,
+                    },
+                    Placed {
+                        id: 0,
+                        label: 0,
+                        offset: 0,
+                        len: 0,
+                    },
+                ],
+                skipped: vec![8, 9],
+            },
+            ToRank::Failed {
+                epoch: 3,
+                reason: "sample 4".into(),
+            },
+            ToRank::Stop {
+                rank: Some(2),
+                reason: "closed".into(),
+            },
+            ToRank::Stop {
+                rank: None,
+                reason: "loader".into(),
+            },
+            ToRank::End,
+        ];
+        for m in to_rank {
+            assert_eq!(ToRank::decode(body(&m.encode())).unwrap(), m);
+        }
+    }
+
+    #[test]
+    fn damaged_messages_are_protocol_errors() {
+        let frame = ToRank::Batch {
+            slot: 0,
+            epoch: 0,
+            iteration: 0,
+            samples: vec![Placed {
+                id: 1,
+                label: 2,
+                offset: 3,
+                len: 4,
+            }],
+            skipped: vec![],
+        }
+        .encode();
+        let b = body(&frame);
+        // Cut anywhere: refused, never a panic.
+        for cut in 0..b.len() {
+            assert!(ToRank::decode(&b[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long = b.to_vec();
+        long.push(0);
+        assert!(ToRank::decode(&long).is_err());
+        // A count claiming more samples than the bytes hold.
+        let mut lying = b.to_vec();
+        lying[13..17].copy_from_slice(&1000u32.to_le_bytes());
+        assert!(ToRank::decode(&lying).is_err());
+        assert!(ToHost::decode(&[99]).is_err());
+    }
+
+    #[test]
+    fn frames_are_read_back_whole_and_oversized_ones_refused() {
+        let mut stream = Vec::new();
+        stream.extend_from_slice(&ToHost::Release { slot: 1 }.encode());
+        stream.extend_from_slice(&ToRank::End.encode());
+        let mut r = std::io::Cursor::new(stream);
+        let mut buf = Vec::new();
+        assert!(read_frame(&mut r, &mut buf).unwrap());
+        assert_eq!(ToHost::decode(&buf).unwrap(), ToHost::Release { slot: 1 });
+        assert!(read_frame(&mut r, &mut buf).unwrap());
+        assert_eq!(ToRank::decode(&buf).unwrap(), ToRank::End);
+        assert!(!read_frame(&mut r, &mut buf).unwrap());
+        let huge = (FRAME_MAX_BYTES as u32 + 1).to_le_bytes();
+        assert!(read_frame(&mut std::io::Cursor::new(huge.to_vec()), &mut buf).is_err());
+    }
+}

@@ -1,0 +1,484 @@
+//! The node's host and its rank processes, as real processes: this test binary runs again
+//! as a rank (or as a host that is also local rank 0) when `LOBSTER_NODE_TEST_ROLE` is set,
+//! through its `child` test. Each test checks afterwards that no child is left, that nothing
+//! was left in /dev/shm or the temporary directory, and that this process's descriptors are
+//! back to their count.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lobster_io::{CachePolicy, Dataset, Loader, LoaderBuilder, LoaderConfig};
+use lobster_node::{fingerprint, HostOptions, NodeEnv, NodeError, NodeHost, NodeRank};
+
+const RANKS: usize = 4;
+const BATCH: usize = 4;
+const EPOCHS: u32 = 3;
+const SAMPLES: u32 = 96;
+/// Starts each line a child prints for the parent.
+const MARK: &str = "@@lobster-node@@ ";
+
+/// One test at a time: each compares /dev/shm, the temporary directory and this process's
+/// descriptors before and after, which a test running beside it would change.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sample `i`'s bytes: its id, repeated, a length that varies.
+fn content(i: u32) -> Vec<u8> {
+    let mut v = i.to_le_bytes().to_vec();
+    v.resize(64 + (i as usize * 37) % 900, (i % 251) as u8);
+    v
+}
+
+fn make_dataset(dir: &Path) -> PathBuf {
+    let root = dir.join("data");
+    for i in 0..SAMPLES {
+        let class = root.join(format!("c{}", i % 3));
+        std::fs::create_dir_all(&class).unwrap();
+        std::fs::write(class.join(format!("{i:04}.jpg")), content(i)).unwrap();
+    }
+    root
+}
+
+fn open(root: &Path) -> Arc<Dataset> {
+    let options = lobster_io::FolderOptions {
+        table_dir: None,
+        ..Default::default()
+    };
+    Arc::new(Dataset::open_folder(root, &options).unwrap())
+}
+
+/// The node's loader configuration; `seed` differs only where a test wants a mismatch.
+fn config(seed: u64) -> (LoaderConfig, u64) {
+    let c = LoaderConfig {
+        nodes: 1,
+        node: 0,
+        ranks_per_node: RANKS,
+        batch_size: BATCH,
+        epochs: EPOCHS,
+        cache_policy: CachePolicy::Reuse,
+        cache_capacity_bytes: 16 << 10,
+        decode_threads: RANKS,
+        ..LoaderConfig::default()
+    };
+    (c, seed)
+}
+
+fn loader(ds: &Arc<Dataset>, seed: u64) -> Loader<Vec<u8>> {
+    LoaderBuilder::new(ds.clone())
+        .config(config(seed).0)
+        .seed(seed)
+        .decode(|b: &[u8], _| Ok::<_, std::io::Error>(b.to_vec()))
+        .build()
+        .unwrap()
+}
+
+fn env(job: &str, local_rank: usize) -> NodeEnv {
+    NodeEnv::new(local_rank, RANKS, local_rank, RANKS, 0, 1, job).unwrap()
+}
+
+fn options() -> HostOptions {
+    HostOptions {
+        slots_per_rank: 3,
+        slot_bytes: 8 << 10,
+        attach_timeout: Duration::from_secs(30),
+    }
+}
+
+/// Starts a host of `job` over the node's loader in this process.
+fn host(ds: &Arc<Dataset>, job: &str, seed: u64, options: HostOptions) -> NodeHost {
+    let (cfg, _) = config(seed);
+    NodeHost::start(
+        &env(job, 0),
+        loader(ds, seed),
+        fingerprint(ds, &cfg, seed),
+        options,
+    )
+    .unwrap()
+}
+
+/// A test's start: one test at a time, a dataset in a fresh directory, and what must be
+/// the same at the end.
+struct Setup {
+    _serial: std::sync::MutexGuard<'static, ()>,
+    dir: tempfile::TempDir,
+    data: PathBuf,
+    ds: Arc<Dataset>,
+    clean: Clean,
+}
+
+fn setup() -> Setup {
+    let serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = make_dataset(dir.path());
+    let ds = open(&data);
+    let clean = Clean::before(dir.path());
+    Setup {
+        _serial: serial,
+        dir,
+        data,
+        ds,
+        clean,
+    }
+}
+
+/// What a rank process saw: its batches' ids in order, and how it ended.
+#[derive(Debug, Default)]
+struct Seen {
+    batches: Vec<Vec<u32>>,
+    end: String,
+}
+
+/// Runs as a child when the role is set; a plain no-op test otherwise.
+#[test]
+fn child() {
+    let Ok(role) = std::env::var("LOBSTER_NODE_TEST_ROLE") else {
+        return;
+    };
+    let var = |k: &str| std::env::var(k).unwrap();
+    let job = var("LOBSTER_JOB_ID");
+    let local_rank: usize = var("LOBSTER_LOCAL_RANK").parse().unwrap();
+    let seed: u64 = var("LOBSTER_TEST_SEED").parse().unwrap();
+    let slow = Duration::from_millis(var("LOBSTER_TEST_SLOW_MS").parse().unwrap());
+    let ds = open(Path::new(&var("LOBSTER_TEST_DATA")));
+    let (cfg, _) = config(seed);
+    let env = env(&job, local_rank);
+    let host = (role == "host").then(|| {
+        NodeHost::start(
+            &env,
+            loader(&ds, seed),
+            fingerprint(&ds, &cfg, seed),
+            options(),
+        )
+        .unwrap()
+    });
+    let out = match NodeRank::attach(&env, fingerprint(&ds, &cfg, seed), Duration::from_secs(30)) {
+        Ok(rank) => run_rank(rank, &ds, slow),
+        Err(e) => format!("error {e}"),
+    };
+    println!("{MARK}{out}");
+    if let Some(h) = host {
+        let _ = h.wait();
+    }
+    std::process::exit(if out == "end" { 0 } else { 3 });
+}
+
+/// Takes every batch, checking each sample's bytes; prints a line per batch.
+fn run_rank(rank: NodeRank, ds: &Dataset, slow: Duration) -> String {
+    for batch in rank {
+        match batch {
+            Ok(b) => {
+                for (i, p) in b.samples.iter().enumerate() {
+                    let file = std::fs::read(&ds.samples()[p.id as usize].path).unwrap();
+                    assert_eq!(b.bytes(i), file, "sample {}", p.id);
+                }
+                let ids: Vec<String> = b.samples.iter().map(|p| p.id.to_string()).collect();
+                println!("{MARK}batch {}", ids.join(","));
+                std::thread::sleep(slow);
+            }
+            Err(e) => return format!("error {e}"),
+        }
+    }
+    "end".into()
+}
+
+fn spawn(role: &str, job: &str, local_rank: usize, data: &Path, seed: u64, slow_ms: u64) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["child", "--exact", "--nocapture", "--test-threads", "1"])
+        .env("LOBSTER_NODE_TEST_ROLE", role)
+        .env("LOBSTER_JOB_ID", job)
+        .env("LOBSTER_LOCAL_RANK", local_rank.to_string())
+        .env("LOBSTER_TEST_SEED", seed.to_string())
+        .env("LOBSTER_TEST_SLOW_MS", slow_ms.to_string())
+        .env("LOBSTER_TEST_DATA", data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
+/// Reads a child's lines until it exits (or `deadline`, then kills it and fails).
+fn collect(mut child: Child, deadline: Instant) -> (Seen, Option<i32>) {
+    let out = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut seen = Seen::default();
+        for line in BufReader::new(out).lines() {
+            let line = line.unwrap();
+            // libtest's own words may share a line with ours.
+            let Some(at) = line.find(MARK) else { continue };
+            let line = &line[at + MARK.len()..];
+            if let Some(ids) = line.strip_prefix("batch ") {
+                seen.batches.push(
+                    ids.split(',')
+                        .filter(|s| !s.is_empty())
+                        .map(|s| s.parse().unwrap())
+                        .collect(),
+                );
+            } else if line == "end" || line.starts_with("error ") {
+                seen.end = line.to_owned();
+            }
+        }
+        seen
+    });
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("a child outlived its deadline");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    (reader.join().unwrap(), status.code())
+}
+
+fn fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+fn listing(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| d.map(|e| e.unwrap().path()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn tmp_without(ours: &Path) -> Vec<PathBuf> {
+    listing(&std::env::temp_dir())
+        .into_iter()
+        .filter(|p| p != ours)
+        .collect()
+}
+
+/// What must hold after every test: nothing left behind.
+struct Clean {
+    fds: usize,
+    shm: Vec<PathBuf>,
+    tmp: Vec<PathBuf>,
+}
+
+impl Clean {
+    /// Taken after the test's own temporary directory `ours` exists.
+    fn before(ours: &Path) -> Self {
+        Clean {
+            fds: fds(),
+            shm: listing(Path::new("/dev/shm")),
+            tmp: tmp_without(ours),
+        }
+    }
+
+    fn check(self, ours: &Path) {
+        assert_eq!(listing(Path::new("/dev/shm")), self.shm, "/dev/shm changed");
+        assert_eq!(
+            tmp_without(ours),
+            self.tmp,
+            "the temporary directory changed"
+        );
+        // Descriptors close as the host's last threads end.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while fds() != self.fds && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(fds(), self.fds, "descriptors left open");
+    }
+}
+
+/// A job id no other test or run shares.
+fn job(name: &str) -> String {
+    format!("test-{}-{name}", std::process::id())
+}
+
+/// The in-process loader's batches per rank: the reference.
+fn in_process(ds: &Arc<Dataset>, seed: u64) -> (Vec<Vec<Vec<u32>>>, (u64, u64)) {
+    let mut l = loader(ds, seed);
+    let ranks = l.ranks().unwrap();
+    let per_rank = std::thread::scope(|s| {
+        let t: Vec<_> = ranks
+            .into_iter()
+            .map(|h| {
+                s.spawn(move || {
+                    h.map(|b| b.unwrap().samples.iter().map(|x| x.id).collect())
+                        .collect::<Vec<Vec<u32>>>()
+                })
+            })
+            .collect();
+        t.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let m = l.metrics();
+    (per_rank, (m.hits, m.accesses))
+}
+
+#[test]
+fn four_rank_processes_get_what_the_in_process_loader_gives() {
+    let Setup {
+        _serial,
+        dir,
+        data,
+        ds,
+        clean,
+    } = setup();
+    let (want, want_hits) = in_process(&ds, 5);
+    let job = job("same");
+    let seed = 5;
+    let host = host(&ds, &job, seed, options());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let children: Vec<Child> = (0..RANKS)
+        .map(|r| spawn("rank", &job, r, &data, seed, 0))
+        .collect();
+    let seen: Vec<(Seen, Option<i32>)> =
+        children.into_iter().map(|c| collect(c, deadline)).collect();
+    let m = host.wait().unwrap();
+    for (r, (s, code)) in seen.iter().enumerate() {
+        assert_eq!((s.end.as_str(), *code), ("end", Some(0)), "rank {r}");
+        assert_eq!(s.batches, want[r], "rank {r}'s batches");
+    }
+    assert_eq!((m.hits, m.accesses), want_hits, "hits and accesses");
+    clean.check(dir.path());
+}
+
+#[test]
+fn a_rank_killed_mid_epoch_stops_the_others_with_an_error() {
+    let Setup {
+        _serial,
+        dir,
+        data,
+        ds,
+        clean,
+    } = setup();
+    let job = job("kill-rank");
+    let seed = 1;
+    let host = host(&ds, &job, seed, options());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut children: Vec<Child> = (0..RANKS)
+        .map(|r| spawn("rank", &job, r, &data, seed, 30))
+        .collect();
+    // Let a few batches through, then kill local rank 2.
+    std::thread::sleep(Duration::from_millis(300));
+    let victim = children.remove(2);
+    let mut victim = victim;
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    // Its pipe is the test's descriptor, not the host's.
+    drop(victim);
+    let killed_at = Instant::now();
+    let seen: Vec<(Seen, Option<i32>)> =
+        children.into_iter().map(|c| collect(c, deadline)).collect();
+    let e = host.wait().unwrap_err();
+    assert!(matches!(e, NodeError::RankGone { rank: 2, .. }), "{e}");
+    for (s, code) in &seen {
+        assert_eq!(*code, Some(3), "{s:?}");
+        assert!(s.end.contains("local rank 2"), "{}", s.end);
+        assert!(s.batches.len() < (SAMPLES as usize / RANKS / BATCH) * EPOCHS as usize);
+    }
+    assert!(killed_at.elapsed() < Duration::from_secs(30));
+    clean.check(dir.path());
+}
+
+#[test]
+fn the_host_killed_mid_epoch_is_named_by_every_rank() {
+    let Setup {
+        _serial,
+        dir,
+        data,
+        clean,
+        ..
+    } = setup();
+    let job = job("kill-host");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut host = spawn("host", &job, 0, &data, 2, 30);
+    let host_pid = host.id();
+    let children: Vec<Child> = (1..RANKS)
+        .map(|r| spawn("rank", &job, r, &data, 2, 30))
+        .collect();
+    std::thread::sleep(Duration::from_millis(400));
+    host.kill().unwrap();
+    host.wait().unwrap();
+    drop(host);
+    let seen: Vec<(Seen, Option<i32>)> =
+        children.into_iter().map(|c| collect(c, deadline)).collect();
+    for (s, code) in &seen {
+        assert_eq!(*code, Some(3), "{s:?}");
+        assert!(
+            s.end.contains("host") && s.end.contains(&host_pid.to_string()),
+            "{}",
+            s.end
+        );
+    }
+    clean.check(dir.path());
+}
+
+#[test]
+fn a_mismatched_configuration_is_refused_naming_the_field() {
+    let Setup {
+        _serial,
+        dir,
+        data,
+        ds,
+        clean,
+    } = setup();
+    let job = job("mismatch");
+    let seed = 3;
+    let options = HostOptions {
+        attach_timeout: Duration::from_secs(3),
+        ..options()
+    };
+    let host = host(&ds, &job, seed, options);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let wrong = spawn("rank", &job, 1, &data, 4, 0);
+    let (s, code) = collect(wrong, deadline);
+    assert_eq!(code, Some(3));
+    assert!(
+        s.end.contains("seed") && s.end.contains('3') && s.end.contains('4'),
+        "{}",
+        s.end
+    );
+    // The others never came: the host gives up naming them.
+    let e = host.wait().unwrap_err().to_string();
+    assert!(e.contains("did not attach"), "{e}");
+    clean.check(dir.path());
+}
+
+#[test]
+fn two_jobs_at_once_never_meet() {
+    let Setup {
+        _serial,
+        dir,
+        data,
+        ds,
+        clean,
+    } = setup();
+    let (want_a, _) = in_process(&ds, 7);
+    let (want_b, _) = in_process(&ds, 8);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut hosts = Vec::new();
+    let mut children = BTreeMap::new();
+    for (name, seed) in [("a", 7u64), ("b", 8)] {
+        let job = job(&format!("two-{name}"));
+        hosts.push(host(&ds, &job, seed, options()));
+        for r in 0..RANKS {
+            children.insert((name, r), spawn("rank", &job, r, &data, seed, 0));
+        }
+    }
+    let seen: BTreeMap<_, _> = children
+        .into_iter()
+        .map(|(k, c)| (k, collect(c, deadline)))
+        .collect();
+    for h in hosts {
+        h.wait().unwrap();
+    }
+    for r in 0..RANKS {
+        assert_eq!(seen[&("a", r)].0.batches, want_a[r]);
+        assert_eq!(seen[&("b", r)].0.batches, want_b[r]);
+    }
+    assert_ne!(want_a, want_b);
+    clean.check(dir.path());
+}

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use lobster_io::{Dataset, Loader, LoaderConfig, RankHandle, RunMetrics};
 
 use crate::arena::Arena;
+use crate::barrier;
 use crate::error::NodeError;
 use crate::fdpass::send_with_fd;
 use crate::launch::NodeEnv;
@@ -150,6 +151,8 @@ impl Shared {
             s.stopped = Some(why);
         }
         self.changed.notify_all();
+        // Ranks waiting at a step barrier wake and see the stop.
+        barrier::stop(&self.arena);
         // Outside the state lock: the loader's threads may be finishing a batch.
         let loader = self.loader.lock().expect("host loader poisoned").take();
         drop(loader);
@@ -157,8 +160,8 @@ impl Shared {
 
     /// The slot's bytes in the arena.
     fn slot_offset(&self, rank: usize, slot: u32) -> u64 {
-        (rank as u64 * self.options.slots_per_rank as u64 + u64::from(slot))
-            * self.options.slot_bytes
+        let index = rank as u64 * self.options.slots_per_rank as u64 + u64::from(slot);
+        barrier::HEADER_BYTES + index * self.options.slot_bytes
     }
 }
 
@@ -213,9 +216,16 @@ impl NodeHost {
                 ),
             });
         }
-        let arena_bytes = (ranks * options.slots_per_rank) as u64 * options.slot_bytes;
+        let arena_bytes = ((ranks * options.slots_per_rank) as u64)
+            .checked_mul(options.slot_bytes)
+            .and_then(|b| b.checked_add(barrier::HEADER_BYTES))
+            .ok_or_else(|| NodeError::Launch {
+                variable: "slot_bytes".into(),
+                reason: format!("{} bytes a slot overflow the arena", options.slot_bytes),
+            })?;
         let address = env.address();
         let arena = Arena::create(&format!("lobster-node {address}"), arena_bytes)?;
+        barrier::init(&arena);
         let addr = SocketAddr::from_abstract_name(address.as_bytes())
             .map_err(|e| os("bind", &address, e))?;
         let listener = UnixListener::bind_addr(&addr).map_err(|e| os("bind", &address, e))?;

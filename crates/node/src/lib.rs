@@ -59,6 +59,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod arena;
+mod barrier;
 mod error;
 mod fdpass;
 mod host;

@@ -2,12 +2,14 @@
 //! arena, reading them in place; a batch's slot goes back to the host when it is dropped.
 
 use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::arena::Arena;
+use crate::barrier::{self, Broken};
 use crate::error::NodeError;
 use crate::fdpass::recv_with_fd;
 use crate::launch::NodeEnv;
@@ -27,6 +29,8 @@ pub struct NodeRank {
     address: String,
     host_pid: u32,
     local_rank: usize,
+    /// The node's local ranks: the parties of a step.
+    ranks: u32,
     done: bool,
 }
 
@@ -146,6 +150,7 @@ impl NodeRank {
             address,
             host_pid,
             local_rank: env.local_rank,
+            ranks: env.local_world_size as u32,
             done: false,
         })
     }
@@ -158,6 +163,65 @@ impl NodeRank {
     /// The host's process id.
     pub fn host_pid(&self) -> u32 {
         self.host_pid
+    }
+
+    /// Meets every local rank at the end of step `step` (counted from 0 across epochs), as
+    /// synchronous training does, recording whether this rank's step `failed`. `Ok(true)`
+    /// when some rank failed at or before `step`: every rank then stops together.
+    ///
+    /// # Errors
+    /// The job stopped (a rank went away) or the host went away while waiting.
+    pub fn step(&self, step: u64, failed: bool) -> Result<bool, NodeError> {
+        let fd = self.reader.as_raw_fd();
+        // The host is there while its end of the socket is open; a hang-up shows even with
+        // batches still queued unread.
+        let alive = || {
+            let mut fds = libc::pollfd {
+                fd,
+                events: libc::POLLRDHUP,
+                revents: 0,
+            };
+            // SAFETY: one pollfd, a live local, for the socket this rank owns; no wait.
+            let n = unsafe { libc::poll(&mut fds, 1, 0) };
+            n <= 0 || fds.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) == 0
+        };
+        match barrier::wait(&self.inner.arena, self.ranks, step, failed, alive) {
+            Ok(failed) => Ok(failed),
+            Err(Broken::Stopped) => Err(self.why_stopped()),
+            Err(Broken::Dead) => Err(self.host_gone("it went away during a step".into())),
+        }
+    }
+
+    /// The host's stop message, read past any batches still queued (it follows them).
+    fn why_stopped(&self) -> NodeError {
+        let mut reader = &self.reader;
+        let _ = reader.set_read_timeout(Some(Duration::from_secs(5)));
+        let mut buf = Vec::new();
+        loop {
+            match read_frame(&mut reader, &mut buf) {
+                Ok(true) => match ToRank::decode(&buf) {
+                    Ok(ToRank::Stop {
+                        rank: Some(rank),
+                        reason,
+                    }) => {
+                        return NodeError::RankGone {
+                            rank: rank as usize,
+                            reason,
+                        }
+                    }
+                    Ok(ToRank::Stop { rank: None, reason }) => return NodeError::Loader { reason },
+                    Ok(ToRank::Batch { slot, .. }) => {
+                        if let Ok(mut w) = self.inner.writer.lock() {
+                            let _ = w.write_all(&ToHost::Release { slot }.encode());
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => return e,
+                },
+                Ok(false) => return self.host_gone("it closed the connection".into()),
+                Err(e) => return self.host_gone(e.to_string()),
+            }
+        }
     }
 
     fn host_gone(&self, reason: String) -> NodeError {

@@ -106,11 +106,21 @@ fn host(ds: &Arc<Dataset>, job: &str, seed: u64, options: HostOptions) -> NodeHo
 /// A test's start: one test at a time, a dataset in a fresh directory, and what must be
 /// the same at the end.
 struct Setup {
+    _kill: KillOnDrop,
     _serial: std::sync::MutexGuard<'static, ()>,
     dir: tempfile::TempDir,
     data: PathBuf,
     ds: Arc<Dataset>,
     clean: Clean,
+}
+
+/// Kills the children a failed test left (dropped before the serial lock is released).
+struct KillOnDrop;
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        kill_unreaped();
+    }
 }
 
 fn setup() -> Setup {
@@ -120,6 +130,7 @@ fn setup() -> Setup {
     let ds = open(&data);
     let clean = Clean::before(dir.path());
     Setup {
+        _kill: KillOnDrop,
         _serial: serial,
         dir,
         data,
@@ -170,8 +181,9 @@ fn child() {
 }
 
 /// Takes every batch, checking each sample's bytes; prints a line per batch.
-fn run_rank(rank: NodeRank, ds: &Dataset, slow: Duration) -> String {
-    for batch in rank {
+fn run_rank(mut rank: NodeRank, ds: &Dataset, slow: Duration) -> String {
+    let mut step = 0;
+    while let Some(batch) = rank.next() {
         match batch {
             Ok(b) => {
                 for (i, p) in b.samples.iter().enumerate() {
@@ -184,11 +196,53 @@ fn run_rank(rank: NodeRank, ds: &Dataset, slow: Duration) -> String {
             }
             Err(e) => return format!("error {e}"),
         }
+        // Every rank meets the others at the end of each step, as training would.
+        if let Err(e) = rank.step(step, false) {
+            return format!("error {e}");
+        }
+        step += 1;
     }
     "end".into()
 }
 
+/// Children spawned and not yet reaped: killed if a test fails before reaping them (an
+/// unreaped child's pid cannot have been reused).
+static UNREAPED: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+fn reaped(pid: u32) {
+    UNREAPED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|&p| p != pid);
+}
+
+fn kill_unreaped() {
+    for pid in std::mem::take(&mut *UNREAPED.lock().unwrap_or_else(|e| e.into_inner())) {
+        // SAFETY: plain system calls on a child of this process not yet waited for.
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGKILL);
+            libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
 fn spawn(role: &str, job: &str, local_rank: usize, data: &Path, seed: u64, slow_ms: u64) -> Child {
+    let child = spawn_child(role, job, local_rank, data, seed, slow_ms);
+    UNREAPED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(child.id());
+    child
+}
+
+fn spawn_child(
+    role: &str,
+    job: &str,
+    local_rank: usize,
+    data: &Path,
+    seed: u64,
+    slow_ms: u64,
+) -> Child {
     Command::new(std::env::current_exe().unwrap())
         .args(["child", "--exact", "--nocapture", "--test-threads", "1"])
         .env("LOBSTER_NODE_TEST_ROLE", role)
@@ -228,11 +282,13 @@ fn collect(mut child: Child, deadline: Instant) -> (Seen, Option<i32>) {
     });
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
+            reaped(child.id());
             break s;
         }
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
+            reaped(child.id());
             panic!("a child outlived its deadline");
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -320,6 +376,7 @@ fn in_process(ds: &Arc<Dataset>, seed: u64) -> (Vec<Vec<Vec<u32>>>, (u64, u64)) 
 #[test]
 fn four_rank_processes_get_what_the_in_process_loader_gives() {
     let Setup {
+        _kill,
         _serial,
         dir,
         data,
@@ -348,6 +405,7 @@ fn four_rank_processes_get_what_the_in_process_loader_gives() {
 #[test]
 fn a_rank_killed_mid_epoch_stops_the_others_with_an_error() {
     let Setup {
+        _kill,
         _serial,
         dir,
         data,
@@ -367,6 +425,7 @@ fn a_rank_killed_mid_epoch_stops_the_others_with_an_error() {
     let mut victim = victim;
     victim.kill().unwrap();
     victim.wait().unwrap();
+    reaped(victim.id());
     // Its pipe is the test's descriptor, not the host's.
     drop(victim);
     let killed_at = Instant::now();
@@ -386,6 +445,7 @@ fn a_rank_killed_mid_epoch_stops_the_others_with_an_error() {
 #[test]
 fn the_host_killed_mid_epoch_is_named_by_every_rank() {
     let Setup {
+        _kill,
         _serial,
         dir,
         data,
@@ -402,6 +462,7 @@ fn the_host_killed_mid_epoch_is_named_by_every_rank() {
     std::thread::sleep(Duration::from_millis(400));
     host.kill().unwrap();
     host.wait().unwrap();
+    reaped(host.id());
     drop(host);
     let seen: Vec<(Seen, Option<i32>)> =
         children.into_iter().map(|c| collect(c, deadline)).collect();
@@ -419,6 +480,7 @@ fn the_host_killed_mid_epoch_is_named_by_every_rank() {
 #[test]
 fn a_mismatched_configuration_is_refused_naming_the_field() {
     let Setup {
+        _kill,
         _serial,
         dir,
         data,
@@ -450,6 +512,7 @@ fn a_mismatched_configuration_is_refused_naming_the_field() {
 #[test]
 fn two_jobs_at_once_never_meet() {
     let Setup {
+        _kill,
         _serial,
         dir,
         data,

@@ -10,7 +10,7 @@ mod common;
 
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{content, fds, guarded, make_dataset, threads, Watchdog};
 use lobster_io::uring::Backend;
@@ -174,6 +174,12 @@ fn drop_in(ds: &Arc<Dataset>, setup: Setup, situation: Situation) {
             "{what}: the blocked rank is told the loader stopped, got {:?}",
             woken.map(|r| r.map(|b| b.samples.len()))
         );
+    }
+    // A joined thread's /proc entry goes a moment after its join returns (the kernel
+    // finishes the exit after waking the joiner): give it up to a second to go.
+    let settled = Instant::now() + Duration::from_secs(1);
+    while (threads() != threads_before || fds() != fds_before) && Instant::now() < settled {
+        std::thread::sleep(Duration::from_millis(5));
     }
     let threads_after = threads();
     let fds_after = fds();

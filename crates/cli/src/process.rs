@@ -33,15 +33,44 @@ pub(crate) fn cpu_seconds() -> f64 {
         .map_or(0.0, |ticks| ticks as f64 / USER_HZ)
 }
 
+/// CPU seconds (user + system) of this process's children that have been waited for.
+pub(crate) fn children_cpu_seconds() -> f64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| parse_ticks(&s, 13))
+        .map_or(0.0, |ticks| ticks as f64 / USER_HZ)
+}
+
 /// utime + stime of a /proc/PID/stat line, in ticks.
 fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+    parse_ticks(stat, 11)
+}
+
+/// The sum of the two tick fields from `skip` after the command name of a /proc/PID/stat
+/// line: utime + stime at 11, cutime + cstime (children waited for) at 13.
+fn parse_ticks(stat: &str, skip: usize) -> Option<u64> {
     // The command name (field 2) may hold spaces and parentheses: fields count from the last
     // ')'. After it come field 3 (state) onwards, so utime (14) and stime (15) are at 11, 12.
     let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace().skip(11);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    Some(utime + stime)
+    let mut fields = rest.split_whitespace().skip(skip);
+    let a: u64 = fields.next()?.parse().ok()?;
+    let b: u64 = fields.next()?.parse().ok()?;
+    Some(a + b)
+}
+
+/// Proportional set size of process `pid` (`self` for this one), in bytes: its resident
+/// pages, each shared page divided among the processes that map it, so that a node's
+/// processes sum to the node's memory.
+pub(crate) fn pss_bytes(pid: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Pss:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// Descriptors this process has open.
@@ -67,6 +96,9 @@ mod tests {
         // Fields 1..=17 of proc(5); the name holds a space and a ')'.
         let line = "42 (a b) c) S 1 42 42 0 -1 4194560 100 0 0 0 7 5 0 0";
         assert_eq!(parse_cpu_ticks(line), Some(12));
+        assert_eq!(parse_ticks(line, 13), Some(0));
+        let with_children = "42 (x) S 1 42 42 0 -1 4194560 100 0 0 0 7 5 30 4";
+        assert_eq!(parse_ticks(with_children, 13), Some(34));
         assert_eq!(parse_cpu_ticks("42 (x) S 1"), None);
     }
 
@@ -74,6 +106,7 @@ mod tests {
     fn this_process_has_memory_threads_and_cpu_time() {
         assert!(status_bytes("VmRSS") > 0);
         assert!(threads() >= 1 && open_fds() >= 1);
+        assert!(pss_bytes("self") > 0);
         let before = cpu_seconds();
         let started = std::time::Instant::now();
         let mut x = 0u64;

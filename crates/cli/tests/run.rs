@@ -278,3 +278,86 @@ fn order_prints_the_rank_indices_torch_distributed_sampler_yields() {
         );
     }
 }
+
+#[test]
+fn ranks_as_processes_make_the_same_decisions_as_threads_with_faults_skipped_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    gen(&data, 96);
+    let common = [
+        "--epochs",
+        "3",
+        "--nodes",
+        "2",
+        "--policy",
+        "pytorch,lobster",
+        "--decoder",
+        "raw",
+        "--on-error",
+        "skip",
+        "--max-failures",
+        "50%",
+        "--inject-faults",
+        "seed=3,eio=0.05",
+    ];
+    let (_, threads) = run_ok(dir.path(), &data, &common);
+    let mut with = common.to_vec();
+    with.extend(["--ranks-as", "processes"]);
+    let (_, processes) = run_ok(dir.path(), &data, &with);
+    assert_eq!(processes["config"]["ranks_as"], "processes");
+    assert_eq!(threads["config"]["ranks_as"], "threads");
+    let (t, p) = (
+        threads["results"].as_array().unwrap(),
+        processes["results"].as_array().unwrap(),
+    );
+    assert_eq!(t.len(), 2);
+    for (t, p) in t.iter().zip(p) {
+        for key in ["policy", "hits", "accesses", "samples", "skipped"] {
+            assert_eq!(t[key], p[key], "{key} of {}", t["policy"]);
+        }
+        // The same samples skipped; ranks record theirs in whichever order they get there.
+        let sorted = |r: &serde_json::Value| {
+            let mut v: Vec<String> = r["skipped_samples"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(sorted(t), sorted(p), "skipped samples of {}", t["policy"]);
+        assert!(t["skipped"].as_u64().unwrap() > 0, "faults were injected");
+        assert!(p["memory"].as_str().unwrap().contains("PSS"));
+        assert!(p["peak_rss_bytes"].as_u64().unwrap() > 0);
+    }
+}
+
+#[test]
+fn a_failed_read_in_a_rank_process_fails_the_run_naming_the_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    gen(&data, 48);
+    let out = lobster()
+        .args(["run", "--quiet", "--compute-ms", "0", "--storage-mbps", "0"])
+        .args([
+            "--ranks-per-node",
+            "2",
+            "--batch",
+            "4",
+            "--policy",
+            "lobster",
+        ])
+        .args(["--ranks-as", "processes", "--decoder", "raw"])
+        .args(["--inject-faults", "seed=1,eio=0.5"])
+        .arg("--data")
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("rank process") && err.contains("reading sample") && err.contains("EIO"),
+        "{err}"
+    );
+}

@@ -60,7 +60,8 @@ pub(crate) fn init(arena: &Arena) {
 pub(crate) fn stop(arena: &Arena) {
     let h = header(arena);
     h.stopped.store(1, Ordering::Release);
-    h.generation.fetch_add(1, Ordering::AcqRel);
+    // The generation stays: a barrier every rank completed is not undone by a later stop.
+    // A waiter about to sleep misses this wake and sees the stop within POLL.
     futex_wake(&h.generation);
 }
 
@@ -89,15 +90,15 @@ pub(crate) fn wait(
     } else {
         while h.generation.load(Ordering::Acquire) == generation {
             futex_wait(&h.generation, generation, POLL);
+            if h.generation.load(Ordering::Acquire) != generation {
+                break;
+            }
             if h.stopped.load(Ordering::Acquire) != 0 {
                 return Err(Broken::Stopped);
             }
-            if h.generation.load(Ordering::Acquire) == generation && !alive() {
+            if !alive() {
                 return Err(Broken::Dead);
             }
-        }
-        if h.stopped.load(Ordering::Acquire) != 0 {
-            return Err(Broken::Stopped);
         }
     }
     Ok(h.failed_step.load(Ordering::Acquire) <= step)

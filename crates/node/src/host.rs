@@ -111,6 +111,8 @@ struct RankState {
     free: VecDeque<u32>,
     /// Its last batch was sent: a close after this is not a failure.
     ended: bool,
+    /// Batches it asked for and has not been sent.
+    wants: u32,
 }
 
 struct State {
@@ -261,6 +263,12 @@ impl NodeHost {
     /// The address ranks attach to.
     pub fn address(&self) -> &str {
         &self.shared.address
+    }
+
+    /// Stops the job (for example: a rank process that could not start): the loader is
+    /// dropped and every attached rank told `reason`.
+    pub fn stop(&self, reason: impl Into<String>) {
+        self.shared.stop(Stopped::Loader(reason.into()));
     }
 
     /// The loader's metrics so far (`None` once the job stopped early).
@@ -461,6 +469,10 @@ fn read_releases(shared: &Arc<Shared>, r: usize, mut stream: UnixStream, pid: u3
     let why = loop {
         match read_frame(&mut stream, &mut buf) {
             Ok(true) => match ToHost::decode(&buf) {
+                Ok(ToHost::Want) => {
+                    shared.lock().ranks[r].wants += 1;
+                    shared.changed.notify_all();
+                }
                 Ok(ToHost::Release { slot }) if (slot as usize) < shared.options.slots_per_rank => {
                     let mut s = shared.lock();
                     if !s.ranks[r].free.contains(&slot) {
@@ -493,7 +505,7 @@ fn send(stream: &mut Option<UnixStream>, m: &ToRank) -> bool {
     }
 }
 
-/// Feeds rank handle `handle`'s batches to its process.
+/// Feeds rank handle `handle`'s batches to its process, one each time the rank asks.
 fn feed<T: AsRef<[u8]>>(shared: &Arc<Shared>, handle: RankHandle<T>) {
     let r = handle.rank();
     // Wait for the rank to attach (or the job to stop); this thread alone writes to it.
@@ -505,7 +517,20 @@ fn feed<T: AsRef<[u8]>>(shared: &Arc<Shared>, handle: RankHandle<T>) {
         s.ranks[r].stream.as_ref().and_then(|s| s.try_clone().ok())
     };
     let slot_bytes = shared.options.slot_bytes;
-    for batch in handle {
+    let mut handle = handle;
+    loop {
+        // The rank's next ask, or the job stopped.
+        {
+            let mut s = shared.lock();
+            while s.ranks[r].wants == 0 && s.stopped.is_none() {
+                s = shared.changed.wait(s).expect("host state poisoned");
+            }
+            if s.stopped.is_some() {
+                break;
+            }
+            s.ranks[r].wants -= 1;
+        }
+        let Some(batch) = handle.next() else { break };
         let batch = match batch {
             Ok(b) => b,
             Err(e) => {

@@ -240,6 +240,15 @@ impl Iterator for NodeRank {
         if self.done {
             return None;
         }
+        let want = self
+            .inner
+            .writer
+            .lock()
+            .map(|mut w| w.write_all(&ToHost::Want.encode()));
+        if let Ok(Err(e)) = want {
+            self.done = true;
+            return Some(Err(self.host_gone(format!("asking for a batch: {e}"))));
+        }
         let item = match read_frame(&mut self.reader, &mut self.buf) {
             Ok(true) => match ToRank::decode(&self.buf) {
                 Ok(ToRank::Batch {

@@ -34,6 +34,9 @@ pub(crate) enum ToHost {
     },
     /// The rank dropped the batch in `slot`: the host may fill it again.
     Release { slot: u32 },
+    /// The rank asks for its next batch: the host takes it from the loader only now, so the
+    /// loader sees each rank's demand as a rank thread would make it.
+    Want,
 }
 
 /// What the host says to a rank.
@@ -69,6 +72,7 @@ pub(crate) enum ToRank {
 
 const HELLO: u8 = 1;
 const RELEASE: u8 = 2;
+const WANT: u8 = 3;
 const WELCOME: u8 = 10;
 const REFUSED: u8 = 11;
 const BATCH: u8 = 12;
@@ -174,6 +178,7 @@ impl ToHost {
                 o.u32(*slot);
                 o.done()
             }
+            ToHost::Want => Out::new(WANT).done(),
         }
     }
 
@@ -197,6 +202,7 @@ impl ToHost {
                 }
             }
             RELEASE => ToHost::Release { slot: i.u32()? },
+            WANT => ToHost::Want,
             k => return Err(protocol(&format!("unknown message kind {k} to the host"))),
         };
         i.end()?;
@@ -359,6 +365,7 @@ mod tests {
                 ],
             },
             ToHost::Release { slot: 9 },
+            ToHost::Want,
         ];
         for m in to_host {
             assert_eq!(ToHost::decode(body(&m.encode())).unwrap(), m);

@@ -12,6 +12,16 @@ use serde::Serialize;
 use super::decode::{Decoder, TransformArg};
 use super::strategy::{Budgets, Strategies};
 
+/// How a node's ranks run in `lobster run`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RanksAs {
+    /// Threads of this process.
+    Threads,
+    /// A process per rank, attached to a host in this process (lobster-node).
+    Processes,
+}
+
 /// Arguments of `lobster run`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct RunArgs {
@@ -118,6 +128,17 @@ pub struct RunArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// How the node's ranks run: as threads of this process, or as processes (this program
+    /// run again once per local rank, each attached to one host in this process, as under
+    /// torchrun: one cache and one set of budgets per node).
+    #[arg(long, value_enum, default_value_t = RanksAs::Threads)]
+    pub ranks_as: RanksAs,
+    /// Internal: run as this local rank of a `--ranks-as processes` run.
+    #[arg(long, hide = true, requires = "node_job")]
+    pub rank_process: Option<usize>,
+    /// Internal: the job id of the host a rank process attaches to.
+    #[arg(long, hide = true)]
+    pub node_job: Option<String>,
     /// What a rank does with a sample that cannot be read or decoded: fail its batch, or skip
     /// the sample (the batch arrives short) within --max-failures per epoch.
     #[arg(long, value_enum, default_value_t = OnError::Fail)]

@@ -38,10 +38,26 @@ impl std::error::Error for DecodeError {}
 /// What a decoded sample is to the training loop.
 #[derive(Debug)]
 pub(crate) enum Decoded {
-    /// A digest of the work, so that nothing is optimised away.
-    Digest(u64),
+    /// A digest of the work, so that nothing is optimised away (little-endian bytes, so a
+    /// host can place it in a rank process's arena like any sample).
+    Digest([u8; 8]),
     /// A transformed image, collated with its batch.
     Image(Pixels),
+}
+
+impl Decoded {
+    fn digest(d: u64) -> Self {
+        Decoded::Digest(d.to_le_bytes())
+    }
+}
+
+impl AsRef<[u8]> for Decoded {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            Decoded::Digest(d) => d,
+            Decoded::Image(p) => &p.data,
+        }
+    }
 }
 
 /// How a decoded image is transformed (`--transform`, `--image-size`).
@@ -76,14 +92,14 @@ pub(crate) fn decode(
     meta: &SampleMeta,
 ) -> Result<Decoded, DecodeError> {
     match decoder {
-        Decoder::Raw => Ok(Decoded::Digest(bytes.len() as u64)),
+        Decoder::Raw => Ok(Decoded::digest(bytes.len() as u64)),
         Decoder::Jpeg => {
             let named = |e: lobster_image::ImageError| {
                 DecodeError(format!("image of {}: {e}", meta.path.display()))
             };
             if transform == Transform::None {
                 let image = lobster_image::decode(bytes).map_err(named)?;
-                return Ok(Decoded::Digest(
+                return Ok(Decoded::digest(
                     image
                         .pixels()
                         .iter()
@@ -106,7 +122,7 @@ pub(crate) fn decode(
                     digest = digest.wrapping_mul(31).wrapping_add(u64::from(chunk[0]));
                 }
             }
-            Ok(Decoded::Digest(digest))
+            Ok(Decoded::digest(digest))
         }
     }
 }

@@ -4,6 +4,7 @@
 mod args;
 mod dataset;
 mod decode;
+mod processes;
 mod report;
 mod strategy;
 mod train;
@@ -15,6 +16,7 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use lobster_io::{Dataset, ErrorPolicy, LoaderBuilder, RunMetrics, SampleMeta};
 
+use args::RanksAs;
 pub use args::RunArgs;
 pub(crate) use dataset::default_dataset;
 pub(crate) use decode::{decode, Decoder, TransformArg};
@@ -26,17 +28,23 @@ use report::{Measured, RunConfig, StrategyResult};
 
 pub fn run(args: &RunArgs) -> Result<()> {
     args.validate()?;
+    if let (Some(r), Some(job)) = (args.rank_process, &args.node_job) {
+        return processes::rank_process(args, r, job);
+    }
     let data = match &args.data {
         Some(d) => d.clone(),
         None => dataset::default_dataset(args.samples, args.quiet)?,
+    };
+    // Rank processes are given the dataset as resolved here.
+    let args = &RunArgs {
+        data: Some(data.clone()),
+        ..args.clone()
     };
     let dataset = Arc::new(
         Dataset::open(&data.to_string_lossy())
             .with_context(|| format!("opening the dataset {}", data.display()))?,
     );
-    let cache_bytes = args
-        .cache_bytes
-        .unwrap_or((dataset.total_bytes() as f64 * args.cache_frac) as u64);
+    let cache_bytes = cache_bytes(args, &dataset);
     let config = RunConfig {
         data: data.clone(),
         samples: dataset.len(),
@@ -64,6 +72,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         backend: args.backend,
         io_order: args.io_order,
         direct: args.direct,
+        ranks_as: args.ranks_as,
         on_error: args.on_error,
         max_failures: match args.error_policy()? {
             ErrorPolicy::Skip { max_failures } => Some(max_failures.to_string()),
@@ -92,6 +101,12 @@ pub fn run(args: &RunArgs) -> Result<()> {
     Ok(())
 }
 
+/// The node cache's capacity: `--cache-bytes`, else `--cache-frac` of the dataset.
+fn cache_bytes(args: &RunArgs, dataset: &Dataset) -> u64 {
+    args.cache_bytes
+        .unwrap_or((dataset.total_bytes() as f64 * args.cache_frac) as u64)
+}
+
 /// Runs one strategy to the end with its own loader.
 fn run_strategy(
     args: &RunArgs,
@@ -104,6 +119,7 @@ fn run_strategy(
     let mut config = args.loader_config()?;
     strategy.apply(&args.budgets(cache_bytes)?, &mut config);
     let cache_capacity_bytes = config.cache_capacity_bytes;
+    let loader_config = config.clone();
     let (decoder, us_per_kb, seed) = (args.decoder(), args.decode_us_per_kb, args.seed);
     let transform = args.transform.transform(args.image_size);
     let mut loader = LoaderBuilder::new(dataset.clone())
@@ -119,6 +135,20 @@ fn run_strategy(
         .map_or("read-then-decode workers".to_string(), |b| {
             format!("{:?}", b.active).to_lowercase()
         });
+    let prefetch_window_bytes = loader.prefetch_window_bytes();
+    if args.ranks_as == RanksAs::Processes {
+        let (metrics, node) =
+            processes::host_and_ranks(args, dataset, strategy, &loader_config, loader)?;
+        let measured = Measured {
+            backend,
+            peak_rss_bytes: node.peak_pss_bytes,
+            memory: "peak sum of PSS, host and rank processes",
+            prefetch_window_bytes,
+            cache_capacity_bytes,
+            cpu_seconds: process::cpu_seconds() - cpu_before + node.ranks_cpu_seconds,
+        };
+        return Ok((metrics, measured));
+    }
     let steps = loader.iterations_per_epoch() as u64 * u64::from(args.epochs);
     let bar = progress_bar(args.quiet, strategy, steps);
     let handles = loader.ranks().context("rank handles already taken")?;
@@ -132,12 +162,12 @@ fn run_strategy(
     )?;
     bar.finish_and_clear();
     let metrics = loader.metrics();
-    let prefetch_window_bytes = loader.prefetch_window_bytes();
     // Dropping joins the loader's threads, so their CPU time is counted.
     drop(loader);
     let measured = Measured {
         backend,
         peak_rss_bytes: process::status_bytes("VmHWM"),
+        memory: "peak RSS of this process",
         prefetch_window_bytes,
         cache_capacity_bytes,
         cpu_seconds: process::cpu_seconds() - cpu_before,

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use lobster_io::{AllocationRecord, RunMetrics};
 use serde::Serialize;
 
-use super::args::{BackendArg, IoOrderArg, OnError, ScheduleArg};
+use super::args::{BackendArg, IoOrderArg, OnError, RanksAs, ScheduleArg};
 use super::decode::{Decoder, TransformArg};
 use super::strategy::Strategy;
 
@@ -41,6 +41,7 @@ pub(crate) struct RunConfig {
     pub backend: BackendArg,
     pub io_order: IoOrderArg,
     pub direct: bool,
+    pub ranks_as: RanksAs,
     pub on_error: OnError,
     pub max_failures: Option<String>,
     pub inject_faults: Option<String>,
@@ -50,7 +51,9 @@ pub(crate) struct RunConfig {
 #[derive(Debug)]
 pub(crate) struct Measured {
     pub backend: String,
+    /// The node's peak memory, as `memory` says it was measured.
     pub peak_rss_bytes: u64,
+    pub memory: &'static str,
     pub prefetch_window_bytes: u64,
     pub cache_capacity_bytes: u64,
     /// CPU seconds (user + system) of the whole process while the strategy ran, from
@@ -69,6 +72,9 @@ pub(crate) struct StrategyResult {
     pub speedup_vs_pytorch: Option<f64>,
     pub cpu_seconds: f64,
     pub peak_rss_bytes: u64,
+    /// How `peak_rss_bytes` was measured: one process's peak RSS (ranks as threads), or
+    /// the peak of the host's and ranks' summed PSS (ranks as processes).
+    pub memory: &'static str,
     pub cache_capacity_bytes: u64,
     pub prefetch_window_bytes: u64,
     pub backend: String,
@@ -87,6 +93,7 @@ impl StrategyResult {
             speedup_vs_pytorch: None,
             cpu_seconds: measured.cpu_seconds,
             peak_rss_bytes: measured.peak_rss_bytes,
+            memory: measured.memory,
             cache_capacity_bytes: measured.cache_capacity_bytes,
             prefetch_window_bytes: measured.prefetch_window_bytes,
             backend: measured.backend,

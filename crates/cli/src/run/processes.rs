@@ -1,0 +1,249 @@
+//! `--ranks-as processes`: the node's ranks as processes, as torchrun runs them. This process
+//! hosts the loader (lobster-node) and runs this program again once per local rank with
+//! `--rank-process R`; each rank attaches, trains (consume, compute, a step barrier with the
+//! others) and exits. The node's memory is the peak of the processes' summed PSS.
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use lobster_image::Collator;
+use lobster_io::{Dataset, Loader, LoaderConfig, RunMetrics};
+use lobster_node::{fingerprint, HostOptions, NodeEnv, NodeError, NodeHost, NodeRank};
+
+use super::args::RunArgs;
+use super::decode::{Decoded, Decoder, TransformArg};
+use super::strategy::Strategy;
+use crate::process;
+
+/// How long a rank waits for the host, and the host for the ranks.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What the processes run measured besides the loader's metrics.
+pub(crate) struct NodeMeasured {
+    /// The peak over the run of the host's and the ranks' summed PSS.
+    pub peak_pss_bytes: u64,
+    /// CPU seconds of the rank processes.
+    pub ranks_cpu_seconds: f64,
+}
+
+/// Where this run's rank `local_rank` stands, in the job `job`.
+fn node_env(args: &RunArgs, job: &str, local_rank: usize) -> Result<NodeEnv> {
+    let rpn = args.ranks_per_node;
+    Ok(NodeEnv::new(
+        args.node * rpn + local_rank,
+        args.nodes * rpn,
+        local_rank,
+        rpn,
+        args.node,
+        args.nodes,
+        job,
+    )?)
+}
+
+/// Bytes of one decoded sample as the host places it.
+fn sample_bytes(args: &RunArgs) -> u64 {
+    match (args.decoder(), args.transform) {
+        (Decoder::Jpeg, t) if t != TransformArg::None => {
+            u64::from(args.image_size) * u64::from(args.image_size) * 3
+        }
+        _ => 8,
+    }
+}
+
+/// This program's arguments for rank process `local_rank` of `strategy`: the run's own,
+/// without the options only the host acts on.
+fn rank_argv(args: &RunArgs, strategy: Strategy, job: &str, local_rank: usize) -> Vec<OsString> {
+    const HOST_ONLY: [&str; 4] = ["--json", "--ranks-as", "--policy", "--data"];
+    let mut out = Vec::new();
+    let mut skip_value = false;
+    for a in std::env::args_os().skip(1) {
+        if skip_value {
+            skip_value = false;
+            continue;
+        }
+        let s = a.to_string_lossy();
+        if HOST_ONLY.contains(&s.as_ref()) {
+            skip_value = true;
+            continue;
+        }
+        // Given again below.
+        if s == "--quiet" {
+            continue;
+        }
+        if HOST_ONLY.iter().any(|f| s.starts_with(&format!("{f}="))) {
+            continue;
+        }
+        out.push(a);
+    }
+    let data = args.data.clone().expect("the host resolves --data first");
+    out.extend::<[OsString; 9]>([
+        "--policy".into(),
+        strategy.name().into(),
+        "--data".into(),
+        data.into_os_string(),
+        "--rank-process".into(),
+        local_rank.to_string().into(),
+        "--node-job".into(),
+        job.into(),
+        "--quiet".into(),
+    ]);
+    out
+}
+
+/// Hosts `loader` for the node's ranks, runs a process per rank, and waits for them all.
+pub(crate) fn host_and_ranks(
+    args: &RunArgs,
+    dataset: &Arc<Dataset>,
+    strategy: Strategy,
+    config: &LoaderConfig,
+    loader: Loader<Decoded>,
+) -> Result<(RunMetrics, NodeMeasured)> {
+    let job = format!("run-{}-{}", std::process::id(), strategy.name());
+    let env = node_env(args, &job, 0)?;
+    let options = HostOptions {
+        slots_per_rank: args.prefetch + 2,
+        slot_bytes: args.batch as u64 * sample_bytes(args),
+        attach_timeout: ATTACH_TIMEOUT,
+    };
+    let host = NodeHost::start(
+        &env,
+        loader,
+        fingerprint(dataset, config, args.seed),
+        options,
+    )
+    .with_context(|| format!("starting the {strategy} host"))?;
+    let cpu_before = process::children_cpu_seconds();
+    let exe = std::env::current_exe().context("finding this program to run the ranks")?;
+    let mut ranks: Vec<(Child, std::thread::JoinHandle<String>)> = Vec::new();
+    for r in 0..args.ranks_per_node {
+        let mut child = Command::new(&exe)
+            .args(rank_argv(args, strategy, &job, r))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting rank process {r}"))?;
+        let mut err = child.stderr.take().expect("piped");
+        let said = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        ranks.push((child, said));
+    }
+    // The node's memory: sampled while the ranks run.
+    let mut peak_pss_bytes = 0;
+    let mut codes: Vec<Option<std::process::ExitStatus>> = vec![None; ranks.len()];
+    while codes.iter().any(Option::is_none) {
+        let mut pss = process::pss_bytes("self");
+        for (i, (child, _)) in ranks.iter_mut().enumerate() {
+            if codes[i].is_none() {
+                pss += process::pss_bytes(&child.id().to_string());
+                codes[i] = child.try_wait().context("waiting for a rank process")?;
+                // A rank that failed (even before attaching) stops the job now, not at the
+                // attach timeout.
+                if let Some(code) = codes[i].filter(|c| !c.success()) {
+                    host.stop(format!("rank process {i} exited with {code}"));
+                }
+            }
+        }
+        peak_pss_bytes = peak_pss_bytes.max(pss);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let said: Vec<String> = ranks
+        .into_iter()
+        .map(|(_, t)| t.join().unwrap_or_default())
+        .collect();
+    let hosted = host.wait();
+    let ranks_cpu_seconds = process::children_cpu_seconds() - cpu_before;
+    // A rank's own failure names its cause; the others only say a rank stopped.
+    let failed: Vec<(usize, &String)> = codes
+        .iter()
+        .zip(&said)
+        .enumerate()
+        .filter(|(_, (c, _))| !c.is_some_and(|c| c.success()))
+        .map(|(r, (_, s))| (r, s))
+        .collect();
+    if let Some((r, s)) = failed
+        .iter()
+        .find(|(_, s)| !s.contains(ANOTHER_RANK))
+        .or(failed.first())
+    {
+        bail!("{strategy}: rank process {r}: {}", s.trim());
+    }
+    let metrics = hosted.map_err(|e| anyhow!("{strategy}: the host: {e}"))?;
+    Ok((
+        metrics,
+        NodeMeasured {
+            peak_pss_bytes,
+            ranks_cpu_seconds,
+        },
+    ))
+}
+
+/// What a rank says when it stops because another rank failed.
+const ANOTHER_RANK: &str = "another rank failed";
+
+/// A rank process: attach to the host, then train as a rank thread of `--ranks-as threads`
+/// does: per batch consume it, compute, and meet the other ranks.
+pub(crate) fn rank_process(args: &RunArgs, local_rank: usize, job: &str) -> Result<()> {
+    let [strategy] = args.policy.0[..] else {
+        bail!("a rank process runs one policy");
+    };
+    let data = args.data.as_ref().context("a rank process needs --data")?;
+    let dataset = Dataset::open(&data.to_string_lossy())
+        .with_context(|| format!("opening the dataset {}", data.display()))?;
+    let cache_bytes = super::cache_bytes(args, &dataset);
+    let mut config = args.loader_config()?;
+    strategy.apply(&args.budgets(cache_bytes)?, &mut config);
+    let env = node_env(args, job, local_rank)?;
+    let mut rank = NodeRank::attach(
+        &env,
+        fingerprint(&dataset, &config, args.seed),
+        ATTACH_TIMEOUT,
+    )?;
+    let compute = Duration::from_secs_f64(args.compute_ms / 1e3);
+    let side = args.image_size;
+    let images = sample_bytes(args) > 8;
+    let mut collator: Option<Collator> = None;
+    let mut step = 0u64;
+    while let Some(batch) = rank.next() {
+        let failure = match batch {
+            Ok(b) => {
+                if images {
+                    let c = collator.get_or_insert_with(|| Collator::new(args.batch, side, side));
+                    c.clear();
+                    for (i, p) in b.samples.iter().enumerate() {
+                        c.push(b.bytes(i), p.label)
+                            .context("collating a transformed image")?;
+                    }
+                    std::hint::black_box(c.images());
+                } else {
+                    for i in 0..b.samples.len() {
+                        std::hint::black_box(b.bytes(i));
+                    }
+                }
+                drop(b);
+                if !compute.is_zero() {
+                    std::thread::sleep(compute);
+                }
+                None
+            }
+            // A failed batch: the step is met, then every rank stops, as with threads.
+            Err(NodeError::Loader { reason }) => Some(reason),
+            Err(e) => return Err(e.into()),
+        };
+        let stop = rank.step(step, failure.is_some())?;
+        if let Some(reason) = failure {
+            bail!("{strategy}: rank {local_rank}: {reason}");
+        }
+        if stop {
+            bail!("{ANOTHER_RANK} at step {step}");
+        }
+        step += 1;
+    }
+    Ok(())
+}

@@ -545,3 +545,45 @@ fn two_jobs_at_once_never_meet() {
     assert_ne!(want_a, want_b);
     clean.check(dir.path());
 }
+
+#[test]
+fn ranks_started_before_the_host_wait_for_it_and_give_up_naming_it() {
+    let Setup {
+        _kill,
+        _serial,
+        dir,
+        data,
+        ds,
+        clean,
+    } = setup();
+    // No host at all: refused after the timeout, naming where it looked.
+    let lonely = job("no-host");
+    let (cfg, seed) = config(6);
+    let started = Instant::now();
+    let e = NodeRank::attach(
+        &env(&lonely, 1),
+        fingerprint(&ds, &cfg, seed),
+        Duration::from_millis(300),
+    )
+    .unwrap_err();
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert!(
+        matches!(&e, NodeError::NoHost { address, .. } if address.contains(&lonely)),
+        "{e}"
+    );
+    // Ranks first, the host half a second later: they wait for it and run to the end.
+    let job = job("late-host");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let children: Vec<Child> = (0..RANKS)
+        .map(|r| spawn("rank", &job, r, &data, seed, 0))
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let host = host(&ds, &job, seed, options());
+    let seen: Vec<(Seen, Option<i32>)> =
+        children.into_iter().map(|c| collect(c, deadline)).collect();
+    host.wait().unwrap();
+    for (s, code) in &seen {
+        assert_eq!((s.end.as_str(), *code), ("end", Some(0)));
+    }
+    clean.check(dir.path());
+}

@@ -9,7 +9,7 @@
 //! # Sharing
 //! Every process maps the same pages, so who may touch which range when is the slot
 //! protocol's business, not this type's: a range is written by one writer while no one reads
-//! it, and read only while no one writes it. [`Arena::write_at`] and [`Arena::read_at`] check
+//! it, and read only while no one writes it. `Arena::write_at` and `Arena::read_at` check
 //! bounds but cannot check that protocol.
 
 use std::ffi::CString;
@@ -179,7 +179,7 @@ impl Arena {
     /// # Safety
     /// The caller may read and write `len` bytes from the pointer only:
     /// - while the slot protocol gives it the range alone: no other writer, and no reader
-    ///   (in this process or another) and no slice from [`Arena::read_at`] over the range;
+    ///   (in this process or another) and no slice from `Arena::read_at` over the range;
     /// - while this `Arena` lives: the pointer dangles once it drops.
     ///
     /// # Panics

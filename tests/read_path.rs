@@ -231,3 +231,21 @@ fn when_the_page_cache_lets_cached_samples_go_their_hits_read_storage_and_copies
         "{m:?}"
     );
 }
+
+#[test]
+fn the_pipeline_opens_files_in_their_held_directories_and_the_baselines_by_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), 96, 3);
+    // Warm: the workers read in the held directories; direct: the dispatcher's ring does.
+    for direct in [false, true] {
+        let m = run(&ds, direct, ResidentReads::Auto);
+        assert_eq!(m.dirs_held, 3, "direct={direct}: one per class directory");
+    }
+    let mut loader = builder(&ds, false, ResidentReads::Auto, (CachePolicy::None, 0))
+        .execution(lobster_io::Execution::ReadThenDecode)
+        .build()
+        .unwrap();
+    let got = run_ranks(&mut loader);
+    check(&ds, got, SHAPE, "read-then-decode");
+    assert_eq!(loader.metrics().dirs_held, 0);
+}

@@ -312,6 +312,7 @@ impl Batch {
                 let (path, len) = &files[rng.gen_range(0..files.len())];
                 v.push(PathRead {
                     path: path.clone(),
+                    dir: None,
                     direct: args.direct,
                     offset: 0,
                     len: *len,

@@ -217,9 +217,12 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         let backend = reader.as_ref().map(|r| r.backend().clone());
         let device = config.storage_emulation.map(|e| Arc::new(Device::new(e)));
         let window_bytes = window_bytes(&config, &dataset, pool.map(|(bytes, _)| bytes));
+        let dirs = (config.execution == Execution::Pipelined)
+            .then(|| crate::pipeline::SampleDirs::new(dataset.samples()));
         let ctx = Context {
             layout,
             config: config.clone(),
+            dirs,
             dataset,
             decode,
             device,
@@ -421,6 +424,7 @@ impl<T> Loader<T> {
         m.reads_resident = count(&path.resident);
         m.reads_not_resident = tried - m.reads_resident.min(tried);
         m.reads_dispatched = count(&path.dispatched);
+        m.dirs_held = self.pipeline.dirs_held as u64;
         m.read_path = match self.config.resident_reads_enabled() {
             Ok(()) => "resident-on-workers".into(),
             Err(_) if self.config.execution == Execution::ReadThenDecode => {

@@ -121,6 +121,10 @@ pub struct RunMetrics {
     pub reads_not_resident: u64,
     /// Reads the dispatcher made (pipelined).
     pub reads_dispatched: u64,
+    /// The dataset's directories the pipeline holds open, so that an open walks one
+    /// component of a sample's path, not all of them (0 read-then-decode, which opens by
+    /// path as PyTorch's workers do).
+    pub dirs_held: u64,
     /// Where the cache holds its samples: `page-cache-where-resident` (an admitted sample a
     /// worker found in the page cache stays there, no copy; the rest are copied),
     /// `copies`, with why, or `none` without a cache.
@@ -363,6 +367,7 @@ impl Collector {
             reads_resident: 0,
             reads_not_resident: 0,
             reads_dispatched: 0,
+            dirs_held: 0,
             cache_store: String::new(),
             cached_in_page_cache: 0,
             hits_from_page_cache: 0,

@@ -8,13 +8,13 @@
 //! evicted samples, and wastes less than a page per sample.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::File;
 use std::io;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 
+use crate::file_ref::FileRef;
 use crate::mapping::Mapping;
 use crate::resident::{fill_nowait, Resident};
 
@@ -181,13 +181,15 @@ impl Arena {
     ///
     /// # Errors
     /// As [`crate::read_resident`].
-    pub fn read_resident(
+    pub fn read_resident<'a>(
         &self,
-        path: &Path,
+        file: impl Into<FileRef<'a>>,
         offset: u64,
         len: usize,
     ) -> io::Result<Option<Resident>> {
-        let file = File::open(path).map_err(|e| named(path, e))?;
+        let file = file.into();
+        let path = file.path;
+        let file = file.open(0).map_err(|e| named(path, e))?;
         let Some(mut run) = self.run(len) else {
             return Ok(None);
         };

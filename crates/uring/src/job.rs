@@ -6,7 +6,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -31,6 +31,8 @@ pub(crate) enum Source {
     Path {
         /// The file.
         path: Arc<Path>,
+        /// Its parent directory, held open: opened by its name there.
+        dir: Option<Arc<OwnedFd>>,
         /// Open it with O_DIRECT.
         direct: bool,
         /// Ending early at the end of the file is not an error: the bytes read are the result.
@@ -43,6 +45,22 @@ impl Source {
         match self {
             Source::File(file) => &file.path,
             Source::Path { path, .. } => path,
+        }
+    }
+
+    /// What an open of a path read's file starts from and the path it walks from there: its
+    /// held directory and its name, or the working directory and its whole path.
+    pub(crate) fn open_at(&self) -> (RawFd, &Path) {
+        match self {
+            Source::Path {
+                dir: Some(dir),
+                path,
+                ..
+            } => match path.file_name() {
+                Some(name) => (dir.as_raw_fd(), Path::new(name)),
+                None => (libc::AT_FDCWD, path),
+            },
+            _ => (libc::AT_FDCWD, self.path()),
         }
     }
 
@@ -464,6 +482,7 @@ mod tests {
     fn chained(pool: &Pool, len: usize, ops: usize, linked_close: bool) -> Job {
         let source = Source::Path {
             path: Arc::from(Path::new("/nonexistent/lobster-chain")),
+            dir: None,
             direct: false,
             to_eof: false,
         };

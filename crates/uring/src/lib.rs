@@ -67,7 +67,7 @@
 //! // By path: opened, read and closed for this read only.
 //! let shared_path: std::sync::Arc<std::path::Path> = path.as_path().into();
 //! let (direct, class, tag) = (false, 0, 2);
-//! let read = PathRead { path: shared_path, direct, offset: 15, len: 5, to_eof: false, class, tag };
+//! let read = PathRead { path: shared_path, dir: None, direct, offset: 15, len: 5, to_eof: false, class, tag };
 //! session.submit_path(read)?;
 //! done.clear();
 //! session.wait(1, &mut done)?;
@@ -85,6 +85,7 @@ mod completion;
 mod deferred;
 mod direct;
 mod error;
+mod file_ref;
 mod files;
 mod job;
 mod mapping;
@@ -104,6 +105,7 @@ pub use arena::Arena;
 pub use completion::Completion;
 pub use direct::read_direct;
 pub use error::ReadError;
+pub use file_ref::{open_dir, open_files_limit, FileRef};
 pub use pages::copy_to_pages;
 pub use pool::block_bytes;
 pub use reader::{ActiveBackend, Backend, BackendInfo, Reader, ReaderBuilder, ReaderConfig};

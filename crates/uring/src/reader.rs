@@ -628,6 +628,7 @@ impl Reader {
         self.check_class(req.class)?;
         let source = Source::Path {
             path: req.path.clone(),
+            dir: req.dir.clone(),
             direct: req.direct,
             to_eof: req.to_eof,
         };
@@ -642,13 +643,13 @@ impl Reader {
     /// # Errors
     /// The file cannot be opened or the read fails for another reason than not being
     /// resident; the error names the path.
-    pub fn read_resident(
+    pub fn read_resident<'a>(
         &self,
-        path: &Path,
+        file: impl Into<crate::FileRef<'a>>,
         offset: u64,
         len: usize,
     ) -> Result<crate::Resident, std::io::Error> {
-        crate::resident::read_resident_in(Some(&self.inner.shared.pool), path, offset, len)
+        crate::resident::read_resident_in(Some(&self.inner.shared.pool), file.into(), offset, len)
     }
 
     /// Queues a read at the back of its class's FIFO. Waits while the class queue is full.

@@ -12,6 +12,7 @@ use std::path::Path;
 
 use bytes::Bytes;
 
+use crate::file_ref::FileRef;
 use crate::pool::Pool;
 
 /// What [`read_resident`] found.
@@ -36,19 +37,24 @@ pub enum Resident {
 /// # Errors
 /// The file cannot be opened or the read fails for another reason than not being resident;
 /// the error names the path.
-pub fn read_resident(path: &Path, offset: u64, len: usize) -> Result<Resident, io::Error> {
-    read_resident_in(None, path, offset, len)
+pub fn read_resident<'a>(
+    file: impl Into<FileRef<'a>>,
+    offset: u64,
+    len: usize,
+) -> Result<Resident, io::Error> {
+    read_resident_in(None, file.into(), offset, len)
 }
 
 /// [`read_resident`], into a block of `pool` when one is free: memory already faulted in and
 /// reused read after read, where a fresh buffer of a large sample costs a page fault per page.
 pub(crate) fn read_resident_in(
     pool: Option<&Pool>,
-    path: &Path,
+    file: FileRef<'_>,
     offset: u64,
     len: usize,
 ) -> Result<Resident, io::Error> {
-    let file = File::open(path).map_err(|e| named(path, e))?;
+    let path = file.path;
+    let file = file.open(0).map_err(|e| named(path, e))?;
     if let Some(mut block) = pool.and_then(|p| p.try_acquire(len)) {
         let base = block.as_mut_ptr();
         // SAFETY: the block is ours alone until it becomes `Bytes` below, and holds `len`.
@@ -87,6 +93,9 @@ impl Fill {
         }
     }
 }
+
+/// Pages are at least this large (and a multiple of it) on every Linux target.
+const EOF_PROOF_ALIGN_BYTES: u64 = 4096;
 
 /// Reads `file` from `offset` into `base[..cap]` without waiting for storage, up to `cap`
 /// bytes or the end of the file.
@@ -129,6 +138,12 @@ pub(crate) unsafe fn fill_nowait(
             break;
         }
         done += n as usize;
+        // A non-blocking read stops short where a page is not cached, which is at a page
+        // boundary; short inside a page, it stopped at the end of the file. That spares the
+        // empty read that would say so (asking one byte more than a whole file holds).
+        if done < cap && (offset + done as u64) % EOF_PROOF_ALIGN_BYTES != 0 {
+            break;
+        }
     }
     Ok(Fill::Read(done))
 }
@@ -164,6 +179,29 @@ mod tests {
         }
         if let Resident::Read { bytes: b, .. } = read_resident(&path, 0, 201).unwrap() {
             assert_eq!(b.len(), 100);
+        }
+    }
+
+    #[test]
+    fn a_file_ending_at_or_beside_a_page_boundary_is_read_whole_and_its_growth_shows() {
+        // A short read inside a page ends the read; at a page boundary it asks again. Either
+        // way the bytes are the file's, and one byte more than expected shows a grown file.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        for size in [1, 4095, 4096, 4097, 8191, 8192, 8193, 3 * 4096 + 100] {
+            let data: Vec<u8> = (0..size as u32).map(|i| (i % 251) as u8).collect();
+            std::fs::write(&path, &data).unwrap();
+            // Asked one byte more than it holds (intact), and as much as it holds (expected
+            // one byte shorter: grown, which the extra byte shows).
+            for asked in [size + 1, size] {
+                match read_resident(&path, 0, asked).unwrap() {
+                    Resident::Read { bytes, .. } => {
+                        assert_eq!(&bytes[..], &data[..], "size {size}, asked {asked}")
+                    }
+                    Resident::Unsupported => return eprintln!("skipped: RWF_NOWAIT refused"),
+                    Resident::NotResident => panic!("a file just written is in the page cache"),
+                }
+            }
         }
     }
 
@@ -226,7 +264,7 @@ mod tests {
         let pool = Pool::new(16 << 10, 8 << 10).unwrap();
         let mut held = Vec::new();
         for expect_pooled in [true, true, false] {
-            match read_resident_in(Some(&pool), &path, 0, data.len() + 1).unwrap() {
+            match read_resident_in(Some(&pool), (&path).into(), 0, data.len() + 1).unwrap() {
                 Resident::Read { bytes, pooled } => {
                     assert_eq!(&bytes[..], &data[..]);
                     assert_eq!(pooled, expect_pooled);

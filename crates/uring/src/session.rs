@@ -643,9 +643,11 @@ fn push_read(ring: &Ring, key: usize, job: &mut Job) {
     unsafe { push_entry(&ring.ring, &entry) }
 }
 
-/// The path of a read by path as the kernel takes it.
+/// The path of a read by path as the kernel takes it: its name in its held directory, or its
+/// whole path.
 fn c_path_of(job: &Job) -> Result<CString, ReadError> {
-    CString::new(job.source.path().as_os_str().as_bytes()).map_err(|_| ReadError::Open {
+    let (_, walked) = job.source.open_at();
+    CString::new(walked.as_os_str().as_bytes()).map_err(|_| ReadError::Open {
         path: job.source.path().to_path_buf(),
         source: io::Error::new(io::ErrorKind::InvalidInput, "the path holds a NUL byte"),
     })
@@ -670,8 +672,10 @@ fn start_chain(
     let Opened::Slot(chain) = &job.opened else {
         unreachable!()
     };
+    let (dir, _) = job.source.open_at();
     let open = open_direct_sqe(
         chain_user_data(key, ChainOp::Open),
+        dir,
         &chain.c_path,
         direct,
         slot,
@@ -766,6 +770,7 @@ mod tests {
 
     fn path_read(path: &Path, direct: bool, offset: u64, len: usize, tag: u64) -> PathRead {
         PathRead {
+            dir: None,
             path: Arc::from(path),
             direct,
             offset,

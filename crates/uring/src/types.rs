@@ -1,6 +1,7 @@
 //! The public plain types: file ids and open options, read requests, observer events and
 //! counters. No logic lives here, so every module may use them.
 
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -37,10 +38,13 @@ pub struct ReadRequest {
 
 /// A read of `len` bytes at `offset` of the file at `path`, on behalf of `class`: the file
 /// is opened for this read only and closed after it; see [`crate::Session::submit_path`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct PathRead {
     /// The file (an `Arc`, so that a request is cheap to clone and to keep until its open).
     pub path: Arc<Path>,
+    /// `path`'s parent directory, held open ([`crate::open_dir`]): the file is opened by
+    /// its name in it, one lookup instead of one per component of `path`.
+    pub dir: Option<Arc<OwnedFd>>,
     /// Open it with O_DIRECT: the read is widened to 4096 bytes (the file is not open yet to
     /// ask its alignment) and the exact range handed out as a slice.
     pub direct: bool,

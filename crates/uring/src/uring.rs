@@ -374,10 +374,12 @@ pub(crate) fn decode_user_data(user_data: u64) -> (usize, ChainOp) {
     (key, op)
 }
 
-/// An openat of `path` straight into fixed-file slot `slot` (a direct descriptor, 5.15).
-/// O_CLOEXEC is not given: the kernel refuses it with a slot, and a slot is never inherited.
+/// An openat of `path` (relative to `dir`, or `AT_FDCWD`) straight into fixed-file slot
+/// `slot` (a direct descriptor, 5.15). O_CLOEXEC is not given: the kernel refuses it with a
+/// slot, and a slot is never inherited.
 pub(crate) fn open_direct_sqe(
     user_data: u64,
+    dir: RawFd,
     path: &CStr,
     direct: bool,
     slot: u32,
@@ -387,7 +389,7 @@ pub(crate) fn open_direct_sqe(
         flags |= libc::O_DIRECT;
     }
     let dest = types::DestinationSlot::try_from_slot_target(slot).expect("slots are small");
-    opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), path.as_ptr())
+    opcode::OpenAt::new(types::Fd(dir), path.as_ptr())
         .flags(flags)
         .file_index(Some(dest))
         .build()
@@ -415,7 +417,8 @@ pub(crate) fn probe_direct_descriptors(probe: &Probe) -> Result<(), String> {
         .register_files_sparse(1)
         .map_err(|e| format!("registering a sparse file table: {e}"))?;
     let mut byte = 0u8;
-    let open = open_direct_sqe(1, c"/dev/null", false, 0).flags(squeue::Flags::IO_LINK);
+    let open =
+        open_direct_sqe(1, libc::AT_FDCWD, c"/dev/null", false, 0).flags(squeue::Flags::IO_LINK);
     // Empty: a short read would break the link and cancel the close.
     let read = opcode::Read::new(types::Fixed(0), &mut byte, 0)
         .build()

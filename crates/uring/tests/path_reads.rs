@@ -26,6 +26,7 @@ fn path_read(
 ) -> PathRead {
     PathRead {
         path: Arc::from(path),
+        dir: None,
         direct,
         offset,
         len,
@@ -350,6 +351,36 @@ fn queued_reads_reach_the_kernel_with_the_next_wait() {
             for c in out {
                 let bytes = c.result.unwrap();
                 assert_eq!(&bytes[..], &files[c.tag as usize].1[..], "{backend:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_read_by_name_in_a_held_directory_gives_the_files_bytes_and_a_missing_name_its_path() {
+    let dir = test_dir();
+    let class = dir.path().join("class");
+    std::fs::create_dir(&class).unwrap();
+    let (path, data) = make_file(&class, "x.jpg", 10_000, 3);
+    let held = Arc::new(lobster_uring::open_dir(&class).unwrap());
+    let missing = class.join("missing.jpg");
+    for backend in backends() {
+        for direct in [false, true] {
+            let reader = one_class_reader(backend);
+            let mut session = reader.session().unwrap();
+            for (tag, p) in [(0, &path), (1, &missing)] {
+                let mut read = path_read(p, direct, 0, data.len(), 0, tag);
+                read.dir = Some(held.clone());
+                session.submit_path(read).unwrap();
+            }
+            let mut out = Vec::new();
+            drain(&mut session, &mut out);
+            out.sort_by_key(|c| c.tag);
+            let what = format!("{backend:?} direct={direct}");
+            assert_eq!(&out[0].result.as_ref().unwrap()[..], &data[..], "{what}");
+            match &out[1].result {
+                Err(ReadError::Open { path: p, .. }) => assert_eq!(p, &missing, "{what}"),
+                other => panic!("{what}: {other:?}"),
             }
         }
     }

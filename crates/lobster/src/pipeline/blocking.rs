@@ -75,18 +75,22 @@ pub(crate) fn resident_read<T>(
     let mut pooled = false;
     let read = || -> Result<Option<Bytes>, ReadFailure> {
         let (offset, len) = (meta.offset, meta.read_len());
+        let file = match &ctx.dirs {
+            Some(dirs) => dirs.file(meta),
+            None => (&*meta.path).into(),
+        };
         let in_arena = match &ctx.arena {
             Some(arena) if admitted && len >= LARGE_FROM_BYTES => {
-                arena.read_resident(&meta.path, offset, len)?
+                arena.read_resident(file, offset, len)?
             }
             _ => None,
         };
         let found = match (in_arena, &ctx.reader) {
             (Some(found), _) => found,
             (None, Some(reader)) if !admitted && len >= LARGE_FROM_BYTES => {
-                reader.read_resident(&meta.path, offset, len)?
+                reader.read_resident(file, offset, len)?
             }
-            (None, _) => lobster_uring::read_resident(&meta.path, offset, len)?,
+            (None, _) => lobster_uring::read_resident(file, offset, len)?,
         };
         match found {
             Resident::Read { bytes, pooled: p } => {

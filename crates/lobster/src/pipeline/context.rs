@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::dirs::SampleDirs;
 use super::layout::Layout;
 use crate::config::LoaderConfig;
 use crate::dataset::{Dataset, SampleMeta};
@@ -20,6 +21,8 @@ pub(crate) struct Context<T> {
     pub(crate) layout: Layout,
     pub(crate) config: LoaderConfig,
     pub(crate) dataset: Arc<Dataset>,
+    /// The dataset's directories held open (pipelined): the workers open files in them.
+    pub(crate) dirs: Option<SampleDirs>,
     pub(crate) decode: DecodeFn<T>,
     pub(crate) device: Option<Arc<Device>>,
     /// The reader (pipelined): its pool also takes the workers' page-cache reads.

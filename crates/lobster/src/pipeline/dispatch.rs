@@ -401,6 +401,7 @@ fn submit<T>(
         // waits in the ring.
         (Port::Session(session), _) => session.queue_path(PathRead {
             path: meta.path.clone(),
+            dir: ctx.dirs.as_ref().and_then(|d| d.dir(meta)).cloned(),
             direct: ctx.config.direct,
             offset: meta.offset,
             len: meta.read_len(),

@@ -23,6 +23,7 @@ mod blocking;
 mod context;
 mod decode;
 mod decode_queue;
+mod dirs;
 mod dispatch;
 mod files;
 mod layout;
@@ -44,6 +45,7 @@ use lobster_sched::CostModel;
 use lobster_uring::Reader;
 
 pub(crate) use context::{Context, DecodeFn};
+pub(crate) use dirs::SampleDirs;
 pub(crate) use layout::Layout;
 pub(crate) use rank::{detach, next_batch};
 pub(crate) use state::PipelineState;
@@ -58,6 +60,8 @@ pub(crate) struct Pipeline<T> {
     threads: Vec<JoinHandle<()>>,
     reader: Option<Reader>,
     pub(crate) layout: Layout,
+    /// Directories the workers and the dispatcher open files in.
+    pub(crate) dirs_held: usize,
 }
 
 impl<T> std::fmt::Debug for Pipeline<T> {
@@ -105,6 +109,7 @@ impl<T: Send + 'static> Pipeline<T> {
             threads: Vec::new(),
             reader: None,
             layout: ctx.layout.clone(),
+            dirs_held: ctx.dirs.as_ref().map_or(0, SampleDirs::held),
         };
         // On an error below, dropping `pipeline` stops and joins what started.
         let mut spawn = |name: String, f: Box<dyn FnOnce() + Send>| {

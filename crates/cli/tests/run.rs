@@ -361,3 +361,38 @@ fn a_failed_read_in_a_rank_process_fails_the_run_naming_the_sample() {
         "{err}"
     );
 }
+
+#[test]
+fn the_built_in_dataset_keeps_the_synthetic_decoder_in_both_rank_modes() {
+    // The default set is resolved to a path like a user's --data; its decoder stays the
+    // synthetic cost the main job is specified with, in the rank processes too.
+    let dir = tempfile::tempdir().unwrap();
+    for ranks_as in ["threads", "processes"] {
+        let json = dir.path().join(format!("{ranks_as}.json"));
+        let out = lobster()
+            .env("XDG_CACHE_HOME", dir.path())
+            .args(["run", "--quiet", "--compute-ms", "0", "--storage-mbps", "0"])
+            .args(["--samples", "64", "--epochs", "1", "--ranks-per-node", "2"])
+            .args([
+                "--batch",
+                "4",
+                "--policy",
+                "lobster",
+                "--ranks-as",
+                ranks_as,
+            ])
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(report["config"]["decoder"], "synthetic", "{ranks_as}");
+        assert_eq!(report["results"][0]["samples"], 64 / 4, "{ranks_as}");
+    }
+}

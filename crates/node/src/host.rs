@@ -22,7 +22,7 @@ use crate::barrier;
 use crate::error::NodeError;
 use crate::fdpass::send_with_fd;
 use crate::launch::NodeEnv;
-use crate::wire::{read_frame, Placed, ToHost, ToRank};
+use crate::wire::{read_frame, stop_error, Placed, ToHost, ToRank};
 
 /// How the host lays out the arena and how long it waits for the ranks.
 #[derive(Clone, Debug)]
@@ -76,29 +76,22 @@ enum Stopped {
 }
 
 impl Stopped {
-    fn message(&self) -> ToRank {
+    /// The rank that went away (`None`: the loader stopped) and why.
+    fn cause(&self) -> (Option<u32>, String) {
         match self {
-            Stopped::RankGone { rank, reason } => ToRank::Stop {
-                rank: Some(*rank as u32),
-                reason: reason.clone(),
-            },
-            Stopped::Loader(reason) => ToRank::Stop {
-                rank: None,
-                reason: reason.clone(),
-            },
+            Stopped::RankGone { rank, reason } => (Some(*rank as u32), reason.clone()),
+            Stopped::Loader(reason) => (None, reason.clone()),
         }
     }
 
+    fn message(&self) -> ToRank {
+        let (rank, reason) = self.cause();
+        ToRank::Stop { rank, reason }
+    }
+
     fn error(&self) -> NodeError {
-        match self {
-            Stopped::RankGone { rank, reason } => NodeError::RankGone {
-                rank: *rank,
-                reason: reason.clone(),
-            },
-            Stopped::Loader(reason) => NodeError::Loader {
-                reason: reason.clone(),
-            },
-        }
+        let (rank, reason) = self.cause();
+        stop_error(rank, reason)
     }
 }
 
@@ -540,7 +533,6 @@ fn feed<T: AsRef<[u8]>>(shared: &Arc<Shared>, handle: RankHandle<T>) {
                 // A failed batch, as the in-process loader reports it; the handle ends
                 // itself after an error that stops the loader.
                 let failed = ToRank::Failed {
-                    epoch: u32::MAX,
                     reason: e.to_string(),
                 };
                 if !send(&mut stream, &failed) {

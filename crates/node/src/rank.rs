@@ -13,7 +13,7 @@ use crate::barrier::{self, Broken};
 use crate::error::NodeError;
 use crate::fdpass::recv_with_fd;
 use crate::launch::NodeEnv;
-use crate::wire::{read_body, read_frame, Placed, ToHost, ToRank};
+use crate::wire::{read_body, read_frame, stop_error, Placed, ToHost, ToRank};
 
 struct Inner {
     arena: Arena,
@@ -200,16 +200,7 @@ impl NodeRank {
         loop {
             match read_frame(&mut reader, &mut buf) {
                 Ok(true) => match ToRank::decode(&buf) {
-                    Ok(ToRank::Stop {
-                        rank: Some(rank),
-                        reason,
-                    }) => {
-                        return NodeError::RankGone {
-                            rank: rank as usize,
-                            reason,
-                        }
-                    }
-                    Ok(ToRank::Stop { rank: None, reason }) => return NodeError::Loader { reason },
+                    Ok(ToRank::Stop { rank, reason }) => return stop_error(rank, reason),
                     Ok(ToRank::Batch { slot, .. }) => {
                         if let Ok(mut w) = self.inner.writer.lock() {
                             let _ = w.write_all(&ToHost::Release { slot }.encode());
@@ -277,13 +268,7 @@ impl Iterator for NodeRank {
                 Ok(ToRank::Failed { reason, .. }) => Err(NodeError::Loader { reason }),
                 Ok(ToRank::Stop { rank, reason }) => {
                     self.done = true;
-                    Err(match rank {
-                        Some(rank) => NodeError::RankGone {
-                            rank: rank as usize,
-                            reason,
-                        },
-                        None => NodeError::Loader { reason },
-                    })
+                    Err(stop_error(rank, reason))
                 }
                 Ok(ToRank::End) => {
                     self.done = true;

@@ -63,11 +63,22 @@ pub(crate) enum ToRank {
         skipped: Vec<u32>,
     },
     /// The loader failed this rank's batch; the rank may go on (the host decides).
-    Failed { epoch: u32, reason: String },
+    Failed { reason: String },
     /// The job cannot go on: `rank` went away (`None`: the loader stopped).
     Stop { rank: Option<u32>, reason: String },
     /// Every epoch delivered.
     End,
+}
+
+/// The error a [`ToRank::Stop`] names: the rank that went away, or the loader's failure.
+pub(crate) fn stop_error(rank: Option<u32>, reason: String) -> NodeError {
+    match rank {
+        Some(rank) => NodeError::RankGone {
+            rank: rank as usize,
+            reason,
+        },
+        None => NodeError::Loader { reason },
+    }
 }
 
 const HELLO: u8 = 1;
@@ -247,9 +258,9 @@ impl ToRank {
                 }
                 o.done()
             }
-            ToRank::Failed { epoch, reason } => {
+            ToRank::Failed { reason } => {
                 let mut o = Out::new(FAILED);
-                o.u32(*epoch).str(reason);
+                o.str(reason);
                 o.done()
             }
             ToRank::Stop { rank, reason } => {
@@ -299,10 +310,7 @@ impl ToRank {
                     skipped,
                 }
             }
-            FAILED => ToRank::Failed {
-                epoch: i.u32()?,
-                reason: i.str()?,
-            },
+            FAILED => ToRank::Failed { reason: i.str()? },
             STOP => ToRank::Stop {
                 rank: Some(i.u32()?).filter(|&r| r != u32::MAX),
                 reason: i.str()?,
@@ -402,7 +410,6 @@ mod tests {
                 skipped: vec![8, 9],
             },
             ToRank::Failed {
-                epoch: 3,
                 reason: "sample 4".into(),
             },
             ToRank::Stop {

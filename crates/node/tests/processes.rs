@@ -375,21 +375,14 @@ fn in_process(ds: &Arc<Dataset>, seed: u64) -> (Vec<Vec<Vec<u32>>>, (u64, u64)) 
 
 #[test]
 fn four_rank_processes_get_what_the_in_process_loader_gives() {
-    let Setup {
-        _kill,
-        _serial,
-        dir,
-        data,
-        ds,
-        clean,
-    } = setup();
-    let (want, want_hits) = in_process(&ds, 5);
+    let fixture = setup();
+    let (want, want_hits) = in_process(&fixture.ds, 5);
     let job = job("same");
     let seed = 5;
-    let host = host(&ds, &job, seed, options());
+    let host = host(&fixture.ds, &job, seed, options());
     let deadline = Instant::now() + Duration::from_secs(120);
     let children: Vec<Child> = (0..RANKS)
-        .map(|r| spawn("rank", &job, r, &data, seed, 0))
+        .map(|r| spawn("rank", &job, r, &fixture.data, seed, 0))
         .collect();
     let seen: Vec<(Seen, Option<i32>)> =
         children.into_iter().map(|c| collect(c, deadline)).collect();
@@ -399,25 +392,18 @@ fn four_rank_processes_get_what_the_in_process_loader_gives() {
         assert_eq!(s.batches, want[r], "rank {r}'s batches");
     }
     assert_eq!((m.hits, m.accesses), want_hits, "hits and accesses");
-    clean.check(dir.path());
+    fixture.clean.check(fixture.dir.path());
 }
 
 #[test]
 fn a_rank_killed_mid_epoch_stops_the_others_with_an_error() {
-    let Setup {
-        _kill,
-        _serial,
-        dir,
-        data,
-        ds,
-        clean,
-    } = setup();
+    let fixture = setup();
     let job = job("kill-rank");
     let seed = 1;
-    let host = host(&ds, &job, seed, options());
+    let host = host(&fixture.ds, &job, seed, options());
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut children: Vec<Child> = (0..RANKS)
-        .map(|r| spawn("rank", &job, r, &data, seed, 30))
+        .map(|r| spawn("rank", &job, r, &fixture.data, seed, 30))
         .collect();
     // Let a few batches through, then kill local rank 2.
     std::thread::sleep(Duration::from_millis(300));
@@ -439,25 +425,18 @@ fn a_rank_killed_mid_epoch_stops_the_others_with_an_error() {
         assert!(s.batches.len() < (SAMPLES as usize / RANKS / BATCH) * EPOCHS as usize);
     }
     assert!(killed_at.elapsed() < Duration::from_secs(30));
-    clean.check(dir.path());
+    fixture.clean.check(fixture.dir.path());
 }
 
 #[test]
 fn the_host_killed_mid_epoch_is_named_by_every_rank() {
-    let Setup {
-        _kill,
-        _serial,
-        dir,
-        data,
-        clean,
-        ..
-    } = setup();
+    let fixture = setup();
     let job = job("kill-host");
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut host = spawn("host", &job, 0, &data, 2, 30);
+    let mut host = spawn("host", &job, 0, &fixture.data, 2, 30);
     let host_pid = host.id();
     let children: Vec<Child> = (1..RANKS)
-        .map(|r| spawn("rank", &job, r, &data, 2, 30))
+        .map(|r| spawn("rank", &job, r, &fixture.data, 2, 30))
         .collect();
     std::thread::sleep(Duration::from_millis(400));
     host.kill().unwrap();
@@ -474,28 +453,21 @@ fn the_host_killed_mid_epoch_is_named_by_every_rank() {
             s.end
         );
     }
-    clean.check(dir.path());
+    fixture.clean.check(fixture.dir.path());
 }
 
 #[test]
 fn a_mismatched_configuration_is_refused_naming_the_field() {
-    let Setup {
-        _kill,
-        _serial,
-        dir,
-        data,
-        ds,
-        clean,
-    } = setup();
+    let fixture = setup();
     let job = job("mismatch");
     let seed = 3;
     let options = HostOptions {
         attach_timeout: Duration::from_secs(3),
         ..options()
     };
-    let host = host(&ds, &job, seed, options);
+    let host = host(&fixture.ds, &job, seed, options);
     let deadline = Instant::now() + Duration::from_secs(60);
-    let wrong = spawn("rank", &job, 1, &data, 4, 0);
+    let wrong = spawn("rank", &job, 1, &fixture.data, 4, 0);
     let (s, code) = collect(wrong, deadline);
     assert_eq!(code, Some(3));
     assert!(
@@ -506,29 +478,22 @@ fn a_mismatched_configuration_is_refused_naming_the_field() {
     // The others never came: the host gives up naming them.
     let e = host.wait().unwrap_err().to_string();
     assert!(e.contains("did not attach"), "{e}");
-    clean.check(dir.path());
+    fixture.clean.check(fixture.dir.path());
 }
 
 #[test]
 fn two_jobs_at_once_never_meet() {
-    let Setup {
-        _kill,
-        _serial,
-        dir,
-        data,
-        ds,
-        clean,
-    } = setup();
-    let (want_a, _) = in_process(&ds, 7);
-    let (want_b, _) = in_process(&ds, 8);
+    let fixture = setup();
+    let (want_a, _) = in_process(&fixture.ds, 7);
+    let (want_b, _) = in_process(&fixture.ds, 8);
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut hosts = Vec::new();
     let mut children = BTreeMap::new();
     for (name, seed) in [("a", 7u64), ("b", 8)] {
         let job = job(&format!("two-{name}"));
-        hosts.push(host(&ds, &job, seed, options()));
+        hosts.push(host(&fixture.ds, &job, seed, options()));
         for r in 0..RANKS {
-            children.insert((name, r), spawn("rank", &job, r, &data, seed, 0));
+            children.insert((name, r), spawn("rank", &job, r, &fixture.data, seed, 0));
         }
     }
     let seen: BTreeMap<_, _> = children
@@ -543,26 +508,19 @@ fn two_jobs_at_once_never_meet() {
         assert_eq!(seen[&("b", r)].0.batches, want_b[r]);
     }
     assert_ne!(want_a, want_b);
-    clean.check(dir.path());
+    fixture.clean.check(fixture.dir.path());
 }
 
 #[test]
 fn ranks_started_before_the_host_wait_for_it_and_give_up_naming_it() {
-    let Setup {
-        _kill,
-        _serial,
-        dir,
-        data,
-        ds,
-        clean,
-    } = setup();
+    let fixture = setup();
     // No host at all: refused after the timeout, naming where it looked.
     let lonely = job("no-host");
     let (cfg, seed) = config(6);
     let started = Instant::now();
     let e = NodeRank::attach(
         &env(&lonely, 1),
-        fingerprint(&ds, &cfg, seed),
+        fingerprint(&fixture.ds, &cfg, seed),
         Duration::from_millis(300),
     )
     .unwrap_err();
@@ -575,15 +533,15 @@ fn ranks_started_before_the_host_wait_for_it_and_give_up_naming_it() {
     let job = job("late-host");
     let deadline = Instant::now() + Duration::from_secs(120);
     let children: Vec<Child> = (0..RANKS)
-        .map(|r| spawn("rank", &job, r, &data, seed, 0))
+        .map(|r| spawn("rank", &job, r, &fixture.data, seed, 0))
         .collect();
     std::thread::sleep(Duration::from_millis(500));
-    let host = host(&ds, &job, seed, options());
+    let host = host(&fixture.ds, &job, seed, options());
     let seen: Vec<(Seen, Option<i32>)> =
         children.into_iter().map(|c| collect(c, deadline)).collect();
     host.wait().unwrap();
     for (s, code) in &seen {
         assert_eq!((s.end.as_str(), *code), ("end", Some(0)));
     }
-    clean.check(dir.path());
+    fixture.clean.check(fixture.dir.path());
 }

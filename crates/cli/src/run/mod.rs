@@ -35,8 +35,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
         Some(d) => d.clone(),
         None => dataset::default_dataset(args.samples, args.quiet)?,
     };
-    // Rank processes are given the dataset as resolved here.
+    // Rank processes are given the dataset as resolved here, and the decoder chosen for it:
+    // the built-in set keeps its synthetic decoder once it is named like a user's --data.
     let args = &RunArgs {
+        decoder: Some(args.decoder()),
         data: Some(data.clone()),
         ..args.clone()
     };

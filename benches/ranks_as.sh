@@ -5,10 +5,14 @@
 # mode and their ratio, the hit ratios, and the node's memory: the threads run's peak RSS
 # against the processes run's peak of summed PSS (host and rank processes).
 #
-# Usage: [RUNS=3] [POLICIES=all] benches/ranks_as.sh [more lobster run options...]
+# Each policy runs in a process of its own (the default setting otherwise), so that a
+# policy's memory figure is its own and not what earlier policies left in the heap of a
+# process that ran them all.
+#
+# Usage: [RUNS=3] [POLICIES="pytorch nopfs ..."] benches/ranks_as.sh [more lobster run options...]
 set -euo pipefail
 runs=${RUNS:-3}
-policies=${POLICIES:-all}
+policies=(${POLICIES:-pytorch nopfs lobster-cache-only lobster-alloc-only lobster})
 cd "$(dirname "$0")/.."
 cargo build --release -q -p lobster-cli
 bin="${CARGO_TARGET_DIR:-target}/release/lobster"
@@ -17,20 +21,22 @@ trap 'rm -rf "$out"' EXIT
 for ((i = 1; i <= runs; i++)); do
     order=(threads processes)
     ((i % 2 == 0)) && order=(processes threads)
-    for mode in "${order[@]}"; do
-        "$bin" run --quiet --policy "$policies" --ranks-as "$mode" --json "$out/$mode-$i.json" \
-            "$@" >/dev/null
-        echo "run $i $mode done" >&2
+    for policy in "${policies[@]}"; do
+        for mode in "${order[@]}"; do
+            "$bin" run --quiet --policy "$policy" --ranks-as "$mode" \
+                --json "$out/$mode-$i-$policy.json" "$@" >/dev/null
+        done
     done
+    echo "run $i done" >&2
 done
 python3 - "$out" "$runs" <<'PY'
-import json, statistics, sys
+import glob, json, os, statistics, sys
 out, runs = sys.argv[1], int(sys.argv[2])
 res = {}
-for mode in ("threads", "processes"):
-    for i in range(1, runs + 1):
-        for r in json.load(open(f"{out}/{mode}-{i}.json"))["results"]:
-            res.setdefault((r["policy"], mode), []).append(r)
+for path in sorted(glob.glob(f"{out}/*.json")):
+    mode = os.path.basename(path).split("-")[0]
+    for r in json.load(open(path))["results"]:
+        res.setdefault((r["policy"], mode), []).append(r)
 print(f"{'policy':20} {'threads/s':>10} {'procs/s':>10} {'p/t':>6} {'hit t':>6} {'hit p':>6} "
       f"{'RSS t MiB':>10} {'PSS p MiB':>10} {'p/t mem':>8}")
 for policy in dict.fromkeys(p for p, _ in res):

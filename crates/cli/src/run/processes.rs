@@ -194,17 +194,19 @@ pub(crate) fn rank_process(args: &RunArgs, local_rank: usize, job: &str) -> Resu
         bail!("a rank process runs one policy");
     };
     let data = args.data.as_ref().context("a rank process needs --data")?;
-    let dataset = Dataset::open(&data.to_string_lossy())
-        .with_context(|| format!("opening the dataset {}", data.display()))?;
-    let cache_bytes = super::cache_bytes(args, &dataset);
-    let mut config = args.loader_config()?;
-    strategy.apply(&args.budgets(cache_bytes)?, &mut config);
+    // The sample table is the host's: a rank opens it only to say which configuration it
+    // attaches with, and holds nothing of it while it trains (a million samples' table in
+    // every rank process would be the per-rank memory one engine per node avoids).
+    let attaching = {
+        let dataset = Dataset::open(&data.to_string_lossy())
+            .with_context(|| format!("opening the dataset {}", data.display()))?;
+        let cache_bytes = super::cache_bytes(args, &dataset);
+        let mut config = args.loader_config()?;
+        strategy.apply(&args.budgets(cache_bytes)?, &mut config);
+        fingerprint(&dataset, &config, args.seed)
+    };
     let env = node_env(args, job, local_rank)?;
-    let mut rank = NodeRank::attach(
-        &env,
-        fingerprint(&dataset, &config, args.seed),
-        ATTACH_TIMEOUT,
-    )?;
+    let mut rank = NodeRank::attach(&env, attaching, ATTACH_TIMEOUT)?;
     let compute = Duration::from_secs_f64(args.compute_ms / 1e3);
     let side = args.image_size;
     let images = sample_bytes(args) > 8;

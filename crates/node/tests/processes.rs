@@ -104,14 +104,15 @@ fn host(ds: &Arc<Dataset>, job: &str, seed: u64, options: HostOptions) -> NodeHo
 }
 
 /// A test's start: one test at a time, a dataset in a fresh directory, and what must be
-/// the same at the end.
+/// the same at the end. Fields drop in order: the directory goes and leftover children are
+/// killed before the serial lock lets the next test take its snapshot.
 struct Setup {
-    _kill: KillOnDrop,
-    _serial: std::sync::MutexGuard<'static, ()>,
     dir: tempfile::TempDir,
     data: PathBuf,
     ds: Arc<Dataset>,
     clean: Clean,
+    _kill: KillOnDrop,
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 /// Kills the children a failed test left (dropped before the serial lock is released).
@@ -130,12 +131,12 @@ fn setup() -> Setup {
     let ds = open(&data);
     let clean = Clean::before(dir.path());
     Setup {
-        _kill: KillOnDrop,
-        _serial: serial,
         dir,
         data,
         ds,
         clean,
+        _kill: KillOnDrop,
+        _serial: serial,
     }
 }
 

@@ -1,0 +1,189 @@
+"""lobster_io from Python: the order PyTorch's sampler gives, pixels as Pillow decodes them,
+batches as views of the loader's buffers, and errors that name what failed."""
+
+import json
+import os
+import pathlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import lobster_io
+
+VECTORS = pathlib.Path(__file__).resolve().parents[3] / "tests" / "data" / "torch_sampler.json"
+
+
+def make_folder(root, n, classes, size=(40, 30), seed=0):
+    """An ImageFolder of `n` JPEGs written by Pillow, spread over `classes` class folders.
+
+    Returns the files in torchvision's ImageFolder order (classes sorted, files sorted within
+    each) with their labels: sample id i is entry i."""
+    rng = np.random.default_rng(seed)
+    names = [f"class_{c:02d}" for c in range(classes)]
+    files = []
+    for i in range(n):
+        d = root / names[i % classes]
+        d.mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, size=(size[1], size[0], 3), dtype=np.uint8)
+        path = d / f"img_{i:04d}.jpg"
+        Image.fromarray(pixels).save(path, quality=90)
+        files.append(path)
+    order = sorted(files, key=lambda p: (p.parent.name, p.name))
+    labels = [names.index(p.parent.name) for p in order]
+    return order, labels
+
+
+def test_ids_and_labels_follow_torch_distributed_sampler(tmp_path):
+    vectors = json.loads(VECTORS.read_text())
+    case = next(v for v in vectors["randperm"] if v["n"] == 100 and v["seed"] == 42)
+    files, labels = make_folder(tmp_path / "data", 100, 4)
+    loader = lobster_io.Loader(str(tmp_path / "data"), 10, seed=42, image_size=16)
+    assert len(loader) == 10
+    ids, got_labels = [], []
+    for batch in loader:
+        assert batch.epoch == 0
+        ids.extend(batch.ids.tolist())
+        got_labels.extend(batch.labels.tolist())
+    # One replica: DistributedSampler(shuffle=True, seed=42) at epoch 0 is randperm(100)
+    # drawn from a generator seeded 42, as torch printed it.
+    assert ids == case["perm"]
+    assert got_labels == [labels[i] for i in ids]
+    assert list(loader) == [], "one epoch was asked for"
+
+
+def test_decoded_pixels_agree_with_pillow(tmp_path):
+    files, _ = make_folder(tmp_path / "data", 6, 2, size=(97, 61))
+    for path in files:
+        ours = lobster_io.decode_image(path.read_bytes())
+        pillow = np.asarray(Image.open(path).convert("RGB"))
+        assert ours.shape == pillow.shape == (61, 97, 3)
+        diff = np.abs(ours.astype(np.int16) - pillow.astype(np.int16)).mean()
+        assert diff < 1.5, f"{path.name}: mean absolute difference {diff:.2f} levels"
+
+
+def rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_batches_are_views_of_a_bounded_set_of_buffers_and_memory_stays_flat(tmp_path):
+    make_folder(tmp_path / "data", 40, 2)
+    loader = lobster_io.Loader(
+        str(tmp_path / "data"), 8, epochs=40, image_size=64, slots=2, decode_threads=2
+    )
+    addresses = set()
+    seen = 0
+    for epoch in range(40):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            images = batch.images
+            assert images.shape == (8, 64, 64, 3) and images.dtype == np.uint8
+            assert images.__array_interface__["data"][0] == batch.buffer_address
+            assert images.base is batch and not images.flags.writeable
+            addresses.add(batch.buffer_address)
+            seen += 1
+            if seen == 20:
+                settled = rss_bytes()
+            del images, batch
+    assert seen == 200
+    # Buffers are reused: the caller's slots plus the ones the feeder fills ahead.
+    assert len(addresses) <= 4, addresses
+    grown = rss_bytes() - settled
+    assert grown < 16 << 20, f"resident memory grew by {grown / 2**20:.1f} MiB over 180 batches"
+
+
+def test_a_held_view_keeps_its_batch_and_channels_first_is_a_view_too(tmp_path):
+    make_folder(tmp_path / "data", 16, 2)
+    loader = lobster_io.Loader(str(tmp_path / "data"), 4, image_size=8, channels_first=True)
+    batch = next(iter(loader))
+    images = batch.images
+    assert images.shape == (4, 3, 8, 8)
+    first = images.copy()
+    address = batch.buffer_address
+    del batch
+    # The view still holds the batch: its buffer is not reused while the view lives.
+    for other in loader:
+        assert other.buffer_address != address
+    assert np.array_equal(images, first)
+
+
+def test_errors_name_the_sample_the_file_and_the_parameter(tmp_path):
+    files, _ = make_folder(tmp_path / "data", 12, 2)
+    bad = files[5]
+    bad.write_bytes(b"\xff\xd8\xff\xe0 not a jpeg at all" * 4)
+    loader = lobster_io.Loader(str(tmp_path / "data"), 4, image_size=8)
+    with pytest.raises(lobster_io.DecodeError) as e:
+        for _ in loader:
+            pass
+    assert bad.name in str(e.value) and "sample 5" in str(e.value), str(e.value)
+    assert isinstance(e.value, lobster_io.Error)
+
+    with pytest.raises(ValueError, match="cache_frac"):
+        lobster_io.Loader(str(tmp_path / "data"), 4, cache_frac=2.0)
+    with pytest.raises(ValueError, match="transform"):
+        lobster_io.Loader(str(tmp_path / "data"), 4, transform="sideways")
+    with pytest.raises(lobster_io.DatasetError, match="missing"):
+        lobster_io.Loader(str(tmp_path / "missing"), 4)
+
+
+def test_skip_reports_the_skipped_sample_on_its_batch(tmp_path):
+    files, _ = make_folder(tmp_path / "data", 12, 2)
+    files[3].write_bytes(b"garbage")
+    loader = lobster_io.Loader(
+        str(tmp_path / "data"), 4, image_size=8, on_error="skip", max_failures=1
+    )
+    batches = list(loader)
+    skipped = [s for b in batches for s in b.skipped]
+    assert skipped == [3]
+    delivered = sorted(i for b in batches for i in b.ids.tolist())
+    assert delivered == [i for i in range(12) if i != 3]
+
+
+def test_epochs_come_in_order(tmp_path):
+    make_folder(tmp_path / "data", 8, 2)
+    loader = lobster_io.Loader(str(tmp_path / "data"), 4, epochs=2, image_size=8)
+    with pytest.raises(ValueError, match="epoch = 1"):
+        loader.set_epoch(1)
+    loader.set_epoch(0)
+    assert [b.epoch for b in loader] == [0, 0]
+    loader.set_epoch(1)
+    assert [b.epoch for b in loader] == [1, 1]
+
+
+def test_a_forked_child_is_told_to_build_its_own_loader(tmp_path):
+    make_folder(tmp_path / "data", 8, 2)
+    loader = lobster_io.Loader(str(tmp_path / "data"), 4, image_size=8)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            next(iter(loader))
+        except lobster_io.Error as e:
+            code = 0 if "another process" in str(e) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert len(list(loader)) == 2, "the parent's loader is unaffected"
+
+
+def test_ctrl_c_interrupts_a_waiting_iteration_without_losing_its_batch(tmp_path):
+    import signal
+    import threading
+
+    # Large images decoded by one thread: the first batch takes a second or more, and the
+    # interrupt comes after a twentieth of one.
+    make_folder(tmp_path / "data", 8, 1, size=(4000, 3000))
+    loader = lobster_io.Loader(
+        str(tmp_path / "data"), 8, epochs=2, image_size=8, decode_threads=1, cache_frac=0.0
+    )
+    it = iter(loader)
+    timer = threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        next(it)
+    timer.join()
+    # The interrupted call took no batch: the first one is still the next.
+    first = next(it)
+    assert (first.epoch, first.iteration) == (0, 0)

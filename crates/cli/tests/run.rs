@@ -6,23 +6,20 @@ fn lobster() -> Command {
     Command::new(env!("CARGO_BIN_EXE_lobster"))
 }
 
-/// Runs `lobster run --quiet` on `data` with no compute and no emulated storage, 2 ranks per
-/// node and batches of 4 unless `args` say otherwise, asserts it succeeded, and returns its
-/// output and JSON report.
-fn run_ok(
-    dir: &std::path::Path,
-    data: &std::path::Path,
-    args: &[&str],
+/// Runs `cmd` (`lobster` with its environment) as `lobster run --quiet` with no compute and
+/// no emulated storage, 2 ranks per node and batches of 4 unless `args` say otherwise,
+/// writing its report to `json`; asserts it succeeded and returns its output and report.
+fn run_json(
+    mut cmd: Command,
+    json: &std::path::Path,
+    args: &[&std::ffi::OsStr],
 ) -> (String, serde_json::Value) {
-    let json = dir.join("run.json");
-    let out = lobster()
+    let out = cmd
         .args(["run", "--quiet", "--compute-ms", "0", "--storage-mbps", "0"])
         .args(["--ranks-per-node", "2", "--batch", "4"])
         .args(args)
-        .arg("--data")
-        .arg(data)
         .arg("--json")
-        .arg(&json)
+        .arg(json)
         .output()
         .unwrap();
     assert!(
@@ -30,8 +27,19 @@ fn run_ok(
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let report = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
     (String::from_utf8_lossy(&out.stdout).into_owned(), report)
+}
+
+/// [`run_json`] on `data`, the report in `dir`.
+fn run_ok(
+    dir: &std::path::Path,
+    data: &std::path::Path,
+    args: &[&str],
+) -> (String, serde_json::Value) {
+    let mut all: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    all.extend([std::ffi::OsStr::new("--data"), data.as_os_str()]);
+    run_json(lobster(), &dir.join("run.json"), &all)
 }
 
 fn gen(dir: &std::path::Path, samples: u32) {
@@ -369,29 +377,12 @@ fn the_built_in_dataset_keeps_the_synthetic_decoder_in_both_rank_modes() {
     let dir = tempfile::tempdir().unwrap();
     for ranks_as in ["threads", "processes"] {
         let json = dir.path().join(format!("{ranks_as}.json"));
-        let out = lobster()
-            .env("XDG_CACHE_HOME", dir.path())
-            .args(["run", "--quiet", "--compute-ms", "0", "--storage-mbps", "0"])
-            .args(["--samples", "64", "--epochs", "1", "--ranks-per-node", "2"])
-            .args([
-                "--batch",
-                "4",
-                "--policy",
-                "lobster",
-                "--ranks-as",
-                ranks_as,
-            ])
-            .arg("--json")
-            .arg(&json)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let report: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let mut cmd = lobster();
+        cmd.env("XDG_CACHE_HOME", dir.path());
+        let args = ["--samples", "64", "--epochs", "1", "--policy", "lobster"];
+        let mut all: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+        all.extend(["--ranks-as", ranks_as].map(std::ffi::OsStr::new));
+        let (_, report) = run_json(cmd, &json, &all);
         assert_eq!(report["config"]["decoder"], "synthetic", "{ranks_as}");
         assert_eq!(report["results"][0]["samples"], 64 / 4, "{ranks_as}");
     }

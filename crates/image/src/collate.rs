@@ -58,6 +58,11 @@ impl Collator {
         &self.images
     }
 
+    /// The images so far, writable in place (a consumer's batch is its own until returned).
+    pub fn images_mut(&mut self) -> &mut [u8] {
+        &mut self.images
+    }
+
     /// The labels so far, `[len]`.
     pub fn labels(&self) -> &[u32] {
         &self.labels

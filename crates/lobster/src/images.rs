@@ -46,6 +46,12 @@ pub struct Pixels {
     pub data: Vec<u8>,
 }
 
+impl AsRef<[u8]> for Pixels {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
 thread_local! {
     /// Each decode thread keeps its resizer's buffers from sample to sample.
     static TRANSFORMER: RefCell<Option<Transformer>> = const { RefCell::new(None) };
@@ -240,6 +246,14 @@ impl ImageBatch {
     /// The images, `[B, H, W, 3]`, contiguous.
     pub fn images(&self) -> &[u8] {
         self.collator().images()
+    }
+
+    /// The images, writable: the batch's buffer is its holder's alone until dropped.
+    pub fn images_mut(&mut self) -> &mut [u8] {
+        self.collator
+            .as_mut()
+            .expect("a batch holds its buffer until dropped")
+            .images_mut()
     }
 
     /// The labels, `[B]`.

@@ -37,6 +37,11 @@ pub enum NodeError {
     Protocol { reason: String },
     /// The loader failed; its error, as the host reported it.
     Loader { reason: String },
+    /// The loader failed this rank's batch (the job may go on, as the error policy says).
+    Batch {
+        kind: crate::wire::Failure,
+        reason: String,
+    },
 }
 
 impl fmt::Display for NodeError {
@@ -76,6 +81,7 @@ impl fmt::Display for NodeError {
             }
             NodeError::Protocol { reason } => write!(f, "host protocol: {reason}"),
             NodeError::Loader { reason } => write!(f, "loader: {reason}"),
+            NodeError::Batch { reason, .. } => write!(f, "loader: {reason}"),
         }
     }
 }

@@ -22,7 +22,7 @@ use crate::barrier;
 use crate::error::NodeError;
 use crate::fdpass::send_with_fd;
 use crate::launch::NodeEnv;
-use crate::wire::{read_frame, stop_error, Placed, ToHost, ToRank};
+use crate::wire::{read_frame, stop_error, Failure, Placed, ToHost, ToRank};
 
 /// How the host lays out the arena and how long it waits for the ranks.
 #[derive(Clone, Debug)]
@@ -533,6 +533,7 @@ fn feed<T: AsRef<[u8]>>(shared: &Arc<Shared>, handle: RankHandle<T>) {
                 // A failed batch, as the in-process loader reports it; the handle ends
                 // itself after an error that stops the loader.
                 let failed = ToRank::Failed {
+                    kind: Failure::of(&e),
                     reason: e.to_string(),
                 };
                 if !send(&mut stream, &failed) {

@@ -72,4 +72,4 @@ pub use error::NodeError;
 pub use host::{fingerprint, HostOptions, NodeHost};
 pub use launch::NodeEnv;
 pub use rank::{NodeBatch, NodeRank};
-pub use wire::Placed;
+pub use wire::{Failure, Placed};

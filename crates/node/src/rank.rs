@@ -165,6 +165,13 @@ impl NodeRank {
         self.host_pid
     }
 
+    /// Where the shared arena is mapped in this process: every batch's bytes lie inside.
+    pub fn arena_span(&self) -> std::ops::Range<usize> {
+        let all = self.inner.arena.read_at(0, self.inner.arena.len());
+        let start = all.as_ptr() as usize;
+        start..start + all.len()
+    }
+
     /// Meets every local rank at the end of step `step` (counted from 0 across epochs), as
     /// synchronous training does, recording whether this rank's step `failed`. `Ok(true)`
     /// when some rank failed at or before `step`: every rank then stops together.
@@ -265,7 +272,7 @@ impl Iterator for NodeRank {
                         })
                     }
                 }
-                Ok(ToRank::Failed { reason, .. }) => Err(NodeError::Loader { reason }),
+                Ok(ToRank::Failed { kind, reason }) => Err(NodeError::Batch { kind, reason }),
                 Ok(ToRank::Stop { rank, reason }) => {
                     self.done = true;
                     Err(stop_error(rank, reason))
@@ -322,6 +329,37 @@ impl NodeBatch {
     pub fn bytes(&self, i: usize) -> &[u8] {
         let p = &self.samples[i];
         self.inner.arena.read_at(p.offset as usize, p.len as usize)
+    }
+
+    /// Every sample's bytes as one run, when they lie back to back in sample order (the
+    /// host places them so): a batch of equal-sized samples is then one array. `None` for
+    /// an empty batch or samples placed apart.
+    pub fn contiguous(&self) -> Option<&[u8]> {
+        let first = self.samples.first()?;
+        let mut end = first.offset;
+        for p in &self.samples {
+            if p.offset != end {
+                return None;
+            }
+            end += p.len;
+        }
+        Some(
+            self.inner
+                .arena
+                .read_at(first.offset as usize, (end - first.offset) as usize),
+        )
+    }
+
+    /// As [`NodeBatch::contiguous`], writable: the slot is this rank's alone until the batch
+    /// drops (the host writes a slot only after its release).
+    pub fn contiguous_mut(&mut self) -> Option<&mut [u8]> {
+        let len = self.contiguous()?.len();
+        let offset = self.samples[0].offset as usize;
+        // SAFETY: the range was checked to be this batch's samples, inside the arena; the
+        // slot protocol gives the range to this batch alone until it drops and releases the
+        // slot, and the `&mut self` borrow keeps every other slice of it from this batch
+        // away while this one lives.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.inner.arena.range_ptr(offset, len), len) })
     }
 
     /// The batch's slot, for a consumer that tracks buffers.

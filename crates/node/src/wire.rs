@@ -63,11 +63,57 @@ pub(crate) enum ToRank {
         skipped: Vec<u32>,
     },
     /// The loader failed this rank's batch; the rank may go on (the host decides).
-    Failed { reason: String },
+    Failed { kind: Failure, reason: String },
     /// The job cannot go on: `rank` went away (`None`: the loader stopped).
     Stop { rank: Option<u32>, reason: String },
     /// Every epoch delivered.
     End,
+}
+
+/// What kind of failure a failed batch was, so that a rank reports it as the in-process
+/// loader would (a Python caller catches a read error as a read error).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// A sample could not be read.
+    Read,
+    /// A sample could not be decoded.
+    Decode,
+    /// An epoch skipped more samples than its budget allows.
+    TooManyFailures,
+    /// Anything else the loader reported.
+    Other,
+}
+
+impl Failure {
+    /// The class of one of the facade's errors.
+    pub fn of(e: &lobster_io::Error) -> Failure {
+        use lobster_io::Error as E;
+        match e {
+            E::Read { .. } | E::SizeChanged { .. } => Failure::Read,
+            E::Decode { .. } => Failure::Decode,
+            E::TooManyFailures { .. } => Failure::TooManyFailures,
+            _ => Failure::Other,
+        }
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            Failure::Read => 1,
+            Failure::Decode => 2,
+            Failure::TooManyFailures => 3,
+            Failure::Other => 0,
+        }
+    }
+
+    fn from_code(c: u8) -> Result<Failure, NodeError> {
+        match c {
+            0 => Ok(Failure::Other),
+            1 => Ok(Failure::Read),
+            2 => Ok(Failure::Decode),
+            3 => Ok(Failure::TooManyFailures),
+            k => Err(protocol(&format!("unknown failure kind {k}"))),
+        }
+    }
 }
 
 /// The error a [`ToRank::Stop`] names: the rank that went away, or the loader's failure.
@@ -99,6 +145,10 @@ impl Out {
         let mut v = Vec::with_capacity(64);
         v.extend_from_slice(&[0, 0, 0, 0, kind]);
         Out(v)
+    }
+    fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
     }
     fn u32(&mut self, v: u32) -> &mut Self {
         self.0.extend_from_slice(&v.to_le_bytes());
@@ -132,6 +182,9 @@ impl In<'_> {
         let (head, rest) = self.0.split_at(n);
         self.0 = rest;
         Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, NodeError> {
+        Ok(self.take(1)?[0])
     }
     fn u32(&mut self) -> Result<u32, NodeError> {
         Ok(u32::from_le_bytes(
@@ -258,9 +311,9 @@ impl ToRank {
                 }
                 o.done()
             }
-            ToRank::Failed { reason } => {
+            ToRank::Failed { kind, reason } => {
                 let mut o = Out::new(FAILED);
-                o.str(reason);
+                o.u8(kind.code()).str(reason);
                 o.done()
             }
             ToRank::Stop { rank, reason } => {
@@ -310,7 +363,10 @@ impl ToRank {
                     skipped,
                 }
             }
-            FAILED => ToRank::Failed { reason: i.str()? },
+            FAILED => ToRank::Failed {
+                kind: Failure::from_code(i.u8()?)?,
+                reason: i.str()?,
+            },
             STOP => ToRank::Stop {
                 rank: Some(i.u32()?).filter(|&r| r != u32::MAX),
                 reason: i.str()?,
@@ -410,6 +466,7 @@ mod tests {
                 skipped: vec![8, 9],
             },
             ToRank::Failed {
+                kind: Failure::Decode,
                 reason: "sample 4".into(),
             },
             ToRank::Stop {

@@ -235,7 +235,7 @@ pub(crate) fn rank_process(args: &RunArgs, local_rank: usize, job: &str) -> Resu
                 None
             }
             // A failed batch: the step is met, then every rank stops, as with threads.
-            Err(NodeError::Loader { reason }) => Some(reason),
+            Err(NodeError::Batch { reason, .. }) => Some(reason),
             Err(e) => return Err(e.into()),
         };
         let stop = rank.step(step, failure.is_some())?;

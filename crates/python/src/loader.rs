@@ -1,0 +1,727 @@
+//! `lobster_io.Loader`: one rank's batches, epoch after epoch.
+//!
+//! A process that is its node's only rank runs the facade's loader on its own threads. When
+//! a launcher runs several ranks a node, local rank 0 hosts the node's one engine
+//! (lobster-node's `NodeHost`) on its threads and every local rank, 0 too, attaches to it:
+//! batches arrive in the node's shared arena and the arrays are views of it.
+//!
+//! Either way a feeder thread takes the rank's batches as soon as a buffer is free and hands
+//! them over a channel of one; `__next__` waits on the channel with the GIL released.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use lobster_io::images::{ImageBatches, Pixels};
+use lobster_io::{
+    CachePolicy, Dataset, DistributedSampler, EpochOrder, LoaderBuilder, LoaderConfig, RankHandle,
+    RunMetrics, SampleMeta,
+};
+use lobster_node::{fingerprint, HostOptions, NodeBatch, NodeEnv, NodeHost, NodeRank};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use crate::batch::{Batch, Holder, Images, Made, Span, HEADER_BYTES};
+use crate::errors::{loader_error, node_error, DecodeError, Error, StoppedError};
+use crate::params::{self, Given, Output};
+
+/// How long a waiting iteration sleeps between looks for Ctrl-C.
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
+/// Batches the feeder may have made beyond those the caller holds.
+const FEEDER_AHEAD: usize = 1;
+/// How long a rank waits for its node's host, and the host for every rank.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(300);
+/// Pixels a decoded image may have when `transform="none"` on a node of several ranks,
+/// unless `slot_bytes` says otherwise: a slot must hold a batch of whole images.
+const NONE_MAX_PIXELS: u64 = 1 << 22;
+
+type Fed = Result<Made, PyErr>;
+
+/// What runs the rank's batches, kept for the loader's life.
+enum Engine {
+    /// The facade's loader, in this process.
+    InProcess(Box<dyn Metered>),
+    /// The node's host, on this process's threads (local rank 0).
+    Host(NodeHost),
+    /// Attached to another process's host.
+    Attached,
+}
+
+trait Metered: Send {
+    fn metrics(&self) -> RunMetrics;
+}
+
+impl<T: Send + 'static> Metered for lobster_io::Loader<T> {
+    fn metrics(&self) -> RunMetrics {
+        lobster_io::Loader::metrics(self)
+    }
+}
+
+/// A data loader for one rank: `len(loader)` batches an epoch, `epochs` epochs.
+#[pyclass(frozen, module = "lobster_io")]
+pub(crate) struct Loader {
+    engine: Mutex<Option<Engine>>,
+    batches: Receiver<Fed>,
+    per_epoch: usize,
+    epochs: u32,
+    /// The epoch the next iteration yields, and the batches of it already taken.
+    next_epoch: AtomicU32,
+    taken: Mutex<usize>,
+    channels_first: bool,
+    env: NodeEnv,
+    /// Where the node's shared arena is mapped, with several ranks a node.
+    arena: Option<std::ops::Range<usize>>,
+    /// The process that built it: a forked child has the loader's memory but none of its
+    /// threads, so it must not wait on them.
+    pid: u32,
+}
+
+/// Everything `Loader(...)` was given, checked.
+struct Settings {
+    data: String,
+    batch_size: usize,
+    epochs: u32,
+    seed: u64,
+    cache_bytes: Option<u64>,
+    cache_frac: f64,
+    policy: CachePolicy,
+    output: Output,
+    drop_last: bool,
+    errors: lobster_io::ErrorPolicy,
+    decode_threads: usize,
+    io_depth: usize,
+    slots: usize,
+    slot_bytes: Option<u64>,
+    decode: Option<Py<PyAny>>,
+}
+
+impl Settings {
+    fn config(&self, env: &NodeEnv, dataset: &Dataset) -> LoaderConfig {
+        let capacity = self
+            .cache_bytes
+            .unwrap_or((dataset.total_bytes() as f64 * self.cache_frac) as u64);
+        LoaderConfig {
+            nodes: env.nodes,
+            node: env.node,
+            ranks_per_node: env.local_world_size,
+            batch_size: self.batch_size,
+            epochs: self.epochs,
+            drop_last: self.drop_last,
+            // A cache of nothing is no cache, whatever the policy.
+            cache_policy: if capacity == 0 {
+                CachePolicy::None
+            } else {
+                self.policy
+            },
+            cache_capacity_bytes: capacity,
+            io_depth_budget: self.io_depth,
+            decode_threads: self.decode_threads,
+            error_policy: self.errors,
+            ..LoaderConfig::default()
+        }
+    }
+
+    /// Buffers a rank holds at once: the caller's, the one in the channel, the one the
+    /// feeder is making.
+    fn buffers(&self) -> usize {
+        self.slots + FEEDER_AHEAD + 1
+    }
+}
+
+/// Raw bytes for a decode callable; width, height and pixels for `transform="none"`.
+fn decode_bytes(output: Output) -> impl Fn(&[u8], &SampleMeta) -> Result<Vec<u8>, String> {
+    move |bytes, _meta| match output {
+        Output::Decoded => {
+            let image = lobster_io::image::decode(bytes).map_err(|e| e.to_string())?;
+            let mut v = Vec::with_capacity(HEADER_BYTES + image.pixels().len());
+            v.extend_from_slice(&image.width().to_le_bytes());
+            v.extend_from_slice(&image.height().to_le_bytes());
+            v.extend_from_slice(image.pixels());
+            Ok(v)
+        }
+        _ => Ok(bytes.to_vec()),
+    }
+}
+
+/// Makes a batch's images from its samples' bytes (each `&mut`, in the batch's order).
+fn images(
+    output: Output,
+    samples: Vec<&mut [u8]>,
+    ids: &[u32],
+    decode: Option<&(Py<PyAny>, Option<Arc<Dataset>>)>,
+) -> Result<Images, PyErr> {
+    match output {
+        Output::Stacked(_) => unreachable!("stacked batches are collated or contiguous"),
+        Output::Decoded => {
+            let mut each = Vec::with_capacity(samples.len());
+            for (bytes, id) in samples.into_iter().zip(ids) {
+                let bad = || Error::new_err(format!("sample {id}: a decoded image cut short"));
+                let (head, pixels) = bytes.split_at_mut_checked(HEADER_BYTES).ok_or_else(bad)?;
+                let w = u32::from_le_bytes(head[..4].try_into().expect("4 bytes")) as usize;
+                let h = u32::from_le_bytes(head[4..].try_into().expect("4 bytes")) as usize;
+                if pixels.len() != w * h * 3 {
+                    return Err(bad());
+                }
+                each.push((Span::of(pixels), [h, w, 3]));
+            }
+            Ok(Images::Each(each))
+        }
+        Output::Raw => {
+            let (f, dataset) = decode.expect("a raw batch has its decode callable");
+            Python::attach(|py| {
+                let mut out = Vec::with_capacity(samples.len());
+                for (bytes, &id) in samples.iter().zip(ids) {
+                    let arg = PyBytes::new(py, bytes);
+                    match f.call1(py, (arg,)) {
+                        Ok(o) => out.push(o),
+                        Err(e) => {
+                            let file = dataset
+                                .as_ref()
+                                .and_then(|d| d.samples().get(id as usize))
+                                .map(|m| format!(" ({})", m.key()))
+                                .unwrap_or_default();
+                            let err = DecodeError::new_err(format!(
+                                "decoding sample {id}{file} with the decode callable failed: {e}"
+                            ));
+                            err.set_cause(py, Some(e));
+                            return Err(err);
+                        }
+                    }
+                }
+                Ok(Images::Objects(out))
+            })
+        }
+    }
+}
+
+/// The in-process rank's collated batches.
+fn feed_collated(rank: RankHandle<Pixels>, dataset: Arc<Dataset>, buffers: usize, tx: &Sender<Fed>) {
+    for b in ImageBatches::new(rank, dataset, buffers) {
+        let made = b.map_err(loader_error).map(|mut b| {
+            let shape = b.shape();
+            let span = Span::of(b.images_mut());
+            Made {
+                epoch: b.epoch,
+                iteration: b.iteration,
+                ids: b.ids.clone(),
+                labels: b.labels().to_vec(),
+                skipped: b.skipped.clone(),
+                images: Images::Stacked { span, shape },
+                _holder: Some(Box::new(b)),
+            }
+        });
+        if tx.send(made).is_err() {
+            return;
+        }
+    }
+}
+
+/// The in-process rank's batches of samples (decoded at their own size, or raw bytes for a
+/// decode callable).
+fn feed_samples(
+    rank: RankHandle<Vec<u8>>,
+    output: Output,
+    decode: Option<(Py<PyAny>, Option<Arc<Dataset>>)>,
+    tx: &Sender<Fed>,
+) {
+    for b in rank {
+        let made = b.map_err(loader_error).and_then(|mut b| {
+            let ids: Vec<u32> = b.samples.iter().map(|s| s.id).collect();
+            let labels = b.samples.iter().map(|s| s.label).collect();
+            let skipped = std::mem::take(&mut b.skipped);
+            let (epoch, iteration) = (b.epoch, b.iteration);
+            let bytes = b.samples.iter_mut().map(|s| &mut s.value[..]).collect();
+            let images = images(output, bytes, &ids, decode.as_ref())?;
+            let holder: Holder = match images {
+                // The callable's arrays are its own: the bytes can go now.
+                Images::Objects(_) => None,
+                _ => Some(Box::new(b) as Box<_>),
+            };
+            Ok(Made {
+                epoch,
+                iteration,
+                ids,
+                labels,
+                skipped,
+                images,
+                _holder: holder,
+            })
+        });
+        if tx.send(made).is_err() {
+            return;
+        }
+    }
+}
+
+/// An attached rank's batches, in the node's arena.
+fn feed_node(
+    rank: NodeRank,
+    output: Output,
+    decode: Option<(Py<PyAny>, Option<Arc<Dataset>>)>,
+    tx: &Sender<Fed>,
+) {
+    for b in rank {
+        let made = b.map_err(node_error).and_then(|b| node_batch(b, output, decode.as_ref()));
+        if tx.send(made).is_err() {
+            return;
+        }
+    }
+}
+
+fn node_batch(
+    mut b: NodeBatch,
+    output: Output,
+    decode: Option<&(Py<PyAny>, Option<Arc<Dataset>>)>,
+) -> Result<Made, PyErr> {
+    let ids: Vec<u32> = b.samples.iter().map(|p| p.id).collect();
+    let labels = b.samples.iter().map(|p| p.label).collect();
+    let skipped = std::mem::take(&mut b.skipped);
+    let (epoch, iteration) = (b.epoch, b.iteration);
+    let lens: Vec<usize> = b.samples.iter().map(|p| p.len as usize).collect();
+    let apart = || Error::new_err("a batch's samples were not placed back to back in its slot");
+    let images = if b.samples.is_empty() {
+        match output {
+            Output::Stacked(_) => Images::Stacked {
+                span: Span::of(&mut []),
+                shape: [0, 0, 0, 3],
+            },
+            _ => Images::Each(Vec::new()),
+        }
+    } else {
+        let run = b.contiguous_mut().ok_or_else(apart)?;
+        match output {
+            Output::Stacked(t) => {
+                let side = match t {
+                    lobster_io::image::Transform::Train { size }
+                    | lobster_io::image::Transform::Eval { size } => size as usize,
+                    lobster_io::image::Transform::None => unreachable!("none is not stacked"),
+                };
+                let each = side * side * 3;
+                if lens.iter().any(|&l| l != each) {
+                    return Err(Error::new_err(format!(
+                        "a batch's images are not all {side} x {side} x 3 bytes"
+                    )));
+                }
+                Images::Stacked {
+                    span: Span::of(run),
+                    shape: [ids.len(), side, side, 3],
+                }
+            }
+            _ => {
+                let mut rest = run;
+                let mut samples = Vec::with_capacity(lens.len());
+                for &len in &lens {
+                    let (one, tail) = rest.split_at_mut(len);
+                    samples.push(one);
+                    rest = tail;
+                }
+                images(output, samples, &ids, decode)?
+            }
+        }
+    };
+    let holder: Holder = match images {
+        Images::Objects(_) => None,
+        _ => Some(Box::new(b) as Box<_>),
+    };
+    Ok(Made {
+        epoch,
+        iteration,
+        ids,
+        labels,
+        skipped,
+        images,
+        _holder: holder,
+    })
+}
+
+fn spawn_feeder(f: impl FnOnce() + Send + 'static) -> PyResult<()> {
+    std::thread::Builder::new()
+        .name("lobster-py-feeder".into())
+        .spawn(f)
+        .map(drop)
+        .map_err(|e| Error::new_err(format!("cannot start the feeder thread: {e}")))
+}
+
+/// What every rank of a node must agree on: the node's fingerprint and what the samples
+/// become.
+fn agreed(dataset: &Dataset, config: &LoaderConfig, s: &Settings) -> Vec<(String, String)> {
+    let mut v = fingerprint(dataset, config, s.seed);
+    v.push(("output".into(), s.output.name()));
+    v
+}
+
+/// Starts this rank: the loader in process, or the node's host and this rank attached.
+fn start(
+    s: Settings,
+    env: &NodeEnv,
+) -> PyResult<(Engine, Receiver<Fed>, usize, Option<std::ops::Range<usize>>)> {
+    let dataset = Arc::new(Dataset::open(&s.data).map_err(loader_error)?);
+    let config = s.config(env, &dataset);
+    let order = EpochOrder::Shuffle { seed: s.seed };
+    let world = env.nodes * env.local_world_size;
+    let per_epoch = DistributedSampler::new(dataset.len(), world, s.drop_last, order)
+        .map_err(loader_error)?
+        .per_rank()
+        .div_ceil(s.batch_size.max(1));
+    let (tx, rx) = crossbeam_channel::bounded(FEEDER_AHEAD);
+    let buffers = s.buffers();
+    let decode = s
+        .decode
+        .as_ref()
+        .map(|f| Python::attach(|py| f.clone_ref(py)))
+        .map(|f| (f, Some(Arc::clone(&dataset))));
+    let builder_pixels = |t| {
+        LoaderBuilder::<Pixels>::new(Arc::clone(&dataset))
+            .config(config.clone())
+            .seed(s.seed)
+            .decode_images(t)
+    };
+    let builder_bytes = || {
+        LoaderBuilder::<Vec<u8>>::new(Arc::clone(&dataset))
+            .config(config.clone())
+            .seed(s.seed)
+            .decode(decode_bytes(s.output))
+    };
+    if env.local_world_size == 1 {
+        let engine: Box<dyn Metered> = match s.output {
+            Output::Stacked(t) => {
+                let mut loader = builder_pixels(t).build().map_err(loader_error)?;
+                let rank = take_rank(&mut loader)?;
+                let ds = Arc::clone(&dataset);
+                spawn_feeder(move || feed_collated(rank, ds, buffers, &tx))?;
+                Box::new(loader)
+            }
+            output => {
+                let mut loader = builder_bytes().build().map_err(loader_error)?;
+                let rank = take_rank(&mut loader)?;
+                spawn_feeder(move || feed_samples(rank, output, decode, &tx))?;
+                Box::new(loader)
+            }
+        };
+        return Ok((Engine::InProcess(engine), rx, per_epoch, None));
+    }
+    let attaching = agreed(&dataset, &config, &s);
+    let engine = if env.is_host() {
+        let sample_bytes = match s.output {
+            Output::Stacked(lobster_io::image::Transform::Train { size })
+            | Output::Stacked(lobster_io::image::Transform::Eval { size }) => {
+                u64::from(size) * u64::from(size) * 3
+            }
+            Output::Stacked(lobster_io::image::Transform::None) | Output::Decoded => {
+                HEADER_BYTES as u64 + 3 * NONE_MAX_PIXELS
+            }
+            Output::Raw => dataset.max_sample_bytes(),
+        };
+        let options = HostOptions {
+            slots_per_rank: buffers,
+            slot_bytes: s
+                .slot_bytes
+                .unwrap_or(sample_bytes * s.batch_size as u64),
+            attach_timeout: ATTACH_TIMEOUT,
+        };
+        let host = match s.output {
+            Output::Stacked(t) => {
+                let loader = builder_pixels(t).build().map_err(loader_error)?;
+                NodeHost::start(env, loader, attaching.clone(), options)
+            }
+            _ => {
+                let loader = builder_bytes().build().map_err(loader_error)?;
+                NodeHost::start(env, loader, attaching.clone(), options)
+            }
+        }
+        .map_err(node_error)?;
+        Engine::Host(host)
+    } else {
+        Engine::Attached
+    };
+    // The sample table is the host's: the others hold none of it (a decode callable's
+    // error names its sample's file, so that path keeps it).
+    drop(dataset);
+    let rank = NodeRank::attach(env, attaching, ATTACH_TIMEOUT).map_err(node_error)?;
+    let arena = rank.arena_span();
+    let output = s.output;
+    spawn_feeder(move || feed_node(rank, output, decode, &tx))?;
+    Ok((engine, rx, per_epoch, Some(arena)))
+}
+
+fn take_rank<T: Send + 'static>(loader: &mut lobster_io::Loader<T>) -> PyResult<RankHandle<T>> {
+    loader
+        .ranks()
+        .and_then(|mut r| r.pop())
+        .ok_or_else(|| Error::new_err("the loader's rank was already taken"))
+}
+
+#[pymethods]
+impl Loader {
+    #[new]
+    #[pyo3(signature = (
+        data, batch_size, *, epochs = 1, seed = 0, cache_bytes = None, cache_frac = 0.2,
+        policy = "lobster", image_size = 224, transform = "train", drop_last = false,
+        on_error = "fail", max_failures = None, decode_threads = 2, io_depth = 128,
+        channels_first = false, slots = 2, decode = None, rank = None, world_size = None,
+        local_rank = None, local_world_size = None, job_id = None, slot_bytes = None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        data: &str,
+        batch_size: usize,
+        epochs: u32,
+        seed: u64,
+        cache_bytes: Option<u64>,
+        cache_frac: f64,
+        policy: &str,
+        image_size: u32,
+        transform: &str,
+        drop_last: bool,
+        on_error: &str,
+        max_failures: Option<f64>,
+        decode_threads: usize,
+        io_depth: usize,
+        channels_first: bool,
+        slots: usize,
+        decode: Option<Py<PyAny>>,
+        rank: Option<usize>,
+        world_size: Option<usize>,
+        local_rank: Option<usize>,
+        local_world_size: Option<usize>,
+        job_id: Option<String>,
+        slot_bytes: Option<u64>,
+    ) -> PyResult<Self> {
+        if !(0.0..=1.0).contains(&cache_frac) {
+            return Err(PyValueError::new_err(format!(
+                "cache_frac = {cache_frac}: allowed 0 to 1"
+            )));
+        }
+        if slots == 0 {
+            return Err(PyValueError::new_err("slots = 0: at least 1"));
+        }
+        if batch_size == 0 {
+            return Err(PyValueError::new_err("batch_size = 0: at least 1"));
+        }
+        if slot_bytes == Some(0) {
+            return Err(PyValueError::new_err("slot_bytes = 0: at least 1"));
+        }
+        if let Some(f) = &decode {
+            if !f.bind(py).is_callable() {
+                return Err(PyValueError::new_err(
+                    "decode: a callable taking a sample's bytes and returning its array",
+                ));
+            }
+        }
+        let env = params::place(&Given {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            job_id,
+        })?;
+        let settings = Settings {
+            data: data.to_owned(),
+            batch_size,
+            epochs,
+            seed,
+            cache_bytes,
+            cache_frac,
+            policy: params::cache_policy(policy)?,
+            output: params::output(transform, image_size, decode.is_some())?,
+            drop_last,
+            errors: params::error_policy(on_error, max_failures)?,
+            decode_threads,
+            io_depth,
+            slots,
+            slot_bytes,
+            decode,
+        };
+        let started_env = env.clone();
+        let (engine, batches, per_epoch, arena) = py.detach(move || start(settings, &started_env))?;
+        Ok(Loader {
+            engine: Mutex::new(Some(engine)),
+            batches,
+            per_epoch,
+            epochs,
+            next_epoch: AtomicU32::new(0),
+            taken: Mutex::new(0),
+            channels_first,
+            env,
+            arena,
+            pid: std::process::id(),
+        })
+    }
+
+    /// Batches per epoch.
+    fn __len__(&self) -> usize {
+        self.per_epoch
+    }
+
+    /// Epochs the loader was built for.
+    #[getter]
+    fn epochs(&self) -> u32 {
+        self.epochs
+    }
+
+    /// This process's global rank.
+    #[getter]
+    fn rank(&self) -> usize {
+        self.env.rank
+    }
+
+    /// Ranks in the job.
+    #[getter]
+    fn world_size(&self) -> usize {
+        self.env.world_size
+    }
+
+    /// This process's rank on its node; local rank 0 hosts the node's engine.
+    #[getter]
+    fn local_rank(&self) -> usize {
+        self.env.local_rank
+    }
+
+    /// Ranks on this node.
+    #[getter]
+    fn local_world_size(&self) -> usize {
+        self.env.local_world_size
+    }
+
+    /// `(address, bytes)` of the node's shared arena in this process, which every batch's
+    /// images lie in; `None` for a node of one rank (its batches are this process's).
+    #[getter]
+    fn arena(&self) -> Option<(usize, usize)> {
+        self.arena.as_ref().map(|r| (r.start, r.end - r.start))
+    }
+
+    /// Names the epoch the next iteration yields. Epochs come in order (the plan covers
+    /// them all from the start): `epoch` must be the next one, or the one under way.
+    fn set_epoch(&self, epoch: u32) -> PyResult<()> {
+        let current = self.next_epoch.load(Ordering::SeqCst);
+        if epoch != current {
+            return Err(PyValueError::new_err(format!(
+                "epoch = {epoch}: the loader's next epoch is {current} (epochs are loaded in \
+                 order, 0 to {})",
+                self.epochs.saturating_sub(1)
+            )));
+        }
+        Ok(())
+    }
+
+    /// One epoch's batches: the next epoch, from where it stands.
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Batch>> {
+        if std::process::id() != self.pid {
+            return Err(Error::new_err(
+                "this Loader was built in another process (this one is a fork of it, e.g. a \
+                 DataLoader worker): build a Loader in the process that iterates it",
+            ));
+        }
+        if lock(&self.engine).is_none() {
+            return Err(StoppedError::new_err("the loader was closed"));
+        }
+        let epoch = self.next_epoch.load(Ordering::SeqCst);
+        if epoch >= self.epochs {
+            return Ok(None);
+        }
+        {
+            let mut taken = lock(&self.taken);
+            if *taken == self.per_epoch {
+                // The epoch is over: this iteration ends, the next begins the next epoch.
+                *taken = 0;
+                self.next_epoch.store(epoch + 1, Ordering::SeqCst);
+                return Ok(None);
+            }
+        }
+        let made = loop {
+            let rx = self.batches.clone();
+            match py.detach(move || rx.recv_timeout(SIGNAL_POLL)) {
+                Ok(b) => break b?,
+                Err(RecvTimeoutError::Timeout) => py.check_signals()?,
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(StoppedError::new_err(
+                        "the loader has no more batches (it stopped or ended)",
+                    ))
+                }
+            }
+        };
+        *lock(&self.taken) += 1;
+        Ok(Some(Batch::new(made, self.channels_first)))
+    }
+
+    /// The run's figures so far (hits, accesses, stall and load times...), as a dict: the
+    /// node's, from the process that runs its engine (a node's other ranks get `None`).
+    fn metrics(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        let m = match &*lock(&self.engine) {
+            None => return Err(StoppedError::new_err("the loader was closed")),
+            Some(Engine::InProcess(l)) => Some(l.metrics()),
+            Some(Engine::Host(h)) => h.metrics(),
+            Some(Engine::Attached) => None,
+        };
+        let Some(m) = m else { return Ok(None) };
+        let dict = PyDict::new(py);
+        dict.set_item("hits", m.hits)?;
+        dict.set_item("accesses", m.accesses)?;
+        dict.set_item("hit_ratio", m.hit_ratio)?;
+        dict.set_item("skipped", m.skipped)?;
+        dict.set_item("read_path", m.read_path)?;
+        Ok(Some(dict.into_any().unbind()))
+    }
+
+    /// Stops the loader; iterating afterwards raises `StoppedError`. On a node of several
+    /// ranks, local rank 0's close waits until every local rank has had its batches (the
+    /// node's engine runs in its process), or stops them all if it closes early.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let engine = lock(&self.engine).take();
+        let complete = self.complete();
+        py.detach(move || finish(engine, complete))
+    }
+}
+
+impl Loader {
+    /// Whether this rank took every batch of every epoch.
+    fn complete(&self) -> bool {
+        let epoch = self.next_epoch.load(Ordering::SeqCst);
+        epoch >= self.epochs
+            || (epoch + 1 == self.epochs && *lock(&self.taken) == self.per_epoch)
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        if std::process::id() != self.pid {
+            // A forked child: the engine's threads are not here to be waited for.
+            std::mem::forget(lock(&self.engine).take());
+            return;
+        }
+        let engine = lock(&self.engine).take();
+        let complete = self.complete();
+        if let Err(e) = finish(engine, complete) {
+            log::warn!("lobster_io: closing the loader: {e}");
+        }
+    }
+}
+
+/// Ends an engine: a host waits for the node's other ranks (or stops them if this rank
+/// stopped early).
+fn finish(engine: Option<Engine>, complete: bool) -> PyResult<()> {
+    match engine {
+        Some(Engine::Host(host)) => {
+            if !complete {
+                host.stop("local rank 0 closed its loader before its last batch");
+            }
+            match host.wait() {
+                Ok(_) => Ok(()),
+                Err(e) if complete => Err(node_error(e)),
+                Err(_) => Ok(()),
+            }
+        }
+        _ => Ok(()),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

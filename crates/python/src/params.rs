@@ -1,0 +1,169 @@
+//! Python's keyword arguments as the Rust crates' settings, each refused with its name.
+
+use lobster_io::image::Transform;
+use lobster_io::{CachePolicy, ErrorPolicy, FailureBudget};
+use lobster_node::NodeEnv;
+use pyo3::exceptions::PyValueError;
+use pyo3::PyResult;
+
+use crate::errors::node_error;
+
+/// What the loader's workers make of a sample.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Output {
+    /// Decoded and transformed to `size` x `size`: one `[B, H, W, 3]` array a batch.
+    Stacked(Transform),
+    /// Decoded at its own size: one `[H, W, 3]` array a sample.
+    Decoded,
+    /// The sample's bytes, for a Python decode callable in the iterating process.
+    Raw,
+}
+
+impl Output {
+    /// The configuration field ranks must agree on.
+    pub(crate) fn name(self) -> String {
+        match self {
+            Output::Stacked(Transform::Train { size }) => format!("train {size}"),
+            Output::Stacked(Transform::Eval { size }) => format!("eval {size}"),
+            Output::Stacked(Transform::None) | Output::Decoded => "none".into(),
+            Output::Raw => "python".into(),
+        }
+    }
+}
+
+pub(crate) fn output(name: &str, size: u32, python_decode: bool) -> PyResult<Output> {
+    if size == 0 {
+        return Err(PyValueError::new_err("image_size = 0: at least 1"));
+    }
+    match (name, python_decode) {
+        ("train", false) => Ok(Output::Stacked(Transform::Train { size })),
+        ("eval", false) => Ok(Output::Stacked(Transform::Eval { size })),
+        ("none", false) => Ok(Output::Decoded),
+        ("none", true) => Ok(Output::Raw),
+        (other @ ("train" | "eval"), true) => Err(PyValueError::new_err(format!(
+            "transform = {other:?} with decode: a Python decode callable returns its own \
+             arrays; give transform=\"none\""
+        ))),
+        (other, _) => Err(PyValueError::new_err(format!(
+            "transform = {other:?}: one of \"train\", \"eval\", \"none\""
+        ))),
+    }
+}
+
+pub(crate) fn cache_policy(name: &str) -> PyResult<CachePolicy> {
+    match name {
+        "lobster" | "reuse" => Ok(CachePolicy::Reuse),
+        "nopfs" | "static" => Ok(CachePolicy::Static),
+        "lru" => Ok(CachePolicy::Lru),
+        "none" => Ok(CachePolicy::None),
+        other => Err(PyValueError::new_err(format!(
+            "policy = {other:?}: one of \"lobster\", \"nopfs\", \"lru\", \"none\""
+        ))),
+    }
+}
+
+pub(crate) fn error_policy(on_error: &str, max_failures: Option<f64>) -> PyResult<ErrorPolicy> {
+    match (on_error, max_failures) {
+        ("fail", None) => Ok(ErrorPolicy::Fail),
+        ("fail", Some(_)) => Err(PyValueError::new_err(
+            "max_failures is for on_error=\"skip\"",
+        )),
+        ("skip", budget) => {
+            let max_failures = match budget {
+                None => FailureBudget::Fraction(0.01),
+                Some(f) if (0.0..1.0).contains(&f) => FailureBudget::Fraction(f),
+                Some(n) if n >= 1.0 && n.fract() == 0.0 => FailureBudget::Count(n as u64),
+                Some(x) => {
+                    return Err(PyValueError::new_err(format!(
+                        "max_failures = {x}: a count (1, 2, ...) or a fraction in [0, 1)"
+                    )))
+                }
+            };
+            Ok(ErrorPolicy::Skip { max_failures })
+        }
+        (other, _) => Err(PyValueError::new_err(format!(
+            "on_error = {other:?}: \"fail\" or \"skip\""
+        ))),
+    }
+}
+
+/// The position a caller gave, all of it or none.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Given {
+    pub rank: Option<usize>,
+    pub world_size: Option<usize>,
+    pub local_rank: Option<usize>,
+    pub local_world_size: Option<usize>,
+    pub job_id: Option<String>,
+}
+
+/// Variables whose presence says a launcher started this process.
+const LAUNCHER_VARS: [&str; 4] = [
+    "LOBSTER_LOCAL_RANK",
+    "LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "SLURM_LOCALID",
+];
+
+/// Where this process stands: given, else read from the launcher's variables, else a
+/// single process (one rank on one node).
+pub(crate) fn place(given: &Given) -> PyResult<NodeEnv> {
+    let parts = [
+        given.rank,
+        given.world_size,
+        given.local_rank,
+        given.local_world_size,
+    ];
+    if parts.iter().any(Option::is_some) {
+        let [Some(rank), Some(world_size), Some(local_rank), Some(local_world_size)] = parts
+        else {
+            return Err(PyValueError::new_err(
+                "rank, world_size, local_rank, local_world_size: give all four or none (none: \
+                 the launcher's environment says)",
+            ));
+        };
+        if local_world_size == 0 || world_size % local_world_size != 0 {
+            return Err(PyValueError::new_err(format!(
+                "local_world_size = {local_world_size}: every node runs as many ranks, so it \
+                 must divide world_size = {world_size}"
+            )));
+        }
+        let job_id = match (given.job_id.clone(), std::env::var("LOBSTER_JOB_ID").ok()) {
+            (Some(id), _) | (None, Some(id)) => id,
+            (None, None) if local_world_size == 1 => "single".into(),
+            (None, None) => {
+                return Err(PyValueError::new_err(
+                    "job_id: needed (or LOBSTER_JOB_ID) when several local ranks meet, so that \
+                     two jobs on one machine never do",
+                ))
+            }
+        };
+        return NodeEnv::new(
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            rank / local_world_size,
+            world_size / local_world_size,
+            job_id,
+        )
+        .map_err(node_error);
+    }
+    if LAUNCHER_VARS.iter().any(|v| std::env::var_os(v).is_some()) {
+        let mut env = NodeEnv::from_env().map_err(node_error)?;
+        if let Some(id) = &given.job_id {
+            env = NodeEnv::new(
+                env.rank,
+                env.world_size,
+                env.local_rank,
+                env.local_world_size,
+                env.node,
+                env.nodes,
+                id.clone(),
+            )
+            .map_err(node_error)?;
+        }
+        return Ok(env);
+    }
+    NodeEnv::new(0, 1, 0, 1, 0, 1, "single").map_err(node_error)
+}

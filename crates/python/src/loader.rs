@@ -197,7 +197,12 @@ fn images(
 }
 
 /// The in-process rank's collated batches.
-fn feed_collated(rank: RankHandle<Pixels>, dataset: Arc<Dataset>, buffers: usize, tx: &Sender<Fed>) {
+fn feed_collated(
+    rank: RankHandle<Pixels>,
+    dataset: Arc<Dataset>,
+    buffers: usize,
+    tx: &Sender<Fed>,
+) {
     for b in ImageBatches::new(rank, dataset, buffers) {
         let made = b.map_err(loader_error).map(|mut b| {
             let shape = b.shape();
@@ -263,7 +268,9 @@ fn feed_node(
     tx: &Sender<Fed>,
 ) {
     for b in rank {
-        let made = b.map_err(node_error).and_then(|b| node_batch(b, output, decode.as_ref()));
+        let made = b
+            .map_err(node_error)
+            .and_then(|b| node_batch(b, output, decode.as_ref()));
         if tx.send(made).is_err() {
             return;
         }
@@ -352,11 +359,11 @@ fn agreed(dataset: &Dataset, config: &LoaderConfig, s: &Settings) -> Vec<(String
     v
 }
 
+/// A started rank: its engine, its batches, batches an epoch, and the node's arena.
+type Started = (Engine, Receiver<Fed>, usize, Option<std::ops::Range<usize>>);
+
 /// Starts this rank: the loader in process, or the node's host and this rank attached.
-fn start(
-    s: Settings,
-    env: &NodeEnv,
-) -> PyResult<(Engine, Receiver<Fed>, usize, Option<std::ops::Range<usize>>)> {
+fn start(s: Settings, env: &NodeEnv) -> PyResult<Started> {
     let dataset = Arc::new(Dataset::open(&s.data).map_err(loader_error)?);
     let config = s.config(env, &dataset);
     let order = EpochOrder::Shuffle { seed: s.seed };
@@ -416,9 +423,7 @@ fn start(
         };
         let options = HostOptions {
             slots_per_rank: buffers,
-            slot_bytes: s
-                .slot_bytes
-                .unwrap_or(sample_bytes * s.batch_size as u64),
+            slot_bytes: s.slot_bytes.unwrap_or(sample_bytes * s.batch_size as u64),
             attach_timeout: ATTACH_TIMEOUT,
         };
         let host = match s.output {
@@ -536,7 +541,8 @@ impl Loader {
             decode,
         };
         let started_env = env.clone();
-        let (engine, batches, per_epoch, arena) = py.detach(move || start(settings, &started_env))?;
+        let (engine, batches, per_epoch, arena) =
+            py.detach(move || start(settings, &started_env))?;
         Ok(Loader {
             engine: Mutex::new(Some(engine)),
             batches,
@@ -684,8 +690,7 @@ impl Loader {
     /// Whether this rank took every batch of every epoch.
     fn complete(&self) -> bool {
         let epoch = self.next_epoch.load(Ordering::SeqCst);
-        epoch >= self.epochs
-            || (epoch + 1 == self.epochs && *lock(&self.taken) == self.per_epoch)
+        epoch >= self.epochs || (epoch + 1 == self.epochs && *lock(&self.taken) == self.per_epoch)
     }
 }
 

@@ -115,8 +115,7 @@ pub(crate) fn place(given: &Given) -> PyResult<NodeEnv> {
         given.local_world_size,
     ];
     if parts.iter().any(Option::is_some) {
-        let [Some(rank), Some(world_size), Some(local_rank), Some(local_world_size)] = parts
-        else {
+        let [Some(rank), Some(world_size), Some(local_rank), Some(local_world_size)] = parts else {
             return Err(PyValueError::new_err(
                 "rank, world_size, local_rank, local_world_size: give all four or none (none: \
                  the launcher's environment says)",
@@ -128,16 +127,15 @@ pub(crate) fn place(given: &Given) -> PyResult<NodeEnv> {
                  must divide world_size = {world_size}"
             )));
         }
-        let job_id = match (given.job_id.clone(), std::env::var("LOBSTER_JOB_ID").ok()) {
-            (Some(id), _) | (None, Some(id)) => id,
-            (None, None) if local_world_size == 1 => "single".into(),
-            (None, None) => {
-                return Err(PyValueError::new_err(
+        let job_id =
+            match (given.job_id.clone(), std::env::var("LOBSTER_JOB_ID").ok()) {
+                (Some(id), _) | (None, Some(id)) => id,
+                (None, None) if local_world_size == 1 => "single".into(),
+                (None, None) => return Err(PyValueError::new_err(
                     "job_id: needed (or LOBSTER_JOB_ID) when several local ranks meet, so that \
                      two jobs on one machine never do",
-                ))
-            }
-        };
+                )),
+            };
         return NodeEnv::new(
             rank,
             world_size,

@@ -359,7 +359,9 @@ impl NodeBatch {
         // slot protocol gives the range to this batch alone until it drops and releases the
         // slot, and the `&mut self` borrow keeps every other slice of it from this batch
         // away while this one lives.
-        Some(unsafe { std::slice::from_raw_parts_mut(self.inner.arena.range_ptr(offset, len), len) })
+        Some(unsafe {
+            std::slice::from_raw_parts_mut(self.inner.arena.range_ptr(offset, len), len)
+        })
     }
 
     /// The batch's slot, for a consumer that tracks buffers.

@@ -59,7 +59,29 @@ impl<T: Send + 'static> Metered for lobster_io::Loader<T> {
     }
 }
 
-/// A data loader for one rank: `len(loader)` batches an epoch, `epochs` epochs.
+/// Loader(data, batch_size, *, epochs=1, seed=0, cache_bytes=None, cache_frac=0.2,
+///        policy="lobster", image_size=224, transform="train", drop_last=False,
+///        on_error="fail", max_failures=None, decode_threads=2, io_depth=128,
+///        channels_first=False, slots=2, decode=None, rank=None, world_size=None,
+///        local_rank=None, local_world_size=None, job_id=None, slot_bytes=None)
+///
+/// One rank's batches of the image folder (or packed dataset) `data`: `len(loader)`
+/// batches an epoch, `epochs` epochs, in `DistributedSampler(shuffle=True, seed=seed)`
+/// order. The cache holds `cache_bytes` (else `cache_frac` of the dataset) under `policy`
+/// ("lobster": evict the sample needed farthest ahead; "nopfs", "lru", "none").
+/// `transform` is "train" (RandomResizedCrop to `image_size` and a flip, seeded by seed,
+/// epoch and sample), "eval" (resize and centre crop) or "none" (each image at its own
+/// size; with `decode`, a callable `decode(bytes) -> array` run per sample in this
+/// process: the slow path). `on_error="skip"` leaves out samples that fail, up to
+/// `max_failures` (a count, or a fraction of the epoch). `decode_threads` and `io_depth`
+/// are the node's budgets, balanced across its ranks every iteration. `slots` is how many
+/// batches the caller may hold at once.
+///
+/// The position (rank, world, local rank and size, job id) comes from the arguments, else
+/// the launcher's variables (torchrun, Open MPI, Slurm, LOBSTER_*), else one process alone.
+/// With several ranks a node, local rank 0 hosts the node's engine; `slot_bytes` sizes
+/// each batch's slot of the shared arena when the default (a batch of transformed images,
+/// or of 4 Mpixel images for "none") does not fit.
 #[pyclass(frozen, module = "lobster_io")]
 pub(crate) struct Loader {
     engine: Mutex<Option<Engine>>,

@@ -38,10 +38,7 @@ pub enum NodeError {
     /// The loader failed; its error, as the host reported it.
     Loader { reason: String },
     /// The loader failed this rank's batch (the job may go on, as the error policy says).
-    Batch {
-        kind: crate::wire::Failure,
-        reason: String,
-    },
+    Batch { kind: Failure, reason: String },
 }
 
 impl fmt::Display for NodeError {
@@ -102,6 +99,54 @@ impl NodeError {
             call,
             what: what.into(),
             source: std::io::Error::last_os_error(),
+        }
+    }
+}
+
+/// What kind of failure a failed batch was, so that a rank reports it as the in-process
+/// loader would (a Python caller catches a read error as a read error).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// A sample could not be read.
+    Read,
+    /// A sample could not be decoded.
+    Decode,
+    /// An epoch skipped more samples than its budget allows.
+    TooManyFailures,
+    /// Anything else the loader reported.
+    Other,
+}
+
+impl Failure {
+    /// The class of one of the facade's errors.
+    pub fn of(e: &lobster_io::Error) -> Failure {
+        use lobster_io::Error as E;
+        match e {
+            E::Read { .. } | E::SizeChanged { .. } => Failure::Read,
+            E::Decode { .. } => Failure::Decode,
+            E::TooManyFailures { .. } => Failure::TooManyFailures,
+            _ => Failure::Other,
+        }
+    }
+
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Failure::Read => 1,
+            Failure::Decode => 2,
+            Failure::TooManyFailures => 3,
+            Failure::Other => 0,
+        }
+    }
+
+    pub(crate) fn from_code(c: u8) -> Result<Failure, NodeError> {
+        match c {
+            0 => Ok(Failure::Other),
+            1 => Ok(Failure::Read),
+            2 => Ok(Failure::Decode),
+            3 => Ok(Failure::TooManyFailures),
+            k => Err(NodeError::Protocol {
+                reason: format!("unknown failure kind {k}"),
+            }),
         }
     }
 }

@@ -19,10 +19,10 @@ use lobster_io::{Dataset, Loader, LoaderConfig, RankHandle, RunMetrics};
 
 use crate::arena::Arena;
 use crate::barrier;
-use crate::error::NodeError;
+use crate::error::{Failure, NodeError};
 use crate::fdpass::send_with_fd;
 use crate::launch::NodeEnv;
-use crate::wire::{read_frame, stop_error, Failure, Placed, ToHost, ToRank};
+use crate::wire::{read_frame, stop_error, Placed, ToHost, ToRank};
 
 /// How the host lays out the arena and how long it waits for the ranks.
 #[derive(Clone, Debug)]

@@ -68,8 +68,8 @@ mod rank;
 mod wire;
 
 pub use arena::Arena;
-pub use error::NodeError;
+pub use error::{Failure, NodeError};
 pub use host::{fingerprint, HostOptions, NodeHost};
 pub use launch::NodeEnv;
 pub use rank::{NodeBatch, NodeRank};
-pub use wire::{Failure, Placed};
+pub use wire::Placed;

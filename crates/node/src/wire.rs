@@ -4,7 +4,7 @@
 
 use std::io::Read;
 
-use crate::error::NodeError;
+use crate::error::{Failure, NodeError};
 
 /// The longest frame either side accepts: a batch of 65,536 samples fits.
 pub(crate) const FRAME_MAX_BYTES: usize = 2 << 20;
@@ -68,52 +68,6 @@ pub(crate) enum ToRank {
     Stop { rank: Option<u32>, reason: String },
     /// Every epoch delivered.
     End,
-}
-
-/// What kind of failure a failed batch was, so that a rank reports it as the in-process
-/// loader would (a Python caller catches a read error as a read error).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Failure {
-    /// A sample could not be read.
-    Read,
-    /// A sample could not be decoded.
-    Decode,
-    /// An epoch skipped more samples than its budget allows.
-    TooManyFailures,
-    /// Anything else the loader reported.
-    Other,
-}
-
-impl Failure {
-    /// The class of one of the facade's errors.
-    pub fn of(e: &lobster_io::Error) -> Failure {
-        use lobster_io::Error as E;
-        match e {
-            E::Read { .. } | E::SizeChanged { .. } => Failure::Read,
-            E::Decode { .. } => Failure::Decode,
-            E::TooManyFailures { .. } => Failure::TooManyFailures,
-            _ => Failure::Other,
-        }
-    }
-
-    fn code(self) -> u8 {
-        match self {
-            Failure::Read => 1,
-            Failure::Decode => 2,
-            Failure::TooManyFailures => 3,
-            Failure::Other => 0,
-        }
-    }
-
-    fn from_code(c: u8) -> Result<Failure, NodeError> {
-        match c {
-            0 => Ok(Failure::Other),
-            1 => Ok(Failure::Read),
-            2 => Ok(Failure::Decode),
-            3 => Ok(Failure::TooManyFailures),
-            k => Err(protocol(&format!("unknown failure kind {k}"))),
-        }
-    }
 }
 
 /// The error a [`ToRank::Stop`] names: the rank that went away, or the loader's failure.

@@ -1,0 +1,21 @@
+//! lobster-io across nodes.
+//!
+//! Every node computes every node's cache plan from the same inputs (seed, world, sizes,
+//! capacity, policy), so who holds which sample when is known locally, without traffic. That
+//! holds only if the nodes really share those inputs: [`Agreement`] is the start-up check
+//! that they do, refusing to run with an error naming the first field where a node differs
+//! from node 0.
+//!
+//! With the `mpi` feature, `MpiNodes` runs the check over MPI: one thread owns MPI (so the
+//! library needs only `MPI_THREAD_SERIALIZED`), and a program that initialised MPI itself
+//! keeps it: lobster uses it and does not finalise it.
+
+mod agreement;
+mod error;
+#[cfg(feature = "mpi")]
+mod mpi_nodes;
+
+pub use agreement::{Agreement, Fields};
+pub use error::NetError;
+#[cfg(feature = "mpi")]
+pub use mpi_nodes::MpiNodes;

@@ -261,20 +261,7 @@ fn feed_samples(
             let (epoch, iteration) = (b.epoch, b.iteration);
             let bytes = b.samples.iter_mut().map(|s| &mut s.value[..]).collect();
             let images = images(output, bytes, &ids, decode.as_ref())?;
-            let holder: Holder = match images {
-                // The callable's arrays are its own: the bytes can go now.
-                Images::Objects(_) => None,
-                _ => Some(Box::new(b) as Box<_>),
-            };
-            Ok(Made {
-                epoch,
-                iteration,
-                ids,
-                labels,
-                skipped,
-                images,
-                _holder: holder,
-            })
+            Ok(made(epoch, iteration, ids, labels, skipped, images, b))
         });
         if tx.send(made).is_err() {
             return;
@@ -321,12 +308,8 @@ fn node_batch(
     } else {
         let run = b.contiguous_mut().ok_or_else(apart)?;
         match output {
-            Output::Stacked(t) => {
-                let side = match t {
-                    lobster_io::image::Transform::Train { size }
-                    | lobster_io::image::Transform::Eval { size } => size as usize,
-                    lobster_io::image::Transform::None => unreachable!("none is not stacked"),
-                };
+            Output::Stacked(_) => {
+                let side = output.side().expect("a stacked output has a side") as usize;
                 let each = side * side * 3;
                 if lens.iter().any(|&l| l != each) {
                     return Err(Error::new_err(format!(
@@ -350,11 +333,25 @@ fn node_batch(
             }
         }
     };
+    Ok(made(epoch, iteration, ids, labels, skipped, images, b))
+}
+
+/// A batch for Python, holding `holder` for as long as its images view it.
+fn made(
+    epoch: u32,
+    iteration: u32,
+    ids: Vec<u32>,
+    labels: Vec<u32>,
+    skipped: Vec<u32>,
+    images: Images,
+    holder: impl std::any::Any + Send + Sync,
+) -> Made {
     let holder: Holder = match images {
+        // The callable's arrays are its own: the bytes can go now.
         Images::Objects(_) => None,
-        _ => Some(Box::new(b) as Box<_>),
+        _ => Some(Box::new(holder)),
     };
-    Ok(Made {
+    Made {
         epoch,
         iteration,
         ids,
@@ -362,7 +359,7 @@ fn node_batch(
         skipped,
         images,
         _holder: holder,
-    })
+    }
 }
 
 fn spawn_feeder(f: impl FnOnce() + Send + 'static) -> PyResult<()> {
@@ -433,15 +430,10 @@ fn start(s: Settings, env: &NodeEnv) -> PyResult<Started> {
     }
     let attaching = agreed(&dataset, &config, &s);
     let engine = if env.is_host() {
-        let sample_bytes = match s.output {
-            Output::Stacked(lobster_io::image::Transform::Train { size })
-            | Output::Stacked(lobster_io::image::Transform::Eval { size }) => {
-                u64::from(size) * u64::from(size) * 3
-            }
-            Output::Stacked(lobster_io::image::Transform::None) | Output::Decoded => {
-                HEADER_BYTES as u64 + 3 * NONE_MAX_PIXELS
-            }
-            Output::Raw => dataset.max_sample_bytes(),
+        let sample_bytes = match (s.output.side(), s.output) {
+            (Some(side), _) => u64::from(side) * u64::from(side) * 3,
+            (None, Output::Raw) => dataset.max_sample_bytes(),
+            (None, _) => HEADER_BYTES as u64 + 3 * NONE_MAX_PIXELS,
         };
         let options = HostOptions {
             slots_per_rank: buffers,

@@ -20,6 +20,14 @@ pub(crate) enum Output {
 }
 
 impl Output {
+    /// The side of a stacked batch's square images.
+    pub(crate) fn side(self) -> Option<u32> {
+        match self {
+            Output::Stacked(Transform::Train { size } | Transform::Eval { size }) => Some(size),
+            _ => None,
+        }
+    }
+
     /// The configuration field ranks must agree on.
     pub(crate) fn name(self) -> String {
         match self {

@@ -56,6 +56,7 @@
 
 pub use lobster_cache as cache;
 pub use lobster_image as image;
+pub use lobster_net as net;
 pub use lobster_sched as sched;
 pub use lobster_uring as uring;
 
@@ -65,6 +66,7 @@ mod dataset;
 mod emulate;
 mod error;
 mod faults;
+mod holders;
 pub mod images;
 mod loader;
 mod metrics;
@@ -77,6 +79,7 @@ pub use dataset::{Dataset, FolderOptions, SampleMeta, SampleRecord, IMAGE_EXTENS
 pub use emulate::StorageEmulation;
 pub use error::{Cause, Error};
 pub use faults::{AttemptFaults, ErrorPolicy, FailureBudget, Fault, FaultInjection, READ_ATTEMPTS};
+pub use holders::{PeerPlan, PeerPlanInputs};
 pub use loader::{Loader, LoaderBuilder, RankHandle};
 pub use metrics::{AllocationRecord, IterationMetrics, RunMetrics, SkippedSample};
 pub use sampler::{torch_randperm, DistributedSampler, EpochOrder};

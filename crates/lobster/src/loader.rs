@@ -20,6 +20,7 @@ pub struct LoaderBuilder<T> {
     config: LoaderConfig,
     order: EpochOrder,
     decode: Option<MakeDecode<T>>,
+    peers: Option<Arc<dyn lobster_net::Transport>>,
 }
 
 /// Makes the decode function once the run's seed is known (at `build`), so that a decoder
@@ -56,7 +57,17 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             config: LoaderConfig::default(),
             order: EpochOrder::Shuffle { seed: 0 },
             decode: None,
+            peers: None,
         }
+    }
+
+    /// The other nodes of the job, reached through `transport`: misses a peer's cache is
+    /// planned to hold are fetched from it (when the cost model prices that below storage),
+    /// and this node's cache serves theirs. The transport's node and nodes must be the
+    /// world's; every node must be built alike (see `lobster_net::Agreement`).
+    pub fn peers(mut self, transport: Arc<dyn lobster_net::Transport>) -> Self {
+        self.peers = Some(transport);
+        self
     }
 
     /// Replaces the whole configuration.
@@ -219,6 +230,10 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         let window_bytes = window_bytes(&config, &dataset, pool.map(|(bytes, _)| bytes));
         let dirs = (config.execution == Execution::Pipelined)
             .then(|| crate::pipeline::SampleDirs::new(dataset.samples()));
+        let peers = match self.peers {
+            Some(transport) => Some(peers(&config, &dataset, &layout, transport)?),
+            None => None,
+        };
         let ctx = Context {
             layout,
             config: config.clone(),
@@ -228,6 +243,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             device,
             reader: reader.clone(),
             arena: cache_arena(&config),
+            peers,
         };
         let pipeline = Pipeline::start(ctx, reader)?;
         let handles = (0..config.ranks_per_node)
@@ -246,6 +262,62 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             window_bytes,
         })
     }
+}
+
+/// The peers' plan: every peer's cache replayed, so that each of this node's accesses knows
+/// which peer (if any) holds its sample around it.
+fn peers(
+    config: &LoaderConfig,
+    dataset: &Dataset,
+    layout: &Layout,
+    transport: Arc<dyn lobster_net::Transport>,
+) -> Result<pipeline::Peers, Error> {
+    if (transport.nodes(), transport.node()) != (config.nodes, config.node) {
+        return Err(Error::invalid(
+            "peers",
+            format!("node {} of {}", transport.node(), transport.nodes()),
+            format!(
+                "node {} of {}, as the world says",
+                config.node, config.nodes
+            ),
+        ));
+    }
+    let policy = match config.cache_policy {
+        CachePolicy::Reuse => Some(lobster_cache::PolicyKind::Reuse),
+        CachePolicy::Lru => Some(lobster_cache::PolicyKind::Lru),
+        CachePolicy::Static => Some(lobster_cache::PolicyKind::Static),
+        CachePolicy::None => None,
+    };
+    let sizes: Arc<[u32]> = dataset
+        .samples()
+        .iter()
+        .map(|s| u32::try_from(s.size_bytes).unwrap_or(u32::MAX))
+        .collect();
+    let inputs = crate::holders::PeerPlanInputs {
+        sizes,
+        nodes: config.nodes,
+        ranks_per_node: config.ranks_per_node,
+        batch: config.batch_size,
+        epochs: config.epochs,
+        order: layout.sampler.order().clone(),
+        drop_last: config.drop_last,
+        policy: policy.unwrap_or(lobster_cache::PolicyKind::Static),
+        // Without caches no peer holds anything.
+        capacity_bytes: if policy.is_some() {
+            config.cache_capacity_bytes
+        } else {
+            0
+        },
+        // The planner runs at most this far ahead of its slowest rank, and nodes meet every
+        // step: see the holders module.
+        margin_steps: config.prefetch_iterations.max(config.window_iterations) as u64 + 1,
+    };
+    Ok(pipeline::Peers {
+        transport,
+        plan: crate::holders::PeerPlan::build(&inputs, config.node)?,
+        served: Arc::default(),
+        counters: pipeline::PeerCounters::default(),
+    })
 }
 
 /// The cache's arena: address space for its capacity and an eighth more (runs are whole
@@ -437,6 +509,7 @@ impl<T> Loader<T> {
         m.hits_lost_by_page_cache = count(&path.page_cache_lost);
         m.cache_store = match self.config.cache_in_page_cache() {
             _ if self.config.cache_policy == CachePolicy::None => "none".into(),
+            _ if self.pipeline.context.peers.is_some() => "copies (served to peers)".into(),
             Ok(()) if path.leave_in_page_cache() => "page-cache-where-resident".into(),
             Ok(()) => format!(
                 "copies (the page cache let {} hits go)",
@@ -444,6 +517,14 @@ impl<T> Loader<T> {
             ),
             Err(why) => format!("copies ({why})"),
         };
+        if let Some(peers) = &self.pipeline.context.peers {
+            let c = &peers.counters;
+            m.planned_remote_hits = count(&c.planned);
+            m.remote_hits = count(&c.hits);
+            m.remote_misses = count(&c.misses);
+            m.remote_timeouts = count(&c.timeouts);
+            m.peer_planned_accesses = peers.plan.planned();
+        }
         m.read_retries = count(&shared.faults.retries);
         m.reads_recovered = count(&shared.faults.recovered);
         m

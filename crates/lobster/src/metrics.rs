@@ -135,6 +135,18 @@ pub struct RunMetrics {
     pub hits_from_page_cache: u64,
     /// Hits on those the page cache had let go, read from storage and counted as misses.
     pub hits_lost_by_page_cache: u64,
+    /// Misses sent to a peer node's cache: the planned remote hits. `hit_ratio` stays the
+    /// local cache's.
+    pub planned_remote_hits: u64,
+    /// Of those, served by the peer.
+    pub remote_hits: u64,
+    /// Of those, not served by the peer (a miss, a timeout, a failure): read from storage.
+    pub remote_misses: u64,
+    /// Of the remote misses, those not answered in time.
+    pub remote_timeouts: u64,
+    /// Accesses of this node a peer is planned to hold, whether or not the local cache hits
+    /// them or the cost model sends them to storage.
+    pub peer_planned_accesses: u64,
 }
 
 /// Per-iteration records kept for the API and JSON; older ones are dropped.
@@ -372,6 +384,11 @@ impl Collector {
             cached_in_page_cache: 0,
             hits_from_page_cache: 0,
             hits_lost_by_page_cache: 0,
+            planned_remote_hits: 0,
+            remote_hits: 0,
+            remote_misses: 0,
+            remote_timeouts: 0,
+            peer_planned_accesses: 0,
             read_retries: 0,
             reads_recovered: 0,
         }

@@ -172,6 +172,11 @@ impl DistributedSampler {
         }
     }
 
+    /// Where each epoch's order comes from.
+    pub fn order(&self) -> &EpochOrder {
+        &self.order
+    }
+
     /// The number of ranks.
     pub fn world(&self) -> usize {
         self.world

@@ -6,16 +6,25 @@
 //! that they do, refusing to run with an error naming the first field where a node differs
 //! from node 0.
 //!
+//! A loader reaches its peers through a [`Transport`]: it fetches samples a peer's cache holds
+//! and serves its own cache to them. [`InProcessNodes`] connects nodes in one process.
+//!
 //! With the `mpi` feature, `MpiNodes` runs the check over MPI: one thread owns MPI (so the
 //! library needs only `MPI_THREAD_SERIALIZED`), and a program that initialised MPI itself
 //! keeps it: lobster uses it and does not finalise it.
 
 mod agreement;
 mod error;
+mod in_process;
 #[cfg(feature = "mpi")]
 mod mpi_nodes;
+mod transport;
+pub mod wire;
 
 pub use agreement::{Agreement, Fields};
+pub use bytes::Bytes;
 pub use error::NetError;
+pub use in_process::{InProcessNode, InProcessNodes};
 #[cfg(feature = "mpi")]
 pub use mpi_nodes::MpiNodes;
+pub use transport::{Answer, Done, Served, Transport, TransportStats};

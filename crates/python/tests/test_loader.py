@@ -169,21 +169,32 @@ def test_a_forked_child_is_told_to_build_its_own_loader(tmp_path):
 
 
 def test_ctrl_c_interrupts_a_waiting_iteration_without_losing_its_batch(tmp_path):
+    import io
     import signal
     import threading
 
-    # Large images decoded by one thread: the first batch takes a second or more, and the
-    # interrupt comes after a twentieth of one.
-    make_folder(tmp_path / "data", 8, 1, size=(4000, 3000))
+    # The decode function holds every sample until the interrupt has been raised, so the
+    # first batch cannot arrive before it, however the machine schedules the threads.
+    make_folder(tmp_path / "data", 8, 1)
+    interrupted = threading.Event()
+
+    def held_decode(data):
+        interrupted.wait(60)
+        return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
     loader = lobster_io.Loader(
-        str(tmp_path / "data"), 8, epochs=2, image_size=8, decode_threads=1, cache_frac=0.0
+        str(tmp_path / "data"), 8, epochs=2, transform="none", decode=held_decode,
+        decode_threads=1, cache_frac=0.0,
     )
     it = iter(loader)
     timer = threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        next(it)
-    timer.join()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            next(it)
+    finally:
+        interrupted.set()
+        timer.join()
     # The interrupted call took no batch: the first one is still the next.
     first = next(it)
     assert (first.epoch, first.iteration) == (0, 0)

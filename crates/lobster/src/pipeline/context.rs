@@ -29,6 +29,8 @@ pub(crate) struct Context<T> {
     pub(crate) reader: Option<lobster_uring::Reader>,
     /// Where the cache keeps large samples (`None`: no cache, or no room for the mapping).
     pub(crate) arena: Option<lobster_uring::Arena>,
+    /// Peer nodes whose caches serve planned misses, and which this node's cache serves.
+    pub(crate) peers: Option<super::peers::Peers>,
 }
 
 impl<T> Context<T> {

@@ -41,7 +41,13 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
         let mut reread = false;
         let bytes = match task.read {
             WorkerRead::Blocking => {
-                let loaded = blocking_read(ctx, state, meta, task.epoch);
+                let from_peer = task
+                    .peer
+                    .and_then(|p| super::peers::fetch_blocking(ctx, state, task.sample, p));
+                let loaded = match from_peer {
+                    Some(bytes) => Ok(bytes),
+                    None => blocking_read(ctx, state, meta, task.epoch),
+                };
                 fill(
                     state,
                     ctx,

@@ -28,6 +28,7 @@ mod dispatch;
 mod files;
 mod layout;
 mod order;
+mod peers;
 mod plan;
 mod progress;
 mod rank;
@@ -47,6 +48,7 @@ use lobster_uring::Reader;
 pub(crate) use context::{Context, DecodeFn};
 pub(crate) use dirs::SampleDirs;
 pub(crate) use layout::Layout;
+pub(crate) use peers::{PeerCounters, Peers};
 pub(crate) use rank::{detach, next_batch};
 pub(crate) use state::PipelineState;
 pub(crate) use sync::lock;
@@ -62,6 +64,10 @@ pub(crate) struct Pipeline<T> {
     pub(crate) layout: Layout,
     /// Directories the workers and the dispatcher open files in.
     pub(crate) dirs_held: usize,
+    /// What the threads share and never change.
+    pub(crate) context: Arc<Context<T>>,
+    /// Whether this node's cache is still served to its peers.
+    serving: bool,
 }
 
 impl<T> std::fmt::Debug for Pipeline<T> {
@@ -100,16 +106,24 @@ impl<T: Send + 'static> Pipeline<T> {
             epoch_accesses: (ctx.layout.per_rank * ranks) as u64,
             budget_failure: Mutex::new(None),
             faults: attempt::FaultCounters::default(),
-            read_path: read_path::ReadPathCounters::new(config.cache_in_page_cache().is_ok()),
+            // Peers are served from the cache's own copies.
+            read_path: read_path::ReadPathCounters::new(
+                config.cache_in_page_cache().is_ok() && ctx.peers.is_none(),
+            ),
             to_dispatcher: reader.is_some().then_some(to_dispatcher),
         });
         let ctx = Arc::new(ctx);
+        if let Some(peers) = &ctx.peers {
+            peers.transport.serve(peers.served.clone());
+        }
         let mut pipeline = Pipeline {
             state: state.clone(),
             threads: Vec::new(),
             reader: None,
             layout: ctx.layout.clone(),
             dirs_held: ctx.dirs.as_ref().map_or(0, SampleDirs::held),
+            context: ctx.clone(),
+            serving: ctx.peers.is_some(),
         };
         // On an error below, dropping `pipeline` stops and joins what started.
         let mut spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
@@ -161,6 +175,11 @@ impl<T: Send + 'static> Pipeline<T> {
 impl<T> Pipeline<T> {
     /// Stops every thread and waits for them; in-flight reads are waited for by the reader.
     pub(crate) fn shutdown(&mut self) {
+        if std::mem::take(&mut self.serving) {
+            if let Some(peers) = &self.context.peers {
+                peers.transport.unserve();
+            }
+        }
         self.state.stop.set();
         self.state.wake_all();
         for t in self.threads.drain(..) {

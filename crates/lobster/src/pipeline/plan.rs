@@ -13,6 +13,7 @@ use lobster_sched::{AllocConfig, Allocator, Budgets};
 use super::allocate::{allocate, spread, AccessLoad};
 use super::context::Context;
 use super::order::{set_read_fractions, IoRequest, ToDispatcher};
+use super::peers::{self, ServedSlots};
 use super::read_path::ResidentGate;
 use super::reorder::PendingBatch;
 use super::slot::{Ready, Slot, Task, WorkerRead};
@@ -39,6 +40,8 @@ struct Cache {
     planner: Box<Planner<super::layout::Layout>>,
     slots: Store<Arc<Slot>>,
     evicted: Vec<u32>,
+    /// The same slots as peers see them, where there are peers.
+    served: Option<Arc<ServedSlots>>,
 }
 
 impl Cache {
@@ -72,6 +75,7 @@ impl Cache {
             planner: Box::new(planner),
             slots: Store::new(config.cache_capacity_bytes),
             evicted: Vec::new(),
+            served: ctx.peers.as_ref().map(|p| p.served.clone()),
         }))
     }
 
@@ -95,6 +99,9 @@ impl Cache {
         } else {
             Slot::new()
         };
+        if let Some(served) = &self.served {
+            served.remove_all(&self.evicted);
+        }
         for e in self.evicted.drain(..) {
             self.slots.remove(e);
         }
@@ -102,13 +109,19 @@ impl Cache {
             self.slots
                 .insert(sample, size_bytes, slot.clone())
                 .map_err(|e| Error::engine("cache store", e))?;
+            if let Some(served) = &self.served {
+                served.insert(sample, slot.clone());
+            }
         }
         Ok((slot, d.hit, d.admitted))
     }
 }
 
 /// The planner thread's body.
-pub(crate) fn planner<T>(ctx: &Context<T>, state: &PipelineState<T>) -> Result<(), Error> {
+pub(crate) fn planner<T: Send + 'static>(
+    ctx: &Arc<Context<T>>,
+    state: &Arc<PipelineState<T>>,
+) -> Result<(), Error> {
     let layout = &ctx.layout;
     let config = &ctx.config;
     let to_dispatcher = state.to_dispatcher.as_ref();
@@ -195,20 +208,31 @@ pub(crate) fn planner<T>(ctx: &Context<T>, state: &PipelineState<T>) -> Result<(
             }
             open_batches(ctx, state, &window, (epoch, first, last), issued);
             let mut reads = Vec::new();
+            let mut remote = Vec::new();
             let mut ready = Vec::new();
             let on_workers = gate.next_window(&state.read_path);
+            // Priced once a window: the model moves slowly, and its lock is shared.
+            let model = ctx.peers.as_ref().map(|_| lock(&state.model).clone());
             // Counted before any of them can be delivered (a hit may be released at once).
             state.outstanding.fetch_add(window.len(), Ordering::SeqCst);
             for a in window.drain(..) {
+                let position = seq;
                 seq += 1;
-                let read = match (a.hit, to_dispatcher.is_some(), on_workers) {
-                    (true, _, _) => WorkerRead::No,
-                    (false, false, _) => WorkerRead::Blocking,
-                    (false, true, true) => WorkerRead::IfResident,
-                    (false, true, false) => WorkerRead::No,
+                let peer = match (&ctx.peers, &model) {
+                    (Some(p), Some(m)) if !a.hit => {
+                        p.source(m, position, ctx.meta(a.sample).size_bytes)
+                    }
+                    _ => None,
+                };
+                let read = match (a.hit, to_dispatcher.is_some(), on_workers, peer) {
+                    (true, ..) => WorkerRead::No,
+                    (false, false, ..) => WorkerRead::Blocking,
+                    (false, true, _, Some(_)) => WorkerRead::No,
+                    (false, true, true, None) => WorkerRead::IfResident,
+                    (false, true, false, None) => WorkerRead::No,
                 };
                 if !a.hit && read == WorkerRead::No {
-                    reads.push(IoRequest {
+                    let req = IoRequest {
                         seq,
                         step: layout.step(a.epoch, a.iteration),
                         finish_ppm: 0,
@@ -219,7 +243,11 @@ pub(crate) fn planner<T>(ctx: &Context<T>, state: &PipelineState<T>) -> Result<(
                         slot: a.slot.clone(),
                         admitted: a.admitted,
                         attempt: 0,
-                    });
+                    };
+                    match peer {
+                        Some(p) => remote.push((req, p)),
+                        None => reads.push(req),
+                    }
                 }
                 let task = Task {
                     seq,
@@ -232,6 +260,7 @@ pub(crate) fn planner<T>(ctx: &Context<T>, state: &PipelineState<T>) -> Result<(
                     admitted: a.admitted,
                     read,
                     hit: a.hit,
+                    peer: peer.filter(|_| read == WorkerRead::Blocking),
                 };
                 if read != WorkerRead::No {
                     let task = Task {
@@ -262,6 +291,10 @@ pub(crate) fn planner<T>(ctx: &Context<T>, state: &PipelineState<T>) -> Result<(
                         reason: "the I/O dispatcher ended".into(),
                     });
                 }
+            }
+            // After the window's tasks wait on their slots: an answer may come at once.
+            for (req, peer) in remote {
+                peers::fetch(ctx, state, req, peer);
             }
             global_iteration += last - first;
             first = last;

@@ -52,6 +52,8 @@ pub(crate) struct Task {
     pub(crate) read: WorkerRead,
     /// A cache hit: its bytes come from the read that admitted the sample.
     pub(crate) hit: bool,
+    /// Read-then-decode: the peer node to fetch the sample from before storage.
+    pub(crate) peer: Option<usize>,
 }
 
 /// A read the decode worker that takes a task makes itself.
@@ -182,6 +184,14 @@ impl Slot {
             SlotState::Ready(_) | SlotState::InPageCache => {
                 unreachable!("a slot is filled once")
             }
+        }
+    }
+
+    /// The bytes, once read and if the read succeeded (what a peer's fetch is served).
+    pub(crate) fn bytes(&self) -> Option<Bytes> {
+        match &*lock(&self.state) {
+            SlotState::Ready(Ok(b)) => Some(b.clone()),
+            _ => None,
         }
     }
 

@@ -1,0 +1,204 @@
+//! Nodes that fetch misses from each other's caches (in one process, through
+//! `InProcessNodes`): without faults every planned remote hit is served and every sample
+//! delivered with its bytes; a silent peer's fetches fall back to storage, nothing lost.
+
+mod common;
+
+use std::sync::{Arc, Barrier};
+
+use common::{make_dataset, rank_plan, Shape};
+use lobster_io::net::{InProcessNode, InProcessNodes, Transport};
+use lobster_io::{
+    Batch, CachePolicy, Dataset, Error, Execution, LoaderBuilder, RunMetrics, StorageEmulation,
+};
+
+const NODES: usize = 3;
+const RANKS: usize = 2;
+
+fn shape(node: usize) -> Shape {
+    Shape {
+        nodes: NODES,
+        ranks: RANKS,
+        node,
+        seed: 9,
+        epochs: 4,
+        batch: 4,
+    }
+}
+
+type Got = Vec<Vec<Result<Batch<Vec<u8>>, Error>>>;
+
+/// Runs every node's ranks in lock-step (one barrier across the job after each step, as
+/// synchronous training's all-reduce), each node with its own loader and its transport.
+fn run_job(
+    ds: &Arc<Dataset>,
+    policy: CachePolicy,
+    execution: Execution,
+    nodes: &[Arc<InProcessNode>],
+    silent: Option<usize>,
+) -> Vec<(Got, RunMetrics)> {
+    let capacity = ds.samples().iter().map(|s| s.size_bytes).sum::<u64>() / 3;
+    let mut loaders: Vec<_> = (0..NODES)
+        .map(|node| {
+            LoaderBuilder::new(ds.clone())
+                .world(NODES, RANKS, node)
+                .seed(shape(node).seed)
+                .batch_size(shape(node).batch)
+                .epochs(shape(node).epochs)
+                .cache(policy, capacity)
+                .execution(execution)
+                .decode_threads(2)
+                .io_depth_budget(4)
+                // Slow storage: the cost model keeps preferring the peers.
+                .storage_emulation(Some(StorageEmulation {
+                    bandwidth_bytes_per_s: 50e6,
+                    latency_us: 500,
+                }))
+                .peers(nodes[node].clone() as Arc<dyn Transport>)
+                .decode(|b: &[u8], _| Ok::<_, std::io::Error>(b.to_vec()))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    if let Some(n) = silent {
+        nodes[n].silence();
+    }
+    let barrier = Barrier::new(NODES * RANKS);
+    let handles: Vec<_> = loaders.iter_mut().map(|l| l.ranks().unwrap()).collect();
+    let got: Vec<Got> = std::thread::scope(|s| {
+        let threads: Vec<Vec<_>> = handles
+            .into_iter()
+            .map(|ranks| {
+                ranks
+                    .into_iter()
+                    .map(|h| {
+                        let barrier = &barrier;
+                        s.spawn(move || {
+                            let mut batches = Vec::new();
+                            for b in h {
+                                batches.push(b);
+                                barrier.wait();
+                            }
+                            batches
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|ranks| ranks.into_iter().map(|t| t.join().unwrap()).collect())
+            .collect()
+    });
+    got.into_iter()
+        .zip(&loaders)
+        .map(|(g, l)| (g, l.metrics()))
+        .collect()
+}
+
+/// Each rank of `node` got its planned batches, each sample with its file's bytes.
+fn check(ds: &Dataset, got: Got, node: usize, what: &str) {
+    let plan = rank_plan(ds.len(), shape(node));
+    for (rank, (batches, planned)) in got.into_iter().zip(plan).enumerate() {
+        assert_eq!(
+            batches.len(),
+            planned.len(),
+            "{what}: node {node} rank {rank}"
+        );
+        for (b, (epoch, iteration, ids)) in batches.into_iter().zip(planned) {
+            let b = b.unwrap_or_else(|e| panic!("{what}: node {node} rank {rank}: {e}"));
+            assert_eq!((b.epoch, b.iteration), (epoch, iteration), "{what}");
+            let got: Vec<u32> = b.samples.iter().map(|s| s.id).collect();
+            assert_eq!(got, ids, "{what}: node {node} rank {rank}");
+            for s in &b.samples {
+                let file = std::fs::read(&ds.samples()[s.id as usize].path).unwrap();
+                assert_eq!(s.value, file, "{what}: bytes of sample {}", s.id);
+            }
+        }
+    }
+}
+
+#[test]
+fn without_faults_every_planned_remote_hit_is_served_and_every_sample_delivered() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), 96, 3);
+    for (policy, execution) in [
+        (CachePolicy::Static, Execution::Pipelined),
+        (CachePolicy::Static, Execution::ReadThenDecode),
+        (CachePolicy::Reuse, Execution::Pipelined),
+        (CachePolicy::Reuse, Execution::ReadThenDecode),
+    ] {
+        let nodes = InProcessNodes::connect(NODES);
+        let what = format!("{policy:?} {execution:?}");
+        let mut planned = 0;
+        for (node, (got, m)) in run_job(&ds, policy, execution, &nodes, None)
+            .into_iter()
+            .enumerate()
+        {
+            check(&ds, got, node, &what);
+            assert_eq!(
+                m.remote_hits, m.planned_remote_hits,
+                "{what} node {node}: {m:?}"
+            );
+            assert_eq!((m.remote_misses, m.remote_timeouts), (0, 0), "{what}");
+            // A planned remote hit is a local miss the plan gave a holder.
+            assert!(m.planned_remote_hits <= m.peer_planned_accesses, "{what}");
+            assert!(m.planned_remote_hits <= m.accesses - m.hits, "{what}");
+            let t = nodes[node].stats();
+            assert_eq!(t.answered_bytes, m.remote_hits, "{what}");
+            eprintln!(
+                "{what} node {node}: {} accesses, {} local hits, {} planned remote, {} remote hits",
+                m.accesses, m.hits, m.planned_remote_hits, m.remote_hits
+            );
+            planned += m.planned_remote_hits;
+        }
+        let served: u64 = nodes.iter().map(|n| n.stats().served_bytes).sum();
+        assert_eq!(
+            served, planned,
+            "{what}: every fetch was served by some peer"
+        );
+        if policy == CachePolicy::Static {
+            assert!(planned > 0, "{what}: the test must plan remote hits");
+        }
+    }
+}
+
+#[test]
+fn a_silent_peers_fetches_time_out_and_storage_serves_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), 96, 3);
+    for execution in [Execution::Pipelined, Execution::ReadThenDecode] {
+        let nodes = InProcessNodes::connect(NODES);
+        let results = run_job(&ds, CachePolicy::Static, execution, &nodes, Some(1));
+        let mut timeouts = 0;
+        for (node, (got, m)) in results.into_iter().enumerate() {
+            check(&ds, got, node, "silent node 1");
+            assert_eq!(
+                m.remote_hits + m.remote_misses,
+                m.planned_remote_hits,
+                "{execution:?} node {node}: {m:?}"
+            );
+            assert_eq!(m.remote_misses, m.remote_timeouts, "{m:?}");
+            timeouts += m.remote_timeouts;
+        }
+        assert!(
+            timeouts > 0,
+            "{execution:?}: node 1 was asked and did not answer"
+        );
+    }
+}
+
+#[test]
+fn a_transport_of_another_world_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), 24, 2);
+    let nodes = InProcessNodes::connect(2);
+    let e = LoaderBuilder::new(ds)
+        .world(3, 1, 0)
+        .batch_size(2)
+        .peers(nodes[0].clone() as Arc<dyn Transport>)
+        .decode(|b: &[u8], _| Ok::<_, std::io::Error>(b.to_vec()))
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("peers"), "{e}");
+}

@@ -16,6 +16,11 @@ pub enum NetError {
     Garbled { node: usize, reason: String },
     /// MPI is missing something lobster needs (a threading level, an initialised library).
     Mpi { reason: String },
+    /// `what` did not complete within `after`: a node is gone or stuck.
+    Timeout {
+        what: String,
+        after: std::time::Duration,
+    },
     /// The thread that owns MPI has stopped.
     Stopped,
 }
@@ -37,6 +42,10 @@ impl fmt::Display for NetError {
                 write!(f, "node {node}'s plan inputs did not decode: {reason}")
             }
             NetError::Mpi { reason } => write!(f, "MPI: {reason}"),
+            NetError::Timeout { what, after } => write!(
+                f,
+                "{what} did not complete within {after:?}: a node has stopped or hangs"
+            ),
             NetError::Stopped => write!(f, "the thread that owns MPI has stopped"),
         }
     }

@@ -43,7 +43,7 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
             WorkerRead::Blocking => {
                 let from_peer = task
                     .peer
-                    .and_then(|p| super::peers::fetch_blocking(ctx, state, task.sample, p));
+                    .and_then(|p| super::remote::fetch_blocking(ctx, state, task.sample, p));
                 let loaded = match from_peer {
                     Some(bytes) => Ok(bytes),
                     None => blocking_read(ctx, state, meta, task.epoch),

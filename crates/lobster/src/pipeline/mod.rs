@@ -33,6 +33,7 @@ mod plan;
 mod progress;
 mod rank;
 mod read_path;
+mod remote;
 mod reorder;
 mod slot;
 mod state;

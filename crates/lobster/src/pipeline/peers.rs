@@ -1,21 +1,16 @@
-//! Peer nodes' caches: a miss a peer is planned to hold ([`PeerPlan`]) is fetched from it
-//! when the cost model prices that below a storage read; a peer that answers "miss", or not
-//! in time, sends the read to storage after all, counted. This node's cache is served to its
-//! peers from the slots the planner keeps.
+//! Peer nodes' caches: which peer a miss may come from ([`PeerPlan`], priced by the cost
+//! model), what the peers did for this node, and this node's cache as its peers see it (the
+//! slots the planner keeps). The fetches themselves are in [`super::remote`].
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use bytes::Bytes;
-use lobster_net::{Answer, Served, Transport};
+use lobster_net::{Served, Transport};
 use lobster_sched::{CostModel, Tier};
 
-use super::context::Context;
-use super::order::{IoRequest, ToDispatcher};
-use super::slot::{Origin, Slot};
-use super::state::PipelineState;
+use super::slot::Slot;
 use super::sync::lock;
 use crate::holders::PeerPlan;
 
@@ -80,111 +75,4 @@ impl Served for ServedSlots {
         let slot = lock(&self.slots).get(&sample).cloned()?;
         slot.bytes()
     }
-}
-
-/// Fetches `req`'s sample from `peer`; the answer fills its slot, or sends the read to the
-/// dispatcher.
-pub(crate) fn fetch<T: Send + 'static>(
-    ctx: &Arc<Context<T>>,
-    state: &Arc<PipelineState<T>>,
-    req: IoRequest,
-    peer: usize,
-) {
-    let peers = ctx.peers.as_ref().expect("a peer fetch has peers");
-    peers.counters.planned.fetch_add(1, Ordering::Relaxed);
-    let (c, s) = (ctx.clone(), state.clone());
-    let sample = req.sample;
-    let issued = Instant::now();
-    peers.transport.fetch(
-        peer,
-        sample,
-        Box::new(move |answer| answered(&c, &s, req, peer, issued, answer)),
-    );
-}
-
-fn answered<T>(
-    ctx: &Context<T>,
-    state: &PipelineState<T>,
-    req: IoRequest,
-    peer: usize,
-    issued: Instant,
-    answer: Answer,
-) {
-    let peers = ctx.peers.as_ref().expect("a peer fetch has peers");
-    let size = ctx.meta(req.sample).size_bytes;
-    match checked(answer, size, req.sample, peer, &peers.counters) {
-        Some(bytes) => {
-            peers.counters.hits.fetch_add(1, Ordering::Relaxed);
-            lock(&state.model).observe_read(Tier::Remote, size, issued.elapsed());
-            let mut released = Vec::new();
-            // A kept sample is copied out of the message it came in.
-            req.slot.fill(
-                Ok(bytes),
-                req.admitted,
-                Origin::Pool,
-                ctx.arena.as_ref(),
-                &mut released,
-            );
-            state.ready(released);
-        }
-        None => {
-            state.read_path.dispatched.fetch_add(1, Ordering::Relaxed);
-            let tx = state.to_dispatcher.as_ref().expect("pipelined");
-            // Fails only once the pipeline stops, which then ends the sample anyway.
-            let _ = tx.send(ToDispatcher::Reads(vec![req]));
-        }
-    }
-}
-
-/// Fetches `sample` from `peer` and waits for the answer (a read-then-decode worker):
-/// its bytes, or `None` when storage must serve it.
-pub(crate) fn fetch_blocking<T>(
-    ctx: &Context<T>,
-    state: &PipelineState<T>,
-    sample: u32,
-    peer: usize,
-) -> Option<Bytes> {
-    let peers = ctx.peers.as_ref().expect("a peer fetch has peers");
-    peers.counters.planned.fetch_add(1, Ordering::Relaxed);
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    let issued = Instant::now();
-    peers.transport.fetch(
-        peer,
-        sample,
-        Box::new(move |answer| {
-            let _ = tx.send(answer);
-        }),
-    );
-    let answer = rx
-        .recv()
-        .unwrap_or_else(|_| Answer::Failed("the transport dropped the fetch".into()));
-    let size = ctx.meta(sample).size_bytes;
-    let bytes = checked(answer, size, sample, peer, &peers.counters)?;
-    peers.counters.hits.fetch_add(1, Ordering::Relaxed);
-    lock(&state.model).observe_read(Tier::Remote, size, issued.elapsed());
-    Some(bytes)
-}
-
-/// The answer's bytes if they are the sample's; anything else is counted as a remote miss.
-fn checked(
-    answer: Answer,
-    size_bytes: u64,
-    sample: u32,
-    peer: usize,
-    counters: &PeerCounters,
-) -> Option<Bytes> {
-    match answer {
-        Answer::Bytes(b) if b.len() as u64 == size_bytes => return Some(b),
-        Answer::Bytes(b) => log::warn!(
-            "node {peer} sent {} bytes for sample {sample} of {size_bytes}: read from storage",
-            b.len()
-        ),
-        Answer::Miss => {}
-        Answer::TimedOut => {
-            counters.timeouts.fetch_add(1, Ordering::Relaxed);
-        }
-        Answer::Failed(why) => log::warn!("fetching sample {sample} from node {peer}: {why}"),
-    }
-    counters.misses.fetch_add(1, Ordering::Relaxed);
-    None
 }

@@ -13,8 +13,9 @@ use lobster_sched::{AllocConfig, Allocator, Budgets};
 use super::allocate::{allocate, spread, AccessLoad};
 use super::context::Context;
 use super::order::{set_read_fractions, IoRequest, ToDispatcher};
-use super::peers::{self, ServedSlots};
+use super::peers::ServedSlots;
 use super::read_path::ResidentGate;
+use super::remote;
 use super::reorder::PendingBatch;
 use super::slot::{Ready, Slot, Task, WorkerRead};
 use super::state::PipelineState;
@@ -294,7 +295,7 @@ pub(crate) fn planner<T: Send + 'static>(
             }
             // After the window's tasks wait on their slots: an answer may come at once.
             for (req, peer) in remote {
-                peers::fetch(ctx, state, req, peer);
+                remote::fetch(ctx, state, req, peer);
             }
             global_iteration += last - first;
             first = last;

@@ -1,0 +1,125 @@
+//! Fetching a planned miss from the peer that holds it: the answer fills the sample's slot,
+//! or, when the peer answers "miss" or not in time, the read goes to storage after all,
+//! counted as a remote miss.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use lobster_net::Answer;
+use lobster_sched::Tier;
+
+use super::context::Context;
+use super::order::{IoRequest, ToDispatcher};
+use super::peers::PeerCounters;
+use super::slot::Origin;
+use super::state::PipelineState;
+use super::sync::lock;
+
+/// Fetches `req`'s sample from `peer`; the answer fills its slot, or sends the read to the
+/// dispatcher.
+pub(crate) fn fetch<T: Send + 'static>(
+    ctx: &Arc<Context<T>>,
+    state: &Arc<PipelineState<T>>,
+    req: IoRequest,
+    peer: usize,
+) {
+    let peers = ctx.peers.as_ref().expect("a peer fetch has peers");
+    peers.counters.planned.fetch_add(1, Ordering::Relaxed);
+    let (c, s) = (ctx.clone(), state.clone());
+    let sample = req.sample;
+    let issued = Instant::now();
+    peers.transport.fetch(
+        peer,
+        sample,
+        Box::new(move |answer| answered(&c, &s, req, peer, issued, answer)),
+    );
+}
+
+fn answered<T>(
+    ctx: &Context<T>,
+    state: &PipelineState<T>,
+    req: IoRequest,
+    peer: usize,
+    issued: Instant,
+    answer: Answer,
+) {
+    let peers = ctx.peers.as_ref().expect("a peer fetch has peers");
+    let size = ctx.meta(req.sample).size_bytes;
+    match checked(answer, size, req.sample, peer, &peers.counters) {
+        Some(bytes) => {
+            peers.counters.hits.fetch_add(1, Ordering::Relaxed);
+            lock(&state.model).observe_read(Tier::Remote, size, issued.elapsed());
+            let mut released = Vec::new();
+            // A kept sample is copied out of the message it came in.
+            req.slot.fill(
+                Ok(bytes),
+                req.admitted,
+                Origin::Pool,
+                ctx.arena.as_ref(),
+                &mut released,
+            );
+            state.ready(released);
+        }
+        None => {
+            state.read_path.dispatched.fetch_add(1, Ordering::Relaxed);
+            let tx = state.to_dispatcher.as_ref().expect("pipelined");
+            // Fails only once the pipeline stops, which then ends the sample anyway.
+            let _ = tx.send(ToDispatcher::Reads(vec![req]));
+        }
+    }
+}
+
+/// Fetches `sample` from `peer` and waits for the answer (a read-then-decode worker):
+/// its bytes, or `None` when storage must serve it.
+pub(crate) fn fetch_blocking<T>(
+    ctx: &Context<T>,
+    state: &PipelineState<T>,
+    sample: u32,
+    peer: usize,
+) -> Option<Bytes> {
+    let peers = ctx.peers.as_ref().expect("a peer fetch has peers");
+    peers.counters.planned.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let issued = Instant::now();
+    peers.transport.fetch(
+        peer,
+        sample,
+        Box::new(move |answer| {
+            let _ = tx.send(answer);
+        }),
+    );
+    let answer = rx
+        .recv()
+        .unwrap_or_else(|_| Answer::Failed("the transport dropped the fetch".into()));
+    let size = ctx.meta(sample).size_bytes;
+    let bytes = checked(answer, size, sample, peer, &peers.counters)?;
+    peers.counters.hits.fetch_add(1, Ordering::Relaxed);
+    lock(&state.model).observe_read(Tier::Remote, size, issued.elapsed());
+    Some(bytes)
+}
+
+/// The answer's bytes if they are the sample's; anything else is counted as a remote miss.
+fn checked(
+    answer: Answer,
+    size_bytes: u64,
+    sample: u32,
+    peer: usize,
+    counters: &PeerCounters,
+) -> Option<Bytes> {
+    match answer {
+        Answer::Bytes(b) if b.len() as u64 == size_bytes => return Some(b),
+        Answer::Bytes(b) => log::warn!(
+            "node {peer} sent {} bytes for sample {sample} of {size_bytes}: read from storage",
+            b.len()
+        ),
+        Answer::Miss => {}
+        Answer::TimedOut => {
+            counters.timeouts.fetch_add(1, Ordering::Relaxed);
+        }
+        Answer::Failed(why) => log::warn!("fetching sample {sample} from node {peer}: {why}"),
+    }
+    counters.misses.fetch_add(1, Ordering::Relaxed);
+    None
+}

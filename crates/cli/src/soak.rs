@@ -252,6 +252,7 @@ fn soak(args: &SoakArgs, strategy: Strategy, dataset: &Arc<Dataset>) -> Result<S
                     .push(process::status_bytes("VmRSS"));
             }
         },
+        None,
         |_, _: &mut ()| {},
     )?;
     let metrics = loader.metrics();

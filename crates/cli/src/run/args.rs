@@ -133,6 +133,15 @@ pub struct RunArgs {
     /// torchrun: one cache and one set of budgets per node).
     #[arg(long, value_enum, default_value_t = RanksAs::Threads)]
     pub ranks_as: RanksAs,
+    /// Run as one node of an MPI job (`mpirun -np NODES lobster run --mpi`): each node a
+    /// process with its own emulated storage link, its ranks as threads, nodes in lock-step,
+    /// and misses a peer's cache is planned to hold fetched from it; node 0 prints the
+    /// job's table. Needs a build with `--features mpi`.
+    #[arg(long)]
+    pub mpi: bool,
+    /// With --mpi: no remote hits (nodes still train in lock-step), for comparison.
+    #[arg(long, requires = "mpi")]
+    pub no_remote: bool,
     /// Internal: run as this local rank of a `--ranks-as processes` run.
     #[arg(long, hide = true, requires = "node_job")]
     pub rank_process: Option<usize>,
@@ -236,6 +245,9 @@ impl RunArgs {
                 "--storage-mbps = {}: allowed 0 (no emulation) or more",
                 self.storage_mbps
             );
+        }
+        if self.mpi && self.ranks_as == RanksAs::Processes {
+            bail!("--mpi runs a node's ranks as threads: drop --ranks-as processes");
         }
         self.workers_per_rank()?;
         self.error_policy()?;

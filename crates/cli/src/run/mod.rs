@@ -2,6 +2,7 @@
 //! on the same data in the same process.
 
 mod args;
+mod cluster;
 mod dataset;
 mod decode;
 mod processes;
@@ -31,15 +32,31 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if let (Some(r), Some(job)) = (args.rank_process, &args.node_job) {
         return processes::rank_process(args, r, job);
     }
+    let cluster = cluster::Cluster::start(args.mpi, args.nodes, !args.no_remote)?;
+    let node = cluster.as_ref().map_or(args.node, cluster::Cluster::node);
+    // Node 0 alone speaks for an MPI job.
+    let lead = node == 0 || cluster.is_none();
     let data = match &args.data {
         Some(d) => d.clone(),
-        None => dataset::default_dataset(args.samples, args.quiet)?,
+        None => {
+            // Node 0 generates the default set; the others wait for it, then reuse it.
+            let made = lead.then(|| dataset::default_dataset(args.samples, args.quiet));
+            if let Some(c) = &cluster {
+                c.barrier()?;
+            }
+            match made {
+                Some(made) => made?,
+                None => dataset::default_dataset(args.samples, true)?,
+            }
+        }
     };
     // Rank processes are given the dataset as resolved here, and the decoder chosen for it:
     // the built-in set keeps its synthetic decoder once it is named like a user's --data.
     let args = &RunArgs {
         decoder: Some(args.decoder()),
         data: Some(data.clone()),
+        node,
+        quiet: args.quiet || !lead,
         ..args.clone()
     };
     let dataset = Arc::new(
@@ -86,18 +103,41 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 f.seed, f.eio, f.short, f.delay, f.corrupt, f.delay_us
             )
         }),
+        mpi: cluster.is_some(),
+        remote_hits: cluster.as_ref().is_some_and(|c| c.peers().is_some()),
     };
-    report::print_header(&config);
+    if let Some(c) = &cluster {
+        c.agree(report::plan_fields(&config)?)?;
+    }
+    if lead {
+        report::print_header(&config);
+    }
     let mut results = Vec::with_capacity(args.policy.0.len());
     for &strategy in &args.policy.0 {
-        let (metrics, measured) = run_strategy(args, &dataset, cache_bytes, strategy)?;
+        let (metrics, measured) =
+            run_strategy(args, &dataset, cache_bytes, strategy, cluster.as_ref())?;
         results.push(StrategyResult::new(strategy, metrics, measured));
     }
     report::set_speedups(&mut results);
+    let per_node = match &cluster {
+        Some(c) => Some(
+            c.gather(serde_json::to_vec(&results)?)?
+                .iter()
+                .map(|b| serde_json::from_slice::<serde_json::Value>(b))
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+        None => None,
+    };
+    if !lead {
+        return Ok(());
+    }
     report::print_table(&results);
     report::print_skipped(&results);
+    if let Some(nodes) = &per_node {
+        report::print_nodes(nodes);
+    }
     if let Some(path) = &args.json {
-        report::write_json(path, &config, &results)?;
+        report::write_json(path, &config, &results, per_node.as_deref())?;
         println!("wrote {}", path.display());
     }
     Ok(())
@@ -115,6 +155,7 @@ fn run_strategy(
     dataset: &Arc<Dataset>,
     cache_bytes: u64,
     strategy: Strategy,
+    cluster: Option<&cluster::Cluster>,
 ) -> Result<(RunMetrics, Measured)> {
     process::reset_peak_rss();
     let cpu_before = process::cpu_seconds();
@@ -124,12 +165,16 @@ fn run_strategy(
     let loader_config = config.clone();
     let (decoder, us_per_kb, seed) = (args.decoder(), args.decode_us_per_kb, args.seed);
     let transform = args.transform.transform(args.image_size);
-    let mut loader = LoaderBuilder::new(dataset.clone())
+    let mut builder = LoaderBuilder::new(dataset.clone())
         .config(config)
         .seed(seed)
         .decode_in_epoch(move |bytes: &[u8], meta: &SampleMeta, epoch| {
             decode(decoder, us_per_kb, transform, (seed, epoch), bytes, meta)
-        })
+        });
+    if let Some(peers) = cluster.and_then(cluster::Cluster::peers) {
+        builder = builder.peers(peers);
+    }
+    let mut loader = builder
         .build()
         .with_context(|| format!("starting the {strategy} loader"))?;
     let backend = loader
@@ -155,11 +200,19 @@ fn run_strategy(
     let bar = progress_bar(args.quiet, strategy, steps);
     let handles = loader.ranks().context("rank handles already taken")?;
     let compute = Duration::from_secs_f64(args.compute_ms / 1e3);
+    let job_barrier = cluster.map(|c| move || c.barrier());
+    if let Some(c) = cluster {
+        // Every node's loader is built (its peers' plans replayed) before any trains.
+        c.barrier()?;
+    }
     train(
         handles,
         compute,
         strategy.name(),
         |_| bar.inc(1),
+        job_barrier
+            .as_ref()
+            .map(|b| b as &(dyn Fn() -> Result<()> + Sync)),
         decode::collate,
     )?;
     bar.finish_and_clear();

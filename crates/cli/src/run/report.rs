@@ -45,6 +45,9 @@ pub(crate) struct RunConfig {
     pub on_error: OnError,
     pub max_failures: Option<String>,
     pub inject_faults: Option<String>,
+    /// One process per node over MPI, and whether misses are fetched from peers' caches.
+    pub mpi: bool,
+    pub remote_hits: bool,
 }
 
 /// What one strategy's run measured besides the loader's metrics.
@@ -202,18 +205,79 @@ pub(crate) fn print_skipped(results: &[StrategyResult]) {
 }
 
 /// Writes `{"config": ..., "results": [...]}` to `path`.
+/// Writes the configuration and results; over MPI, `per_node` is every node's results in
+/// node order (`results` are node 0's).
 pub(crate) fn write_json(
     path: &Path,
     config: &RunConfig,
     results: &[StrategyResult],
+    per_node: Option<&[serde_json::Value]>,
 ) -> Result<()> {
     #[derive(Serialize)]
     struct Report<'a> {
         config: &'a RunConfig,
         results: &'a [StrategyResult],
+        #[serde(skip_serializing_if = "Option::is_none")]
+        nodes: Option<&'a [serde_json::Value]>,
     }
-    let text = serde_json::to_string_pretty(&Report { config, results })?;
+    let text = serde_json::to_string_pretty(&Report {
+        config,
+        results,
+        nodes: per_node,
+    })?;
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// The plan's inputs every node of an MPI job must share: the whole configuration but the
+/// node, as (field, value) text.
+pub(crate) fn plan_fields(config: &RunConfig) -> Result<Vec<(String, String)>> {
+    let serde_json::Value::Object(map) = serde_json::to_value(config)? else {
+        anyhow::bail!("the run's configuration is not a JSON object");
+    };
+    Ok(map
+        .into_iter()
+        .filter(|(k, _)| k != "node")
+        .map(|(k, v)| (k, v.to_string()))
+        .collect())
+}
+
+/// Every node's figures of an MPI job, a line per node and policy, and the job's totals
+/// (samples summed; samples/s of the job: its samples over the slowest node's time).
+pub(crate) fn print_nodes(nodes: &[serde_json::Value]) {
+    let num = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+    println!();
+    println!(
+        "{:>4} {:>20} {:>12} {:>8} {:>10} {:>10} {:>10} {:>10}",
+        "node", "policy", "samples/s", "hit", "remote", "planned", "r-misses", "timeouts"
+    );
+    let policies = nodes.first().and_then(|n| n.as_array()).map_or(0, Vec::len);
+    for p in 0..policies {
+        let (mut samples, mut slowest_s, mut remote, mut planned) = (0.0, 0.0f64, 0.0, 0.0);
+        let mut name = String::new();
+        for (n, results) in nodes.iter().enumerate() {
+            let r = &results[p];
+            name = r["policy"].as_str().unwrap_or("?").to_owned();
+            println!(
+                "{n:>4} {name:>20} {:>12.0} {:>8.3} {:>10} {:>10} {:>10} {:>10}",
+                num(r, "samples_per_second"),
+                num(r, "hit_ratio"),
+                num(r, "remote_hits"),
+                num(r, "planned_remote_hits"),
+                num(r, "remote_misses"),
+                num(r, "remote_timeouts"),
+            );
+            samples += num(r, "samples");
+            slowest_s = slowest_s.max(num(r, "samples") / num(r, "samples_per_second"));
+            remote += num(r, "remote_hits");
+            planned += num(r, "planned_remote_hits");
+        }
+        println!(
+            "{:>4} {name:>20} {:>12.0} {:>8} {remote:>10} {planned:>10}",
+            "job",
+            samples / slowest_s,
+            ""
+        );
+    }
 }
 
 /// The median of the finite values, the upper one of an even count; None when there are none.

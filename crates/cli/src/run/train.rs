@@ -21,25 +21,30 @@ pub(crate) struct RankTotals {
 /// own state, made once: a collation buffer) and `compute` of simulated work, then a barrier
 /// with the other ranks, as a synchronous training step. Once every rank has
 /// reached the barrier of step `step` (counted from 0 across epochs), one of them calls
-/// `after_step(step)`. The first failed batch stops the run: that step's barrier is still met
-/// by every rank, then all stop, and the error names `label` and the rank. Returns the ranks'
-/// totals in the handles' order.
+/// `after_step(step)`, then `job_barrier` if there is one (the other nodes' ranks, as DDP's
+/// all-reduce meets them), which every rank of this node waits for. The first failed batch
+/// stops the run: that step's barrier is still met by every rank, then all stop, and the
+/// error names `label` and the rank; a failed job barrier stops every rank with its error.
+/// Returns the ranks' totals in the handles' order.
 pub(crate) fn train<T: Send, C: Default>(
     handles: Vec<RankHandle<T>>,
     compute: Duration,
     label: &str,
     after_step: impl Fn(usize) + Sync,
+    job_barrier: Option<&(dyn Fn() -> Result<()> + Sync)>,
     consume: impl Fn(&lobster_io::Batch<T>, &mut C) + Sync,
 ) -> Result<Vec<RankTotals>> {
     let barrier = Barrier::new(handles.len());
     // The first failed step: a failure in step k + 1 cannot stop a rank just released from
     // step k's barrier before it reaches k + 1, so no rank waits forever at a barrier.
     let failed_step = AtomicUsize::new(usize::MAX);
+    let job_failure: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
     std::thread::scope(|s| {
         let threads: Vec<_> = handles
             .into_iter()
             .map(|handle| {
                 let (barrier, failed_step, after_step) = (&barrier, &failed_step, &after_step);
+                let job_failure = &job_failure;
                 let consume = &consume;
                 s.spawn(move || -> Result<RankTotals> {
                     let rank = handle.rank();
@@ -62,6 +67,17 @@ pub(crate) fn train<T: Send, C: Default>(
                         }
                         if barrier.wait().is_leader() {
                             after_step(step);
+                            if let Some(Err(e)) = job_barrier.map(|b| b()) {
+                                *job_failure.lock().unwrap_or_else(|p| p.into_inner()) =
+                                    Some(format!("{e:#}"));
+                            }
+                        }
+                        if job_barrier.is_some() {
+                            barrier.wait();
+                            let failed = job_failure.lock().unwrap_or_else(|p| p.into_inner());
+                            if let Some(e) = failed.as_ref() {
+                                anyhow::bail!("{label}: rank {rank}: at step {step}: {e}");
+                            }
                         }
                         if failed_step.load(Ordering::SeqCst) <= step {
                             batch.with_context(|| format!("{label}: rank {rank}"))?;
@@ -126,6 +142,7 @@ mod tests {
             Duration::ZERO,
             "test",
             |step| steps.lock().unwrap().push(step),
+            None,
             |_, _: &mut ()| {},
         )
         .unwrap();
@@ -150,6 +167,7 @@ mod tests {
             Duration::ZERO,
             "test",
             |step| steps.lock().unwrap().push(step),
+            None,
             |_, _: &mut ()| {},
         )
         .unwrap_err();
@@ -158,5 +176,58 @@ mod tests {
         assert!(e.contains("sample 5 is bad"), "{e}");
         // Sample 5 is in the first epoch: the run stops within it.
         assert!(steps.into_inner().unwrap().len() <= 2);
+    }
+
+    #[test]
+    fn the_job_barrier_is_met_once_a_step_and_its_failure_stops_every_rank() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut l = loader(
+            dir.path(),
+            ErrorPolicy::Skip {
+                max_failures: FailureBudget::Count(3),
+            },
+        );
+        let met = AtomicUsize::new(0);
+        let count = || -> Result<()> {
+            met.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        };
+        train(
+            l.ranks().unwrap(),
+            Duration::ZERO,
+            "test",
+            |_| {},
+            Some(&count),
+            |_, _: &mut ()| {},
+        )
+        .unwrap();
+        assert_eq!(met.load(Ordering::SeqCst), 6, "2 steps per epoch, 3 epochs");
+        let dir = tempfile::tempdir().unwrap();
+        let mut l = loader(
+            dir.path(),
+            ErrorPolicy::Skip {
+                max_failures: FailureBudget::Count(3),
+            },
+        );
+        let fail_third = || -> Result<()> {
+            if met.fetch_add(1, Ordering::SeqCst) == 8 {
+                anyhow::bail!("node 2 is gone");
+            }
+            Ok(())
+        };
+        let e = train(
+            l.ranks().unwrap(),
+            Duration::ZERO,
+            "test",
+            |_| {},
+            Some(&fail_third),
+            |_, _: &mut ()| {},
+        )
+        .unwrap_err();
+        let e = format!("{e:#}");
+        assert!(
+            e.contains("at step 2") && e.contains("node 2 is gone"),
+            "{e}"
+        );
     }
 }

@@ -4,13 +4,17 @@
 //!
 //! `mpi_fetch serve`: every answer must be the bytes or a miss, as held.
 //! `mpi_fetch silent`: node 1 takes requests and never answers; fetches to it must time out
-//! and all others must be answered. Exits 0 only if every answer is as expected.
+//! and all others must be answered.
+//! `mpi_fetch stuck`: node 1 hangs for 5 s before a step barrier; every other node's barrier
+//! must fail within its 2 s timeout with an error saying so, not wait for it.
+//! Exits 0 only if everything is as expected.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use lobster_net::{Answer, Bytes, MpiNodes, Served, Transport};
+use lobster_net::{Answer, Bytes, MpiNodes, NetError, Served, Timeouts, Transport};
 
 struct Held(HashMap<u32, Bytes>);
 
@@ -26,8 +30,11 @@ fn bytes_of(s: u32) -> Bytes {
 
 fn main() -> Result<()> {
     let mode = std::env::args().nth(1).unwrap_or_default();
+    if mode == "stuck" {
+        return stuck();
+    }
     if mode != "serve" && mode != "silent" {
-        bail!("usage: mpi_fetch serve | silent");
+        bail!("usage: mpi_fetch serve | silent | stuck");
     }
     let nodes = MpiNodes::start()?;
     let (me, n) = (nodes.node(), nodes.nodes());
@@ -88,4 +95,31 @@ fn main() -> Result<()> {
     }
     println!("node {me}: {asked} fetches answered as held ({stats:?})");
     Ok(())
+}
+
+fn stuck() -> Result<()> {
+    let nodes = MpiNodes::start_with(Timeouts {
+        fetch: Duration::from_secs(1),
+        collective: Duration::from_secs(2),
+    })?;
+    let me = nodes.node();
+    nodes.barrier()?;
+    if me == 1 {
+        // Hangs past the others' timeout, then arrives (so the job can end cleanly).
+        std::thread::sleep(Duration::from_secs(5));
+        nodes.barrier()?;
+        println!("node 1: arrived late");
+        return Ok(());
+    }
+    let started = Instant::now();
+    match nodes.barrier() {
+        Err(e @ NetError::Timeout { .. }) if started.elapsed() < Duration::from_secs(4) => {
+            println!("node {me}: {e}");
+            Ok(())
+        }
+        other => bail!(
+            "node {me}: expected a timeout within 2 s, got {other:?} after {:?}",
+            started.elapsed()
+        ),
+    }
 }

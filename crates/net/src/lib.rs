@@ -26,5 +26,5 @@ pub use bytes::Bytes;
 pub use error::NetError;
 pub use in_process::{InProcessNode, InProcessNodes};
 #[cfg(feature = "mpi")]
-pub use mpi_nodes::MpiNodes;
+pub use mpi_nodes::{MpiNodes, Timeouts};
 pub use transport::{Answer, Done, Served, Transport, TransportStats};

@@ -11,7 +11,7 @@
 //! complete their fetches, and a fetch without a reply within the fetch timeout is answered
 //! [`Answer::TimedOut`] (a late reply is dropped). The step barrier is `MPI_Ibarrier`, polled
 //! between the rest, so a node waiting at it still serves its peers; one that does not
-//! complete within the collective timeout fails with an error naming it.
+//! complete within the collective timeout fails with an error saying so.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,10 +33,24 @@ use crate::error::NetError;
 use crate::transport::{Answer, Done, Served, Transport, TransportStats};
 use crate::wire;
 
-/// A fetch not answered within this is answered [`Answer::TimedOut`].
-pub const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
-/// A barrier not completed within this fails: a node is gone or stuck.
-pub const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long the transport waits before it gives up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// A fetch not answered within this is answered [`Answer::TimedOut`].
+    pub fetch: Duration,
+    /// A barrier not completed within this fails: a node has stopped or hangs.
+    pub collective: Duration,
+}
+
+impl Default for Timeouts {
+    /// 5 s a fetch (a reply is milliseconds away), 120 s a barrier (a step may be long).
+    fn default() -> Self {
+        Timeouts {
+            fetch: Duration::from_secs(5),
+            collective: Duration::from_secs(120),
+        }
+    }
+}
 /// The event loop's longest sleep while nothing of its own is in flight: how soon a peer's
 /// request is seen.
 const IDLE_POLL: Duration = Duration::from_micros(500);
@@ -87,6 +101,14 @@ impl MpiNodes {
     /// MPI initialised, by the program or here, with less than `MPI_THREAD_SERIALIZED`, or the
     /// thread could not start.
     pub fn start() -> Result<MpiNodes, NetError> {
+        MpiNodes::start_with(Timeouts::default())
+    }
+
+    /// As [`MpiNodes::start`], with these timeouts.
+    ///
+    /// # Errors
+    /// As [`MpiNodes::start`].
+    pub fn start_with(timeouts: Timeouts) -> Result<MpiNodes, NetError> {
         let (started_tx, started_rx) = bounded(1);
         // Fetches are queued here too: room for a prefetch window of them.
         let (commands, queue) = bounded(1 << 16);
@@ -94,7 +116,7 @@ impl MpiNodes {
         let s = stats.clone();
         let thread = std::thread::Builder::new()
             .name("lobster-mpi".into())
-            .spawn(move || own_mpi(started_tx, queue, s))
+            .spawn(move || own_mpi(started_tx, queue, s, timeouts))
             .map_err(|e| NetError::Mpi {
                 reason: format!("cannot start the thread that owns MPI: {e}"),
             })?;
@@ -139,7 +161,7 @@ impl MpiNodes {
     /// Waits until every node is here, serving peers meanwhile.
     ///
     /// # Errors
-    /// [`NetError::Timeout`] if some node does not arrive within [`COLLECTIVE_TIMEOUT`]; the
+    /// [`NetError::Timeout`] if some node does not arrive within the collective timeout; the
     /// owning thread has stopped.
     pub fn barrier(&self) -> Result<(), NetError> {
         let (tx, rx) = bounded(1);
@@ -291,6 +313,7 @@ struct Loop<'w> {
     sends: Vec<OwnedSend>,
     barrier: Option<InBarrier>,
     stats: Arc<Mutex<TransportStats>>,
+    timeouts: Timeouts,
 }
 
 /// The owning thread: initialise (or take up) MPI, say where this node stands, then serve
@@ -299,6 +322,7 @@ fn own_mpi(
     started: Sender<Result<(usize, usize), NetError>>,
     queue: Receiver<Command>,
     stats: Arc<Mutex<TransportStats>>,
+    timeouts: Timeouts,
 ) {
     let universe = if environment::is_initialized() {
         None
@@ -339,6 +363,7 @@ fn own_mpi(
         sends: Vec::new(),
         barrier: None,
         stats,
+        timeouts,
     };
     loop {
         let busy = !l.pending.is_empty() || !l.sends.is_empty() || l.barrier.is_some();
@@ -376,7 +401,7 @@ impl Loop<'_> {
                     return;
                 }
                 let request = self.world.immediate_barrier();
-                self.barrier = Some((request, answer, Instant::now() + COLLECTIVE_TIMEOUT));
+                self.barrier = Some((request, answer, Instant::now() + self.timeouts.collective));
             }
             Command::Fetch { peer, sample, done } => {
                 if peer >= self.nodes || peer == self.world.rank() as usize {
@@ -416,7 +441,7 @@ impl Loop<'_> {
                     Pending {
                         peer,
                         entries,
-                        deadline: now + FETCH_TIMEOUT,
+                        deadline: now + self.timeouts.fetch,
                     },
                 );
                 entries = rest;
@@ -452,7 +477,7 @@ impl Loop<'_> {
                 "node {} did not answer {} fetches within {:?}",
                 p.peer,
                 p.entries.len(),
-                FETCH_TIMEOUT
+                self.timeouts.fetch
             );
             for (_, done) in p.entries {
                 done(Answer::TimedOut);
@@ -468,7 +493,7 @@ impl Loop<'_> {
                     std::mem::forget(request);
                     let _ = answer.send(Err(NetError::Timeout {
                         what: "the step barrier".into(),
-                        after: COLLECTIVE_TIMEOUT,
+                        after: self.timeouts.collective,
                     }));
                 }
                 Err(request) => self.barrier = Some((request, answer, deadline)),

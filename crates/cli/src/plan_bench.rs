@@ -84,6 +84,7 @@ pub fn run(args: &PlanBenchArgs) -> Result<()> {
         "build_peak_bytes": plan.build_peak_bytes(),
         "build_peak_bytes_per_sample": per_sample(plan.build_peak_bytes()),
         "build_seconds": seconds,
+        "replay_threads": plan.replay_threads(),
     });
     if args.json {
         println!("{out}");
@@ -113,10 +114,11 @@ pub fn run(args: &PlanBenchArgs) -> Result<()> {
         per_sample(plan.memory_bytes())
     );
     println!(
-        "build peak: {:.0} MiB ({:.1} bytes per sample); start-up {:.1} s",
+        "build peak: {:.0} MiB ({:.1} bytes per sample); start-up {:.1} s on {} threads",
         plan.build_peak_bytes() as f64 / f64::from(1u32 << 20),
         per_sample(plan.build_peak_bytes()),
-        seconds
+        seconds,
+        plan.replay_threads()
     );
     Ok(())
 }

@@ -56,11 +56,16 @@ pub struct PeerPlan {
     holders: Vec<u16>,
     planned: u64,
     build_peak_bytes: usize,
+    replay_threads: usize,
 }
 
 /// Shuffled epoch orders kept for the build at most, in bytes: beyond it each peer's replay
 /// draws the orders again (slower, not larger).
 const ORDERS_HELD_MAX_BYTES: usize = 1 << 30;
+
+/// Threads that replay peers at once at most: each holds a planner and a table of the
+/// dataset's samples, so memory grows with them.
+const REPLAY_THREADS_MAX: usize = 4;
 
 impl PeerPlan {
     /// Replays every peer's cache plan and plans the remote sources of `node`'s accesses.
@@ -69,6 +74,14 @@ impl PeerPlan {
     /// Inputs the sampler or the cache planner refuse (naming the parameter), or more than
     /// 65,535 nodes.
     pub fn build(inputs: &PeerPlanInputs, node: usize) -> Result<PeerPlan, Error> {
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, REPLAY_THREADS_MAX);
+        PeerPlan::build_on(inputs, node, threads)
+    }
+
+    /// [`PeerPlan::build`] replaying peers on at most `threads` threads.
+    fn build_on(inputs: &PeerPlanInputs, node: usize, threads: usize) -> Result<PeerPlan, Error> {
         let nodes = inputs.nodes;
         if nodes >= usize::from(NO_PEER) {
             return Err(Error::invalid(
@@ -96,84 +109,49 @@ impl PeerPlan {
             batch: inputs.batch,
             epochs: inputs.epochs,
         };
-        let ours = layout(node);
-        let own = own_accesses(&ours);
+        let own = own_accesses(&layout(node));
+        let peers: Vec<usize> = (0..nodes).filter(|&p| p != node).collect();
+        let threads = threads.clamp(1, peers.len().max(1));
+        // Each thread replays every `threads`-th peer into its own choices; the choices merge
+        // by the same score, so the plan does not depend on the threads.
+        let replays: Vec<Result<Replay, Error>> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..threads)
+                .map(|t| {
+                    let (own, peers, layout) = (&own, &peers, &layout);
+                    s.spawn(move || {
+                        let mut r = Replay::new(own.len(), samples);
+                        for &p in peers.iter().skip(t).step_by(threads) {
+                            r.peer(inputs, own, layout(p), p as u16)?;
+                        }
+                        Ok(r)
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("a peer replay panicked"))
+                .collect()
+        });
         let mut holders = vec![NO_PEER; own.len()];
-        let mut admitted_at = vec![u64::MAX; samples];
-        let mut touched: Vec<u32> = Vec::new();
-        let mut evicted = Vec::new();
-        let mut planner_peak = 0;
-        let mut touched_peak = 0;
-        let margin = inputs.margin_steps;
-        let mut interval = |p: u16, sample: u32, from: u64, to: u64| {
-            // Our accesses of `sample` at steps in (from + margin, to - margin).
-            let first = own
-                .partition_point(|a| (a.sample, a.step) <= (sample, from.saturating_add(margin)));
-            for a in own[first..].iter().take_while(|a| a.sample == sample) {
-                if a.step.saturating_add(margin) >= to {
-                    break;
-                }
-                let h = &mut holders[a.position as usize];
-                if *h == NO_PEER || score(a.position, p) < score(a.position, *h) {
-                    *h = p;
-                }
-            }
-        };
-        for p in (0..nodes).filter(|&p| p != node) {
-            let theirs = layout(p);
-            let per_epoch = (theirs.ranks * theirs.per_rank) as u64;
-            let per_iteration = (theirs.ranks * theirs.batch) as u64;
-            let iterations = theirs.iterations() as u64;
-            let step_of = |position: u64| {
-                let (epoch, within) = (position / per_epoch, position % per_epoch);
-                epoch * iterations + (within / per_iteration).min(iterations - 1)
-            };
-            let mut planner = Planner::new(
-                theirs,
-                inputs.sizes.clone(),
-                inputs.capacity_bytes,
-                inputs.policy,
-            )
-            .map_err(|e| Error::engine("peer cache plan", e))?;
-            let p = p as u16;
-            while let Some(d) = planner
-                .next(&mut evicted)
-                .map_err(|e| Error::engine("peer cache plan", e))?
-            {
-                let step = step_of(d.position);
-                for &e in &evicted {
-                    let from = std::mem::replace(&mut admitted_at[e as usize], u64::MAX);
-                    interval(p, e, from, step);
-                }
-                if d.admitted {
-                    admitted_at[d.sample as usize] = step;
-                    touched.push(d.sample);
-                }
-                if d.position % 65_536 == 0 {
-                    planner_peak = planner_peak.max(planner.memory_bytes());
-                }
-            }
-            planner_peak = planner_peak.max(planner.memory_bytes());
-            touched_peak = touched_peak.max(touched.capacity());
-            for s in touched.drain(..) {
-                let from = std::mem::replace(&mut admitted_at[s as usize], u64::MAX);
-                if from != u64::MAX {
-                    interval(p, s, from, u64::MAX);
+        let mut build_peak_bytes = own.capacity() * std::mem::size_of::<OwnAccess>()
+            + holders.capacity() * 2
+            + sampler.held_bytes();
+        for r in replays {
+            let r = r?;
+            build_peak_bytes += r.peak_bytes();
+            for (i, &h) in r.holders.iter().enumerate() {
+                if h != NO_PEER && better(i as u64, h, holders[i]) {
+                    holders[i] = h;
                 }
             }
         }
         let planned = holders.iter().filter(|&&h| h != NO_PEER).count() as u64;
-        let build_peak_bytes = planner_peak
-            + own.capacity() * std::mem::size_of::<OwnAccess>()
-            + admitted_at.capacity() * 8
-            + touched_peak * 4
-            + holders.capacity() * 2
-            + sampler.held_bytes();
         Ok(PeerPlan {
             node,
             holders,
             planned,
             build_peak_bytes,
+            replay_threads: threads,
         })
     }
 
@@ -205,11 +183,116 @@ impl PeerPlan {
         self.holders.capacity() * 2 + std::mem::size_of::<Self>()
     }
 
-    /// The most bytes the build held at once (its largest peer planner, this node's sorted
-    /// accesses, the admission steps, the shuffled orders).
+    /// The most bytes the build held at once (each replay thread's largest peer planner and
+    /// tables, this node's sorted accesses, the shuffled orders).
     pub fn build_peak_bytes(&self) -> usize {
         self.build_peak_bytes
     }
+
+    /// Threads the build replayed peers on.
+    pub fn replay_threads(&self) -> usize {
+        self.replay_threads
+    }
+}
+
+/// One replay thread: the peer it prefers for each access among the peers it replayed, and
+/// its tables (reused from peer to peer).
+struct Replay {
+    holders: Vec<u16>,
+    admitted_at: Vec<u64>,
+    touched: Vec<u32>,
+    evicted: Vec<u32>,
+    planner_peak: usize,
+}
+
+impl Replay {
+    fn new(accesses: usize, samples: usize) -> Replay {
+        Replay {
+            holders: vec![NO_PEER; accesses],
+            admitted_at: vec![u64::MAX; samples],
+            touched: Vec::new(),
+            evicted: Vec::new(),
+            planner_peak: 0,
+        }
+    }
+
+    fn peak_bytes(&self) -> usize {
+        self.planner_peak
+            + self.holders.capacity() * 2
+            + self.admitted_at.capacity() * 8
+            + (self.touched.capacity() + self.evicted.capacity()) * 4
+    }
+
+    /// Replays peer `p`'s cache plan over its layout `theirs`, keeping each holding interval
+    /// that covers some of `own`'s accesses with the margin.
+    fn peer(
+        &mut self,
+        inputs: &PeerPlanInputs,
+        own: &[OwnAccess],
+        theirs: Layout,
+        p: u16,
+    ) -> Result<(), Error> {
+        let per_epoch = (theirs.ranks * theirs.per_rank) as u64;
+        let per_iteration = (theirs.ranks * theirs.batch) as u64;
+        let iterations = theirs.iterations() as u64;
+        let step_of = |position: u64| {
+            let (epoch, within) = (position / per_epoch, position % per_epoch);
+            epoch * iterations + (within / per_iteration).min(iterations - 1)
+        };
+        let mut planner = Planner::new(
+            theirs,
+            inputs.sizes.clone(),
+            inputs.capacity_bytes,
+            inputs.policy,
+        )
+        .map_err(|e| Error::engine("peer cache plan", e))?;
+        let margin = inputs.margin_steps;
+        let holders = &mut self.holders;
+        let mut interval = |sample: u32, from: u64, to: u64| {
+            // Our accesses of `sample` at steps in (from + margin, to - margin).
+            let first = own
+                .partition_point(|a| (a.sample, a.step) <= (sample, from.saturating_add(margin)));
+            for a in own[first..].iter().take_while(|a| a.sample == sample) {
+                if a.step.saturating_add(margin) >= to {
+                    break;
+                }
+                let h = &mut holders[a.position as usize];
+                if better(a.position, p, *h) {
+                    *h = p;
+                }
+            }
+        };
+        while let Some(d) = planner
+            .next(&mut self.evicted)
+            .map_err(|e| Error::engine("peer cache plan", e))?
+        {
+            let step = step_of(d.position);
+            for &e in &self.evicted {
+                let from = std::mem::replace(&mut self.admitted_at[e as usize], u64::MAX);
+                interval(e, from, step);
+            }
+            if d.admitted {
+                self.admitted_at[d.sample as usize] = step;
+                self.touched.push(d.sample);
+            }
+            if d.position % 65_536 == 0 {
+                self.planner_peak = self.planner_peak.max(planner.memory_bytes());
+            }
+        }
+        self.planner_peak = self.planner_peak.max(planner.memory_bytes());
+        for s in self.touched.drain(..) {
+            let from = std::mem::replace(&mut self.admitted_at[s as usize], u64::MAX);
+            if from != u64::MAX {
+                interval(s, from, u64::MAX);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether peer `p` is preferred over `current` for the access at `position`.
+fn better(position: u64, p: u16, current: u16) -> bool {
+    current == NO_PEER || score(position, p) < score(position, current)
 }
 
 /// One access of this node: sorted by (sample, step) so a peer's holding of a sample finds
@@ -429,6 +512,18 @@ mod tests {
         let served: HashSet<usize> = (0..a.accesses()).filter_map(|i| a.holder(i)).collect();
         assert_eq!(served, HashSet::from([0, 2]), "both peers serve some");
         assert!(a.holder(a.accesses()).is_none());
+    }
+
+    #[test]
+    fn the_plan_does_not_depend_on_the_replay_threads() {
+        let inputs = inputs(PolicyKind::Reuse, 3_000, 1);
+        let one = PeerPlan::build_on(&inputs, 2, 1).unwrap();
+        for threads in [2, 3, 8] {
+            let many = PeerPlan::build_on(&inputs, 2, threads).unwrap();
+            assert_eq!(many.holders, one.holders, "{threads} threads");
+            assert_eq!(many.replay_threads(), threads.min(2));
+        }
+        assert!(one.planned() > 0);
     }
 
     #[test]

@@ -187,6 +187,9 @@ def test_ctrl_c_interrupts_a_waiting_iteration_without_losing_its_batch(tmp_path
         decode_threads=1, cache_frac=0.0,
     )
     it = iter(loader)
+    # Python leaves SIGINT ignored when it starts ignored (a job started in the background
+    # by a script): install the handler an interactive session has.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -195,6 +198,7 @@ def test_ctrl_c_interrupts_a_waiting_iteration_without_losing_its_batch(tmp_path
     finally:
         interrupted.set()
         timer.join()
+        signal.signal(signal.SIGINT, previous)
     # The interrupted call took no batch: the first one is still the next.
     first = next(it)
     assert (first.epoch, first.iteration) == (0, 0)

@@ -21,6 +21,18 @@ pub enum CachePolicy {
     Static,
 }
 
+impl CachePolicy {
+    /// The cache crate's policy, or `None` without a cache.
+    pub(crate) fn kind(self) -> Option<lobster_cache::PolicyKind> {
+        match self {
+            CachePolicy::None => None,
+            CachePolicy::Reuse => Some(lobster_cache::PolicyKind::Reuse),
+            CachePolicy::Lru => Some(lobster_cache::PolicyKind::Lru),
+            CachePolicy::Static => Some(lobster_cache::PolicyKind::Static),
+        }
+    }
+}
+
 impl fmt::Display for CachePolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -52,7 +52,6 @@ pub struct PeerPlanInputs {
 /// For each access of one node's stream, in canonical order, the peer planned to serve it.
 #[derive(Clone, Debug)]
 pub struct PeerPlan {
-    node: usize,
     holders: Vec<u16>,
     planned: u64,
     build_peak_bytes: usize,
@@ -99,15 +98,15 @@ impl PeerPlan {
         }
         let world = nodes * inputs.ranks_per_node;
         let samples = inputs.sizes.len();
-        let sampler = held_orders(inputs, world, samples)?;
-        let layout = |p: usize| Layout {
-            per_rank: sampler.per_rank(),
-            sampler: sampler.sampler(),
-            world,
-            first_rank: p * inputs.ranks_per_node,
-            ranks: inputs.ranks_per_node,
-            batch: inputs.batch,
-            epochs: inputs.epochs,
+        let (sampler, orders_bytes) = held_orders(inputs, world, samples)?;
+        let layout = |p: usize| {
+            Layout::of_node(
+                sampler.clone(),
+                inputs.ranks_per_node,
+                p,
+                inputs.batch,
+                inputs.epochs,
+            )
         };
         let own = own_accesses(&layout(node));
         let peers: Vec<usize> = (0..nodes).filter(|&p| p != node).collect();
@@ -135,7 +134,7 @@ impl PeerPlan {
         let mut holders = vec![NO_PEER; own.len()];
         let mut build_peak_bytes = own.capacity() * std::mem::size_of::<OwnAccess>()
             + holders.capacity() * 2
-            + sampler.held_bytes();
+            + orders_bytes;
         for r in replays {
             let r = r?;
             build_peak_bytes += r.peak_bytes();
@@ -147,7 +146,6 @@ impl PeerPlan {
         }
         let planned = holders.iter().filter(|&&h| h != NO_PEER).count() as u64;
         Ok(PeerPlan {
-            node,
             holders,
             planned,
             build_peak_bytes,
@@ -155,9 +153,14 @@ impl PeerPlan {
         })
     }
 
-    /// The node whose accesses these are.
-    pub fn node(&self) -> usize {
-        self.node
+    /// A plan in which no peer serves any access (no node has a cache).
+    pub(crate) fn empty() -> PeerPlan {
+        PeerPlan {
+            holders: Vec::new(),
+            planned: 0,
+            build_peak_bytes: 0,
+            replay_threads: 0,
+        }
     }
 
     /// The peer planned to serve this node's access at `position` of its stream, if any.
@@ -232,15 +235,8 @@ impl Replay {
         theirs: Layout,
         p: u16,
     ) -> Result<(), Error> {
-        let per_epoch = (theirs.ranks * theirs.per_rank) as u64;
-        let per_iteration = (theirs.ranks * theirs.batch) as u64;
-        let iterations = theirs.iterations() as u64;
-        let step_of = |position: u64| {
-            let (epoch, within) = (position / per_epoch, position % per_epoch);
-            epoch * iterations + (within / per_iteration).min(iterations - 1)
-        };
         let mut planner = Planner::new(
-            theirs,
+            theirs.clone(),
             inputs.sizes.clone(),
             inputs.capacity_bytes,
             inputs.policy,
@@ -266,7 +262,7 @@ impl Replay {
             .next(&mut self.evicted)
             .map_err(|e| Error::engine("peer cache plan", e))?
         {
-            let step = step_of(d.position);
+            let step = theirs.step_at(d.position);
             for &e in &self.evicted {
                 let from = std::mem::replace(&mut self.admitted_at[e as usize], u64::MAX);
                 interval(e, from, step);
@@ -319,47 +315,26 @@ fn own_accesses(layout: &Layout) -> Vec<OwnAccess> {
     own
 }
 
-/// The sampler the replays share: a shuffled order drawn once per epoch and held, where that
-/// fits [`ORDERS_HELD_MAX_BYTES`] (every peer's replay walks every epoch).
+/// The sampler the replays share, and the bytes of the orders it holds: a shuffled order is
+/// drawn once per epoch and held, where that fits [`ORDERS_HELD_MAX_BYTES`] (every peer's
+/// replay walks every epoch).
 fn held_orders(
     inputs: &PeerPlanInputs,
     world: usize,
     samples: usize,
-) -> Result<HeldSampler, Error> {
+) -> Result<(DistributedSampler, usize), Error> {
     let held_bytes = samples * 4 * inputs.epochs as usize;
-    let order = match &inputs.order {
+    let (order, held_bytes) = match &inputs.order {
         EpochOrder::Shuffle { seed } if held_bytes <= ORDERS_HELD_MAX_BYTES => {
             let orders: Vec<Vec<u32>> = (0..inputs.epochs)
                 .map(|e| crate::sampler::torch_randperm(samples, seed.wrapping_add(u64::from(e))))
                 .collect();
-            EpochOrder::Explicit(orders.into())
+            (EpochOrder::Explicit(orders.into()), held_bytes)
         }
-        other => other.clone(),
+        other => (other.clone(), 0),
     };
-    let held = matches!(order, EpochOrder::Explicit(_)).then_some(held_bytes);
-    Ok(HeldSampler {
-        sampler: DistributedSampler::new(samples, world, inputs.drop_last, order)?,
-        held_bytes: held.unwrap_or(0),
-    })
-}
-
-struct HeldSampler {
-    sampler: DistributedSampler,
-    held_bytes: usize,
-}
-
-impl HeldSampler {
-    fn per_rank(&self) -> usize {
-        self.sampler.per_rank()
-    }
-
-    fn sampler(&self) -> DistributedSampler {
-        self.sampler.clone()
-    }
-
-    fn held_bytes(&self) -> usize {
-        self.held_bytes
-    }
+    let sampler = DistributedSampler::new(samples, world, inputs.drop_last, order)?;
+    Ok((sampler, held_bytes))
 }
 
 /// The rank of peer `p` for the access at `position`: lowest wins.
@@ -398,15 +373,13 @@ mod tests {
         let sampler =
             DistributedSampler::new(inputs.sizes.len(), world, false, inputs.order.clone())
                 .unwrap();
-        Layout {
-            per_rank: sampler.per_rank(),
+        Layout::of_node(
             sampler,
-            world,
-            first_rank: node * inputs.ranks_per_node,
-            ranks: inputs.ranks_per_node,
-            batch: inputs.batch,
-            epochs: inputs.epochs,
-        }
+            inputs.ranks_per_node,
+            node,
+            inputs.batch,
+            inputs.epochs,
+        )
     }
 
     /// Each node's cache contents at the end of every step, and the samples it evicted

@@ -210,15 +210,13 @@ impl<T: Send + 'static> LoaderBuilder<T> {
                 ));
             }
         }
-        let layout = Layout {
-            per_rank: sampler.per_rank(),
+        let layout = Layout::of_node(
             sampler,
-            world: config.world(),
-            first_rank: config.node * config.ranks_per_node,
-            ranks: config.ranks_per_node,
-            batch: config.batch_size,
-            epochs: config.epochs,
-        };
+            config.ranks_per_node,
+            config.node,
+            config.batch_size,
+            config.epochs,
+        );
         let pool =
             (config.execution == Execution::Pipelined).then(|| pool_shape(&config, &dataset));
         let reader = match pool {
@@ -230,8 +228,12 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         let window_bytes = window_bytes(&config, &dataset, pool.map(|(bytes, _)| bytes));
         let dirs = (config.execution == Execution::Pipelined)
             .then(|| crate::pipeline::SampleDirs::new(dataset.samples()));
+        let sizes = match config.cache_policy.kind() {
+            Some(_) => Some(cache_sizes(&dataset)?),
+            None => None,
+        };
         let peers = match self.peers {
-            Some(transport) => Some(peers(&config, &dataset, &layout, transport)?),
+            Some(transport) => Some(peers(&config, sizes.as_ref(), &layout, transport)?),
             None => None,
         };
         let ctx = Context {
@@ -243,6 +245,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             device,
             reader: reader.clone(),
             arena: cache_arena(&config),
+            sizes,
             peers,
         };
         let pipeline = Pipeline::start(ctx, reader)?;
@@ -268,7 +271,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
 /// which peer (if any) holds its sample around it.
 fn peers(
     config: &LoaderConfig,
-    dataset: &Dataset,
+    sizes: Option<&Arc<[u32]>>,
     layout: &Layout,
     transport: Arc<dyn lobster_net::Transport>,
 ) -> Result<pipeline::Peers, Error> {
@@ -282,42 +285,52 @@ fn peers(
             ),
         ));
     }
-    let policy = match config.cache_policy {
-        CachePolicy::Reuse => Some(lobster_cache::PolicyKind::Reuse),
-        CachePolicy::Lru => Some(lobster_cache::PolicyKind::Lru),
-        CachePolicy::Static => Some(lobster_cache::PolicyKind::Static),
-        CachePolicy::None => None,
-    };
-    let sizes: Arc<[u32]> = dataset
-        .samples()
-        .iter()
-        .map(|s| u32::try_from(s.size_bytes).unwrap_or(u32::MAX))
-        .collect();
-    let inputs = crate::holders::PeerPlanInputs {
-        sizes,
-        nodes: config.nodes,
-        ranks_per_node: config.ranks_per_node,
-        batch: config.batch_size,
-        epochs: config.epochs,
-        order: layout.sampler.order().clone(),
-        drop_last: config.drop_last,
-        policy: policy.unwrap_or(lobster_cache::PolicyKind::Static),
+    let plan = match (config.cache_policy.kind(), sizes) {
+        (Some(policy), Some(sizes)) => {
+            let inputs = crate::holders::PeerPlanInputs {
+                sizes: sizes.clone(),
+                nodes: config.nodes,
+                ranks_per_node: config.ranks_per_node,
+                batch: config.batch_size,
+                epochs: config.epochs,
+                order: layout.sampler.order().clone(),
+                drop_last: config.drop_last,
+                policy,
+                capacity_bytes: config.cache_capacity_bytes,
+                // The planner runs at most this far ahead of its slowest rank, and nodes
+                // meet every step: see the holders module.
+                margin_steps: config.prefetch_iterations.max(config.window_iterations) as u64 + 1,
+            };
+            crate::holders::PeerPlan::build(&inputs, config.node)?
+        }
         // Without caches no peer holds anything.
-        capacity_bytes: if policy.is_some() {
-            config.cache_capacity_bytes
-        } else {
-            0
-        },
-        // The planner runs at most this far ahead of its slowest rank, and nodes meet every
-        // step: see the holders module.
-        margin_steps: config.prefetch_iterations.max(config.window_iterations) as u64 + 1,
+        _ => crate::holders::PeerPlan::empty(),
     };
     Ok(pipeline::Peers {
         transport,
-        plan: crate::holders::PeerPlan::build(&inputs, config.node)?,
+        plan,
         served: Arc::default(),
         counters: pipeline::PeerCounters::default(),
     })
+}
+
+/// Each sample's size as the cache plans with it.
+fn cache_sizes(dataset: &Dataset) -> Result<Arc<[u32]>, Error> {
+    dataset
+        .samples()
+        .iter()
+        .map(|s| {
+            u32::try_from(s.size_bytes).map_err(|_| {
+                Error::dataset(
+                    &*s.path,
+                    format!(
+                        "{} bytes: samples of 4 GiB or more are not supported",
+                        s.size_bytes
+                    ),
+                )
+            })
+        })
+        .collect()
 }
 
 /// The cache's arena: address space for its capacity and an eighth more (runs are whole

@@ -29,6 +29,8 @@ pub(crate) struct Context<T> {
     pub(crate) reader: Option<lobster_uring::Reader>,
     /// Where the cache keeps large samples (`None`: no cache, or no room for the mapping).
     pub(crate) arena: Option<lobster_uring::Arena>,
+    /// Each sample's size as the cache plans with it (`None` without a cache).
+    pub(crate) sizes: Option<Arc<[u32]>>,
     /// Peer nodes whose caches serve planned misses, and which this node's cache serves.
     pub(crate) peers: Option<super::peers::Peers>,
 }

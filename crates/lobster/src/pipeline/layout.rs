@@ -18,6 +18,25 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
+    /// Node `node`'s layout, its ranks `ranks_per_node` consecutive ranks of `sampler`'s world.
+    pub(crate) fn of_node(
+        sampler: DistributedSampler,
+        ranks_per_node: usize,
+        node: usize,
+        batch: usize,
+        epochs: u32,
+    ) -> Layout {
+        Layout {
+            per_rank: sampler.per_rank(),
+            world: sampler.world(),
+            first_rank: node * ranks_per_node,
+            ranks: ranks_per_node,
+            batch,
+            epochs,
+            sampler,
+        }
+    }
+
     pub(crate) fn iterations(&self) -> usize {
         self.per_rank.div_ceil(self.batch)
     }
@@ -25,6 +44,16 @@ impl Layout {
     /// Iterations since the first epoch's first: a batch's place in the whole run.
     pub(crate) fn step(&self, epoch: u32, iteration: usize) -> u64 {
         u64::from(epoch) * self.iterations() as u64 + iteration as u64
+    }
+
+    /// The step of the access at `position` of the node stream (canonical order; every
+    /// iteration but an epoch's last holds `ranks * batch` accesses).
+    pub(crate) fn step_at(&self, position: u64) -> u64 {
+        let per_epoch = (self.ranks * self.per_rank) as u64;
+        let per_iteration = (self.ranks * self.batch) as u64;
+        let iterations = self.iterations() as u64;
+        let (epoch, within) = (position / per_epoch, position % per_epoch);
+        epoch * iterations + (within / per_iteration).min(iterations - 1)
     }
 
     pub(crate) fn batch_len(&self, iteration: usize) -> usize {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use lobster_net::{Served, Transport};
-use lobster_sched::{CostModel, Tier};
+use lobster_sched::{CostParams, Tier};
 
 use super::slot::Slot;
 use super::sync::lock;
@@ -37,10 +37,10 @@ pub(crate) struct PeerCounters {
 impl Peers {
     /// The peer to fetch the miss at stream position `position` of `bytes` from, if one is
     /// planned to hold it and the cost model prices it below storage.
-    pub(crate) fn source(&self, model: &CostModel, position: u64, bytes: u64) -> Option<usize> {
+    pub(crate) fn source(&self, costs: &CostParams, position: u64, bytes: u64) -> Option<usize> {
         let peer = self.plan.holder(position)?;
         let cost = |tier| {
-            let t = model.params().tier(tier);
+            let t = costs.tier(tier);
             t.request_s + t.per_byte_s * bytes as f64
         };
         (cost(Tier::Remote) <= cost(Tier::Storage)).then_some(peer)

@@ -20,7 +20,7 @@ use super::reorder::PendingBatch;
 use super::slot::{Ready, Slot, Task, WorkerRead};
 use super::state::PipelineState;
 use super::sync::lock;
-use crate::config::{CachePolicy, Execution, IoOrder, Schedule};
+use crate::config::{Execution, IoOrder, Schedule};
 use crate::error::Error;
 use crate::metrics::IterationMetrics;
 
@@ -48,30 +48,16 @@ struct Cache {
 impl Cache {
     fn new<T>(ctx: &Context<T>) -> Result<Option<Self>, Error> {
         let config = &ctx.config;
-        let kind = match config.cache_policy {
-            CachePolicy::None => return Ok(None),
-            CachePolicy::Reuse => lobster_cache::PolicyKind::Reuse,
-            CachePolicy::Lru => lobster_cache::PolicyKind::Lru,
-            CachePolicy::Static => lobster_cache::PolicyKind::Static,
+        let (Some(kind), Some(sizes)) = (config.cache_policy.kind(), &ctx.sizes) else {
+            return Ok(None);
         };
-        let sizes: Arc<[u32]> = ctx
-            .dataset
-            .samples()
-            .iter()
-            .map(|s| {
-                u32::try_from(s.size_bytes).map_err(|_| {
-                    Error::dataset(
-                        &*s.path,
-                        format!(
-                            "{} bytes: samples of 4 GiB or more are not supported",
-                            s.size_bytes
-                        ),
-                    )
-                })
-            })
-            .collect::<Result<_, _>>()?;
-        let planner = Planner::new(ctx.layout.clone(), sizes, config.cache_capacity_bytes, kind)
-            .map_err(|e| Error::engine("cache planner", e))?;
+        let planner = Planner::new(
+            ctx.layout.clone(),
+            sizes.clone(),
+            config.cache_capacity_bytes,
+            kind,
+        )
+        .map_err(|e| Error::engine("cache planner", e))?;
         Ok(Some(Cache {
             planner: Box::new(planner),
             slots: Store::new(config.cache_capacity_bytes),
@@ -213,15 +199,15 @@ pub(crate) fn planner<T: Send + 'static>(
             let mut ready = Vec::new();
             let on_workers = gate.next_window(&state.read_path);
             // Priced once a window: the model moves slowly, and its lock is shared.
-            let model = ctx.peers.as_ref().map(|_| lock(&state.model).clone());
+            let costs = ctx.peers.as_ref().map(|_| *lock(&state.model).params());
             // Counted before any of them can be delivered (a hit may be released at once).
             state.outstanding.fetch_add(window.len(), Ordering::SeqCst);
             for a in window.drain(..) {
                 let position = seq;
                 seq += 1;
-                let peer = match (&ctx.peers, &model) {
-                    (Some(p), Some(m)) if !a.hit => {
-                        p.source(m, position, ctx.meta(a.sample).size_bytes)
+                let peer = match (&ctx.peers, &costs) {
+                    (Some(p), Some(c)) if !a.hit => {
+                        p.source(c, position, ctx.meta(a.sample).size_bytes)
                     }
                     _ => None,
                 };

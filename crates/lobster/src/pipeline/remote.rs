@@ -12,7 +12,6 @@ use lobster_sched::Tier;
 
 use super::context::Context;
 use super::order::{IoRequest, ToDispatcher};
-use super::peers::PeerCounters;
 use super::slot::Origin;
 use super::state::PipelineState;
 use super::sync::lock;
@@ -45,12 +44,8 @@ fn answered<T>(
     issued: Instant,
     answer: Answer,
 ) {
-    let peers = ctx.peers.as_ref().expect("a peer fetch has peers");
-    let size = ctx.meta(req.sample).size_bytes;
-    match checked(answer, size, req.sample, peer, &peers.counters) {
+    match settle(ctx, state, req.sample, peer, issued, answer) {
         Some(bytes) => {
-            peers.counters.hits.fetch_add(1, Ordering::Relaxed);
-            lock(&state.model).observe_read(Tier::Remote, size, issued.elapsed());
             let mut released = Vec::new();
             // A kept sample is copied out of the message it came in.
             req.slot.fill(
@@ -93,23 +88,27 @@ pub(crate) fn fetch_blocking<T>(
     let answer = rx
         .recv()
         .unwrap_or_else(|_| Answer::Failed("the transport dropped the fetch".into()));
-    let size = ctx.meta(sample).size_bytes;
-    let bytes = checked(answer, size, sample, peer, &peers.counters)?;
-    peers.counters.hits.fetch_add(1, Ordering::Relaxed);
-    lock(&state.model).observe_read(Tier::Remote, size, issued.elapsed());
-    Some(bytes)
+    settle(ctx, state, sample, peer, issued, answer)
 }
 
-/// The answer's bytes if they are the sample's; anything else is counted as a remote miss.
-fn checked(
-    answer: Answer,
-    size_bytes: u64,
+/// The answer's bytes if they are the sample's, counted as a remote hit and observed by the
+/// cost model; anything else is counted as a remote miss.
+fn settle<T>(
+    ctx: &Context<T>,
+    state: &PipelineState<T>,
     sample: u32,
     peer: usize,
-    counters: &PeerCounters,
+    issued: Instant,
+    answer: Answer,
 ) -> Option<Bytes> {
+    let counters = &ctx.peers.as_ref().expect("a peer fetch has peers").counters;
+    let size_bytes = ctx.meta(sample).size_bytes;
     match answer {
-        Answer::Bytes(b) if b.len() as u64 == size_bytes => return Some(b),
+        Answer::Bytes(b) if b.len() as u64 == size_bytes => {
+            counters.hits.fetch_add(1, Ordering::Relaxed);
+            lock(&state.model).observe_read(Tier::Remote, size_bytes, issued.elapsed());
+            return Some(b);
+        }
         Answer::Bytes(b) => log::warn!(
             "node {peer} sent {} bytes for sample {sample} of {size_bytes}: read from storage",
             b.len()

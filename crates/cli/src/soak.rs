@@ -215,6 +215,7 @@ fn soak(args: &SoakArgs, strategy: Strategy, dataset: &Arc<Dataset>) -> Result<S
         decode_threads: 2 * args.ranks_per_node,
         workers_per_rank: 2,
         cache_bytes,
+        pipeline_threads: lobster_io::PipelineThreads::default(),
     };
     strategy.apply(&budgets, &mut config);
     let cache_capacity_bytes = config.cache_capacity_bytes;

@@ -74,7 +74,9 @@ mod pipeline;
 mod sampler;
 
 pub use batch::{Batch, Sample};
-pub use config::{CachePolicy, Execution, IoOrder, LoaderConfig, ResidentReads, Schedule};
+pub use config::{
+    CachePolicy, Execution, IoOrder, LoaderConfig, PipelineThreads, ResidentReads, Schedule,
+};
 pub use dataset::{Dataset, FolderOptions, SampleMeta, SampleRecord, IMAGE_EXTENSIONS};
 pub use emulate::StorageEmulation;
 pub use error::{Cause, Error};

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::batch::Batch;
-use crate::config::{CachePolicy, Execution, IoOrder, LoaderConfig, Schedule};
+use crate::config::{CachePolicy, Execution, IoOrder, LoaderConfig, PipelineThreads, Schedule};
 use crate::dataset::{Dataset, SampleMeta};
 use crate::emulate::{Device, StorageEmulation};
 use crate::error::{Cause, Error};
@@ -127,6 +127,8 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         execution: Execution,
         /// Whether decode workers read samples the page cache holds themselves.
         resident_reads: crate::config::ResidentReads,
+        /// How the kernel schedules the planner and the decode workers.
+        pipeline_threads: crate::config::PipelineThreads,
         /// The I/O backend.
         backend: lobster_uring::Backend,
         /// Read with O_DIRECT.
@@ -510,6 +512,14 @@ impl<T> Loader<T> {
         m.reads_not_resident = tried - m.reads_resident.min(tried);
         m.reads_dispatched = count(&path.dispatched);
         m.dirs_held = self.pipeline.dirs_held as u64;
+        m.pipeline_threads = match (
+            self.config.pipeline_threads,
+            &*pipeline::lock(&shared.batch_refused),
+        ) {
+            (PipelineThreads::Normal, _) => "normal".into(),
+            (PipelineThreads::Batch, None) => "batch".into(),
+            (PipelineThreads::Batch, Some(why)) => format!("normal (SCHED_BATCH refused: {why})"),
+        };
         m.read_path = match self.config.resident_reads_enabled() {
             Ok(()) => "resident-on-workers".into(),
             Err(_) if self.config.execution == Execution::ReadThenDecode => {

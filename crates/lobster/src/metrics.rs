@@ -115,6 +115,9 @@ pub struct RunMetrics {
     /// Where misses were read: `resident-on-workers` (decode workers read what the page
     /// cache held, the dispatcher the rest), or why every read went elsewhere.
     pub read_path: String,
+    /// How the kernel scheduled the planner and decode workers: `batch`, `normal`, or
+    /// `normal (SCHED_BATCH refused: why)`.
+    pub pipeline_threads: String,
     /// Misses decode workers read from the page cache.
     pub reads_resident: u64,
     /// Misses decode workers tried and found not resident (the dispatcher read them).
@@ -376,6 +379,7 @@ impl Collector {
             skipped_samples: self.skipped_samples.clone(),
             faults_injected: 0,
             read_path: String::new(),
+            pipeline_threads: String::new(),
             reads_resident: 0,
             reads_not_resident: 0,
             reads_dispatched: 0,

@@ -80,6 +80,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod arena;
+mod background;
 mod classes;
 mod completion;
 mod deferred;
@@ -102,6 +103,7 @@ mod types;
 mod uring;
 
 pub use arena::Arena;
+pub use background::run_as_batch;
 pub use completion::Completion;
 pub use direct::read_direct;
 pub use error::ReadError;

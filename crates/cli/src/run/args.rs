@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use lobster_io::uring::Backend;
 use lobster_io::{
-    ErrorPolicy, FailureBudget, FaultInjection, IoOrder, LoaderConfig, Schedule, StorageEmulation,
+    ErrorPolicy, FailureBudget, FaultInjection, IoOrder, LoaderConfig, PipelineThreads, Schedule,
+    StorageEmulation,
 };
 use serde::Serialize;
 
@@ -113,6 +114,11 @@ pub struct RunArgs {
     /// I/O backend of the pipelined policies.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
+    /// How the kernel schedules lobster's planner and decode workers (the lobster policies;
+    /// pytorch's and nopfs's workers run as normal threads, as theirs do): `batch`
+    /// (SCHED_BATCH: their wake-ups do not preempt the ranks) or `normal`.
+    #[arg(long, value_enum, default_value_t = PipelineThreadsArg::Batch)]
+    pub pipeline_threads: PipelineThreadsArg,
     /// How the pipelined policies order storage reads: `deadline` (one node-wide queue, each
     /// iteration's reads ending together for every rank) or `shares` (each rank held to the
     /// allocator's io_depth share, as the paper's per-rank I/O threads).
@@ -183,6 +189,16 @@ pub enum BackendArg {
     Uring,
     /// The pread thread pool.
     Pread,
+}
+
+/// How lobster's pipeline threads are scheduled, as the CLI spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PipelineThreadsArg {
+    /// SCHED_BATCH.
+    Batch,
+    /// The default policy.
+    Normal,
 }
 
 /// The pipelined policies' schedule, as the CLI spells it.
@@ -286,6 +302,10 @@ impl RunArgs {
             decode_threads: self.decode_threads,
             workers_per_rank: self.workers_per_rank()?,
             cache_bytes,
+            pipeline_threads: match self.pipeline_threads {
+                PipelineThreadsArg::Batch => PipelineThreads::Batch,
+                PipelineThreadsArg::Normal => PipelineThreads::Normal,
+            },
         })
     }
 

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use lobster_io::{CachePolicy, Execution, LoaderConfig, Schedule};
+use lobster_io::{CachePolicy, Execution, LoaderConfig, PipelineThreads, Schedule};
 use serde::Serialize;
 
 /// A loading strategy; all of them run on the same loader, with different settings. The
@@ -31,6 +31,8 @@ pub(crate) struct Budgets {
     pub decode_threads: usize,
     pub workers_per_rank: usize,
     pub cache_bytes: u64,
+    /// For lobster's own policies; the baselines' workers are normal threads, as theirs are.
+    pub pipeline_threads: PipelineThreads,
 }
 
 impl Strategy {
@@ -80,6 +82,10 @@ impl Strategy {
             budgets.cache_bytes
         };
         config.execution = self.execution();
+        config.pipeline_threads = match self {
+            Strategy::Pytorch | Strategy::Nopfs => PipelineThreads::Normal,
+            _ => budgets.pipeline_threads,
+        };
         match config.execution {
             Execution::Pipelined => {
                 config.schedule = budgets.pipelined_schedule;
@@ -154,6 +160,7 @@ mod tests {
             decode_threads: 8,
             workers_per_rank: 3,
             cache_bytes: 1000,
+            pipeline_threads: PipelineThreads::Batch,
         };
         for s in Strategy::ALL {
             let mut config = LoaderConfig {
@@ -177,6 +184,13 @@ mod tests {
                 assert_eq!(config.decode_threads, 8, "{s}");
                 assert_eq!(config.schedule, budgets.pipelined_schedule, "{s}");
             }
+            let baseline = matches!(s, Strategy::Pytorch | Strategy::Nopfs);
+            let expected = if baseline {
+                PipelineThreads::Normal
+            } else {
+                PipelineThreads::Batch
+            };
+            assert_eq!(config.pipeline_threads, expected, "{s}");
             let cached = s != Strategy::Pytorch;
             assert_eq!(config.cache_policy != CachePolicy::None, cached, "{s}");
             assert_eq!(config.cache_capacity_bytes, if cached { 1000 } else { 0 });

@@ -112,6 +112,7 @@ impl<T: Send + 'static> Pipeline<T> {
                 config.cache_in_page_cache().is_ok() && ctx.peers.is_none(),
             ),
             to_dispatcher: reader.is_some().then_some(to_dispatcher),
+            batch_refused: Mutex::new(None),
         });
         let ctx = Arc::new(ctx);
         if let Some(peers) = &ctx.peers {

@@ -109,6 +109,7 @@ pub(crate) fn planner<T: Send + 'static>(
     ctx: &Arc<Context<T>>,
     state: &Arc<PipelineState<T>>,
 ) -> Result<(), Error> {
+    state.schedule_this_thread(ctx.config.pipeline_threads);
     let layout = &ctx.layout;
     let config = &ctx.config;
     let to_dispatcher = state.to_dispatcher.as_ref();

@@ -5,18 +5,29 @@ use std::sync::{Condvar, Mutex};
 use super::sync::{lock, stopped, StopSignal};
 use crate::error::Error;
 
+#[derive(Debug)]
+struct Taken {
+    /// Batches taken per rank (counted across epochs); `usize::MAX` once detached.
+    per_rank: Vec<usize>,
+    /// While the planner waits: the slowest rank's count it waits for. A rank's take wakes
+    /// it only then, since every wake-up a rank sends costs that rank its core for a while.
+    planner_needs: Option<usize>,
+}
+
 /// How far each rank's training thread has got.
 #[derive(Debug)]
 pub(crate) struct Progress {
-    /// Batches taken per rank (counted across epochs); `usize::MAX` once detached.
-    taken: Mutex<Vec<usize>>,
+    taken: Mutex<Taken>,
     cv: Condvar,
 }
 
 impl Progress {
     pub(crate) fn new(ranks: usize) -> Self {
         Progress {
-            taken: Mutex::new(vec![0; ranks]),
+            taken: Mutex::new(Taken {
+                per_rank: vec![0; ranks],
+                planner_needs: None,
+            }),
             cv: Condvar::new(),
         }
     }
@@ -32,26 +43,43 @@ impl Progress {
         let mut taken = lock(&self.taken);
         loop {
             if stop.is_set() {
+                taken.planner_needs = None;
                 return Err(stopped());
             }
-            let slowest = taken.iter().copied().min().unwrap_or(usize::MAX);
+            let slowest = taken.per_rank.iter().copied().min().unwrap_or(usize::MAX);
             if until <= slowest.saturating_add(prefetch) {
+                taken.planner_needs = None;
                 return Ok(());
             }
+            taken.planner_needs = Some(until - prefetch);
             taken = self.cv.wait(taken).unwrap_or_else(|p| p.into_inner());
         }
     }
 
     /// Rank `rank` took a batch.
     pub(crate) fn took(&self, rank: usize) {
-        lock(&self.taken)[rank] += 1;
-        self.cv.notify_all();
+        let mut taken = lock(&self.taken);
+        taken.per_rank[rank] = taken.per_rank[rank].saturating_add(1);
+        self.wake_if_room(taken);
     }
 
     /// Rank `rank` is gone and no longer holds the planner back.
     pub(crate) fn detach(&self, rank: usize) {
-        lock(&self.taken)[rank] = usize::MAX;
-        self.cv.notify_all();
+        let mut taken = lock(&self.taken);
+        taken.per_rank[rank] = usize::MAX;
+        self.wake_if_room(taken);
+    }
+
+    fn wake_if_room(&self, taken: std::sync::MutexGuard<'_, Taken>) {
+        let Some(needs) = taken.planner_needs else {
+            return;
+        };
+        let slowest = taken.per_rank.iter().copied().min().unwrap_or(usize::MAX);
+        drop(taken);
+        // The room was recorded under the lock, so the planner cannot miss it.
+        if slowest >= needs {
+            self.cv.notify_all();
+        }
     }
 
     pub(crate) fn wake(&self) {

@@ -14,6 +14,7 @@ use super::read_path::ReadPathCounters;
 use super::reorder::ReorderBuffer;
 use super::slot::Ready;
 use super::sync::{lock, StopSignal};
+use crate::config::PipelineThreads;
 use crate::error::Error;
 use crate::faults::ErrorPolicy;
 use crate::metrics::Collector;
@@ -40,6 +41,8 @@ pub(crate) struct PipelineState<T> {
     /// The dispatcher's queue (pipelined only): the planner's reads, and the workers' reads
     /// of samples the page cache did not hold.
     pub(crate) to_dispatcher: Option<Sender<ToDispatcher>>,
+    /// Why a pipeline thread could not run as `SCHED_BATCH`, if one could not.
+    pub(crate) batch_refused: Mutex<Option<String>>,
 }
 
 impl<T> std::fmt::Debug for PipelineState<T> {
@@ -65,6 +68,15 @@ impl<T> PipelineState<T> {
     pub(crate) fn delivered(&self) {
         if self.outstanding.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.decode.wake();
+        }
+    }
+
+    /// Schedules the calling planner or decode worker as the config asks.
+    pub(crate) fn schedule_this_thread(&self, threads: PipelineThreads) {
+        if threads == PipelineThreads::Batch {
+            if let Err(e) = lobster_uring::run_as_batch() {
+                lock(&self.batch_refused).get_or_insert(e.to_string());
+            }
         }
     }
 

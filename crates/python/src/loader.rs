@@ -687,6 +687,7 @@ impl Loader {
         dict.set_item("hit_ratio", m.hit_ratio)?;
         dict.set_item("skipped", m.skipped)?;
         dict.set_item("read_path", m.read_path)?;
+        dict.set_item("pipeline_threads", m.pipeline_threads)?;
         Ok(Some(dict.into_any().unbind()))
     }
 

@@ -14,6 +14,12 @@ struct Taken {
     planner_needs: Option<usize>,
 }
 
+impl Taken {
+    fn slowest(&self) -> usize {
+        self.per_rank.iter().copied().min().unwrap_or(usize::MAX)
+    }
+}
+
 /// How far each rank's training thread has got.
 #[derive(Debug)]
 pub(crate) struct Progress {
@@ -46,8 +52,7 @@ impl Progress {
                 taken.planner_needs = None;
                 return Err(stopped());
             }
-            let slowest = taken.per_rank.iter().copied().min().unwrap_or(usize::MAX);
-            if until <= slowest.saturating_add(prefetch) {
+            if until <= taken.slowest().saturating_add(prefetch) {
                 taken.planner_needs = None;
                 return Ok(());
             }
@@ -74,7 +79,7 @@ impl Progress {
         let Some(needs) = taken.planner_needs else {
             return;
         };
-        let slowest = taken.per_rank.iter().copied().min().unwrap_or(usize::MAX);
+        let slowest = taken.slowest();
         drop(taken);
         // The room was recorded under the lock, so the planner cannot miss it.
         if slowest >= needs {

@@ -27,6 +27,32 @@ pub enum CacheError {
         /// Number of samples given.
         num_samples: usize,
     },
+    /// A form choice that is not `encoded`, `decoded` or `auto`.
+    UnknownFormChoice {
+        /// The name given.
+        name: String,
+    },
+    /// A cost of the two-form rule that is negative or not finite.
+    InvalidCost {
+        /// Which cost.
+        parameter: &'static str,
+        /// Its value.
+        value: f64,
+    },
+    /// A stream too long for the exhaustive search.
+    TooManyIntervals {
+        /// Reuse intervals in the stream.
+        intervals: usize,
+        /// The most the search takes.
+        max: usize,
+    },
+    /// The encoded and decoded size tables differ in length.
+    SizeTables {
+        /// Samples in the encoded table.
+        encoded: usize,
+        /// Samples in the decoded table.
+        decoded: usize,
+    },
 }
 
 impl fmt::Display for CacheError {
@@ -46,6 +72,22 @@ impl fmt::Display for CacheError {
             CacheError::TooManySamples { num_samples } => write!(
                 f,
                 "{num_samples} samples do not fit in a 32-bit sample id"
+            ),
+            CacheError::UnknownFormChoice { name } => write!(
+                f,
+                "unknown cache forms {name:?} (expected encoded, decoded or auto)"
+            ),
+            CacheError::InvalidCost { parameter, value } => write!(
+                f,
+                "cache form cost {parameter} = {value}: must be finite and at least 0"
+            ),
+            CacheError::TooManyIntervals { intervals, max } => write!(
+                f,
+                "{intervals} reuse intervals: the exhaustive search takes at most {max}"
+            ),
+            CacheError::SizeTables { encoded, decoded } => write!(
+                f,
+                "the decoded size table has {decoded} samples, the encoded one {encoded}"
             ),
         }
     }

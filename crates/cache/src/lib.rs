@@ -35,6 +35,8 @@
 #![warn(missing_docs)]
 
 mod error;
+mod forms;
+mod heap;
 mod index;
 mod lru;
 mod planner;
@@ -43,6 +45,7 @@ mod reuse;
 mod static_;
 mod store;
 
+pub mod forms_optimum;
 pub mod gen;
 pub mod trace;
 
@@ -50,6 +53,9 @@ pub mod trace;
 mod check;
 
 pub use error::{CacheError, StoreError, TraceError};
+pub use forms::{
+    Form, FormChoice, FormCosts, FormDecision, FormOutcome, FormPlanner, FormPolicy, FormStats,
+};
 pub use index::{Access, NextUseIndex, StreamSource, VecSource};
 pub use lru::LruPolicy;
 pub use planner::{Decision, Planner, PlannerConfig, Stats};

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# fio against `lobster read-bench` on the same file, alternating, three runs each.
+# fio against `lobster read-bench` on the same file, alternating (and, O_DIRECT, alternating
+# which of the two goes first), three runs each.
 #
 # Usage: benches/fio_compare.sh [FILE]
 #   FILE     test file of a few GiB with real data (default /work/bench-data/f4g.bin);
 #            create one with: dd if=/dev/urandom of=FILE bs=1M count=4096
-#   env: SECONDS_PER_RUN (default 10), RUNS (default 3), LOBSTER (the binary; default:
+#   env: SECONDS_PER_RUN (default 10), RUNS (default 3), CASES ("direct cached", the
+#        default, or one of them), LOBSTER (the binary; default:
 #        cargo build --release -p lobster-cli), CACHED_THREADS (threads on both sides in the
 #        page-cache cases, default: the number of cores)
 #
@@ -62,8 +64,14 @@ summary=()
 direct_case() { # bs target
     local bs=$1 target=$2 fios=() rbs=() ratios=()
     for ((i = 1; i <= RUNS; i++)); do
-        f=$(fio_mb --bs="$bs" --iodepth=32 --direct=1 --ioengine=io_uring)
-        r=$(rb_mb --bs "$bs" --depth 32 --direct --threads 1 --submit-batch 1)
+        # Alternating which goes first, so that neither always meets the device fresh.
+        if ((i % 2)); then
+            f=$(fio_mb --bs="$bs" --iodepth=32 --direct=1 --ioengine=io_uring)
+            r=$(rb_mb --bs "$bs" --depth 32 --direct --threads 1 --submit-batch 1)
+        else
+            r=$(rb_mb --bs "$bs" --depth 32 --direct --threads 1 --submit-batch 1)
+            f=$(fio_mb --bs="$bs" --iodepth=32 --direct=1 --ioengine=io_uring)
+        fi
         fios+=("$f"); rbs+=("$r"); ratios+=("$(ratio "$r" "$f")")
         printf '  O_DIRECT %-5s run %d: fio io_uring %8.1f MB/s  read-bench %8.1f MB/s  ratio %s\n' "$bs" "$i" "$f" "$r" "${ratios[-1]}"
     done
@@ -88,11 +96,16 @@ cached_case() { # bs target
         "$bs" "$THREADS" "$(median "${fus[@]}")" "$THREADS" "$(median "${fps[@]}")" "$THREADS" "$(median "${rbs[@]}")" "$m" "$target" "$(pass "$m" "$target")")")
 }
 
-direct_case 128k 0.95
-direct_case 4k 0.90
-cat "$FILE" >/dev/null # warm the page cache
-cached_case 128k 0.90
-cached_case 4k 0.90
+cases=" ${CASES:-direct cached} "
+if [[ $cases == *" direct "* ]]; then
+    direct_case 128k 0.95
+    direct_case 4k 0.90
+fi
+if [[ $cases == *" cached "* ]]; then
+    cat "$FILE" >/dev/null # warm the page cache
+    cached_case 128k 0.90
+    cached_case 4k 0.90
+fi
 
 echo
 printf '%s\n' "${summary[@]}"

@@ -148,3 +148,122 @@ fn images_of_different_sizes_cannot_share_a_batch() {
         .collect();
     assert!(errors.iter().any(|e| e.contains("one size")), "{errors:?}");
 }
+
+/// Every batch of a run with the cache keeping `forms` in `capacity_bytes` (no cache for
+/// `None`), and the run's metrics.
+fn run_with_forms(
+    ds: &Arc<Dataset>,
+    forms: Option<lobster_io::FormChoice>,
+    capacity_bytes: u64,
+) -> (Run, lobster_io::RunMetrics) {
+    let builder = LoaderBuilder::<Pixels>::new(ds.clone())
+        .world(1, 1, 0)
+        .batch_size(4)
+        .epochs(3)
+        .seed(5)
+        .decode_threads(2)
+        .decode_images(Transform::Train { size: 8 });
+    let mut l = match forms {
+        Some(f) => builder
+            .cache(lobster_io::CachePolicy::Reuse, capacity_bytes)
+            .cache_forms(f),
+        None => builder.cache(lobster_io::CachePolicy::None, 0),
+    }
+    .build()
+    .unwrap();
+    let rank = l.ranks().unwrap().remove(0);
+    let mut out = Vec::new();
+    for batch in ImageBatches::new(rank, ds.clone(), 2) {
+        let b = batch.unwrap();
+        out.push((
+            b.ids.clone(),
+            b.labels().to_vec(),
+            b.shape(),
+            b.images().to_vec(),
+        ));
+    }
+    (out, l.metrics())
+}
+
+#[test]
+fn decoded_images_in_the_cache_give_the_same_batches_bit_for_bit() {
+    use lobster_io::FormChoice;
+    let dir = tempfile::tempdir().unwrap();
+    let ds = folder(dir.path());
+    // The 12 images decoded: (20 + 3i) x (16 + 2i) x 3 bytes each.
+    let decoded: u64 = (0..12u64).map(|i| (20 + 3 * i) * (16 + 2 * i) * 3).sum();
+    let (plain, _) = run_with_forms(&ds, None, 0);
+    assert_eq!(plain.len(), 3 * 3);
+    for forms in [FormChoice::Encoded, FormChoice::Decoded, FormChoice::Auto] {
+        for capacity in [decoded / 4, decoded / 2, decoded] {
+            let (batches, m) = run_with_forms(&ds, Some(forms), capacity);
+            assert!(
+                batches == plain,
+                "{forms} in {capacity} bytes: other batches than with no cache"
+            );
+            assert_eq!(m.cache_forms, forms.to_string());
+            assert_eq!(m.samples, 36);
+            if forms == FormChoice::Decoded {
+                assert!(m.hits_decoded > 0, "{forms} {capacity}: {m:?}");
+                assert_eq!(m.hits_encoded, 0);
+                // Every planned decoded hit found its image or decoded again, and said so.
+                assert_eq!(m.decoded_hits_served + m.decoded_again, m.hits_decoded);
+                assert!(m.decoded_hits_served > 0 && m.decode_seconds_saved > 0.0);
+                assert!(m.peak_cached_bytes_decoded <= capacity);
+            }
+            if forms == FormChoice::Encoded {
+                assert_eq!(m.hits_decoded, 0);
+                assert_eq!(m.decoded_hits_served, 0);
+            }
+        }
+    }
+    // A whole decoded set in budget: auto keeps every image decoded.
+    let (_, m) = run_with_forms(&ds, Some(FormChoice::Auto), decoded);
+    assert_eq!((m.hits_encoded, m.hits_decoded), (0, 24), "{m:?}");
+}
+
+#[test]
+fn decoded_forms_are_refused_where_they_cannot_be_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = folder(dir.path());
+    let e = LoaderBuilder::<Vec<u8>>::new(ds.clone())
+        .world(1, 1, 0)
+        .batch_size(4)
+        .decode(|b: &[u8], _: &lobster_io::SampleMeta| Ok::<_, std::io::Error>(b.to_vec()))
+        .cache_forms(lobster_io::FormChoice::Decoded)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("cache_forms") && e.contains("decode_images"),
+        "{e}"
+    );
+    let e = LoaderBuilder::<Pixels>::new(ds.clone())
+        .world(1, 1, 0)
+        .batch_size(4)
+        .cache(lobster_io::CachePolicy::Lru, 1 << 20)
+        .decode_images(Transform::None)
+        .cache_forms(lobster_io::FormChoice::Auto)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("cache_forms") && e.contains("reuse"), "{e}");
+    // Unasked, a generic decoder keeps encoded bytes and says why.
+    let mut l = LoaderBuilder::<Vec<u8>>::new(ds)
+        .world(1, 1, 0)
+        .batch_size(4)
+        .decode(|b: &[u8], _: &lobster_io::SampleMeta| Ok::<_, std::io::Error>(b.to_vec()))
+        .build()
+        .unwrap();
+    for r in l.ranks().unwrap() {
+        for b in r {
+            b.unwrap();
+        }
+    }
+    let m = l.metrics();
+    assert!(
+        m.cache_forms.starts_with("encoded (") && m.form_costs.is_none(),
+        "{}",
+        m.cache_forms
+    );
+}

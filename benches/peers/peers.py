@@ -255,6 +255,21 @@ def run_dataloader(data, task, batch, threads, seed, expect):
     return n, info, close
 
 
+def dali_train(jpegs):
+    """DALI's train task as its ImageNet examples: the decoder crops at random (it decodes
+    only the crop window), then a resize to 224 and a random flip, collated as HWC uint8."""
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+
+    images = fn.decoders.image_random_crop(
+        jpegs, device="cpu", output_type=types.RGB, random_area=list(SCALE),
+        random_aspect_ratio=[0.75, 1.333333], num_attempts=10)
+    images = fn.resize(images, resize_x=CROP, resize_y=CROP)
+    return fn.crop_mirror_normalize(
+        images, mirror=fn.random.coin_flip(probability=0.5), dtype=types.UINT8,
+        output_layout="HWC", crop=(CROP, CROP))
+
+
 def run_dali(data, task, batch, threads, seed, expect):
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
@@ -268,14 +283,7 @@ def run_dali(data, task, batch, threads, seed, expect):
         if task == "decode":
             images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
         else:
-            images = fn.decoders.image_random_crop(
-                jpegs, device="cpu", output_type=types.RGB,
-                random_area=list(SCALE), random_aspect_ratio=[0.75, 1.333333],
-                num_attempts=10)
-            images = fn.resize(images, resize_x=CROP, resize_y=CROP)
-            images = fn.crop_mirror_normalize(
-                images, mirror=fn.random.coin_flip(probability=0.5), dtype=types.UINT8,
-                output_layout="HWC", crop=(CROP, CROP))
+            images = dali_train(jpegs)
         return images, labels
 
     pipe = pipe_def()

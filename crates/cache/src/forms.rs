@@ -197,6 +197,8 @@ pub struct FormPolicy {
     decoded: Arc<[u32]>,
     capacity_bytes: u64,
     used_bytes: u64,
+    /// `used_bytes` per form.
+    used_by_form: [u64; 2],
     choice: FormChoice,
     costs: FormCosts,
     /// Per sample: 0 not cached, 1 encoded, 2 decoded.
@@ -240,6 +242,7 @@ impl FormPolicy {
             decoded,
             capacity_bytes,
             used_bytes: 0,
+            used_by_form: [0; 2],
             choice,
             costs,
             position: 0,
@@ -268,6 +271,7 @@ impl FormPolicy {
         if let Some(f) = hit {
             // Its entry's next use is this position: stale from now on.
             self.used_bytes -= self.size(sample, f);
+            self.used_by_form[f.index()] -= self.size(sample, f);
             self.live[f.index()] -= 1;
             self.forms[sample as usize] = 0;
         }
@@ -300,6 +304,11 @@ impl FormPolicy {
     /// Bytes of the cached samples, each in its form.
     pub fn used_bytes(&self) -> u64 {
         self.used_bytes
+    }
+
+    /// Bytes of the samples cached in `form`.
+    pub fn used_bytes_in(&self, form: Form) -> u64 {
+        self.used_by_form[form.index()]
     }
 
     /// The byte budget.
@@ -367,6 +376,7 @@ impl FormPolicy {
             let fits = self.used_bytes + size <= self.capacity_bytes;
             if fits || self.make_room(sample, form, next_use, evicted) {
                 self.used_bytes += size;
+                self.used_by_form[form.index()] += size;
                 self.live[form.index()] += 1;
                 self.forms[sample as usize] = 1 + form.index() as u8;
                 self.heaps[form.index()].push(Entry::new(next_use, sample, size as u32));
@@ -421,6 +431,7 @@ impl FormPolicy {
         for (g, e) in popped.drain(..) {
             self.forms[e.sample as usize] = 0;
             self.used_bytes -= u64::from(e.size_bytes);
+            self.used_by_form[g.index()] -= u64::from(e.size_bytes);
             self.live[g.index()] -= 1;
             evicted.push(e.sample);
         }

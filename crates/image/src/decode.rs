@@ -20,13 +20,7 @@ impl Image {
     /// # Errors
     /// [`ImageError::Shape`] when `pixels` is not `width * height * 3` bytes or a side is 0.
     pub fn new(width: u32, height: u32, pixels: Vec<u8>) -> Result<Self, ImageError> {
-        if width == 0 || height == 0 || pixels.len() != width as usize * height as usize * 3 {
-            return Err(ImageError::Shape {
-                width,
-                height,
-                bytes: pixels.len(),
-            });
-        }
+        ImageRef::new(width, height, &pixels)?;
         Ok(Image {
             width,
             height,
@@ -45,6 +39,103 @@ impl Image {
     /// RGB bytes, row-major.
     pub fn pixels(&self) -> &[u8] {
         &self.pixels
+    }
+
+    /// The RGB bytes, row-major, without a copy.
+    pub fn into_pixels(self) -> Vec<u8> {
+        self.pixels
+    }
+}
+
+/// An RGB image held elsewhere (a cache's pages, a decoded image lent out): what the
+/// transforms read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageRef<'a> {
+    width: u32,
+    height: u32,
+    pixels: &'a [u8],
+}
+
+impl<'a> ImageRef<'a> {
+    /// A view of `pixels` (RGB, row-major) as a `width` x `height` image.
+    ///
+    /// # Errors
+    /// [`ImageError::Shape`] when `pixels` is not `width * height * 3` bytes or a side is 0.
+    pub fn new(width: u32, height: u32, pixels: &'a [u8]) -> Result<Self, ImageError> {
+        if width == 0 || height == 0 || pixels.len() != width as usize * height as usize * 3 {
+            return Err(ImageError::Shape {
+                width,
+                height,
+                bytes: pixels.len(),
+            });
+        }
+        Ok(ImageRef {
+            width,
+            height,
+            pixels,
+        })
+    }
+
+    pub fn width(&self) -> u32 {
+        self.width
+    }
+
+    pub fn height(&self) -> u32 {
+        self.height
+    }
+
+    /// RGB bytes, row-major.
+    pub fn pixels(&self) -> &'a [u8] {
+        self.pixels
+    }
+}
+
+impl<'a> From<&'a Image> for ImageRef<'a> {
+    fn from(image: &'a Image) -> Self {
+        ImageRef {
+            width: image.width,
+            height: image.height,
+            pixels: &image.pixels,
+        }
+    }
+}
+
+/// Width and height of a JPEG or PNG, read from its header alone (the first bytes of a PNG;
+/// a JPEG's markers up to its frame header). `None` if `bytes` is neither, or ends before
+/// the header: a caller holding only a prefix may read more.
+pub fn dimensions(bytes: &[u8]) -> Option<(u32, u32)> {
+    let be16 = |i: usize| Some(u16::from_be_bytes(bytes.get(i..i + 2)?.try_into().ok()?));
+    match bytes {
+        [0x89, b'P', b'N', b'G', ..] if bytes.get(12..16) == Some(b"IHDR") => {
+            let be32 = |i: usize| Some(u32::from_be_bytes(bytes.get(i..i + 4)?.try_into().ok()?));
+            Some((be32(16)?, be32(20)?)).filter(|&(w, h)| w > 0 && h > 0)
+        }
+        [0xFF, 0xD8, ..] => {
+            let mut i = 2;
+            loop {
+                // Markers may be preceded by fill bytes of 0xFF.
+                while *bytes.get(i)? == 0xFF && *bytes.get(i + 1)? == 0xFF {
+                    i += 1;
+                }
+                if *bytes.get(i)? != 0xFF {
+                    return None;
+                }
+                let marker = *bytes.get(i + 1)?;
+                match marker {
+                    // Standalone markers: no length.
+                    0x01 | 0xD0..=0xD7 => i += 2,
+                    // A scan before any frame header: not a JPEG we can size.
+                    0xDA | 0xD9 => return None,
+                    // Frame headers: every SOFn but DHT (C4), JPG (C8) and DAC (CC).
+                    0xC0..=0xCF if !matches!(marker, 0xC4 | 0xC8 | 0xCC) => {
+                        let (h, w) = (be16(i + 5)?, be16(i + 7)?);
+                        return Some((u32::from(w), u32::from(h))).filter(|&(w, h)| w > 0 && h > 0);
+                    }
+                    _ => i += 2 + usize::from(be16(i + 2)?),
+                }
+            }
+        }
+        _ => None,
     }
 }
 
@@ -149,6 +240,22 @@ mod tests {
             e.to_string(),
             "not a JPEG or PNG (first bytes 47 49 46 38 39 61 2e 2e)"
         );
+    }
+
+    #[test]
+    fn dimensions_come_from_headers_and_a_short_prefix_gives_none() {
+        // A JPEG: SOI, an APP0 segment of 4 bytes, SOF0 of a 3x2 image.
+        let jpeg = [
+            0xFF, 0xD8, 0xFF, 0xE0, 0, 4, 1, 2, 0xFF, 0xC0, 0, 11, 8, 0, 2, 0, 3, 1, 1, 0x11, 0,
+        ];
+        assert_eq!(dimensions(&jpeg), Some((3, 2)));
+        assert_eq!(dimensions(&jpeg[..14]), None);
+        let mut png = vec![0x89, b'P', b'N', b'G', 13, 10, 26, 10, 0, 0, 0, 13];
+        png.extend_from_slice(b"IHDR");
+        png.extend_from_slice(&640u32.to_be_bytes());
+        png.extend_from_slice(&480u32.to_be_bytes());
+        assert_eq!(dimensions(&png), Some((640, 480)));
+        assert_eq!(dimensions(b"GIF89a"), None);
     }
 
     #[test]

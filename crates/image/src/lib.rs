@@ -25,6 +25,6 @@ mod error;
 mod transform;
 
 pub use collate::Collator;
-pub use decode::{decode, Image};
+pub use decode::{decode, dimensions, Image, ImageRef};
 pub use error::ImageError;
 pub use transform::{Transform, Transformer};

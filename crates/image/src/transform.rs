@@ -5,7 +5,7 @@ use fast_image_resize as fir;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::decode::Image;
+use crate::decode::ImageRef;
 use crate::error::ImageError;
 
 /// What becomes of a decoded image.
@@ -55,7 +55,8 @@ impl Transformer {
     }
 
     /// Width and height of `image` once transformed.
-    pub fn output_shape(&self, image: &Image) -> (u32, u32) {
+    pub fn output_shape<'a>(&self, image: impl Into<ImageRef<'a>>) -> (u32, u32) {
+        let image = image.into();
         match self.transform {
             Transform::None => (image.width(), image.height()),
             Transform::Train { size } | Transform::Eval { size } => (size, size),
@@ -63,7 +64,7 @@ impl Transformer {
     }
 
     /// Bytes of `image` once transformed.
-    pub fn output_bytes(&self, image: &Image) -> usize {
+    pub fn output_bytes<'a>(&self, image: impl Into<ImageRef<'a>>) -> usize {
         let (w, h) = self.output_shape(image);
         w as usize * h as usize * 3
     }
@@ -73,12 +74,13 @@ impl Transformer {
     ///
     /// # Errors
     /// `out` of the wrong size, or the resizer's failure.
-    pub fn apply(
+    pub fn apply<'a>(
         &mut self,
-        image: &Image,
+        image: impl Into<ImageRef<'a>>,
         (seed, epoch, id): (u64, u32, u32),
         out: &mut [u8],
     ) -> Result<(), ImageError> {
+        let image = image.into();
         let expected = self.output_bytes(image);
         if out.len() != expected {
             return Err(ImageError::Buffer {
@@ -96,7 +98,7 @@ impl Transformer {
                 let crop = random_resized_crop(image.width(), image.height(), &mut rng);
                 (size, crop, rng.gen_bool(0.5))
             }
-            Transform::Eval { size } => (size, centre_crop(image, size), false),
+            Transform::Eval { size } => (size, centre_crop(&image, size), false),
         };
         let resize_err = |e: &dyn std::fmt::Display| ImageError::Resize {
             reason: e.to_string(),
@@ -177,7 +179,7 @@ fn random_resized_crop(width: u32, height: u32, rng: &mut StdRng) -> CropBox {
 }
 
 /// The source box that Resize(size / 0.875) then CenterCrop(size) keeps.
-fn centre_crop(image: &Image, size: u32) -> CropBox {
+fn centre_crop(image: &ImageRef<'_>, size: u32) -> CropBox {
     let (w, h) = (f64::from(image.width()), f64::from(image.height()));
     let scale = (f64::from(size) / EVAL_CROP_FRACTION).round() / w.min(h);
     let side = (f64::from(size) / scale).min(w).min(h);
@@ -187,6 +189,7 @@ fn centre_crop(image: &Image, size: u32) -> CropBox {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decode::Image;
 
     fn gradient(width: u32, height: u32) -> Image {
         let pixels = (0..height)
@@ -252,7 +255,7 @@ mod tests {
         t.apply(&flat, (0, 0, 0), &mut out).unwrap();
         assert!(out.iter().all(|&v| v == 90));
         // 224 of 256 of the shorter side, centred.
-        let (left, top, w, h) = centre_crop(&flat, 224);
+        let (left, top, w, h) = centre_crop(&(&flat).into(), 224);
         assert!(
             (w - 175.0).abs() < 0.01 && (h - 175.0).abs() < 0.01,
             "{w} {h}"

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use lobster_cache::{FormChoice, FormCosts};
+
 use crate::emulate::StorageEmulation;
 use crate::error::Error;
 use crate::faults::{ErrorPolicy, FailureBudget, FaultInjection};
@@ -151,6 +153,17 @@ pub struct LoaderConfig {
     pub cache_policy: CachePolicy,
     /// Node cache capacity in bytes (ignored with `CachePolicy::None`).
     pub cache_capacity_bytes: u64,
+    /// What the cache keeps of a sample: its encoded bytes, its decoded image, or either,
+    /// chosen per sample and per use by the cost model (see `lobster_cache::FormPolicy`).
+    /// Decoded forms need the reuse policy and an image decoder
+    /// ([`LoaderBuilder::decode_images`](crate::LoaderBuilder::decode_images)), and no peers.
+    /// `None`: auto with an image decoder, encoded otherwise.
+    pub cache_forms: Option<FormChoice>,
+    /// The read and decode costs the two-form rule prices with. `None`: reads from the
+    /// emulated storage tier if there is one, else the cost model's storage prior; decodes
+    /// timed at build on the first samples (so cache decisions can differ between runs
+    /// by as much as that timing; set this for decisions that repeat exactly).
+    pub form_costs: Option<FormCosts>,
     /// Reads in flight the node's ranks share. The default, 128, is deep enough for a local
     /// NVMe device, whose small reads gain from depth to about there.
     pub io_depth_budget: usize,
@@ -194,6 +207,8 @@ impl Default for LoaderConfig {
             drop_last: false,
             cache_policy: CachePolicy::Reuse,
             cache_capacity_bytes: 1 << 30,
+            cache_forms: None,
+            form_costs: None,
             io_depth_budget: 128,
             decode_threads: 0,
             prefetch_iterations: 2,
@@ -295,6 +310,22 @@ impl LoaderConfig {
                 0,
                 "at least 1 with a cache policy (use the policy none for no cache)",
             ));
+        }
+        if let Some(forms) = self.cache_forms.filter(|&f| f != FormChoice::Encoded) {
+            if self.cache_policy != CachePolicy::Reuse {
+                return Err(Error::invalid(
+                    "cache_forms",
+                    forms,
+                    format!(
+                        "encoded with the cache policy {} (decoded forms need reuse)",
+                        self.cache_policy
+                    ),
+                ));
+            }
+        }
+        if let Some(c) = self.form_costs {
+            c.validate()
+                .map_err(|e| Error::invalid("form_costs", format!("{c:?}"), e.to_string()))?;
         }
         let ranks = self.ranks_per_node;
         range("io_depth_budget", self.io_depth_budget, ranks, IO_DEPTH_MAX)?;

@@ -28,12 +28,13 @@
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
-use lobster_image::{Collator, Transform, Transformer};
+use lobster_image::{Collator, ImageRef, Transform, Transformer};
 
 use crate::batch::Batch;
 use crate::dataset::{Dataset, SampleMeta};
 use crate::error::{Cause, Error};
 use crate::loader::LoaderBuilder;
+use crate::pipeline::Staged;
 
 /// A decoded, transformed image: `height` x `width` RGB, 8 bits a channel.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,11 +72,25 @@ pub fn decode_pixels(
     meta: &SampleMeta,
 ) -> Result<Pixels, lobster_image::ImageError> {
     let image = lobster_image::decode(bytes)?;
+    transform_pixels(transform, seed, epoch, (&image).into(), meta)
+}
+
+/// Applies `transform` to a decoded image, seeded as [`decode_pixels`] seeds it: the second
+/// half of [`decode_pixels`], which a cached decoded image runs alone.
+///
+/// # Errors
+/// The resizer's failure.
+pub fn transform_pixels(
+    transform: Transform,
+    seed: u64,
+    epoch: u32,
+    image: ImageRef<'_>,
+    meta: &SampleMeta,
+) -> Result<Pixels, lobster_image::ImageError> {
     if transform == Transform::None {
-        let (width, height) = (image.width(), image.height());
         return Ok(Pixels {
-            width,
-            height,
+            width: image.width(),
+            height: image.height(),
             data: image.pixels().to_vec(),
         });
     }
@@ -85,9 +100,9 @@ pub fn decode_pixels(
             Some(t) if t.transform() == transform => t,
             slot => slot.insert(Transformer::new(transform)),
         };
-        let (width, height) = t.output_shape(&image);
-        let mut data = vec![0u8; t.output_bytes(&image)];
-        t.apply(&image, (seed, epoch, meta.id), &mut data)?;
+        let (width, height) = t.output_shape(image);
+        let mut data = vec![0u8; t.output_bytes(image)];
+        t.apply(image, (seed, epoch, meta.id), &mut data)?;
         Ok(Pixels {
             width,
             height,
@@ -96,19 +111,33 @@ pub fn decode_pixels(
     })
 }
 
+/// An image error as a decode's cause, naming the sample's key.
+fn image_cause(meta: &SampleMeta, e: lobster_image::ImageError) -> Cause {
+    Cause::from(Box::<dyn std::error::Error + Send + Sync>::from(format!(
+        "image {:?}: {e}",
+        meta.key()
+    )))
+}
+
 impl LoaderBuilder<Pixels> {
     /// Decodes samples as images with [`decode_pixels`], `transform` seeded by the run's
-    /// shuffle seed (0 for other orders), the epoch and the sample id.
+    /// shuffle seed (0 for other orders), the epoch and the sample id. The cache may keep
+    /// decoded images ([`LoaderBuilder::cache_forms`]; auto by default): a hit on one runs
+    /// only the transform, and the pixels are the same either way.
     pub fn decode_images(self, transform: Transform) -> Self {
         self.decode_seeded(move |seed| {
             Arc::new(move |bytes: &[u8], meta: &SampleMeta, epoch: u32| {
-                decode_pixels(transform, seed, epoch, bytes, meta).map_err(|e| {
-                    Cause::from(Box::<dyn std::error::Error + Send + Sync>::from(format!(
-                        "image {:?}: {e}",
-                        meta.key()
-                    )))
-                })
+                decode_pixels(transform, seed, epoch, bytes, meta).map_err(|e| image_cause(meta, e))
             })
+        })
+        .staged_seeded(move |seed| Staged {
+            decode: Arc::new(|bytes: &[u8], meta: &SampleMeta| {
+                lobster_image::decode(bytes).map_err(|e| image_cause(meta, e))
+            }),
+            finish: Arc::new(move |image: ImageRef<'_>, meta: &SampleMeta, epoch: u32| {
+                transform_pixels(transform, seed, epoch, image, meta)
+                    .map_err(|e| image_cause(meta, e))
+            }),
         })
     }
 }

@@ -83,7 +83,8 @@ pub use error::{Cause, Error};
 pub use faults::{AttemptFaults, ErrorPolicy, FailureBudget, Fault, FaultInjection, READ_ATTEMPTS};
 pub use holders::{PeerPlan, PeerPlanInputs};
 pub use loader::{Loader, LoaderBuilder, RankHandle};
-pub use metrics::{AllocationRecord, IterationMetrics, RunMetrics, SkippedSample};
+pub use lobster_cache::{Form, FormChoice, FormCosts};
+pub use metrics::{AllocationRecord, FormCostsReport, IterationMetrics, RunMetrics, SkippedSample};
 pub use sampler::{torch_randperm, DistributedSampler, EpochOrder};
 
 #[doc = include_str!("../../../README.md")]

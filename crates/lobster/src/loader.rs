@@ -11,6 +11,7 @@ use crate::faults::{ErrorPolicy, FaultInjection};
 use crate::metrics::RunMetrics;
 use crate::pipeline::{self, Context, DecodeFn, Layout, Pipeline, PipelineState};
 use crate::sampler::{DistributedSampler, EpochOrder};
+use lobster_cache::{FormChoice, FormCosts};
 
 /// Builds a [`Loader`]: the dataset, the job's layout, the cache, the budgets and the decode
 /// function. Every setting is checked by [`build`](LoaderBuilder::build) before any thread
@@ -20,8 +21,13 @@ pub struct LoaderBuilder<T> {
     config: LoaderConfig,
     order: EpochOrder,
     decode: Option<MakeDecode<T>>,
+    /// The decoder in two stages, where it has them (images): what a decoded tier needs.
+    staged: Option<MakeStaged<T>>,
     peers: Option<Arc<dyn lobster_net::Transport>>,
 }
+
+/// Makes the two-stage decoder once the run's seed is known.
+pub(crate) type MakeStaged<T> = Box<dyn FnOnce(u64) -> pipeline::Staged<T> + Send>;
 
 /// Makes the decode function once the run's seed is known (at `build`), so that a decoder
 /// seeding augmentation need not be given the seed twice.
@@ -57,6 +63,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             config: LoaderConfig::default(),
             order: EpochOrder::Shuffle { seed: 0 },
             decode: None,
+            staged: None,
             peers: None,
         }
     }
@@ -178,6 +185,62 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         self
     }
 
+    /// What the cache keeps of each sample (see [`LoaderConfig::cache_forms`]).
+    pub fn cache_forms(mut self, forms: FormChoice) -> Self {
+        self.config.cache_forms = Some(forms);
+        self
+    }
+
+    /// The costs the two-form rule prices with (see [`LoaderConfig::form_costs`]).
+    pub fn form_costs(mut self, costs: FormCosts) -> Self {
+        self.config.form_costs = Some(costs);
+        self
+    }
+
+    /// Decodes in two stages: `decode` turns a sample's bytes into its full-resolution image,
+    /// `finish` turns that image (and the epoch, to seed augmentation) into `T`. Running both
+    /// is the decode; in between, the cache may keep the image ([`LoaderBuilder::cache_forms`],
+    /// auto by default), and its hits then run `finish` alone. `decode` must be a pure
+    /// function of the bytes, so that the outputs are the same with and without the tier.
+    pub fn decode_in_two_stages<D, F, E>(self, decode: D, finish: F) -> Self
+    where
+        D: Fn(&[u8], &SampleMeta) -> Result<lobster_image::Image, E> + Send + Sync + 'static,
+        F: for<'a> Fn(lobster_image::ImageRef<'a>, &SampleMeta, u32) -> Result<T, E>
+            + Send
+            + Sync
+            + 'static,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let staged = pipeline::Staged {
+            decode: Arc::new(move |bytes: &[u8], meta: &SampleMeta| {
+                decode(bytes, meta).map_err(|e| Cause::from(e.into()))
+            }),
+            finish: Arc::new(
+                move |image: lobster_image::ImageRef<'_>, meta: &SampleMeta, epoch: u32| {
+                    finish(image, meta, epoch).map_err(|e| Cause::from(e.into()))
+                },
+            ),
+        };
+        let both = staged.clone();
+        self.decode_seeded(move |_| {
+            Arc::new(move |bytes: &[u8], meta: &SampleMeta, epoch: u32| {
+                let image = (both.decode)(bytes, meta)?;
+                (both.finish)((&image).into(), meta, epoch)
+            })
+        })
+        .staged_seeded(move |_| staged)
+    }
+
+    /// The decoder in two stages (an image decoder and the transform after it), made from
+    /// the run's seed; the plain decode function must be both stages run in turn.
+    pub(crate) fn staged_seeded(
+        mut self,
+        make: impl FnOnce(u64) -> pipeline::Staged<T> + Send + 'static,
+    ) -> Self {
+        self.staged = Some(Box::new(make));
+        self
+    }
+
     /// Sets the decode function made from the run's seed when the loader is built.
     pub(crate) fn decode_seeded(
         mut self,
@@ -234,6 +297,12 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             Some(_) => Some(cache_sizes(&dataset)?),
             None => None,
         };
+        let (forms, cache_forms) = decoded_tier(
+            &config,
+            &dataset,
+            self.staged.map(|make| make(seed)),
+            self.peers.is_some(),
+        )?;
         let peers = match self.peers {
             Some(transport) => Some(peers(&config, sizes.as_ref(), &layout, transport)?),
             None => None,
@@ -249,6 +318,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             arena: cache_arena(&config),
             sizes,
             peers,
+            forms,
         };
         let pipeline = Pipeline::start(ctx, reader)?;
         let handles = (0..config.ranks_per_node)
@@ -265,8 +335,52 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             config,
             backend,
             window_bytes,
+            cache_forms,
         })
     }
+}
+
+/// The decoded tier the config asks for, and the name the metrics report it by.
+fn decoded_tier<T>(
+    config: &LoaderConfig,
+    dataset: &Dataset,
+    staged: Option<pipeline::Staged<T>>,
+    has_peers: bool,
+) -> Result<(Option<pipeline::DecodedTier<T>>, String), Error> {
+    if config.cache_policy == CachePolicy::None {
+        return Ok((None, "none".into()));
+    }
+    let chosen = config.cache_forms;
+    let why_not = match (&staged, chosen) {
+        (_, Some(FormChoice::Encoded)) => return Ok((None, "encoded".into())),
+        (None, _) => "the decoder has no decoded form (use decode_images)",
+        (Some(_), _) if config.cache_policy != CachePolicy::Reuse => {
+            "decoded forms need the reuse policy"
+        }
+        (Some(_), _) if has_peers => "peer nodes serve encoded bytes",
+        (Some(_), _) => "",
+    };
+    let Some(staged) = staged.filter(|_| why_not.is_empty()) else {
+        return match chosen {
+            Some(forms) => Err(Error::invalid(
+                "cache_forms",
+                forms,
+                format!("encoded: {why_not}"),
+            )),
+            None => Ok((None, format!("encoded ({why_not})"))),
+        };
+    };
+    let choice = chosen.unwrap_or(FormChoice::Auto);
+    let costs = config
+        .form_costs
+        .unwrap_or_else(|| pipeline::form_costs(dataset, &staged, config.storage_emulation));
+    let tier = pipeline::DecodedTier {
+        staged,
+        choice,
+        decoded_sizes: pipeline::decoded_sizes(dataset),
+        costs,
+    };
+    Ok((Some(tier), choice.to_string()))
 }
 
 /// The peers' plan: every peer's cache replayed, so that each of this node's accesses knows
@@ -469,6 +583,8 @@ pub struct Loader<T> {
     config: LoaderConfig,
     backend: Option<lobster_uring::BackendInfo>,
     window_bytes: u64,
+    /// What the cache keeps of samples, as the metrics report it.
+    cache_forms: String,
 }
 
 impl<T> Loader<T> {
@@ -550,6 +666,19 @@ impl<T> Loader<T> {
         }
         m.read_retries = count(&shared.faults.retries);
         m.reads_recovered = count(&shared.faults.recovered);
+        m.cache_forms = self.cache_forms.clone();
+        if let Some(tier) = &self.pipeline.context.forms {
+            let f = &shared.forms;
+            m.form_costs = Some(tier.costs.into());
+            m.decoded_hits_served = count(&f.decoded_hits);
+            m.decode_seconds_saved = count(&f.decode_saved_ns) as f64 * 1e-9;
+            m.images_kept = count(&f.images_kept);
+            m.decoded_again = count(&f.decoded_again);
+            if let Some(plan) = *pipeline::lock(&shared.form_plan) {
+                [m.hits_encoded, m.hits_decoded] = plan.hits;
+                [m.peak_cached_bytes_encoded, m.peak_cached_bytes_decoded] = plan.peak_bytes;
+            }
+        }
         m
     }
 }

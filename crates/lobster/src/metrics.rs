@@ -150,6 +150,52 @@ pub struct RunMetrics {
     /// Accesses of this node a peer is planned to hold, whether or not the local cache hits
     /// them or the cost model sends them to storage.
     pub peer_planned_accesses: u64,
+    /// What the cache kept of samples: `encoded`, `decoded` or `auto` (either, by the cost
+    /// model), `encoded (why)` where a decoded tier was not possible, or `none`.
+    pub cache_forms: String,
+    /// The costs the two-form rule priced forms with (with a decoded tier).
+    pub form_costs: Option<FormCostsReport>,
+    /// Hits on encoded bytes, as planned.
+    pub hits_encoded: u64,
+    /// Hits on decoded images, as planned.
+    pub hits_decoded: u64,
+    /// Hits that found their decoded image and skipped the decode.
+    pub decoded_hits_served: u64,
+    /// The decode time those hits skipped, each image's own decode as timed when made.
+    pub decode_seconds_saved: f64,
+    /// Decoded images made and put in the cache.
+    pub images_kept: u64,
+    /// Planned decoded hits that decoded the bytes again: the image was not made yet (its
+    /// admitting access still decoding) or its decode had failed.
+    pub decoded_again: u64,
+    /// The most bytes the cache held in encoded form at once (by the plan).
+    pub peak_cached_bytes_encoded: u64,
+    /// The most bytes the cache held in decoded form at once (by the plan).
+    pub peak_cached_bytes_decoded: u64,
+}
+
+/// [`lobster_cache::FormCosts`] as the metrics report them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct FormCostsReport {
+    /// Fixed time of one read, seconds.
+    pub read_s: f64,
+    /// Read time per encoded byte, seconds.
+    pub read_per_byte_s: f64,
+    /// Fixed time of one decode, seconds.
+    pub decode_s: f64,
+    /// Decode time per encoded byte, seconds.
+    pub decode_per_byte_s: f64,
+}
+
+impl From<lobster_cache::FormCosts> for FormCostsReport {
+    fn from(c: lobster_cache::FormCosts) -> Self {
+        FormCostsReport {
+            read_s: c.read_s,
+            read_per_byte_s: c.read_per_byte_s,
+            decode_s: c.decode_s,
+            decode_per_byte_s: c.decode_per_byte_s,
+        }
+    }
 }
 
 /// Per-iteration records kept for the API and JSON; older ones are dropped.
@@ -395,6 +441,16 @@ impl Collector {
             peer_planned_accesses: 0,
             read_retries: 0,
             reads_recovered: 0,
+            cache_forms: String::new(),
+            form_costs: None,
+            hits_encoded: self.hits,
+            hits_decoded: 0,
+            decoded_hits_served: 0,
+            decode_seconds_saved: 0.0,
+            images_kept: 0,
+            decoded_again: 0,
+            peak_cached_bytes_encoded: 0,
+            peak_cached_bytes_decoded: 0,
         }
     }
 }

@@ -63,12 +63,17 @@ impl<T: Send + 'static> Metered for lobster_io::Loader<T> {
 ///        policy="lobster", image_size=224, transform="train", drop_last=False,
 ///        on_error="fail", max_failures=None, decode_threads=2, io_depth=128,
 ///        channels_first=False, slots=2, decode=None, rank=None, world_size=None,
-///        local_rank=None, local_world_size=None, job_id=None, slot_bytes=None)
+///        local_rank=None, local_world_size=None, job_id=None, slot_bytes=None,
+///        cache_forms=None)
 ///
 /// One rank's batches of the image folder (or packed dataset) `data`: `len(loader)`
 /// batches an epoch, `epochs` epochs, in `DistributedSampler(shuffle=True, seed=seed)`
 /// order. The cache holds `cache_bytes` (else `cache_frac` of the dataset) under `policy`
 /// ("lobster": evict the sample needed farthest ahead; "nopfs", "lru", "none").
+/// `cache_forms` is what the lobster cache keeps of an image: "encoded" bytes, "decoded"
+/// pixels (a hit skips the decode; about 3 to 10 times the bytes), or "auto" (either, per
+/// image, by the cost model: the default for "train" and "eval"). The batches are the same
+/// bit for bit whatever it keeps.
 /// `transform` is "train" (RandomResizedCrop to `image_size` and a flip, seeded by seed,
 /// epoch and sample), "eval" (resize and centre crop) or "none" (each image at its own
 /// size; with `decode`, a callable `decode(bytes) -> array` run per sample in this
@@ -109,6 +114,7 @@ struct Settings {
     cache_bytes: Option<u64>,
     cache_frac: f64,
     policy: CachePolicy,
+    cache_forms: Option<lobster_io::FormChoice>,
     output: Output,
     drop_last: bool,
     errors: lobster_io::ErrorPolicy,
@@ -138,6 +144,7 @@ impl Settings {
                 self.policy
             },
             cache_capacity_bytes: capacity,
+            cache_forms: self.cache_forms,
             io_depth_budget: self.io_depth,
             decode_threads: self.decode_threads,
             error_policy: self.errors,
@@ -480,7 +487,8 @@ impl Loader {
         policy = "lobster", image_size = 224, transform = "train", drop_last = false,
         on_error = "fail", max_failures = None, decode_threads = 2, io_depth = 128,
         channels_first = false, slots = 2, decode = None, rank = None, world_size = None,
-        local_rank = None, local_world_size = None, job_id = None, slot_bytes = None
+        local_rank = None, local_world_size = None, job_id = None, slot_bytes = None,
+        cache_forms = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -508,6 +516,7 @@ impl Loader {
         local_world_size: Option<usize>,
         job_id: Option<String>,
         slot_bytes: Option<u64>,
+        cache_forms: Option<&str>,
     ) -> PyResult<Self> {
         if !(0.0..=1.0).contains(&cache_frac) {
             return Err(PyValueError::new_err(format!(
@@ -545,6 +554,7 @@ impl Loader {
             cache_bytes,
             cache_frac,
             policy: params::cache_policy(policy)?,
+            cache_forms: params::cache_forms(cache_forms)?,
             output: params::output(transform, image_size, decode.is_some())?,
             drop_last,
             errors: params::error_policy(on_error, max_failures)?,
@@ -688,6 +698,13 @@ impl Loader {
         dict.set_item("skipped", m.skipped)?;
         dict.set_item("read_path", m.read_path)?;
         dict.set_item("pipeline_threads", m.pipeline_threads)?;
+        dict.set_item("cache_forms", m.cache_forms)?;
+        dict.set_item("hits_encoded", m.hits_encoded)?;
+        dict.set_item("hits_decoded", m.hits_decoded)?;
+        dict.set_item("decoded_hits_served", m.decoded_hits_served)?;
+        dict.set_item("decode_seconds_saved", m.decode_seconds_saved)?;
+        dict.set_item("peak_cached_bytes_encoded", m.peak_cached_bytes_encoded)?;
+        dict.set_item("peak_cached_bytes_decoded", m.peak_cached_bytes_decoded)?;
         Ok(Some(dict.into_any().unbind()))
     }
 

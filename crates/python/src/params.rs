@@ -70,6 +70,18 @@ pub(crate) fn cache_policy(name: &str) -> PyResult<CachePolicy> {
     }
 }
 
+/// `cache_forms`: `None` leaves the loader's default (auto for transformed images).
+pub(crate) fn cache_forms(name: Option<&str>) -> PyResult<Option<lobster_io::FormChoice>> {
+    name.map(|n| {
+        n.parse().map_err(|_| {
+            PyValueError::new_err(format!(
+                "cache_forms = {n:?}: one of \"encoded\", \"decoded\", \"auto\""
+            ))
+        })
+    })
+    .transpose()
+}
+
 pub(crate) fn error_policy(on_error: &str, max_failures: Option<f64>) -> PyResult<ErrorPolicy> {
     match (on_error, max_failures) {
         ("fail", None) => Ok(ErrorPolicy::Fail),

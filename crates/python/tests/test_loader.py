@@ -292,3 +292,31 @@ def test_a_position_is_given_whole_or_not_at_all(tmp_path):
     )
     assert (loader.rank, loader.world_size, loader.local_world_size) == (1, 2, 1)
     assert loader.arena is None and len(loader) == 1
+
+
+def test_decoded_images_in_the_cache_give_the_same_batches(tmp_path):
+    make_folder(tmp_path / "data", 40, 4, size=(48, 36))
+
+    def run(forms):
+        loader = lobster_io.Loader(
+            str(tmp_path / "data"), 8, epochs=3, seed=3, image_size=16, cache_frac=1.0,
+            cache_forms=forms,
+        )
+        out = [(b.epoch, b.ids.tolist(), np.array(b.images)) for b in loader]
+        m = loader.metrics()
+        loader.close()
+        return out, m
+
+    encoded, m_enc = run("encoded")
+    for forms in ("decoded", "auto"):
+        batches, m = run(forms)
+        assert m["cache_forms"] == forms
+        assert len(batches) == len(encoded) == 15
+        for (e1, ids1, img1), (e2, ids2, img2) in zip(encoded, batches):
+            assert (e1, ids1) == (e2, ids2)
+            assert np.array_equal(img1, img2)
+        # Decoded images are kept, and their hits skip the decode.
+        assert m["hits_decoded"] > 0 and m["decoded_hits_served"] > 0
+    assert m_enc["hits_decoded"] == 0 and m_enc["hits_encoded"] > 0
+    with pytest.raises(ValueError, match="cache_forms"):
+        lobster_io.Loader(str(tmp_path / "data"), 8, cache_forms="pixels")

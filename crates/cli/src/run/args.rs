@@ -119,6 +119,11 @@ pub struct RunArgs {
     /// (SCHED_BATCH: their wake-ups do not preempt the ranks) or `normal`.
     #[arg(long, value_enum, default_value_t = PipelineThreadsArg::Batch)]
     pub pipeline_threads: PipelineThreadsArg,
+    /// What lobster's reuse cache keeps of a sample: `encoded` bytes, `decoded` images, or
+    /// `auto` (either, per sample and use, by the cost model). Default: auto with the jpeg
+    /// decoder, encoded otherwise; policies without the reuse cache keep encoded bytes.
+    #[arg(long, value_enum)]
+    pub cache_forms: Option<CacheFormsArg>,
     /// How the pipelined policies order storage reads: `deadline` (one node-wide queue, each
     /// iteration's reads ending together for every rank) or `shares` (each rank held to the
     /// allocator's io_depth share, as the paper's per-rank I/O threads).
@@ -189,6 +194,28 @@ pub enum BackendArg {
     Uring,
     /// The pread thread pool.
     Pread,
+}
+
+/// What the cache keeps of a sample, as the CLI spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheFormsArg {
+    /// Encoded bytes.
+    Encoded,
+    /// Decoded images.
+    Decoded,
+    /// Either, by the cost model.
+    Auto,
+}
+
+impl CacheFormsArg {
+    pub(crate) fn choice(self) -> lobster_io::FormChoice {
+        match self {
+            CacheFormsArg::Encoded => lobster_io::FormChoice::Encoded,
+            CacheFormsArg::Decoded => lobster_io::FormChoice::Decoded,
+            CacheFormsArg::Auto => lobster_io::FormChoice::Auto,
+        }
+    }
 }
 
 /// How lobster's pipeline threads are scheduled, as the CLI spells it.
@@ -338,6 +365,7 @@ impl RunArgs {
             }),
             error_policy: self.error_policy()?,
             fault_injection: self.inject_faults,
+            cache_forms: self.cache_forms.map(CacheFormsArg::choice),
             ..LoaderConfig::default()
         })
     }

@@ -94,23 +94,8 @@ pub(crate) fn decode(
     match decoder {
         Decoder::Raw => Ok(Decoded::digest(bytes.len() as u64)),
         Decoder::Jpeg => {
-            let named = |e: lobster_image::ImageError| {
-                DecodeError(format!("image of {}: {e}", meta.path.display()))
-            };
-            if transform == Transform::None {
-                let image = lobster_image::decode(bytes).map_err(named)?;
-                return Ok(Decoded::digest(
-                    image
-                        .pixels()
-                        .iter()
-                        .step_by(4099)
-                        .map(|&b| u64::from(b))
-                        .sum(),
-                ));
-            }
-            let pixels = lobster_io::images::decode_pixels(transform, seed, epoch, bytes, meta)
-                .map_err(named)?;
-            Ok(Decoded::Image(pixels))
+            let image = decode_image(bytes, meta)?;
+            finish_image(transform, (seed, epoch), (&image).into(), meta)
         }
         Decoder::Synthetic => {
             let budget = Duration::from_secs_f64(us_per_kb * bytes.len() as f64 / 1024.0 / 1e6);
@@ -125,6 +110,40 @@ pub(crate) fn decode(
             Ok(Decoded::digest(digest))
         }
     }
+}
+
+fn image_error(meta: &SampleMeta, e: lobster_image::ImageError) -> DecodeError {
+    DecodeError(format!("image of {}: {e}", meta.path.display()))
+}
+
+/// The jpeg decoder's first stage: the sample's full-resolution image.
+pub(crate) fn decode_image(
+    bytes: &[u8],
+    meta: &SampleMeta,
+) -> Result<lobster_image::Image, DecodeError> {
+    lobster_image::decode(bytes).map_err(|e| image_error(meta, e))
+}
+
+/// The jpeg decoder's second stage: `transform`, or with none a digest of the pixels.
+pub(crate) fn finish_image(
+    transform: Transform,
+    (seed, epoch): (u64, u32),
+    image: lobster_image::ImageRef<'_>,
+    meta: &SampleMeta,
+) -> Result<Decoded, DecodeError> {
+    if transform == Transform::None {
+        return Ok(Decoded::digest(
+            image
+                .pixels()
+                .iter()
+                .step_by(4099)
+                .map(|&b| u64::from(b))
+                .sum(),
+        ));
+    }
+    lobster_io::images::transform_pixels(transform, seed, epoch, image, meta)
+        .map(Decoded::Image)
+        .map_err(|e| image_error(meta, e))
 }
 
 /// A training thread's use of a batch: transformed images are written into the rank's one

@@ -90,6 +90,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         storage_latency_us: args.storage_latency_us,
         backend: args.backend,
         io_order: args.io_order,
+        cache_forms: args.cache_forms,
         direct: args.direct,
         ranks_as: args.ranks_as,
         on_error: args.on_error,
@@ -132,6 +133,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         return Ok(());
     }
     report::print_table(&results);
+    report::print_forms(&results);
     report::print_skipped(&results);
     if let Some(nodes) = &per_node {
         report::print_nodes(nodes);
@@ -165,12 +167,19 @@ fn run_strategy(
     let loader_config = config.clone();
     let (decoder, us_per_kb, seed) = (args.decoder(), args.decode_us_per_kb, args.seed);
     let transform = args.transform.transform(args.image_size);
-    let mut builder = LoaderBuilder::new(dataset.clone())
+    let builder = LoaderBuilder::new(dataset.clone())
         .config(config)
-        .seed(seed)
-        .decode_in_epoch(move |bytes: &[u8], meta: &SampleMeta, epoch| {
+        .seed(seed);
+    let mut builder = match decoder {
+        // Real images decode in two stages, so that the cache may keep the first's image.
+        Decoder::Jpeg => builder
+            .decode_in_two_stages(decode::decode_image, move |image, meta, epoch| {
+                decode::finish_image(transform, (seed, epoch), image, meta)
+            }),
+        _ => builder.decode_in_epoch(move |bytes: &[u8], meta: &SampleMeta, epoch| {
             decode(decoder, us_per_kb, transform, (seed, epoch), bytes, meta)
-        });
+        }),
+    };
     if let Some(peers) = cluster.and_then(cluster::Cluster::peers) {
         builder = builder.peers(peers);
     }

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use lobster_io::{AllocationRecord, RunMetrics};
 use serde::Serialize;
 
-use super::args::{BackendArg, IoOrderArg, OnError, RanksAs, ScheduleArg};
+use super::args::{BackendArg, CacheFormsArg, IoOrderArg, OnError, RanksAs, ScheduleArg};
 use super::decode::{Decoder, TransformArg};
 use super::strategy::Strategy;
 
@@ -40,6 +40,7 @@ pub(crate) struct RunConfig {
     pub storage_latency_us: u64,
     pub backend: BackendArg,
     pub io_order: IoOrderArg,
+    pub cache_forms: Option<CacheFormsArg>,
     pub direct: bool,
     pub ranks_as: RanksAs,
     pub on_error: OnError,
@@ -176,6 +177,28 @@ pub(crate) fn print_table(results: &[StrategyResult]) {
             r.metrics.hit_ratio,
             r.speedup_vs_pytorch
                 .map_or("-".to_string(), |s| format!("{s:.2}x")),
+        );
+    }
+}
+
+/// The decoded tier of each strategy that had one: hits by form, decode time saved, bytes
+/// by form.
+pub(crate) fn print_forms(results: &[StrategyResult]) {
+    const MIB: f64 = (1 << 20) as f64;
+    for r in results.iter().filter(|r| r.metrics.form_costs.is_some()) {
+        let m = &r.metrics;
+        println!(
+            "{}: cache forms {}: hits {} encoded, {} decoded ({} served decoded, {} decoded \
+             again); decode time saved {:.2} s; peak {:.1} MiB encoded, {:.1} MiB decoded",
+            r.strategy.name(),
+            m.cache_forms,
+            m.hits_encoded,
+            m.hits_decoded,
+            m.decoded_hits_served,
+            m.decoded_again,
+            m.decode_seconds_saved,
+            m.peak_cached_bytes_encoded as f64 / MIB,
+            m.peak_cached_bytes_decoded as f64 / MIB,
         );
     }
 }

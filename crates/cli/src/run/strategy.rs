@@ -82,6 +82,10 @@ impl Strategy {
             budgets.cache_bytes
         };
         config.execution = self.execution();
+        // Decoded forms are the reuse cache's; the others keep encoded bytes.
+        if cache != CachePolicy::Reuse {
+            config.cache_forms = None;
+        }
         config.pipeline_threads = match self {
             Strategy::Pytorch | Strategy::Nopfs => PipelineThreads::Normal,
             _ => budgets.pipeline_threads,

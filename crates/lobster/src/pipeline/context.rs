@@ -33,6 +33,18 @@ pub(crate) struct Context<T> {
     pub(crate) sizes: Option<Arc<[u32]>>,
     /// Peer nodes whose caches serve planned misses, and which this node's cache serves.
     pub(crate) peers: Option<super::peers::Peers>,
+    /// The decoded tier, where the cache may keep decoded images.
+    pub(crate) forms: Option<DecodedTier<T>>,
+}
+
+/// What the decoded tier needs: the decoder in its two stages, and what the planner prices
+/// forms with.
+pub(crate) struct DecodedTier<T> {
+    pub(crate) staged: super::forms::Staged<T>,
+    pub(crate) choice: lobster_cache::FormChoice,
+    /// Each sample's decoded size, 0 where it has none.
+    pub(crate) decoded_sizes: Arc<[u32]>,
+    pub(crate) costs: lobster_cache::FormCosts,
 }
 
 impl<T> Context<T> {

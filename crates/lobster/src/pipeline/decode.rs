@@ -1,15 +1,16 @@
 //! The decode workers: take a task whose bytes are known (or, read-then-decode, read them),
 //! run the user's decode function, and deliver the sample to its rank's reorder buffer.
 
-use std::time::{Duration, Instant};
-
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::blocking::{blocking_read, resident_read, OnWorker};
 use super::context::Context;
 use super::decode_queue::GROUP_MAX;
+use super::forms::{decode_in_stages, finish_cached};
 use super::order::{IoRequest, ToDispatcher};
-use super::slot::{Loaded, Origin, Ready, Task, WorkerRead};
+use super::slot::{Loaded, Origin, Ready, Slot, Task, WorkerRead};
 use super::state::PipelineState;
 use super::sync::lock;
 use crate::batch::Sample;
@@ -38,6 +39,31 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
             break;
         };
         let meta = ctx.meta(task.sample);
+        if let Some(tier) = ctx.forms.as_ref().filter(|_| task.hit_decoded) {
+            // A hit on a decoded image runs the second stage only.
+            if let Some(image) = task.slot.as_ref().and_then(|s| s.decoded()) {
+                let started = Instant::now();
+                let item =
+                    guarded(|| finish_cached(&tier.staged, &image, meta, task.epoch, &state.forms))
+                        .map(|value| Sample {
+                            id: meta.id,
+                            label: meta.label,
+                            value,
+                        })
+                        .map_err(|cause| Error::Decode {
+                            sample: meta.id,
+                            path: meta.path.to_path_buf(),
+                            cause,
+                        });
+                if group.len() == 0 {
+                    observed.flush_read_path(state);
+                }
+                state.ranks[task.rank].deliver(&task, item, started.elapsed(), None);
+                state.delivered();
+                continue;
+            }
+            state.forms.decoded_again.fetch_add(1, Ordering::Relaxed);
+        }
         // A planned hit that had to read storage after all (counted as the miss it is).
         let mut reread = false;
         let bytes = match task.read {
@@ -105,22 +131,27 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
             }
             WorkerRead::No => bytes,
         };
-        let (mut item, mut elapsed) = decode_sample(ctx, meta, task.epoch, bytes, &mut observed);
+        let keep = task.slot.as_ref().filter(|_| task.keep_decoded);
+        let (mut item, mut elapsed) =
+            decode_sample(ctx, state, meta, task.epoch, bytes, keep, &mut observed);
         if task.hit && !reread && matches!(item, Err(Error::Decode { .. })) {
             // Cached bytes the admitting access has not yet found bad (it may still be
             // decoding them): the same verdict, reached before the mark.
             reread = true;
             let again = decode_sample(
                 ctx,
+                state,
                 meta,
                 task.epoch,
                 blocking_read(ctx, state, meta, task.epoch),
+                keep,
                 &mut observed,
             );
             item = again.0;
             elapsed += again.1;
         }
-        if task.admitted && !task.hit {
+        // Bytes the cache keeps (or keeps until their image is made) that fail to decode.
+        if (task.admitted && !task.hit) || task.keep_decoded {
             if let (Err(e @ Error::Decode { .. }), Some(slot)) = (&item, &task.slot) {
                 slot.spoil(e.clone());
             }
@@ -233,12 +264,15 @@ fn to_dispatcher<T>(ctx: &Context<T>, state: &PipelineState<T>, mut task: Task, 
     }
 }
 
-/// Checks a sample's length and runs the user's decode function on it.
+/// Checks a sample's length and runs the user's decode function on it; with `keep`, the
+/// decoded image goes into that slot.
 fn decode_sample<T>(
     ctx: &Context<T>,
+    state: &PipelineState<T>,
     meta: &SampleMeta,
     epoch: u32,
     bytes: Loaded,
+    keep: Option<&Arc<Slot>>,
     observed: &mut DecodeObservations,
 ) -> (Result<Sample<T>, Error>, Duration) {
     let started = Instant::now();
@@ -251,14 +285,12 @@ fn decode_sample<T>(
                 actual_bytes: b.len() as u64,
             });
         }
-        // A panicking decoder fails its sample, not the worker: the batch must still come.
-        let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            (ctx.decode)(&b, meta, epoch)
-        }))
-        .unwrap_or_else(|panic| {
-            Err(Cause::from(
-                Box::<dyn std::error::Error + Send + Sync>::from(panic_message(&panic)),
-            ))
+        let decoded = guarded(|| match &ctx.forms {
+            Some(tier) => {
+                let keep = keep.map(|slot| (&**slot, ctx.arena.as_ref()));
+                decode_in_stages(&tier.staged, &b, meta, epoch, keep, &state.forms)
+            }
+            None => (ctx.decode)(&b, meta, epoch),
         });
         let value = decoded.map_err(|cause| Error::Decode {
             sample: meta.id,
@@ -276,6 +308,16 @@ fn decode_sample<T>(
     observed.bytes += meta.size_bytes;
     observed.elapsed += elapsed;
     (item, elapsed)
+}
+
+/// Runs a decode step; one that panics fails its sample, not the worker: the batch must
+/// still come.
+fn guarded<T>(step: impl FnOnce() -> Result<T, Cause>) -> Result<T, Cause> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)).unwrap_or_else(|panic| {
+        Err(Cause::from(
+            Box::<dyn std::error::Error + Send + Sync>::from(panic_message(&panic)),
+        ))
+    })
 }
 
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {

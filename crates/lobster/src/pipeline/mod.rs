@@ -12,7 +12,9 @@
 //!    attempt's fate (emulated tier, injected fault, retry, error) is decided in [`attempt`],
 //!    for the read-then-decode baselines' [`blocking`] reads too.
 //! 3. [`decode`]: decode workers take filled tasks from the [`decode_queue`], run the user's
-//!    function and deliver each sample into its rank's reorder buffer.
+//!    function and deliver each sample into its rank's reorder buffer. With a decoded tier
+//!    ([`forms`]) an image decoder runs in two stages, and the cache may keep the first's
+//!    image in the sample's slot for later hits.
 //! 4. [`rank`]: a rank takes its next whole batch in plan order.
 //!
 //! [`state`] composes the rooms' shared parts; [`context`] holds what never changes.
@@ -26,6 +28,7 @@ mod decode_queue;
 mod dirs;
 mod dispatch;
 mod files;
+mod forms;
 mod layout;
 mod order;
 mod peers;
@@ -46,8 +49,9 @@ use std::thread::JoinHandle;
 use lobster_sched::CostModel;
 use lobster_uring::Reader;
 
-pub(crate) use context::{Context, DecodeFn};
+pub(crate) use context::{Context, DecodeFn, DecodedTier};
 pub(crate) use dirs::SampleDirs;
+pub(crate) use forms::{decoded_sizes, form_costs, Staged};
 pub(crate) use layout::Layout;
 pub(crate) use peers::{PeerCounters, Peers};
 pub(crate) use rank::{detach, next_batch};
@@ -113,6 +117,8 @@ impl<T: Send + 'static> Pipeline<T> {
             ),
             to_dispatcher: reader.is_some().then_some(to_dispatcher),
             batch_refused: Mutex::new(None),
+            forms: forms::FormCounters::default(),
+            form_plan: Mutex::new(None),
         });
         let ctx = Arc::new(ctx);
         if let Some(peers) = &ctx.peers {

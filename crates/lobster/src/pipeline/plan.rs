@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use lobster_cache::{Planner, Store};
+use lobster_cache::{Form, FormPlanner, FormPolicy, Planner, Store};
 use lobster_sched::{AllocConfig, Allocator, Budgets};
 
 use super::allocate::{allocate, spread, AccessLoad};
@@ -18,7 +18,7 @@ use super::read_path::ResidentGate;
 use super::remote;
 use super::reorder::PendingBatch;
 use super::slot::{Ready, Slot, Task, WorkerRead};
-use super::state::PipelineState;
+use super::state::{FormPlanTotals, PipelineState};
 use super::sync::lock;
 use crate::config::{Execution, IoOrder, Schedule};
 use crate::error::Error;
@@ -31,14 +31,45 @@ struct WindowAccess {
     rank: usize,
     pos: usize,
     sample: u32,
+    decided: Decided,
+}
+
+/// What the cache decided for one access.
+struct Decided {
     slot: Arc<Slot>,
     hit: bool,
+    /// A miss whose encoded bytes the cache keeps.
     admitted: bool,
+    /// The cache keeps the sample decoded after this access, and its image is still to make.
+    keep_decoded: bool,
+    /// A hit on the sample's decoded image.
+    hit_decoded: bool,
+}
+
+impl Decided {
+    fn miss() -> Self {
+        Decided {
+            slot: Slot::new(),
+            hit: false,
+            admitted: false,
+            keep_decoded: false,
+            hit_decoded: false,
+        }
+    }
+}
+
+/// The policy deciding the cache: one form (encoded bytes), or two (with a decoded tier).
+enum Decider {
+    Encoded(Box<Planner<super::layout::Layout>>),
+    Forms {
+        planner: Box<FormPlanner<super::layout::Layout>>,
+        totals: FormPlanTotals,
+    },
 }
 
 /// The cache decisions and what the cache holds: the slot of every sample the policy keeps.
 struct Cache {
-    planner: Box<Planner<super::layout::Layout>>,
+    decider: Decider,
     slots: Store<Arc<Slot>>,
     evicted: Vec<u32>,
     /// The same slots as peers see them, where there are peers.
@@ -51,37 +82,86 @@ impl Cache {
         let (Some(kind), Some(sizes)) = (config.cache_policy.kind(), &ctx.sizes) else {
             return Ok(None);
         };
-        let planner = Planner::new(
-            ctx.layout.clone(),
-            sizes.clone(),
-            config.cache_capacity_bytes,
-            kind,
-        )
-        .map_err(|e| Error::engine("cache planner", e))?;
+        let engine = |e| Error::engine("cache planner", e);
+        let decider = match &ctx.forms {
+            Some(tier) => {
+                let policy = FormPolicy::new(
+                    sizes.clone(),
+                    tier.decoded_sizes.clone(),
+                    config.cache_capacity_bytes,
+                    tier.choice,
+                    tier.costs,
+                )
+                .map_err(engine)?;
+                Decider::Forms {
+                    planner: Box::new(FormPlanner::new(ctx.layout.clone(), policy)),
+                    totals: FormPlanTotals::default(),
+                }
+            }
+            None => Decider::Encoded(Box::new(
+                Planner::new(
+                    ctx.layout.clone(),
+                    sizes.clone(),
+                    config.cache_capacity_bytes,
+                    kind,
+                )
+                .map_err(engine)?,
+            )),
+        };
         Ok(Some(Cache {
-            planner: Box::new(planner),
+            decider,
             slots: Store::new(config.cache_capacity_bytes),
             evicted: Vec::new(),
             served: ctx.peers.as_ref().map(|p| p.served.clone()),
         }))
     }
 
-    /// Decides the next access of the stream, which must be `sample`: its slot, whether it
-    /// hits, and whether the cache keeps it.
-    fn decide(&mut self, sample: u32, size_bytes: u64) -> Result<(Arc<Slot>, bool, bool), Error> {
-        let d = self
-            .planner
-            .next(&mut self.evicted)
-            .map_err(|e| Error::engine("cache planner", e))?
-            .ok_or_else(|| Error::Stopped {
-                reason: "cache planner ended early".into(),
-            })?;
+    /// Decides the next access of the stream, which must be `sample`.
+    fn decide(&mut self, sample: u32) -> Result<Decided, Error> {
+        let engine = |e| Error::engine("cache planner", e);
+        let stopped = || Error::Stopped {
+            reason: "cache planner ended early".into(),
+        };
+        // (hit, the form kept before, the form kept after, its size, the stream position)
+        let (hit_form, kept, kept_bytes, position, decided) = match &mut self.decider {
+            Decider::Encoded(planner) => {
+                let d = planner
+                    .next(&mut self.evicted)
+                    .map_err(engine)?
+                    .ok_or_else(stopped)?;
+                let form = |b: bool| b.then_some(Form::Encoded);
+                // A hit that stays cached keeps its form; one that goes is among the evicted.
+                let kept = form(d.admitted || (d.hit && !self.evicted.contains(&d.sample)));
+                (
+                    form(d.hit),
+                    kept,
+                    u64::from(d.size_bytes),
+                    d.position,
+                    d.sample,
+                )
+            }
+            Decider::Forms { planner, totals } => {
+                let d = planner
+                    .next(&mut self.evicted)
+                    .map_err(engine)?
+                    .ok_or_else(stopped)?;
+                let o = d.outcome;
+                let policy = planner.policy();
+                for form in Form::ALL {
+                    let i = usize::from(form == Form::Decoded);
+                    totals.peak_bytes[i] = totals.peak_bytes[i].max(policy.used_bytes_in(form));
+                }
+                totals.peak_total_bytes = totals.peak_total_bytes.max(policy.used_bytes());
+                totals.hits = planner.stats().hits;
+                let bytes = o.kept.map_or(0, |f| policy.size(d.sample, f));
+                (o.hit, o.kept, bytes, d.position, d.sample)
+            }
+        };
         assert_eq!(
-            d.sample, sample,
-            "the planner and the node stream disagree at {}",
-            d.position
+            decided, sample,
+            "the planner and the node stream disagree at {position}"
         );
-        let slot = if d.hit {
+        let slot = if hit_form.is_some() {
             self.slots.get(sample).cloned().expect("a hit is cached")
         } else {
             Slot::new()
@@ -89,18 +169,37 @@ impl Cache {
         if let Some(served) = &self.served {
             served.remove_all(&self.evicted);
         }
+        // A hit kept in another form is stored again at its new size.
+        let changed = hit_form.is_some() && kept.is_some() && kept != hit_form;
+        if changed {
+            self.slots.remove(sample);
+        }
         for e in self.evicted.drain(..) {
             self.slots.remove(e);
         }
-        if d.admitted {
+        if kept.is_some() && (hit_form.is_none() || changed) {
             self.slots
-                .insert(sample, size_bytes, slot.clone())
+                .insert(sample, kept_bytes, slot.clone())
                 .map_err(|e| Error::engine("cache store", e))?;
             if let Some(served) = &self.served {
                 served.insert(sample, slot.clone());
             }
         }
-        Ok((slot, d.hit, d.admitted))
+        Ok(Decided {
+            slot,
+            hit: hit_form.is_some(),
+            admitted: hit_form.is_none() && kept == Some(Form::Encoded),
+            keep_decoded: kept == Some(Form::Decoded) && hit_form != Some(Form::Decoded),
+            hit_decoded: hit_form == Some(Form::Decoded),
+        })
+    }
+
+    /// The two-form decisions' totals (with a decoded tier).
+    fn form_totals(&self) -> Option<FormPlanTotals> {
+        match &self.decider {
+            Decider::Forms { totals, .. } => Some(*totals),
+            Decider::Encoded(_) => None,
+        }
     }
 }
 
@@ -151,9 +250,9 @@ pub(crate) fn planner<T: Send + 'static>(
             while next < accesses.len() && accesses[next].0 < last {
                 let (iteration, rank, pos, sample) = accesses[next];
                 next += 1;
-                let (slot, hit, admitted) = match cache.as_mut() {
-                    None => (Slot::new(), false, false),
-                    Some(c) => c.decide(sample, ctx.meta(sample).size_bytes)?,
+                let decided = match cache.as_mut() {
+                    None => Decided::miss(),
+                    Some(c) => c.decide(sample)?,
                 };
                 window.push(WindowAccess {
                     epoch,
@@ -161,9 +260,7 @@ pub(crate) fn planner<T: Send + 'static>(
                     rank,
                     pos,
                     sample,
-                    slot,
-                    hit,
-                    admitted,
+                    decided,
                 });
             }
             let issued = Instant::now();
@@ -172,7 +269,7 @@ pub(crate) fn planner<T: Send + 'static>(
                 let loads = window.iter().map(|a| AccessLoad {
                     rank: a.rank,
                     bytes: ctx.meta(a.sample).size_bytes,
-                    hit: a.hit,
+                    hit: a.decided.hit,
                 });
                 let record = {
                     let model = lock(&state.model);
@@ -207,19 +304,19 @@ pub(crate) fn planner<T: Send + 'static>(
                 let position = seq;
                 seq += 1;
                 let peer = match (&ctx.peers, &costs) {
-                    (Some(p), Some(c)) if !a.hit => {
+                    (Some(p), Some(c)) if !a.decided.hit => {
                         p.source(c, position, ctx.meta(a.sample).size_bytes)
                     }
                     _ => None,
                 };
-                let read = match (a.hit, to_dispatcher.is_some(), on_workers, peer) {
+                let read = match (a.decided.hit, to_dispatcher.is_some(), on_workers, peer) {
                     (true, ..) => WorkerRead::No,
                     (false, false, ..) => WorkerRead::Blocking,
                     (false, true, _, Some(_)) => WorkerRead::No,
                     (false, true, true, None) => WorkerRead::IfResident,
                     (false, true, false, None) => WorkerRead::No,
                 };
-                if !a.hit && read == WorkerRead::No {
+                if !a.decided.hit && read == WorkerRead::No {
                     let req = IoRequest {
                         seq,
                         step: layout.step(a.epoch, a.iteration),
@@ -228,8 +325,8 @@ pub(crate) fn planner<T: Send + 'static>(
                         epoch: a.epoch,
                         rank: a.rank,
                         sample: a.sample,
-                        slot: a.slot.clone(),
-                        admitted: a.admitted,
+                        slot: a.decided.slot.clone(),
+                        admitted: a.decided.admitted,
                         attempt: 0,
                     };
                     match peer {
@@ -245,21 +342,23 @@ pub(crate) fn planner<T: Send + 'static>(
                     pos: a.pos,
                     sample: a.sample,
                     slot: None,
-                    admitted: a.admitted,
+                    admitted: a.decided.admitted,
+                    keep_decoded: a.decided.keep_decoded,
+                    hit_decoded: a.decided.hit_decoded,
                     read,
-                    hit: a.hit,
+                    hit: a.decided.hit,
                     peer: peer.filter(|_| read == WorkerRead::Blocking),
                 };
                 if read != WorkerRead::No {
                     let task = Task {
-                        slot: Some(a.slot),
+                        slot: Some(a.decided.slot),
                         ..task
                     };
                     ready.push(Ready {
                         task,
                         bytes: Ok(bytes::Bytes::new()),
                     });
-                } else if let Some(r) = a.slot.wait(task) {
+                } else if let Some(r) = a.decided.slot.wait(task) {
                     ready.push(r);
                 }
             }
@@ -288,6 +387,9 @@ pub(crate) fn planner<T: Send + 'static>(
             first = last;
         }
     }
+    if let Some(totals) = cache.as_ref().and_then(Cache::form_totals) {
+        *lock(&state.form_plan) = Some(totals);
+    }
     for r in &state.ranks {
         r.planned_all();
     }
@@ -315,7 +417,7 @@ fn open_batches<T>(
     for a in window {
         let m = &mut metrics[a.rank * span + (a.iteration - first)];
         let bytes = ctx.meta(a.sample).size_bytes;
-        if a.hit {
+        if a.decided.hit {
             m.hits += 1;
             m.hit_bytes += bytes;
         } else {

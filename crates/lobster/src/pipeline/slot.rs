@@ -31,6 +31,50 @@ enum SlotState {
     /// A cached sample the page cache held when it was read: the cache keeps no copy, and
     /// each hit reads it from there (see [`WorkerRead::PageCacheHit`]).
     InPageCache,
+    /// A sample the cache keeps decoded: its bytes are gone, its hits transform the image.
+    Decoded(Arc<DecodedImage>),
+}
+
+/// A sample's decoded image as the cache keeps it: the pixels in the cache's arena (or the
+/// heap, as [`cache_copy`] places bytes), and how long the decode that made it took.
+#[derive(Debug)]
+pub(crate) struct DecodedImage {
+    width: u32,
+    height: u32,
+    pixels: Bytes,
+    decode: std::time::Duration,
+}
+
+impl DecodedImage {
+    pub(crate) fn new(
+        image: lobster_image::Image,
+        decode: std::time::Duration,
+        arena: Option<&Arena>,
+    ) -> Self {
+        let (width, height) = (image.width(), image.height());
+        let pixels = Bytes::from(image.into_pixels());
+        // Large images move to the arena's pages, as large encoded samples do.
+        let pixels = if pixels.len() < LARGE_FROM_BYTES {
+            pixels
+        } else {
+            cache_copy(&pixels, arena)
+        };
+        DecodedImage {
+            width,
+            height,
+            pixels,
+            decode,
+        }
+    }
+
+    pub(crate) fn view(&self) -> lobster_image::ImageRef<'_> {
+        lobster_image::ImageRef::new(self.width, self.height, &self.pixels)
+            .expect("a decoded image keeps its shape")
+    }
+
+    pub(crate) fn decode_ns(&self) -> u64 {
+        u64::try_from(self.decode.as_nanos()).unwrap_or(u64::MAX)
+    }
 }
 
 /// One access on its way to a rank's batch.
@@ -48,6 +92,11 @@ pub(crate) struct Task {
     pub(crate) slot: Option<Arc<Slot>>,
     /// The slot's bytes are kept in the cache: store a right-sized copy, not a pool buffer.
     pub(crate) admitted: bool,
+    /// The cache keeps the sample decoded after this access: the decode puts its image in
+    /// the slot.
+    pub(crate) keep_decoded: bool,
+    /// A hit the plan expects to find decoded.
+    pub(crate) hit_decoded: bool,
     /// Who reads the sample, if the task's worker does.
     pub(crate) read: WorkerRead,
     /// A cache hit: its bytes come from the read that admitted the sample.
@@ -104,10 +153,11 @@ fn cache_copy(b: &Bytes, arena: Option<&Arena>) -> Bytes {
         .unwrap_or_else(|| Bytes::copy_from_slice(b))
 }
 
-/// A hit on a sample left in the page cache, ready for a worker to read it there.
-fn page_cache_hit(mut task: Task) -> Ready {
+/// A hit on a sample left in the page cache, ready for a worker to read it there. It keeps
+/// its slot only to put the sample's decoded image there.
+fn page_cache_hit(slot: &Arc<Slot>, mut task: Task) -> Ready {
     task.read = WorkerRead::PageCacheHit;
-    task.slot = None;
+    task.slot = task.keep_decoded.then(|| slot.clone());
     Ready {
         task,
         bytes: Ok(Bytes::new()),
@@ -142,7 +192,39 @@ impl Slot {
                 task.slot = Some(self.clone());
                 Some(Ready { task, bytes })
             }
-            SlotState::InPageCache => Some(page_cache_hit(task)),
+            SlotState::InPageCache => {
+                drop(state);
+                Some(page_cache_hit(self, task))
+            }
+            SlotState::Decoded(_) => {
+                drop(state);
+                task.slot = Some(self.clone());
+                Some(Ready {
+                    task,
+                    bytes: Ok(Bytes::new()),
+                })
+            }
+        }
+    }
+
+    /// Puts the sample's decoded image in place of its bytes; `false` if the slot holds no
+    /// good bytes to replace (its read or decode failed, or an image is there already).
+    pub(crate) fn keep_decoded(&self, image: DecodedImage) -> bool {
+        let mut state = lock(&self.state);
+        match &*state {
+            SlotState::Ready(Ok(_)) | SlotState::InPageCache => {
+                *state = SlotState::Decoded(Arc::new(image));
+                true
+            }
+            SlotState::Pending(_) | SlotState::Ready(Err(_)) | SlotState::Decoded(_) => false,
+        }
+    }
+
+    /// The decoded image, if the cache keeps the sample decoded and it has been made.
+    pub(crate) fn decoded(&self) -> Option<Arc<DecodedImage>> {
+        match &*lock(&self.state) {
+            SlotState::Decoded(image) => Some(image.clone()),
+            _ => None,
         }
     }
 
@@ -159,7 +241,7 @@ impl Slot {
     ) {
         if admitted && origin == Origin::PageCache && loaded.is_ok() {
             let waiters = self.settle(SlotState::InPageCache);
-            released.extend(waiters.into_iter().map(page_cache_hit));
+            released.extend(waiters.into_iter().map(|t| page_cache_hit(self, t)));
             return;
         }
         let loaded = match loaded {
@@ -181,7 +263,7 @@ impl Slot {
         let mut state = lock(&self.state);
         match std::mem::replace(&mut *state, settled) {
             SlotState::Pending(waiters) => waiters,
-            SlotState::Ready(_) | SlotState::InPageCache => {
+            SlotState::Ready(_) | SlotState::InPageCache | SlotState::Decoded(_) => {
                 unreachable!("a slot is filled once")
             }
         }

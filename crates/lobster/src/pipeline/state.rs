@@ -8,6 +8,7 @@ use lobster_sched::CostModel;
 
 use super::attempt::FaultCounters;
 use super::decode_queue::DecodeQueues;
+use super::forms::FormCounters;
 use super::order::ToDispatcher;
 use super::progress::Progress;
 use super::read_path::ReadPathCounters;
@@ -43,6 +44,21 @@ pub(crate) struct PipelineState<T> {
     pub(crate) to_dispatcher: Option<Sender<ToDispatcher>>,
     /// Why a pipeline thread could not run as `SCHED_BATCH`, if one could not.
     pub(crate) batch_refused: Mutex<Option<String>>,
+    /// What the decoded tier did.
+    pub(crate) forms: FormCounters,
+    /// The planner's form decisions, once it is done (with a decoded tier).
+    pub(crate) form_plan: Mutex<Option<FormPlanTotals>>,
+}
+
+/// The planner's two-form decisions over the whole run.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct FormPlanTotals {
+    /// Hits planned per form (`Form::ALL`'s order).
+    pub(crate) hits: [u64; 2],
+    /// The most bytes held in each form at once.
+    pub(crate) peak_bytes: [u64; 2],
+    /// The most bytes held at once, both forms together.
+    pub(crate) peak_total_bytes: u64,
 }
 
 impl<T> std::fmt::Debug for PipelineState<T> {

@@ -59,6 +59,7 @@ class Loader:
         local_world_size: Optional[int] = None,
         job_id: Optional[str] = None,
         slot_bytes: Optional[int] = None,
+        cache_forms: Optional[str] = None,
     ) -> None: ...
     def __len__(self) -> int: ...
     @property

@@ -267,3 +267,52 @@ fn decoded_forms_are_refused_where_they_cannot_be_kept() {
         m.cache_forms
     );
 }
+
+#[test]
+fn a_max_side_keeps_smaller_images_and_says_it_is_lossy() {
+    use lobster_io::FormChoice;
+    let dir = tempfile::tempdir().unwrap();
+    let ds = folder(dir.path());
+    let run = |max_side: Option<u32>| {
+        let mut b = LoaderBuilder::<Pixels>::new(ds.clone())
+            .world(1, 1, 0)
+            .batch_size(4)
+            .epochs(3)
+            .seed(5)
+            .decode_threads(2)
+            .cache(lobster_io::CachePolicy::Reuse, 1 << 20)
+            .cache_forms(FormChoice::Decoded)
+            .decode_images(Transform::Train { size: 8 });
+        if let Some(side) = max_side {
+            b = b.decoded_max_side(side);
+        }
+        let mut l = b.build().unwrap();
+        let rank = l.ranks().unwrap().remove(0);
+        let images: Vec<Vec<u8>> = ImageBatches::new(rank, ds.clone(), 2)
+            .map(|b| b.unwrap().images().to_vec())
+            .collect();
+        (images, l.metrics())
+    };
+    let (full, m_full) = run(None);
+    let (small, m_small) = run(Some(10));
+    // Every image is kept either way (1 MiB holds them all), each at most 10 px a side.
+    let kept: u64 = (0..12u64)
+        .map(|i| {
+            let (w, h) =
+                lobster_io::image::downscaled_shape(20 + 3 * i as u32, 16 + 2 * i as u32, 10);
+            u64::from(w * h * 3)
+        })
+        .sum();
+    assert_eq!(m_small.peak_cached_bytes_decoded, kept, "{m_small:?}");
+    assert!(m_full.peak_cached_bytes_decoded > kept);
+    assert!(
+        m_small.cache_forms.contains("lossy"),
+        "{}",
+        m_small.cache_forms
+    );
+    assert!(m_small.decoded_hits_served > 0);
+    // The first epoch decodes every image whole; hits transform the smaller ones.
+    assert_eq!(full[..3], small[..3]);
+    assert_ne!(full[3..], small[3..]);
+    assert_eq!(run(Some(10)).0, small, "lossy, but the same every run");
+}

@@ -65,13 +65,15 @@ def run_lobster(spec):
         kw["policy"] = "none"
     loader = lobster_io.Loader(spec["data"], spec["batch"], **kw)
     n, digest = 0, 0
-    for b in loader:
-        ims = b.images
-        assert ims.shape[1:] == (CROP, CROP, 3)
-        n += ims.shape[0]
-        if spec["digest"]:
-            digest = zlib.crc32(b.ids.tobytes(), digest)
-            digest = zlib.crc32(memoryview(ims).cast("B"), digest)
+    for epoch in range(spec["epochs"]):
+        loader.set_epoch(epoch)
+        for b in loader:
+            ims = b.images
+            assert ims.shape[1:] == (CROP, CROP, 3)
+            n += ims.shape[0]
+            if spec["digest"]:
+                digest = zlib.crc32(b.ids.tobytes(), digest)
+                digest = zlib.crc32(memoryview(ims).cast("B"), digest)
     m = loader.metrics()
     loader.close()
     return n, {"digest": digest, "metrics": m}
@@ -140,7 +142,7 @@ def launch(spec):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", required=True)
+    ap.add_argument("--data")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--budgets", default="10,25,50,100")
     ap.add_argument("--passes", type=int, default=3)
@@ -153,6 +155,8 @@ def main():
     a = ap.parse_args()
     if a.child:
         return child(json.loads(a.child))
+    if not a.data:
+        ap.error("--data is required")
 
     files = peers.list_images(a.data)
     total_decoded = decoded_bytes(files)

@@ -27,4 +27,4 @@ mod transform;
 pub use collate::Collator;
 pub use decode::{decode, dimensions, Image, ImageRef};
 pub use error::ImageError;
-pub use transform::{Transform, Transformer};
+pub use transform::{downscale, downscaled_shape, Transform, Transformer};

@@ -5,7 +5,7 @@ use fast_image_resize as fir;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::decode::ImageRef;
+use crate::decode::{Image, ImageRef};
 use crate::error::ImageError;
 
 /// What becomes of a decoded image.
@@ -100,16 +100,7 @@ impl Transformer {
             }
             Transform::Eval { size } => (size, centre_crop(&image, size), false),
         };
-        let resize_err = |e: &dyn std::fmt::Display| ImageError::Resize {
-            reason: e.to_string(),
-        };
-        let src = fir::images::ImageRef::new(
-            image.width(),
-            image.height(),
-            image.pixels(),
-            fir::PixelType::U8x3,
-        )
-        .map_err(|e| resize_err(&e))?;
+        let src = source(image)?;
         let mut dst = fir::images::Image::from_slice_u8(size, size, out, fir::PixelType::U8x3)
             .map_err(|e| resize_err(&e))?;
         let options = fir::ResizeOptions::new()
@@ -132,6 +123,57 @@ impl Transformer {
         }
         Ok(())
     }
+}
+
+fn resize_err(e: &dyn std::fmt::Display) -> ImageError {
+    ImageError::Resize {
+        reason: e.to_string(),
+    }
+}
+
+/// `image` as the resizer reads it.
+fn source(image: ImageRef<'_>) -> Result<fir::images::ImageRef<'_>, ImageError> {
+    fir::images::ImageRef::new(
+        image.width(),
+        image.height(),
+        image.pixels(),
+        fir::PixelType::U8x3,
+    )
+    .map_err(|e| resize_err(&e))
+}
+
+/// Width and height of a `width` x `height` image whose longer side is brought down to
+/// `max_side` (the aspect kept, each side at least 1); the same if it is no longer.
+pub fn downscaled_shape(width: u32, height: u32, max_side: u32) -> (u32, u32) {
+    let longer = width.max(height);
+    if longer <= max_side || max_side == 0 {
+        return (width, height);
+    }
+    let scale = f64::from(max_side) / f64::from(longer);
+    let side = |s: u32| ((f64::from(s) * scale).round() as u32).clamp(1, max_side);
+    (side(width), side(height))
+}
+
+/// `image` with its longer side brought down to `max_side` (antialiased bilinear, as the
+/// transforms resize), or a copy if it is no longer.
+///
+/// # Errors
+/// The resizer's failure.
+pub fn downscale(image: ImageRef<'_>, max_side: u32) -> Result<Image, ImageError> {
+    let (w, h) = downscaled_shape(image.width(), image.height(), max_side);
+    if (w, h) == (image.width(), image.height()) {
+        return Image::new(w, h, image.pixels().to_vec());
+    }
+    let src = source(image)?;
+    let mut out = vec![0u8; w as usize * h as usize * 3];
+    let mut dst = fir::images::Image::from_slice_u8(w, h, &mut out, fir::PixelType::U8x3)
+        .map_err(|e| resize_err(&e))?;
+    let options = fir::ResizeOptions::new()
+        .resize_alg(fir::ResizeAlg::Convolution(fir::FilterType::Bilinear));
+    fir::Resizer::new()
+        .resize(&src, &mut dst, &options)
+        .map_err(|e| resize_err(&e))?;
+    Image::new(w, h, out)
 }
 
 /// One generator seed from the run's seed, the epoch and the sample (splitmix64 steps).
@@ -189,7 +231,6 @@ fn centre_crop(image: &ImageRef<'_>, size: u32) -> CropBox {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::Image;
 
     fn gradient(width: u32, height: u32) -> Image {
         let pixels = (0..height)
@@ -295,5 +336,23 @@ mod tests {
                 actual: 10
             }
         );
+    }
+
+    #[test]
+    fn downscale_brings_the_longer_side_to_max_side_and_keeps_the_aspect() {
+        assert_eq!(downscaled_shape(400, 300, 200), (200, 150));
+        assert_eq!(downscaled_shape(300, 400, 200), (150, 200));
+        assert_eq!(downscaled_shape(100, 80, 200), (100, 80));
+        assert_eq!(downscaled_shape(1000, 1, 10), (10, 1));
+        let g = gradient(64, 48);
+        let small = downscale((&g).into(), 32).unwrap();
+        assert_eq!((small.width(), small.height()), (32, 24));
+        // A smooth gradient stays one: the left column dark in red, the right bright.
+        assert!(
+            small.pixels()[0] < 20 && small.pixels()[31 * 3] > 220,
+            "{:?}",
+            &small.pixels()[..6]
+        );
+        assert_eq!(downscale((&g).into(), 64).unwrap(), g);
     }
 }

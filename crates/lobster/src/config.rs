@@ -164,6 +164,10 @@ pub struct LoaderConfig {
     /// timed at build on the first samples (so cache decisions can differ between runs
     /// by as much as that timing; set this for decisions that repeat exactly).
     pub form_costs: Option<FormCosts>,
+    /// Lossy, off by default: decoded images the cache keeps are first brought down so that
+    /// their longer side is at most this many pixels (FFCV-style pre-resizing). Hits on them
+    /// then transform the smaller image, so their pixels differ from a miss's.
+    pub decoded_max_side: Option<u32>,
     /// Reads in flight the node's ranks share. The default, 128, is deep enough for a local
     /// NVMe device, whose small reads gain from depth to about there.
     pub io_depth_budget: usize,
@@ -209,6 +213,7 @@ impl Default for LoaderConfig {
             cache_capacity_bytes: 1 << 30,
             cache_forms: None,
             form_costs: None,
+            decoded_max_side: None,
             io_depth_budget: 128,
             decode_threads: 0,
             prefetch_iterations: 2,
@@ -322,6 +327,9 @@ impl LoaderConfig {
                     ),
                 ));
             }
+        }
+        if let Some(side) = self.decoded_max_side {
+            range("decoded_max_side", side as usize, 1, 1 << 16)?;
         }
         if let Some(c) = self.form_costs {
             c.validate()

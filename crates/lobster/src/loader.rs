@@ -191,6 +191,13 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         self
     }
 
+    /// Lossy: decoded images the cache keeps are brought down to at most `max_side` pixels a
+    /// side (see [`LoaderConfig::decoded_max_side`]).
+    pub fn decoded_max_side(mut self, max_side: u32) -> Self {
+        self.config.decoded_max_side = Some(max_side);
+        self
+    }
+
     /// The costs the two-form rule prices with (see [`LoaderConfig::form_costs`]).
     pub fn form_costs(mut self, costs: FormCosts) -> Self {
         self.config.form_costs = Some(costs);
@@ -374,13 +381,19 @@ fn decoded_tier<T>(
     let costs = config
         .form_costs
         .unwrap_or_else(|| pipeline::form_costs(dataset, &staged, config.storage_emulation));
+    let max_side = config.decoded_max_side;
     let tier = pipeline::DecodedTier {
         staged,
         choice,
-        decoded_sizes: pipeline::decoded_sizes(dataset),
+        decoded_sizes: pipeline::decoded_sizes(dataset, max_side),
         costs,
+        max_side,
     };
-    Ok((Some(tier), choice.to_string()))
+    let name = match max_side {
+        Some(side) => format!("{choice} (decoded images kept at most {side} px a side: lossy)"),
+        None => choice.to_string(),
+    };
+    Ok((Some(tier), name))
 }
 
 /// The peers' plan: every peer's cache replayed, so that each of this node's accesses knows

@@ -64,7 +64,7 @@ impl<T: Send + 'static> Metered for lobster_io::Loader<T> {
 ///        on_error="fail", max_failures=None, decode_threads=2, io_depth=128,
 ///        channels_first=False, slots=2, decode=None, rank=None, world_size=None,
 ///        local_rank=None, local_world_size=None, job_id=None, slot_bytes=None,
-///        cache_forms=None)
+///        cache_forms=None, decoded_max_side=None)
 ///
 /// One rank's batches of the image folder (or packed dataset) `data`: `len(loader)`
 /// batches an epoch, `epochs` epochs, in `DistributedSampler(shuffle=True, seed=seed)`
@@ -73,7 +73,8 @@ impl<T: Send + 'static> Metered for lobster_io::Loader<T> {
 /// `cache_forms` is what the lobster cache keeps of an image: "encoded" bytes, "decoded"
 /// pixels (a hit skips the decode; about 3 to 10 times the bytes), or "auto" (either, per
 /// image, by the cost model: the default for "train" and "eval"). The batches are the same
-/// bit for bit whatever it keeps.
+/// bit for bit whatever it keeps, unless `decoded_max_side` (lossy, off by default) brings
+/// the images the cache keeps down to that many pixels a side.
 /// `transform` is "train" (RandomResizedCrop to `image_size` and a flip, seeded by seed,
 /// epoch and sample), "eval" (resize and centre crop) or "none" (each image at its own
 /// size; with `decode`, a callable `decode(bytes) -> array` run per sample in this
@@ -115,6 +116,7 @@ struct Settings {
     cache_frac: f64,
     policy: CachePolicy,
     cache_forms: Option<lobster_io::FormChoice>,
+    decoded_max_side: Option<u32>,
     output: Output,
     drop_last: bool,
     errors: lobster_io::ErrorPolicy,
@@ -145,6 +147,7 @@ impl Settings {
             },
             cache_capacity_bytes: capacity,
             cache_forms: self.cache_forms,
+            decoded_max_side: self.decoded_max_side,
             io_depth_budget: self.io_depth,
             decode_threads: self.decode_threads,
             error_policy: self.errors,
@@ -488,7 +491,7 @@ impl Loader {
         on_error = "fail", max_failures = None, decode_threads = 2, io_depth = 128,
         channels_first = false, slots = 2, decode = None, rank = None, world_size = None,
         local_rank = None, local_world_size = None, job_id = None, slot_bytes = None,
-        cache_forms = None
+        cache_forms = None, decoded_max_side = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -517,6 +520,7 @@ impl Loader {
         job_id: Option<String>,
         slot_bytes: Option<u64>,
         cache_forms: Option<&str>,
+        decoded_max_side: Option<u32>,
     ) -> PyResult<Self> {
         if !(0.0..=1.0).contains(&cache_frac) {
             return Err(PyValueError::new_err(format!(
@@ -555,6 +559,7 @@ impl Loader {
             cache_frac,
             policy: params::cache_policy(policy)?,
             cache_forms: params::cache_forms(cache_forms)?,
+            decoded_max_side,
             output: params::output(transform, image_size, decode.is_some())?,
             drop_last,
             errors: params::error_policy(on_error, max_failures)?,
@@ -702,6 +707,7 @@ impl Loader {
         dict.set_item("hits_encoded", m.hits_encoded)?;
         dict.set_item("hits_decoded", m.hits_decoded)?;
         dict.set_item("decoded_hits_served", m.decoded_hits_served)?;
+        dict.set_item("decoded_again", m.decoded_again)?;
         dict.set_item("decode_seconds_saved", m.decode_seconds_saved)?;
         dict.set_item("peak_cached_bytes_encoded", m.peak_cached_bytes_encoded)?;
         dict.set_item("peak_cached_bytes_decoded", m.peak_cached_bytes_decoded)?;

@@ -124,6 +124,10 @@ pub struct RunArgs {
     /// decoder, encoded otherwise; policies without the reuse cache keep encoded bytes.
     #[arg(long, value_enum)]
     pub cache_forms: Option<CacheFormsArg>,
+    /// Lossy, off by default: decoded images the cache keeps are first brought down to at
+    /// most this many pixels a side, so that hits on them transform a smaller image.
+    #[arg(long)]
+    pub decoded_max_side: Option<u32>,
     /// How the pipelined policies order storage reads: `deadline` (one node-wide queue, each
     /// iteration's reads ending together for every rank) or `shares` (each rank held to the
     /// allocator's io_depth share, as the paper's per-rank I/O threads).
@@ -366,6 +370,7 @@ impl RunArgs {
             error_policy: self.error_policy()?,
             fault_injection: self.inject_faults,
             cache_forms: self.cache_forms.map(CacheFormsArg::choice),
+            decoded_max_side: self.decoded_max_side,
             ..LoaderConfig::default()
         })
     }

@@ -91,6 +91,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         backend: args.backend,
         io_order: args.io_order,
         cache_forms: args.cache_forms,
+        decoded_max_side: args.decoded_max_side,
         direct: args.direct,
         ranks_as: args.ranks_as,
         on_error: args.on_error,

@@ -41,6 +41,7 @@ pub(crate) struct RunConfig {
     pub backend: BackendArg,
     pub io_order: IoOrderArg,
     pub cache_forms: Option<CacheFormsArg>,
+    pub decoded_max_side: Option<u32>,
     pub direct: bool,
     pub ranks_as: RanksAs,
     pub on_error: OnError,

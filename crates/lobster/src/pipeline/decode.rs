@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::blocking::{blocking_read, resident_read, OnWorker};
 use super::context::Context;
 use super::decode_queue::GROUP_MAX;
-use super::forms::{decode_in_stages, finish_cached};
+use super::forms::{decode_in_stages, finish_cached, Keep};
 use super::order::{IoRequest, ToDispatcher};
 use super::slot::{Loaded, Origin, Ready, Slot, Task, WorkerRead};
 use super::state::PipelineState;
@@ -132,8 +132,9 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
             WorkerRead::No => bytes,
         };
         let keep = task.slot.as_ref().filter(|_| task.keep_decoded);
+        let stages = (keep, task.hit_decoded);
         let (mut item, mut elapsed) =
-            decode_sample(ctx, state, meta, task.epoch, bytes, keep, &mut observed);
+            decode_sample(ctx, state, meta, task.epoch, bytes, stages, &mut observed);
         if task.hit && !reread && matches!(item, Err(Error::Decode { .. })) {
             // Cached bytes the admitting access has not yet found bad (it may still be
             // decoding them): the same verdict, reached before the mark.
@@ -144,7 +145,7 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                 meta,
                 task.epoch,
                 blocking_read(ctx, state, meta, task.epoch),
-                keep,
+                stages,
                 &mut observed,
             );
             item = again.0;
@@ -265,14 +266,15 @@ fn to_dispatcher<T>(ctx: &Context<T>, state: &PipelineState<T>, mut task: Task, 
 }
 
 /// Checks a sample's length and runs the user's decode function on it; with `keep`, the
-/// decoded image goes into that slot.
+/// decoded image goes into that slot, and a planned decoded hit (`hit_decoded`) is decoded
+/// as the cache keeps images.
 fn decode_sample<T>(
     ctx: &Context<T>,
     state: &PipelineState<T>,
     meta: &SampleMeta,
     epoch: u32,
     bytes: Loaded,
-    keep: Option<&Arc<Slot>>,
+    (keep, hit_decoded): (Option<&Arc<Slot>>, bool),
     observed: &mut DecodeObservations,
 ) -> (Result<Sample<T>, Error>, Duration) {
     let started = Instant::now();
@@ -287,8 +289,13 @@ fn decode_sample<T>(
         }
         let decoded = guarded(|| match &ctx.forms {
             Some(tier) => {
-                let keep = keep.map(|slot| (&**slot, ctx.arena.as_ref()));
-                decode_in_stages(&tier.staged, &b, meta, epoch, keep, &state.forms)
+                let keep = keep.map(|slot| Keep {
+                    slot,
+                    arena: ctx.arena.as_ref(),
+                    max_side: tier.max_side,
+                });
+                let as_kept = tier.max_side.filter(|_| hit_decoded);
+                decode_in_stages(&tier.staged, &b, meta, epoch, keep, as_kept, &state.forms)
             }
             None => (ctx.decode)(&b, meta, epoch),
         });

@@ -53,26 +53,54 @@ pub(crate) struct FormCounters {
     pub(crate) decoded_again: AtomicU64,
 }
 
+/// Where a decoded image is to be kept: its slot, the cache's arena, and the longest side
+/// it is kept at (lossy; `None`: as decoded).
+pub(crate) struct Keep<'a> {
+    pub(crate) slot: &'a Slot,
+    pub(crate) arena: Option<&'a lobster_uring::Arena>,
+    pub(crate) max_side: Option<u32>,
+}
+
 /// Runs both stages on `bytes`; with `keep`, the image goes into that slot for later hits.
+/// `as_kept`: a planned hit on a decoded image that was not there (not yet made, or its
+/// decode failed) is transformed from the image as the cache would have kept it, brought
+/// down to that side, so that its pixels do not depend on timing.
 pub(crate) fn decode_in_stages<T>(
     staged: &Staged<T>,
     bytes: &[u8],
     meta: &SampleMeta,
     epoch: u32,
-    keep: Option<(&Slot, Option<&lobster_uring::Arena>)>,
+    keep: Option<Keep<'_>>,
+    as_kept: Option<u32>,
     counters: &FormCounters,
 ) -> Result<T, Cause> {
     let started = Instant::now();
-    let image = (staged.decode)(bytes, meta)?;
+    let mut image = (staged.decode)(bytes, meta)?;
     let decode = started.elapsed();
-    let out = (staged.finish)((&image).into(), meta, epoch);
-    if let (Some((slot, arena)), Ok(_)) = (keep, &out) {
-        let kept = DecodedImage::new(image, decode, arena);
-        if slot.keep_decoded(kept) {
-            counters.images_kept.fetch_add(1, Ordering::Relaxed);
+    if let Some(side) = as_kept {
+        image = lobster_image::downscale((&image).into(), side).map_err(|e| {
+            Cause::from(Box::<dyn std::error::Error + Send + Sync>::from(format!(
+                "image {:?} brought down to {side} px: {e}",
+                meta.key()
+            )))
+        })?;
+    }
+    let out = (staged.finish)((&image).into(), meta, epoch)?;
+    if let Some(k) = keep {
+        // An image the resizer refuses is not kept: its hits decode (counted as such).
+        let image = match k.max_side {
+            Some(side) => lobster_image::downscale((&image).into(), side).ok(),
+            None => Some(image),
+        };
+        if let Some(image) = image {
+            if k.slot
+                .keep_decoded(DecodedImage::new(image, decode, k.arena))
+            {
+                counters.images_kept.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
-    out
+    Ok(out)
 }
 
 /// Runs the second stage on a cached image.
@@ -95,10 +123,10 @@ const HEADER_PREFIX_BYTES: u64 = 64 << 10;
 /// Threads probing headers at build: enough to overlap a network file system's latency.
 const PROBE_THREADS: usize = 8;
 
-/// Each sample's decoded size (`width * height * 3`, from its JPEG or PNG header), or 0
-/// where the header cannot be read or parsed: that sample is then only ever kept encoded,
-/// and its read or decode fails, naming it, when it is accessed.
-pub(crate) fn decoded_sizes(dataset: &Dataset) -> Arc<[u32]> {
+/// Each sample's decoded size (`width * height * 3`, from its JPEG or PNG header, after the
+/// lossy `max_side`), or 0 where the header cannot be read or parsed: that sample is then
+/// only ever kept encoded, and its read or decode fails, naming it, when it is accessed.
+pub(crate) fn decoded_sizes(dataset: &Dataset, max_side: Option<u32>) -> Arc<[u32]> {
     let samples = dataset.samples();
     let mut sizes = vec![0u32; samples.len()];
     let chunk = samples.len().div_ceil(PROBE_THREADS).max(1);
@@ -106,7 +134,7 @@ pub(crate) fn decoded_sizes(dataset: &Dataset) -> Arc<[u32]> {
         for (metas, out) in samples.chunks(chunk).zip(sizes.chunks_mut(chunk)) {
             s.spawn(move || {
                 for (meta, size) in metas.iter().zip(out) {
-                    *size = decoded_size(meta).unwrap_or(0);
+                    *size = decoded_size(meta, max_side).unwrap_or(0);
                 }
             });
         }
@@ -114,7 +142,7 @@ pub(crate) fn decoded_sizes(dataset: &Dataset) -> Arc<[u32]> {
     sizes.into()
 }
 
-fn decoded_size(meta: &SampleMeta) -> Option<u32> {
+fn decoded_size(meta: &SampleMeta, max_side: Option<u32>) -> Option<u32> {
     let file = File::open(&meta.path).ok()?;
     let read = |len: u64| {
         let mut buf = vec![0u8; len as usize];
@@ -129,6 +157,7 @@ fn decoded_size(meta: &SampleMeta) -> Option<u32> {
             .flatten()
             .and_then(|all| lobster_image::dimensions(&all))
     })?;
+    let (w, h) = max_side.map_or((w, h), |side| lobster_image::downscaled_shape(w, h, side));
     u32::try_from(u64::from(w) * u64::from(h) * 3).ok()
 }
 

@@ -60,6 +60,7 @@ class Loader:
         job_id: Optional[str] = None,
         slot_bytes: Optional[int] = None,
         cache_forms: Optional[str] = None,
+        decoded_max_side: Optional[int] = None,
     ) -> None: ...
     def __len__(self) -> int: ...
     @property

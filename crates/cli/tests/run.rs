@@ -387,3 +387,50 @@ fn the_built_in_dataset_keeps_the_synthetic_decoder_in_both_rank_modes() {
         assert_eq!(report["results"][0]["samples"], 64 / 4, "{ranks_as}");
     }
 }
+
+#[test]
+fn cache_forms_are_reported_per_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    gen(&data, 48);
+    let args = [
+        "--decoder",
+        "jpeg",
+        "--transform",
+        "train",
+        "--image-size",
+        "8",
+        "--epochs",
+        "3",
+        "--policy",
+        "lobster,nopfs",
+        "--cache-forms",
+        "decoded",
+        "--cache-bytes",
+        "20000000",
+    ];
+    let (stdout, report) = run_ok(dir.path(), &data, &args);
+    let results = report["results"].as_array().unwrap();
+    let lobster = &results[0];
+    assert_eq!(lobster["policy"], "lobster");
+    assert_eq!(lobster["cache_forms"], "decoded");
+    assert!(lobster["hits_decoded"].as_u64().unwrap() > 0, "{lobster}");
+    assert_eq!(lobster["hits_encoded"], 0);
+    assert!(lobster["decode_seconds_saved"].as_f64().unwrap() > 0.0);
+    assert!(lobster["peak_cached_bytes_decoded"].as_u64().unwrap() <= 20_000_000);
+    assert!(lobster["form_costs"]["decode_per_byte_s"].as_f64().unwrap() > 0.0);
+    // NoPFS's static placement keeps bytes, and says why.
+    let nopfs = &results[1];
+    assert!(
+        nopfs["cache_forms"]
+            .as_str()
+            .unwrap()
+            .starts_with("encoded ("),
+        "{nopfs}"
+    );
+    assert!(
+        stdout.contains("lobster: cache forms decoded: hits 0 encoded"),
+        "{stdout}"
+    );
+    assert_eq!(report["config"]["cache_forms"], "decoded");
+}

@@ -208,8 +208,8 @@ fn decoded_images_in_the_cache_give_the_same_batches_bit_for_bit() {
                 assert_eq!(m.hits_encoded, 0);
                 // Every planned decoded hit found its image or decoded again, and said so.
                 assert_eq!(m.decoded_hits_served + m.decoded_again, m.hits_decoded);
-                assert!(m.decoded_hits_served > 0 && m.decode_seconds_saved > 0.0);
-                assert!(m.peak_cached_bytes_decoded <= capacity);
+                assert!(m.decoded_hits_served > 0 && m.decode_saved_seconds > 0.0);
+                assert!(m.peak_cached_decoded_bytes <= capacity);
             }
             if forms == FormChoice::Encoded {
                 assert_eq!(m.hits_decoded, 0);
@@ -303,8 +303,8 @@ fn a_max_side_keeps_smaller_images_and_says_it_is_lossy() {
             u64::from(w * h * 3)
         })
         .sum();
-    assert_eq!(m_small.peak_cached_bytes_decoded, kept, "{m_small:?}");
-    assert!(m_full.peak_cached_bytes_decoded > kept);
+    assert_eq!(m_small.peak_cached_decoded_bytes, kept, "{m_small:?}");
+    assert!(m_full.peak_cached_decoded_bytes > kept);
     assert!(
         m_small.cache_forms.contains("lossy"),
         "{}",

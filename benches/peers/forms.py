@@ -219,7 +219,7 @@ def main():
         m = row["auto"][1]
         print("| %d | %.0f | %.0f | %.0f | %.3f | %.2f | %d | %.1f |" % (
             pct, row["encoded"][0], row["decoded"][0], auto, auto / better,
-            auto / dali[best_dali], m["hits_decoded"], m["decode_seconds_saved"]))
+            auto / dali[best_dali], m["hits_decoded"], m["decode_saved_seconds"]))
         table.append(dict(budget_pct=pct, **{f: row[f][0] for f in FORMS},
                           auto_metrics=m))
     if a.json:

@@ -416,8 +416,8 @@ fn cache_forms_are_reported_per_policy() {
     assert_eq!(lobster["cache_forms"], "decoded");
     assert!(lobster["hits_decoded"].as_u64().unwrap() > 0, "{lobster}");
     assert_eq!(lobster["hits_encoded"], 0);
-    assert!(lobster["decode_seconds_saved"].as_f64().unwrap() > 0.0);
-    assert!(lobster["peak_cached_bytes_decoded"].as_u64().unwrap() <= 20_000_000);
+    assert!(lobster["decode_saved_seconds"].as_f64().unwrap() > 0.0);
+    assert!(lobster["peak_cached_decoded_bytes"].as_u64().unwrap() <= 20_000_000);
     assert!(lobster["form_costs"]["decode_per_byte_s"].as_f64().unwrap() > 0.0);
     // NoPFS's static placement keeps bytes, and says why.
     let nopfs = &results[1];

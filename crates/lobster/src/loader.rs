@@ -684,12 +684,12 @@ impl<T> Loader<T> {
             let f = &shared.forms;
             m.form_costs = Some(tier.costs.into());
             m.decoded_hits_served = count(&f.decoded_hits);
-            m.decode_seconds_saved = count(&f.decode_saved_ns) as f64 * 1e-9;
+            m.decode_saved_seconds = count(&f.decode_saved_ns) as f64 * 1e-9;
             m.images_kept = count(&f.images_kept);
             m.decoded_again = count(&f.decoded_again);
             if let Some(plan) = *pipeline::lock(&shared.form_plan) {
                 [m.hits_encoded, m.hits_decoded] = plan.hits;
-                [m.peak_cached_bytes_encoded, m.peak_cached_bytes_decoded] = plan.peak_bytes;
+                [m.peak_cached_encoded_bytes, m.peak_cached_decoded_bytes] = plan.peak_bytes;
             }
         }
         m

@@ -162,16 +162,16 @@ pub struct RunMetrics {
     /// Hits that found their decoded image and skipped the decode.
     pub decoded_hits_served: u64,
     /// The decode time those hits skipped, each image's own decode as timed when made.
-    pub decode_seconds_saved: f64,
+    pub decode_saved_seconds: f64,
     /// Decoded images made and put in the cache.
     pub images_kept: u64,
     /// Planned decoded hits that decoded the bytes again: the image was not made yet (its
     /// admitting access still decoding) or its decode had failed.
     pub decoded_again: u64,
     /// The most bytes the cache held in encoded form at once (by the plan).
-    pub peak_cached_bytes_encoded: u64,
+    pub peak_cached_encoded_bytes: u64,
     /// The most bytes the cache held in decoded form at once (by the plan).
-    pub peak_cached_bytes_decoded: u64,
+    pub peak_cached_decoded_bytes: u64,
 }
 
 /// [`lobster_cache::FormCosts`] as the metrics report them.
@@ -446,11 +446,11 @@ impl Collector {
             hits_encoded: self.hits,
             hits_decoded: 0,
             decoded_hits_served: 0,
-            decode_seconds_saved: 0.0,
+            decode_saved_seconds: 0.0,
             images_kept: 0,
             decoded_again: 0,
-            peak_cached_bytes_encoded: 0,
-            peak_cached_bytes_decoded: 0,
+            peak_cached_encoded_bytes: 0,
+            peak_cached_decoded_bytes: 0,
         }
     }
 }

@@ -708,9 +708,9 @@ impl Loader {
         dict.set_item("hits_decoded", m.hits_decoded)?;
         dict.set_item("decoded_hits_served", m.decoded_hits_served)?;
         dict.set_item("decoded_again", m.decoded_again)?;
-        dict.set_item("decode_seconds_saved", m.decode_seconds_saved)?;
-        dict.set_item("peak_cached_bytes_encoded", m.peak_cached_bytes_encoded)?;
-        dict.set_item("peak_cached_bytes_decoded", m.peak_cached_bytes_decoded)?;
+        dict.set_item("decode_saved_seconds", m.decode_saved_seconds)?;
+        dict.set_item("peak_cached_encoded_bytes", m.peak_cached_encoded_bytes)?;
+        dict.set_item("peak_cached_decoded_bytes", m.peak_cached_decoded_bytes)?;
         Ok(Some(dict.into_any().unbind()))
     }
 

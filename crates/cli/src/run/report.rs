@@ -197,9 +197,9 @@ pub(crate) fn print_forms(results: &[StrategyResult]) {
             m.hits_decoded,
             m.decoded_hits_served,
             m.decoded_again,
-            m.decode_seconds_saved,
-            m.peak_cached_bytes_encoded as f64 / MIB,
-            m.peak_cached_bytes_decoded as f64 / MIB,
+            m.decode_saved_seconds,
+            m.peak_cached_encoded_bytes as f64 / MIB,
+            m.peak_cached_decoded_bytes as f64 / MIB,
         );
     }
 }

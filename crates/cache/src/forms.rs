@@ -1,36 +1,6 @@
 //! Two forms in one budget: per sample the cache holds nothing, its encoded bytes, or its
 //! decoded image. A decoded image is several times larger, but a hit on it saves the decode
-//! as well as the read.
-//!
-//! The rule ([`FormPolicy`]), at the access of sample `x` at position `t` whose next use is
-//! `n`. A form `f` of `x` has a size, a saving (the seconds its hit at `n` saves, by the
-//! [`FormCosts`]) and a density, `saving / (size * (n - t))`: seconds saved per byte held per
-//! position until then.
-//! 1. If `x` is cached the access is a hit in that form; `x` leaves the cache, and the rest
-//!    decides what to keep of it until `n`.
-//! 2. With no next use nothing is kept.
-//! 3. The forms `x` may be kept in: those the [`FormChoice`] allows and the budget can hold,
-//!    decoded only where a decoded size is known, and after a decoded hit only decoded (the
-//!    encoded bytes are gone). They are tried in `x`'s preferred order (below), and the first
-//!    that fits is kept.
-//! 4. A form fits if the free bytes hold it, or if room can be made: cached samples are
-//!    evicted one at a time, the least dense of the two forms' farthest-used samples first,
-//!    and only while the one to go is less dense than `x` in `f` ("do no harm"). If those
-//!    that may go would not free enough, none goes.
-//!
-//! The preferred form is fixed per sample before the stream starts, by the budget's price of
-//! a byte: were every sample cached at once, in the form (or none) that maximises the
-//! saving minus the price of its bytes, the price at which the budget is exactly spent
-//! (each sample's choices from nothing to encoded to decoded form a concave curve of saving
-//! against bytes, and the budget takes the steepest steps first). With room for every
-//! decoded image the price is 0 and decoded is preferred; with little room, the form with
-//! the most saving per byte.
-//!
-//! With one form allowed and every sample of one size and one saving this is exactly
-//! Belady's rule with "do no harm" ([`ReusePolicy`](crate::ReusePolicy)): the least dense is
-//! the farthest used. Sizes and savings that differ make it weigh them, which Belady does not.
-//! Decisions are a pure function of the stream, the two size tables, the budget and the
-//! costs. `forms_optimum` checks the rule against an exhaustive search on small streams.
+//! as well as the read. The rule is [`FormPolicy`]'s.
 
 use std::fmt;
 use std::mem::size_of;
@@ -88,7 +58,7 @@ pub enum FormChoice {
     Encoded,
     /// Decoded images only.
     Decoded,
-    /// Either, per sample and per use, by the rule in the [module docs](self).
+    /// Either, per sample and per use, by the rule of [`FormPolicy`].
     Auto,
 }
 
@@ -186,7 +156,36 @@ pub struct FormOutcome {
     pub kept: Option<Form>,
 }
 
-/// The two-form rule of the [module docs](self).
+/// The two-form rule, at the access of sample `x` at position `t` whose next use is
+/// `n`. A form `f` of `x` has a size, a saving (the seconds its hit at `n` saves, by the
+/// [`FormCosts`]) and a density, `saving / (size * (n - t))`: seconds saved per byte held per
+/// position until then.
+/// 1. If `x` is cached the access is a hit in that form; `x` leaves the cache, and the rest
+///    decides what to keep of it until `n`.
+/// 2. With no next use nothing is kept.
+/// 3. The forms `x` may be kept in: those the [`FormChoice`] allows and the budget can hold,
+///    decoded only where a decoded size is known, and after a decoded hit only decoded (the
+///    encoded bytes are gone). They are tried in `x`'s preferred order (below), and the first
+///    that fits is kept.
+/// 4. A form fits if the free bytes hold it, or if room can be made: cached samples are
+///    evicted one at a time, the least dense of the two forms' farthest-used samples first,
+///    and only while the one to go is less dense than `x` in `f` ("do no harm"). If those
+///    that may go would not free enough, none goes.
+///
+/// The preferred form is fixed per sample before the stream starts, by the budget's price of
+/// a byte: were every sample cached at once, in the form (or none) that maximises the
+/// saving minus the price of its bytes, the price at which the budget is exactly spent
+/// (each sample's choices from nothing to encoded to decoded form a concave curve of saving
+/// against bytes, and the budget takes the steepest steps first). With room for every
+/// decoded image the price is 0 and decoded is preferred; with little room, the form with
+/// the most saving per byte.
+///
+/// With one form allowed and every sample of one size and one saving this is exactly
+/// Belady's rule with "do no harm" ([`ReusePolicy`](crate::ReusePolicy)): the least dense is
+/// the farthest used. Sizes and savings that differ make it weigh them, which Belady does not.
+/// Decisions are a pure function of the stream, the two size tables, the budget and the
+/// costs. [`forms_optimum`](crate::forms_optimum) checks the rule against an exhaustive
+/// search on small streams.
 ///
 /// Memory: 1 byte per sample, plus per form a max-heap of at most `1.25 * cached + 1024`
 /// entries of 16 bytes.
@@ -352,7 +351,7 @@ impl FormPolicy {
         self.saving_s(sample, form) / held
     }
 
-    /// Steps 3 to 5 of the rule: the form `sample` is kept in until `next_use`, if any.
+    /// Steps 3 and 4 of the rule: the form `sample` is kept in until `next_use`, if any.
     fn keep(
         &mut self,
         sample: SampleId,
@@ -387,7 +386,7 @@ impl FormPolicy {
         None
     }
 
-    /// Step 5: evicts what must go for `sample` to fit in `form` until `next_use`, or
+    /// Step 4: evicts what must go for `sample` to fit in `form` until `next_use`, or
     /// nothing and `false` if what may go would not free enough.
     fn make_room(
         &mut self,
@@ -553,7 +552,7 @@ impl<S: StreamSource> FormPlanner<S> {
 
 /// Per sample, the form tried first: the one that maximises its saving less the price of its
 /// bytes, at the price per byte at which a budget of `capacity_bytes` holding every sample at
-/// once is spent (see the module docs).
+/// once is spent (see [`FormPolicy`]).
 fn preferred_forms(
     encoded: &[u32],
     decoded: &[u32],

@@ -54,6 +54,11 @@ pub fn fingerprint(dataset: &Dataset, config: &LoaderConfig, seed: u64) -> Vec<(
         "cache",
         format!("{:?} {}", config.cache_policy, config.cache_capacity_bytes),
     ));
+    // What the cache keeps changes the pixels only when lossy, but every rank says the same.
+    v.push((
+        "cache_forms",
+        format!("{:?} {:?}", config.cache_forms, config.decoded_max_side),
+    ));
     v.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }
 

@@ -223,6 +223,114 @@ pub fn compare(case: &FormCase) -> Result<Comparison, CacheError> {
     Ok(Comparison { rule_s, optimum_s })
 }
 
+/// Decodes arbitrary bytes into a small two-form case (stream, both size tables, budget,
+/// choice, costs), runs the rule, and panics if an invariant breaks: a hit in a form other
+/// than the one the sample was kept in, a decoded hit kept encoded, a form the choice does
+/// not allow or a decoded size of 0, an eviction of a sample not cached, bytes over the
+/// budget or apart from what is cached, decisions that differ between two runs, or (where
+/// the stream is short enough) a saving above the exhaustive optimum's.
+#[cfg(any(test, fuzzing))]
+pub(crate) fn check_form_bytes(data: &[u8]) {
+    let mut it = data.iter().copied();
+    let mut byte = || it.next().unwrap_or(0);
+    let num_samples = 1 + usize::from(byte() % 8);
+    let capacity_bytes = u64::from(byte()) + u64::from(byte() % 4) * 256;
+    let choice = FormChoice::ALL[usize::from(byte() % 3)];
+    let mut cost = || f64::from(byte()) / 16.0;
+    let costs = FormCosts {
+        read_s: cost(),
+        read_per_byte_s: cost() / 64.0,
+        decode_s: cost(),
+        decode_per_byte_s: cost() / 64.0,
+    };
+    let encoded: Vec<u32> = (0..num_samples).map(|_| u32::from(byte())).collect();
+    // A decoded size of 0 says the sample has no decoded form.
+    let decoded: Vec<u32> = (0..num_samples).map(|_| u32::from(byte()) * 2).collect();
+    let mut epochs = vec![Vec::new()];
+    for b in data.iter().skip(7 + 2 * num_samples).take(64) {
+        if *b == 0xFF {
+            epochs.push(Vec::new());
+        } else {
+            epochs
+                .last_mut()
+                .expect("one epoch at least")
+                .push((usize::from(*b) % num_samples) as SampleId);
+        }
+    }
+    let run = || {
+        let policy = FormPolicy::new(
+            encoded.clone().into(),
+            decoded.clone().into(),
+            capacity_bytes,
+            choice,
+            costs,
+        )
+        .expect("tables of one length and costs that are finite");
+        let mut planner = FormPlanner::new(VecSource::new(epochs.clone()), policy);
+        let mut evicted = Vec::new();
+        let mut mirror: Vec<Option<Form>> = vec![None; num_samples];
+        let mut decisions = Vec::new();
+        while let Some(d) = planner.next(&mut evicted).expect("every sample has sizes") {
+            let o = d.outcome;
+            let s = d.sample as usize;
+            assert_eq!(o.hit, mirror[s], "at {}: the hit's form", d.position);
+            if let Some(f) = o.kept {
+                assert!(
+                    choice.allows(f),
+                    "at {}: {f} kept under {choice}",
+                    d.position
+                );
+                let size = match f {
+                    Form::Encoded => encoded[s],
+                    Form::Decoded => decoded[s],
+                };
+                assert!(
+                    f == Form::Encoded || size > 0,
+                    "at {}: no decoded size",
+                    d.position
+                );
+            }
+            if o.hit == Some(Form::Decoded) {
+                assert_ne!(o.kept, Some(Form::Encoded), "at {}", d.position);
+            }
+            for &e in &evicted {
+                if e != d.sample {
+                    assert!(
+                        mirror[e as usize].take().is_some(),
+                        "at {}: {e}",
+                        d.position
+                    );
+                } else {
+                    assert!(o.hit.is_some() && o.kept.is_none(), "at {}", d.position);
+                }
+            }
+            mirror[s] = o.kept;
+            let used: u64 = mirror
+                .iter()
+                .zip(encoded.iter().zip(&decoded))
+                .map(|(f, (&e, &dec))| match f {
+                    Some(Form::Encoded) => u64::from(e),
+                    Some(Form::Decoded) => u64::from(dec),
+                    None => 0,
+                })
+                .sum();
+            assert_eq!(used, planner.policy().used_bytes(), "at {}", d.position);
+            assert!(used <= capacity_bytes, "at {}", d.position);
+            decisions.push((d, evicted.clone()));
+        }
+        (decisions, planner.stats().saved_s)
+    };
+    let (first, saved_s) = run();
+    assert!(first == run().0, "two runs decided differently");
+    if let Ok(best) = optimal_saving_s(&epochs, &encoded, &decoded, capacity_bytes, choice, &costs)
+    {
+        assert!(
+            saved_s <= best * (1.0 + 1e-9) + 1e-9,
+            "the rule saved {saved_s} over the optimum's {best}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -445,6 +553,18 @@ mod tests {
             encoded > 0 && decoded == 0,
             "{encoded} encoded, {decoded} decoded hits"
         );
+    }
+
+    #[test]
+    fn seeded_random_bytes_keep_every_invariant() {
+        use rand::rngs::StdRng;
+        use rand::{Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(0xF0F0);
+        for _ in 0..2000 {
+            let len = rng.gen_range(0..48);
+            let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            check_form_bytes(&data);
+        }
     }
 
     #[test]

@@ -72,6 +72,14 @@ pub fn fuzz_check(data: &[u8]) {
     check::check_bytes(data);
 }
 
+/// Checker run by the two-form fuzz target: arbitrary bytes as a small stream, both size
+/// tables, a budget, a choice and costs; panics if the two-form rule breaks an invariant
+/// or saves more than the exhaustive optimum.
+#[cfg(fuzzing)]
+pub fn fuzz_check_forms(data: &[u8]) {
+    forms_optimum::check_form_bytes(data);
+}
+
 /// Checker run by the trace fuzz target: arbitrary bytes parsed as a trace never panic, and a
 /// parsed trace round-trips and replays like the reference model.
 #[cfg(fuzzing)]

@@ -360,7 +360,9 @@ fn decoded_tier<T>(
     let chosen = config.cache_forms;
     let why_not = match (&staged, chosen) {
         (_, Some(FormChoice::Encoded)) => return Ok((None, "encoded".into())),
-        (None, _) => "the decoder has no decoded form (use decode_images)",
+        (None, _) => {
+            "the decoder has no decoded form; decode_images and decode_in_two_stages give one"
+        }
         (Some(_), _) if config.cache_policy != CachePolicy::Reuse => {
             "decoded forms need the reuse policy"
         }

@@ -12,9 +12,6 @@ use crate::index::{NextUseIndex, StreamSource};
 use crate::policy::NEVER;
 use crate::{CacheError, SampleId};
 
-/// Heap entries beyond the live ones that are tolerated before compaction.
-const STALE_SLACK: usize = 1024;
-
 /// What the cache keeps of a sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Form {
@@ -378,8 +375,9 @@ impl FormPolicy {
                 self.used_by_form[form.index()] += size;
                 self.live[form.index()] += 1;
                 self.forms[sample as usize] = 1 + form.index() as u8;
-                self.heaps[form.index()].push(Entry::new(next_use, sample, size as u32));
-                self.compact_if_stale(form);
+                let heap = &mut self.heaps[form.index()];
+                heap.push(Entry::new(next_use, sample, size as u32));
+                heap.compact_if_stale(self.live[form.index()], self.position);
                 return Some(form);
             }
         }
@@ -404,11 +402,7 @@ impl FormPolicy {
             // The least dense of the two forms' farthest-used samples that may go.
             let mut victim: Option<(Form, Entry, f64)> = None;
             for g in Form::ALL {
-                let heap = &mut self.heaps[g.index()];
-                while heap.peek().is_some_and(|e| e.next_use() <= self.position) {
-                    heap.pop();
-                }
-                let Some(&top) = heap.peek() else {
+                let Some(top) = self.heaps[g.index()].live_top(self.position) else {
                     continue;
                 };
                 let d = self.density(top.sample, g, u64::from(top.size_bytes), top.next_use());
@@ -437,15 +431,6 @@ impl FormPolicy {
         self.popped = popped;
         true
     }
-
-    fn compact_if_stale(&mut self, form: Form) {
-        let (heap, live) = (&mut self.heaps[form.index()], self.live[form.index()]);
-        if heap.len() > live + live / 4 + STALE_SLACK {
-            let position = self.position;
-            heap.retain(|e| e.next_use() > position);
-            debug_assert_eq!(heap.len(), live);
-        }
-    }
 }
 
 /// One decision of a [`FormPlanner`], for the access at `position`.
@@ -468,8 +453,8 @@ pub struct FormStats {
     pub accesses: u64,
     /// Hits, per form ([`Form::ALL`]'s order).
     pub hits: [u64; 2],
-    /// Bytes of the hits' encoded samples, per form.
-    pub hit_encoded_bytes: [u64; 2],
+    /// The most bytes held in each form at once.
+    pub peak_bytes: [u64; 2],
     /// Seconds the hits saved, by the costs the rule priced them with.
     pub saved_s: f64,
 }
@@ -513,8 +498,10 @@ impl<S: StreamSource> FormPlanner<S> {
         self.stats.accesses += 1;
         if let Some(f) = outcome.hit {
             self.stats.hits[f.index()] += 1;
-            self.stats.hit_encoded_bytes[f.index()] += self.policy.size(a.sample, Form::Encoded);
             self.stats.saved_s += self.policy.saving_s(a.sample, f);
+        }
+        for (peak, form) in self.stats.peak_bytes.iter_mut().zip(Form::ALL) {
+            *peak = (*peak).max(self.policy.used_bytes_in(form));
         }
         Ok(Some(FormDecision {
             position: a.position,

@@ -2,6 +2,9 @@
 
 use crate::SampleId;
 
+/// Heap entries beyond the live ones that are tolerated before compaction.
+const STALE_SLACK: usize = 1024;
+
 /// Heap entry, 16 bytes: the next use split in halves keeps the alignment at 4.
 /// Ordered by next use (fields compare in order; next uses are unique among live entries).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -46,6 +49,24 @@ impl QuadHeap {
 
     pub(crate) fn peek(&self) -> Option<&Entry> {
         self.v.first()
+    }
+
+    /// The top once the stale entries above it are dropped: an entry is stale once its next
+    /// use is at or before `position` (its sample was accessed there).
+    pub(crate) fn live_top(&mut self, position: u64) -> Option<Entry> {
+        while self.peek().is_some_and(|e| e.next_use() <= position) {
+            self.pop();
+        }
+        self.peek().copied()
+    }
+
+    /// Drops every stale entry once there are more than a quarter of `live` plus a slack of
+    /// them, so the heap stays within `1.25 * live + 1024` entries.
+    pub(crate) fn compact_if_stale(&mut self, live: usize, position: u64) {
+        if self.len() > live + live / 4 + STALE_SLACK {
+            self.retain(|e| e.next_use() > position);
+            debug_assert_eq!(self.len(), live);
+        }
     }
 
     pub(crate) fn push(&mut self, e: Entry) {

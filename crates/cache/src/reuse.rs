@@ -7,9 +7,6 @@ use crate::heap::{Entry, QuadHeap};
 use crate::policy::{Outcome, Policy, PolicyKind, NEVER};
 use crate::SampleId;
 
-/// Heap entries beyond the live ones that are tolerated before compaction.
-const STALE_SLACK: usize = 1024;
-
 /// Evicts the cached sample used farthest in the future and admits a missed sample only if
 /// that pushes out nothing needed sooner than it.
 ///
@@ -79,19 +76,7 @@ impl ReusePolicy {
         self.set_cached(sample, true);
         let size_bytes = self.sizes[sample as usize];
         self.heap.push(Entry::new(next_use, sample, size_bytes));
-        self.compact_if_stale();
-    }
-
-    fn compact_if_stale(&mut self) {
-        if self.heap.len() > self.live + self.live / 4 + STALE_SLACK {
-            let position = self.position;
-            self.heap.retain(|e| e.next_use() > position);
-            debug_assert_eq!(self.heap.len(), self.live);
-        }
-    }
-
-    fn is_live(&self, e: &Entry) -> bool {
-        e.next_use() > self.position
+        self.heap.compact_if_stale(self.live, self.position);
     }
 }
 
@@ -129,13 +114,7 @@ impl Policy for ReusePolicy {
         }
         if self.used_bytes + size > self.capacity_bytes {
             let need = self.used_bytes + size - self.capacity_bytes;
-            while let Some(top) = self.heap.peek() {
-                if self.is_live(top) {
-                    break;
-                }
-                self.heap.pop();
-            }
-            let Some(&top) = self.heap.peek() else {
+            let Some(top) = self.heap.live_top(self.position) else {
                 return miss;
             };
             if top.next_use() <= next_use {
@@ -164,13 +143,9 @@ impl Policy for ReusePolicy {
             let mut freed = 0u64;
             self.popped.clear();
             while freed < need {
-                let Some(top) = self.heap.peek().copied() else {
+                let Some(top) = self.heap.live_top(self.position) else {
                     break;
                 };
-                if !self.is_live(&top) {
-                    self.heap.pop();
-                    continue;
-                }
                 if top.next_use() <= next_use {
                     break;
                 }

@@ -125,12 +125,7 @@ impl LoaderBuilder<Pixels> {
     /// decoded images ([`LoaderBuilder::cache_forms`]; auto by default): a hit on one runs
     /// only the transform, and the pixels are the same either way.
     pub fn decode_images(self, transform: Transform) -> Self {
-        self.decode_seeded(move |seed| {
-            Arc::new(move |bytes: &[u8], meta: &SampleMeta, epoch: u32| {
-                decode_pixels(transform, seed, epoch, bytes, meta).map_err(|e| image_cause(meta, e))
-            })
-        })
-        .staged_seeded(move |seed| Staged {
+        self.decode_staged_seeded(move |seed| Staged {
             decode: Arc::new(|bytes: &[u8], meta: &SampleMeta| {
                 lobster_image::decode(bytes).map_err(|e| image_cause(meta, e))
             }),

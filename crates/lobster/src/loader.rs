@@ -20,18 +20,15 @@ pub struct LoaderBuilder<T> {
     dataset: Arc<Dataset>,
     config: LoaderConfig,
     order: EpochOrder,
-    decode: Option<MakeDecode<T>>,
+    decode: Option<DecodeFn<T>>,
     /// The decoder in two stages, where it has them (images): what a decoded tier needs.
     staged: Option<MakeStaged<T>>,
     peers: Option<Arc<dyn lobster_net::Transport>>,
 }
 
-/// Makes the two-stage decoder once the run's seed is known.
-pub(crate) type MakeStaged<T> = Box<dyn FnOnce(u64) -> pipeline::Staged<T> + Send>;
-
-/// Makes the decode function once the run's seed is known (at `build`), so that a decoder
+/// Makes the two-stage decoder once the run's seed is known (at `build`), so that a decoder
 /// seeding augmentation need not be given the seed twice.
-pub(crate) type MakeDecode<T> = Box<dyn FnOnce(u64) -> DecodeFn<T> + Send>;
+pub(crate) type MakeStaged<T> = Box<dyn FnOnce(u64) -> pipeline::Staged<T> + Send>;
 
 impl<T> std::fmt::Debug for LoaderBuilder<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -181,7 +178,8 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         let decode: DecodeFn<T> = Arc::new(move |bytes: &[u8], meta: &SampleMeta, epoch: u32| {
             decode(bytes, meta, epoch).map_err(|e| Cause::from(e.into()))
         });
-        self.decode = Some(Box::new(move |_seed| decode));
+        self.decode = Some(decode);
+        self.staged = None;
         self
     }
 
@@ -228,32 +226,17 @@ impl<T: Send + 'static> LoaderBuilder<T> {
                 },
             ),
         };
-        let both = staged.clone();
-        self.decode_seeded(move |_| {
-            Arc::new(move |bytes: &[u8], meta: &SampleMeta, epoch: u32| {
-                let image = (both.decode)(bytes, meta)?;
-                (both.finish)((&image).into(), meta, epoch)
-            })
-        })
-        .staged_seeded(move |_| staged)
+        self.decode_staged_seeded(move |_| staged)
     }
 
-    /// The decoder in two stages (an image decoder and the transform after it), made from
-    /// the run's seed; the plain decode function must be both stages run in turn.
-    pub(crate) fn staged_seeded(
+    /// Decodes in two stages (an image decoder and the transform after it) made from the
+    /// run's seed; without a decoded tier the two run in turn.
+    pub(crate) fn decode_staged_seeded(
         mut self,
         make: impl FnOnce(u64) -> pipeline::Staged<T> + Send + 'static,
     ) -> Self {
         self.staged = Some(Box::new(make));
-        self
-    }
-
-    /// Sets the decode function made from the run's seed when the loader is built.
-    pub(crate) fn decode_seeded(
-        mut self,
-        make: impl FnOnce(u64) -> DecodeFn<T> + Send + 'static,
-    ) -> Self {
-        self.decode = Some(Box::new(make));
+        self.decode = None;
         self
     }
 
@@ -266,11 +249,18 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             EpochOrder::Shuffle { seed } => seed,
             EpochOrder::Sequential | EpochOrder::Explicit(_) => 0,
         };
-        let decode = self
-            .decode
-            .ok_or_else(|| Error::invalid("decode", "none", "a decode function"))?(
-            seed
-        );
+        let staged = self.staged.map(|make| make(seed));
+        let decode: DecodeFn<T> = match (self.decode, &staged) {
+            (Some(decode), _) => decode,
+            (None, Some(stages)) => {
+                let stages = stages.clone();
+                Arc::new(move |bytes: &[u8], meta: &SampleMeta, epoch: u32| {
+                    let image = (stages.decode)(bytes, meta)?;
+                    (stages.finish)((&image).into(), meta, epoch)
+                })
+            }
+            (None, None) => return Err(Error::invalid("decode", "none", "a decode function")),
+        };
         let sampler =
             DistributedSampler::new(dataset.len(), config.world(), config.drop_last, self.order)?;
         if let Some(n) = sampler.explicit_epochs() {
@@ -304,12 +294,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             Some(_) => Some(cache_sizes(&dataset)?),
             None => None,
         };
-        let (forms, cache_forms) = decoded_tier(
-            &config,
-            &dataset,
-            self.staged.map(|make| make(seed)),
-            self.peers.is_some(),
-        )?;
+        let (forms, cache_forms) = decoded_tier(&config, &dataset, staged, self.peers.is_some())?;
         let peers = match self.peers {
             Some(transport) => Some(peers(&config, sizes.as_ref(), &layout, transport)?),
             None => None,
@@ -358,26 +343,27 @@ fn decoded_tier<T>(
         return Ok((None, "none".into()));
     }
     let chosen = config.cache_forms;
-    let why_not = match (&staged, chosen) {
-        (_, Some(FormChoice::Encoded)) => return Ok((None, "encoded".into())),
-        (None, _) => {
-            "the decoder has no decoded form; decode_images and decode_in_two_stages give one"
+    let staged = match staged {
+        _ if chosen == Some(FormChoice::Encoded) => return Ok((None, "encoded".into())),
+        None => {
+            Err("the decoder has no decoded form; decode_images and decode_in_two_stages give one")
         }
-        (Some(_), _) if config.cache_policy != CachePolicy::Reuse => {
-            "decoded forms need the reuse policy"
+        Some(_) if config.cache_policy != CachePolicy::Reuse => {
+            Err("decoded forms need the reuse policy")
         }
-        (Some(_), _) if has_peers => "peer nodes serve encoded bytes",
-        (Some(_), _) => "",
+        Some(_) if has_peers => Err("peer nodes serve encoded bytes"),
+        Some(staged) => Ok(staged),
     };
-    let Some(staged) = staged.filter(|_| why_not.is_empty()) else {
-        return match chosen {
-            Some(forms) => Err(Error::invalid(
+    let staged = match (staged, chosen) {
+        (Ok(staged), _) => staged,
+        (Err(why), Some(forms)) => {
+            return Err(Error::invalid(
                 "cache_forms",
                 forms,
-                format!("encoded: {why_not}"),
-            )),
-            None => Ok((None, format!("encoded ({why_not})"))),
-        };
+                format!("encoded: {why}"),
+            ))
+        }
+        (Err(why), None) => return Ok((None, format!("encoded ({why})"))),
     };
     let choice = chosen.unwrap_or(FormChoice::Auto);
     let costs = config

@@ -43,23 +43,17 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
             // A hit on a decoded image runs the second stage only.
             if let Some(image) = task.slot.as_ref().and_then(|s| s.decoded()) {
                 let started = Instant::now();
-                let item =
-                    guarded(|| finish_cached(&tier.staged, &image, meta, task.epoch, &state.forms))
-                        .map(|value| Sample {
-                            id: meta.id,
-                            label: meta.label,
-                            value,
-                        })
-                        .map_err(|cause| Error::Decode {
-                            sample: meta.id,
-                            path: meta.path.to_path_buf(),
-                            cause,
-                        });
-                if group.len() == 0 {
-                    observed.flush_read_path(state);
-                }
-                state.ranks[task.rank].deliver(&task, item, started.elapsed(), None);
-                state.delivered();
+                let item = decode_step(meta, || {
+                    finish_cached(&tier.staged, &image, meta, task.epoch, &state.forms)
+                });
+                let last = group.len() == 0;
+                hand_over(
+                    state,
+                    &task,
+                    (item, started.elapsed(), None),
+                    last,
+                    &mut observed,
+                );
                 continue;
             }
             state.forms.decoded_again.fetch_add(1, Ordering::Relaxed);
@@ -157,13 +151,27 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                 slot.spoil(e.clone());
             }
         }
-        if group.len() == 0 {
-            observed.flush_read_path(state);
-        }
-        state.ranks[task.rank].deliver(&task, item, elapsed, reread.then_some(meta.size_bytes));
-        state.delivered();
+        let reread = reread.then_some(meta.size_bytes);
+        let last = group.len() == 0;
+        hand_over(state, &task, (item, elapsed, reread), last, &mut observed);
     }
     observed.flush(state);
+}
+
+/// Delivers a task's sample to its rank (`reread`: the bytes of a planned hit that read
+/// storage after all); the read-path counts go out before the last of a worker's group.
+fn hand_over<T>(
+    state: &PipelineState<T>,
+    task: &Task,
+    (item, elapsed, reread): (Result<Sample<T>, Error>, Duration, Option<u64>),
+    last_of_group: bool,
+    observed: &mut DecodeObservations,
+) {
+    if last_of_group {
+        observed.flush_read_path(state);
+    }
+    state.ranks[task.rank].deliver(task, item, elapsed, reread);
+    state.delivered();
 }
 
 /// Decodes a worker observed and has not yet given the cost model: one lock per batch of
@@ -287,7 +295,7 @@ fn decode_sample<T>(
                 actual_bytes: b.len() as u64,
             });
         }
-        let decoded = guarded(|| match &ctx.forms {
+        decode_step(meta, || match &ctx.forms {
             Some(tier) => {
                 let keep = keep.map(|slot| Keep {
                     slot,
@@ -298,16 +306,6 @@ fn decode_sample<T>(
                 decode_in_stages(&tier.staged, &b, meta, epoch, keep, as_kept, &state.forms)
             }
             None => (ctx.decode)(&b, meta, epoch),
-        });
-        let value = decoded.map_err(|cause| Error::Decode {
-            sample: meta.id,
-            path: meta.path.to_path_buf(),
-            cause,
-        })?;
-        Ok(Sample {
-            id: meta.id,
-            label: meta.label,
-            value,
         })
     });
     let elapsed = started.elapsed();
@@ -317,13 +315,27 @@ fn decode_sample<T>(
     (item, elapsed)
 }
 
-/// Runs a decode step; one that panics fails its sample, not the worker: the batch must
-/// still come.
-fn guarded<T>(step: impl FnOnce() -> Result<T, Cause>) -> Result<T, Cause> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)).unwrap_or_else(|panic| {
-        Err(Cause::from(
-            Box::<dyn std::error::Error + Send + Sync>::from(panic_message(&panic)),
-        ))
+/// Runs a decode step to the sample it makes, or the decode error naming it. A step that
+/// panics fails its sample, not the worker: the batch must still come.
+fn decode_step<T>(
+    meta: &SampleMeta,
+    step: impl FnOnce() -> Result<T, Cause>,
+) -> Result<Sample<T>, Error> {
+    let value = std::panic::catch_unwind(std::panic::AssertUnwindSafe(step))
+        .unwrap_or_else(|panic| {
+            Err(Cause::from(
+                Box::<dyn std::error::Error + Send + Sync>::from(panic_message(&panic)),
+            ))
+        })
+        .map_err(|cause| Error::Decode {
+            sample: meta.id,
+            path: meta.path.to_path_buf(),
+            cause,
+        })?;
+    Ok(Sample {
+        id: meta.id,
+        label: meta.label,
+        value,
     })
 }
 

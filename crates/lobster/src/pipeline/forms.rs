@@ -142,18 +142,21 @@ pub(crate) fn decoded_sizes(dataset: &Dataset, max_side: Option<u32>) -> Arc<[u3
     sizes.into()
 }
 
+/// The first `len` bytes of a sample, or `None` if they cannot be read (its access will
+/// say why, naming it).
+fn read_start(meta: &SampleMeta, len: u64) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; len as usize];
+    File::open(&meta.path)
+        .and_then(|f| f.read_exact_at(&mut buf, meta.offset))
+        .ok()?;
+    Some(buf)
+}
+
 fn decoded_size(meta: &SampleMeta, max_side: Option<u32>) -> Option<u32> {
-    let file = File::open(&meta.path).ok()?;
-    let read = |len: u64| {
-        let mut buf = vec![0u8; len as usize];
-        let n = file.read_at(&mut buf, meta.offset).ok()?;
-        buf.truncate(n);
-        Some(buf)
-    };
-    let prefix = read(meta.size_bytes.min(HEADER_PREFIX_BYTES))?;
+    let prefix = read_start(meta, meta.size_bytes.min(HEADER_PREFIX_BYTES))?;
     let (w, h) = lobster_image::dimensions(&prefix).or_else(|| {
         (meta.size_bytes > HEADER_PREFIX_BYTES)
-            .then(|| read(meta.size_bytes))
+            .then(|| read_start(meta, meta.size_bytes))
             .flatten()
             .and_then(|all| lobster_image::dimensions(&all))
     })?;
@@ -182,13 +185,9 @@ pub(crate) fn form_costs<T>(
     };
     let (mut bytes, mut elapsed, mut decoded) = (0u64, Duration::ZERO, 0);
     for meta in dataset.samples().iter().take(4 * CALIBRATION_SAMPLES) {
-        let Ok(file) = File::open(&meta.path) else {
+        let Some(buf) = read_start(meta, meta.size_bytes) else {
             continue;
         };
-        let mut buf = vec![0u8; meta.size_bytes as usize];
-        if file.read_exact_at(&mut buf, meta.offset).is_err() {
-            continue;
-        }
         let started = Instant::now();
         if (staged.decode)(&buf, meta).is_ok() {
             elapsed += started.elapsed();

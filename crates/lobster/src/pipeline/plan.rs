@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use lobster_cache::{Form, FormPlanner, FormPolicy, Planner, Store};
+use lobster_cache::{Form, FormPlanner, FormPolicy, FormStats, Planner, Store};
 use lobster_sched::{AllocConfig, Allocator, Budgets};
 
 use super::allocate::{allocate, spread, AccessLoad};
@@ -18,7 +18,7 @@ use super::read_path::ResidentGate;
 use super::remote;
 use super::reorder::PendingBatch;
 use super::slot::{Ready, Slot, Task, WorkerRead};
-use super::state::{FormPlanTotals, PipelineState};
+use super::state::PipelineState;
 use super::sync::lock;
 use crate::config::{Execution, IoOrder, Schedule};
 use crate::error::Error;
@@ -61,10 +61,7 @@ impl Decided {
 /// The policy deciding the cache: one form (encoded bytes), or two (with a decoded tier).
 enum Decider {
     Encoded(Box<Planner<super::layout::Layout>>),
-    Forms {
-        planner: Box<FormPlanner<super::layout::Layout>>,
-        totals: FormPlanTotals,
-    },
+    Forms(Box<FormPlanner<super::layout::Layout>>),
 }
 
 /// The cache decisions and what the cache holds: the slot of every sample the policy keeps.
@@ -93,10 +90,7 @@ impl Cache {
                     tier.costs,
                 )
                 .map_err(engine)?;
-                Decider::Forms {
-                    planner: Box::new(FormPlanner::new(ctx.layout.clone(), policy)),
-                    totals: FormPlanTotals::default(),
-                }
+                Decider::Forms(Box::new(FormPlanner::new(ctx.layout.clone(), policy)))
             }
             None => Decider::Encoded(Box::new(
                 Planner::new(
@@ -122,7 +116,8 @@ impl Cache {
         let stopped = || Error::Stopped {
             reason: "cache planner ended early".into(),
         };
-        // (hit, the form kept before, the form kept after, its size, the stream position)
+        // (the form hit, the form the access stores the sample in (none for a hit that stays
+        // as it was), that form's size, the position, the sample)
         let (hit_form, kept, kept_bytes, position, decided) = match &mut self.decider {
             Decider::Encoded(planner) => {
                 let d = planner
@@ -130,30 +125,23 @@ impl Cache {
                     .map_err(engine)?
                     .ok_or_else(stopped)?;
                 let form = |b: bool| b.then_some(Form::Encoded);
-                // A hit that stays cached keeps its form; one that goes is among the evicted.
-                let kept = form(d.admitted || (d.hit && !self.evicted.contains(&d.sample)));
+                // One form: a hit that stays keeps its place in the store (one that goes is
+                // among the evicted), so only an admission is stored.
                 (
                     form(d.hit),
-                    kept,
+                    form(d.admitted),
                     u64::from(d.size_bytes),
                     d.position,
                     d.sample,
                 )
             }
-            Decider::Forms { planner, totals } => {
+            Decider::Forms(planner) => {
                 let d = planner
                     .next(&mut self.evicted)
                     .map_err(engine)?
                     .ok_or_else(stopped)?;
                 let o = d.outcome;
-                let policy = planner.policy();
-                for form in Form::ALL {
-                    let i = usize::from(form == Form::Decoded);
-                    totals.peak_bytes[i] = totals.peak_bytes[i].max(policy.used_bytes_in(form));
-                }
-                totals.peak_total_bytes = totals.peak_total_bytes.max(policy.used_bytes());
-                totals.hits = planner.stats().hits;
-                let bytes = o.kept.map_or(0, |f| policy.size(d.sample, f));
+                let bytes = o.kept.map_or(0, |f| planner.policy().size(d.sample, f));
                 (o.hit, o.kept, bytes, d.position, d.sample)
             }
         };
@@ -195,9 +183,9 @@ impl Cache {
     }
 
     /// The two-form decisions' totals (with a decoded tier).
-    fn form_totals(&self) -> Option<FormPlanTotals> {
+    fn form_stats(&self) -> Option<FormStats> {
         match &self.decider {
-            Decider::Forms { totals, .. } => Some(*totals),
+            Decider::Forms(planner) => Some(planner.stats()),
             Decider::Encoded(_) => None,
         }
     }
@@ -387,8 +375,8 @@ pub(crate) fn planner<T: Send + 'static>(
             first = last;
         }
     }
-    if let Some(totals) = cache.as_ref().and_then(Cache::form_totals) {
-        *lock(&state.form_plan) = Some(totals);
+    if let Some(stats) = cache.as_ref().and_then(Cache::form_stats) {
+        *lock(&state.form_plan) = Some(stats);
     }
     for r in &state.ranks {
         r.planned_all();

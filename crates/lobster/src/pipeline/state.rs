@@ -47,18 +47,7 @@ pub(crate) struct PipelineState<T> {
     /// What the decoded tier did.
     pub(crate) forms: FormCounters,
     /// The planner's form decisions, once it is done (with a decoded tier).
-    pub(crate) form_plan: Mutex<Option<FormPlanTotals>>,
-}
-
-/// The planner's two-form decisions over the whole run.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct FormPlanTotals {
-    /// Hits planned per form (`Form::ALL`'s order).
-    pub(crate) hits: [u64; 2],
-    /// The most bytes held in each form at once.
-    pub(crate) peak_bytes: [u64; 2],
-    /// The most bytes held at once, both forms together.
-    pub(crate) peak_total_bytes: u64,
+    pub(crate) form_plan: Mutex<Option<lobster_cache::FormStats>>,
 }
 
 impl<T> std::fmt::Debug for PipelineState<T> {

@@ -263,13 +263,9 @@ fn soak(args: &SoakArgs, strategy: Strategy, dataset: &Arc<Dataset>) -> Result<S
     let after_epoch2 = rss_bytes_per_epoch[1] as f64;
     let later_max = rss_bytes_per_epoch[1..].iter().copied().max().unwrap_or(0) as f64;
     let samples_planned = (per_rank * args.ranks_per_node) as u64 * u64::from(args.epochs);
-    let RankTotals { delivered, skipped } =
-        totals
-            .iter()
-            .fold(RankTotals::default(), |a, t| RankTotals {
-                delivered: a.delivered + t.delivered,
-                skipped: a.skipped + t.skipped,
-            });
+    let (delivered, skipped) = totals.iter().fold((0, 0), |(d, s), t: &RankTotals| {
+        (d + t.delivered, s + t.skipped)
+    });
     if (delivered, skipped) != (metrics.samples, metrics.skipped) {
         bail!(
             "the ranks counted {delivered} delivered and {skipped} skipped, the metrics {} and {}",

@@ -203,6 +203,7 @@ fn run_strategy(
             prefetch_window_bytes,
             cache_capacity_bytes,
             cpu_seconds: process::cpu_seconds() - cpu_before + node.ranks_cpu_seconds,
+            batches_crc32: None,
         };
         return Ok((metrics, measured));
     }
@@ -215,7 +216,7 @@ fn run_strategy(
         // Every node's loader is built (its peers' plans replayed) before any trains.
         c.barrier()?;
     }
-    train(
+    let totals = train(
         handles,
         compute,
         strategy.name(),
@@ -236,8 +237,18 @@ fn run_strategy(
         prefetch_window_bytes,
         cache_capacity_bytes,
         cpu_seconds: process::cpu_seconds() - cpu_before,
+        batches_crc32: Some(batches_crc32(&totals)),
     };
     Ok((metrics, measured))
+}
+
+/// One CRC for a node's batches: the ranks' CRCs in rank order.
+fn batches_crc32(totals: &[RankTotals]) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    for t in totals {
+        crc.update(&t.crc32.to_le_bytes());
+    }
+    crc.finalize()
 }
 
 fn progress_bar(quiet: bool, strategy: Strategy, total: u64) -> ProgressBar {
@@ -356,6 +367,39 @@ mod tests {
     }
 
     #[test]
+    fn every_strategy_delivers_the_same_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let all = "pytorch,nopfs,lobster-cache-only,lobster-alloc-only,lobster";
+        let crcs = |extra: &[&str]| -> Vec<serde_json::Value> {
+            let mut with = vec!["--policy", all];
+            with.extend_from_slice(extra);
+            let (args, json) = small_run(dir.path(), &with);
+            run(&args).unwrap();
+            let report: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+            report["results"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["batches_crc32"].clone())
+                .collect()
+        };
+        let raw = crcs(&["--decoder", "raw"]);
+        assert_eq!(raw.len(), 5);
+        assert!(raw.iter().all(|c| c.is_u64() && *c == raw[0]), "{raw:?}");
+        // The synthetic decoder's value is its bytes' digest, whatever time it spins.
+        let synthetic = crcs(&["--decoder", "synthetic", "--decode-us-per-kb", "1"]);
+        assert!(
+            synthetic.iter().all(|c| *c == synthetic[0]),
+            "{synthetic:?}"
+        );
+        assert_ne!(raw[0], synthetic[0]);
+        // Another seed delivers other batches.
+        let seed = crcs(&["--decoder", "raw", "--seed", "9"]);
+        assert_ne!(raw[0], seed[0]);
+    }
+
+    #[test]
     fn fail_stops_the_run_naming_the_sample() {
         let dir = tempfile::tempdir().unwrap();
         let (args, _) = small_run(
@@ -394,9 +438,16 @@ mod tests {
             let report: serde_json::Value =
                 serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
             assert_eq!(report["config"]["transform"], transform);
-            for r in report["results"].as_array().unwrap() {
+            let results = report["results"].as_array().unwrap();
+            for r in results {
                 assert_eq!(r["samples"], 48 * 3, "{transform}");
             }
+            // The cache (decoded images kept by lobster) changes no pixel of any batch.
+            assert!(results[0]["batches_crc32"].is_u64(), "{transform}");
+            assert_eq!(
+                results[0]["batches_crc32"], results[1]["batches_crc32"],
+                "{transform}"
+            );
         }
         let e = parse(&["--transform", "train", "--decoder", "raw"])
             .unwrap()

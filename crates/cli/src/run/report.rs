@@ -64,6 +64,8 @@ pub(crate) struct Measured {
     /// CPU seconds (user + system) of the whole process while the strategy ran, from
     /// building its loader to dropping it.
     pub cpu_seconds: f64,
+    /// The CRC of every batch delivered (ranks as threads; see [`super::RankTotals`]).
+    pub batches_crc32: Option<u32>,
 }
 
 /// One strategy's figures, an entry of the JSON's `results`.
@@ -83,6 +85,9 @@ pub(crate) struct StrategyResult {
     pub cache_capacity_bytes: u64,
     pub prefetch_window_bytes: u64,
     pub backend: String,
+    /// What the ranks were delivered, as one CRC-32 (ranks as threads): runs that deliver
+    /// the same batches have the same.
+    pub batches_crc32: Option<u32>,
     /// Median predicted imbalance of the equal split and of lobster-sched's allocation over
     /// the run's windows (allocating strategies only): the model's view of per-rank shares,
     /// which the reads follow under `--io-order shares` only.
@@ -102,6 +107,7 @@ impl StrategyResult {
             cache_capacity_bytes: measured.cache_capacity_bytes,
             prefetch_window_bytes: measured.prefetch_window_bytes,
             backend: measured.backend,
+            batches_crc32: measured.batches_crc32,
             predicted_imbalance_equal_split_p50: predicted(|a| a.predicted_imbalance_equal),
             predicted_imbalance_allocated_p50: predicted(|a| a.predicted_imbalance),
             metrics,

@@ -15,6 +15,22 @@ pub(crate) struct RankTotals {
     pub delivered: u64,
     /// Samples left out of its batches by the skip policy.
     pub skipped: u64,
+    /// CRC-32 of its batches in delivery order: each sample's id, label and decoded bytes,
+    /// then the ids skipped. Equal across runs, strategies and I/O paths that deliver the
+    /// same batches.
+    pub crc32: u32,
+}
+
+/// A rank's running CRC of what it was delivered.
+fn digest_batch<T: AsRef<[u8]>>(crc: &mut crc32fast::Hasher, batch: &lobster_io::Batch<T>) {
+    for s in &batch.samples {
+        crc.update(&s.id.to_le_bytes());
+        crc.update(&s.label.to_le_bytes());
+        crc.update(s.value.as_ref());
+    }
+    for s in &batch.skipped {
+        crc.update(&s.to_le_bytes());
+    }
 }
 
 /// Runs every rank handle to its end on its own thread: per batch `consume` (with the rank's
@@ -26,7 +42,7 @@ pub(crate) struct RankTotals {
 /// stops the run: that step's barrier is still met by every rank, then all stop, and the
 /// error names `label` and the rank; a failed job barrier stops every rank with its error.
 /// Returns the ranks' totals in the handles' order.
-pub(crate) fn train<T: Send, C: Default>(
+pub(crate) fn train<T: Send + AsRef<[u8]>, C: Default>(
     handles: Vec<RankHandle<T>>,
     compute: Duration,
     label: &str,
@@ -50,11 +66,13 @@ pub(crate) fn train<T: Send, C: Default>(
                     let rank = handle.rank();
                     let mut totals = RankTotals::default();
                     let mut state = C::default();
+                    let mut crc = crc32fast::Hasher::new();
                     for (step, batch) in handle.enumerate() {
                         match &batch {
                             Ok(batch) => {
                                 totals.delivered += batch.samples.len() as u64;
                                 totals.skipped += batch.skipped.len() as u64;
+                                digest_batch(&mut crc, batch);
                                 consume(batch, &mut state);
                                 std::hint::black_box(batch);
                                 if !compute.is_zero() {
@@ -84,6 +102,7 @@ pub(crate) fn train<T: Send, C: Default>(
                             break;
                         }
                     }
+                    totals.crc32 = crc.finalize();
                     Ok(totals)
                 })
             })

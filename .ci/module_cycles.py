@@ -2,57 +2,470 @@
 """Fails if files of a crate import each other, directly or around a loop.
 
 Usage: .ci/module_cycles.py CRATE_SRC_DIR...
-A file's imports are the `crate::` and `super::` paths in its code, outside comments and its
-test module.
+
+Each `.rs` file is a module: `src/a/b.rs` and `src/a/b/mod.rs` are `a::b`; `lib.rs` and
+`main.rs` are the root "". The root is left out of the cycles: it is the crate's facade (its
+re-exports resolve to the modules below), and the home of crate-wide items such as a
+`pub type SampleId` that every module names, so with it nearly every module would loop.
+
+A file's imports are the paths in its code (`use` trees, and paths in expressions and types
+such as `child::f()`), outside comments, string and char literals, and anything under
+`#[cfg(test)]` (its `mod tests` block, and any file declared `#[cfg(test)] mod x;`). A path
+counts when it starts with `crate::`, `super::` (repeatable), `self::`, or a name in the
+module's scope: a child module (`mod child;`, inline `mod child { .. }`), a module-level
+`use` import, or an item the module defines. A path starting with anything else (an extern
+crate, std, a generic parameter) is not the crate's, so names no module.
+
+Paths resolve through re-exports: `crate::pipeline::Layout`, where `pipeline/mod.rs` has
+`pub(crate) use layout::Layout;`, names `pipeline::layout`, the file that defines `Layout`,
+not `pipeline` (chains of `use` are followed, private ones too since a child may name its
+parent's private imports). A glob `use x::*` resolves a name through `x` when `x` has it, and
+to `x` itself when nothing finds it. A name that resolves to nothing (an item the parser
+missed, or one a macro makes) names the module the path reached; a `use` of an extern crate's
+name names nothing. So a module's own use of its children is an edge `m -> m::child`, a
+child's `super::Name` is an edge to the sibling the parent re-exports `Name` from, and only a
+reference to an item defined in the parent's file is an edge to the parent.
+
+Prints `ROOT: import cycle: a -> b -> a` for each cycle found; exits 1 if any, 0 otherwise.
 """
 import os
-import re
 import sys
 
-PATH = re.compile(r"\b(crate|super)::([a-z_0-9]+)(?:::([a-z_0-9]+))?")
+# A cfg(test) attribute's body is one of these, or `cfg(all(.., test, ..))`.
+TEST_CFG = ["cfg", "(", "test", ")"]
+# Keywords that start an item; the next word is its name unless in NOT_NAMES (`const fn f`,
+# `static mut X`, `macro_rules! m` name the word after).
+ITEM_KEYWORDS = {"fn", "struct", "enum", "union", "trait", "type", "const", "static", "macro_rules"}
+NOT_NAMES = {"fn", "unsafe", "async", "extern", "mut", "_", "!"}
 
 
-def modules(root):
-    """Module name -> the modules its code names."""
-    mods = {}
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            if not f.endswith(".rs"):
+def is_ident(tok):
+    return bool(tok) and (tok[0].isalpha() or tok[0] == "_")
+
+
+def tokens(src):
+    """The identifiers and punctuation of Rust source, without comments and literals.
+
+    `::` is one token; a lifetime or label is `'name`, so `'static` is not a keyword; strings,
+    chars and numbers vanish, so what they contain is never taken for a path.
+    """
+    out, i, n = [], 0, len(src)
+
+    def skip_string(j):  # src[j] is the opening quote of a string with escapes
+        j += 1
+        while j < n and src[j] != '"':
+            j += 2 if src[j] == "\\" else 1
+        return j + 1
+
+    def skip_raw(j):  # src[j] is `r`: r#*"..."#*
+        j += 1
+        hashes = 0
+        while j < n and src[j] == "#":
+            hashes, j = hashes + 1, j + 1
+        end = '"' + "#" * hashes
+        k = src.find(end, j + 1)
+        return n if k < 0 else k + len(end)
+
+    while i < n:
+        c = src[i]
+        if c.isspace():
+            i += 1
+        elif src.startswith("//", i):
+            k = src.find("\n", i)
+            i = n if k < 0 else k
+        elif src.startswith("/*", i):
+            depth, i = 1, i + 2  # block comments nest
+            while i < n and depth:
+                if src.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif src.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    i += 1
+        elif c == '"':
+            i = skip_string(i)
+        elif c == "'":
+            if i + 1 < n and src[i + 1] == "\\":
+                k = i + 3  # past the escaped char, which may be a quote
+                while k < n and src[k] != "'":
+                    k += 1
+                i = k + 1
+            elif i + 2 < n and src[i + 2] == "'":
+                i += 3
+            else:  # a lifetime or a label
+                k = i + 1
+                while k < n and (src[k].isalnum() or src[k] == "_"):
+                    k += 1
+                out.append(src[i:k])
+                i = k
+        elif c.isdigit():
+            while i < n and (src[i].isalnum() or src[i] == "_"):
+                i += 1
+        elif c.isalpha() or c == "_":
+            k = i
+            while k < n and (src[k].isalnum() or src[k] == "_"):
+                k += 1
+            word = src[i:k]
+            if word in ("r", "br", "cr") and k < n and src[k] in '"#':
+                if src[k] == "#" and not (k + 1 < n and src[k + 1] in '"#'):
+                    # r#ident: a raw identifier
+                    k += 1
+                    m = k
+                    while m < n and (src[m].isalnum() or src[m] == "_"):
+                        m += 1
+                    out.append(src[k:m])
+                    i = m
+                else:
+                    i = skip_raw(k - 1)
+            elif word in ("b", "c") and k < n and src[k] == '"':
+                i = skip_string(k)
+            elif word == "b" and k < n and src[k] == "'":
+                m = k + 1
+                if m < n and src[m] == "\\":
+                    m += 1
+                m += 1
+                while m < n and src[m] != "'":
+                    m += 1
+                i = m + 1
+            else:
+                out.append(word)
+                i = k
+        elif src.startswith("::", i):
+            out.append("::")
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return out
+
+
+class Scope:
+    """What a (file or inline) module declares: its names, and the paths its code uses."""
+
+    def __init__(self):
+        self.children = set()  # child modules
+        self.items = set()  # items it defines
+        self.imports = {}  # name -> the `use` paths that bring it in
+        self.globs = []  # paths of its `use x::*`
+
+
+class Parser:
+    """Reads one file into the scopes of its module and of its inline modules."""
+
+    def __init__(self, crate, module, toks):
+        self.crate, self.toks, self.i = crate, toks, 0
+        # (logical module, brace depth its items are at)
+        self.stack = [(module, 0)]
+        self.depth = 0
+        self.file = module
+        self.refs = crate.refs.setdefault(module, [])
+
+    def tok(self, k=0):
+        j = self.i + k
+        return self.toks[j] if 0 <= j < len(self.toks) else ""
+
+    @property
+    def module(self):
+        return self.stack[-1][0]
+
+    def at_item_level(self):
+        return self.depth == self.stack[-1][1]
+
+    def scope(self):
+        return self.crate.scope(self.module)
+
+    def parse(self):
+        pending_mod = None  # an inline `mod name {` whose brace comes next
+        while self.i < len(self.toks):
+            t = self.tok()
+            if t == "{":
+                self.depth += 1
+                if pending_mod:
+                    self.stack.append((self.module + (pending_mod,), self.depth))
+                    pending_mod = None
+                self.i += 1
+            elif t == "}":
+                if len(self.stack) > 1 and self.stack[-1][1] == self.depth:
+                    self.stack.pop()
+                self.depth -= 1
+                self.i += 1
+            elif t == "#" and self.tok(1) == "!" and self.tok(2) == "[":
+                self.i += 2
+                if self.attribute_is_test() and len(self.stack) == 1:
+                    self.crate.test_modules.add(self.file)  # #![cfg(test)]: all of it
+            elif t == "#" and self.tok(1) == "[":
+                self.i += 1
+                if self.attribute_is_test():
+                    self.skip_test_item()
+            elif t == "mod" and is_ident(self.tok(1)):
+                name = self.tok(1)
+                if self.at_item_level():
+                    self.scope().children.add(name)
+                if self.tok(2) == "{":
+                    pending_mod = name
+                self.i += 2
+            elif t == "use":
+                self.i += 1
+                self.use_declaration()
+            elif t in ITEM_KEYWORDS and self.at_item_level():
+                name = self.tok(1)
+                if (t, name) in (("macro_rules", "!"), ("static", "mut")):
+                    name = self.tok(2)
+                if is_ident(name) and name not in NOT_NAMES:
+                    self.scope().items.add(name)
+                self.i += 1  # `const fn f`: the `fn` still names `f`
+            elif is_ident(t) and self.tok(1) == "::" and self.tok(-1) != "::":
+                self.path()
+            else:
+                self.i += 1
+
+    def attribute_is_test(self):
+        """Reads `[ .. ]` at self.i; whether it is `cfg(test)` or `cfg(all(.., test, ..))`."""
+        depth, j = 0, self.i
+        while j < len(self.toks):
+            if self.toks[j] in "[(":
+                depth += 1
+            elif self.toks[j] in "])":
+                depth -= 1
+                if depth == 0:
+                    break
+            j += 1
+        body = self.toks[self.i + 1 : j]
+        self.i = j + 1
+        if body == TEST_CFG:
+            return True
+        return body[:4] == ["cfg", "(", "all", "("] and "test" in body and not (
+            {"not", "any"} & set(body)
+        )
+
+    def skip_test_item(self):
+        """Skips the item, statement, field or arm after a cfg(test) attribute."""
+        top_level = self.at_item_level()
+        while self.tok() == "#" and self.tok(1) == "[":  # its other attributes
+            self.i += 1
+            self.attribute_is_test()
+        j = self.i
+        while j < len(self.toks) and self.toks[j] in ("pub", "(", "crate", "super", "self", ")"):
+            j += 1
+        if self.toks[j : j + 1] == ["mod"] and j + 1 < len(self.toks) and len(self.stack) == 1:
+            # A test-only file module: leave its file out.
+            self.crate.test_children.add(self.module + (self.toks[j + 1],))
+        depth = 0
+        while self.i < len(self.toks):
+            t = self.tok()
+            self.i += 1
+            if t in "([{":
+                depth += 1
+            elif t in ")]}":
+                depth -= 1
+                if depth < 0:  # the end of what holds it: leave that to the caller
+                    self.i -= 1
+                    return
+                if depth == 0 and t == "}":
+                    return
+            elif depth == 0 and (t == ";" or (t == "," and not top_level)):
+                return
+
+    def path(self):
+        """Records the path starting at self.i: `a::b::c`, ending before `::<` or a non-name."""
+        segs = [self.tok()]
+        start = self.i
+        self.i += 1
+        while self.tok() == "::" and is_ident(self.tok(1)):
+            segs.append(self.tok(1))
+            self.i += 2
+        # `pub(in crate::a)` restricts visibility; it depends on nothing.
+        if self.toks[max(start - 3, 0) : start] == ["pub", "(", "in"]:
+            return
+        self.refs.append((self.module, tuple(segs)))
+
+    def use_declaration(self):
+        """Records the leaves of the use tree at self.i, up to its `;`."""
+        leaves = []
+
+        def tree(prefix):
+            segs = []
+            if self.tok() == "::":
+                self.i += 1
+            while self.i < len(self.toks):
+                t = self.tok()
+                if t == "*":
+                    self.i += 1
+                    leaves.append((prefix + segs, "*"))
+                    return
+                if t == "{":
+                    self.i += 1
+                    while self.tok() not in ("}", ""):
+                        tree(prefix + segs)
+                        if self.tok() == ",":
+                            self.i += 1
+                    self.i += 1
+                    return
+                if not is_ident(t):
+                    return
+                segs.append(t)
+                self.i += 1
+                if self.tok() == "::":
+                    self.i += 1
+                    continue
+                path = prefix + segs
+                if segs == ["self"] and prefix:  # `use a::{self}` names `a`
+                    path = prefix
+                name = path[-1]
+                if self.tok() == "as":
+                    name = self.tok(1)
+                    self.i += 2
+                leaves.append((path, name))
+                return
+
+        if self.tok() == "::":  # `use ::extern_crate::..`
+            while self.tok() not in (";", ""):
+                self.i += 1
+            return
+        tree([])
+        while self.tok() not in (";", ""):
+            self.i += 1
+        scope = self.scope() if self.at_item_level() else None
+        for path, name in leaves:
+            if not path:
                 continue
-            path = os.path.join(dirpath, f)
-            rel = os.path.relpath(path, root)[:-3]
-            name = rel.removesuffix("/mod").replace("/", "::")
-            if name in ("lib", "main"):
-                name = ""
-            src = open(path).read().split("#[cfg(test)]\nmod tests")[0]
-            code = "\n".join(l for l in src.splitlines() if not l.lstrip().startswith("//"))
-            parent = name.rsplit("::", 1)[0] if "::" in name else ""
+            self.refs.append((self.module, tuple(path)))
+            if scope is None:  # a `use` in a block names nothing for other modules
+                continue
+            if name == "*":
+                scope.globs.append(tuple(path))
+            elif name != "_" and name not in ("crate", "super", "self"):
+                scope.imports.setdefault(name, []).append(tuple(path))
+
+
+# What a path resolves to: a module, an item of a module, or nothing of this crate's.
+MOD, ITEM, EXTERNAL = "mod", "item", "external"
+
+
+class Crate:
+    def __init__(self, root):
+        self.scopes = {}  # logical module (a tuple of names) -> Scope
+        self.refs = {}  # file module -> [(logical module the path is in, path)]
+        self.files = set()
+        self.test_children = set()  # modules declared `#[cfg(test)] mod x;`
+        self.test_modules = set()  # files marked `#![cfg(test)]`
+        for dirpath, dirs, names in os.walk(root):
+            dirs.sort()
+            for f in sorted(names):
+                if f.endswith(".rs"):
+                    path = os.path.join(dirpath, f)
+                    module = module_of(os.path.relpath(path, root))
+                    self.files.add(module)
+                    self.scope(module)
+                    with open(path, encoding="utf-8", errors="replace") as src:
+                        Parser(self, module, tokens(src.read())).parse()
+
+    def scope(self, module):
+        return self.scopes.setdefault(module, Scope())
+
+    def is_test(self, module):
+        return any(module[: len(t)] == t for t in self.test_children) or module in self.test_modules
+
+    def lookup(self, module, name, seen):
+        """What `name` in the scope of `module` is: (kind, module) or None if not there."""
+        if (module, name) in seen:  # re-exports in a loop, such as globs both ways
+            return None
+        seen.add((module, name))
+        scope = self.scopes.get(module)
+        if scope is None:
+            return None
+        if name in scope.children or module + (name,) in self.files:  # declared or not
+            return (MOD, module + (name,))
+        if name in scope.items:
+            return (ITEM, module)
+        if name in scope.imports:  # two would be one name in two namespaces
+            return self.resolve(module, scope.imports[name][0], seen)
+        for path in scope.globs:
+            kind, target = self.resolve(module, path, seen)
+            if kind == MOD:
+                found = self.lookup(target, name, seen)
+                if found:
+                    return found
+        return None
+
+    def resolve(self, module, path, seen=None):
+        """What `path`, written in `module`, names: (kind, module)."""
+        seen = set() if seen is None else seen
+        head, k = path[0], 1
+        if head == "crate":
+            here = ()
+        elif head == "self":
+            here = module
+        elif head == "super":
+            here = module[:-1]
+            while k < len(path) and path[k] == "super":
+                here, k = here[:-1], k + 1
+        else:
+            found = self.lookup(module, head, seen)
+            if found is None:
+                return (EXTERNAL, None)
+            kind, here = found
+            if kind != MOD:
+                return found
+        for name in path[k:]:
+            if here not in self.scopes:  # a module with no file here: the nearest has it
+                return (MOD, here)
+            found = self.lookup(here, name, seen)
+            if found is None:
+                # A glob's source is the best guess for a name nobody defines.
+                globs = [self.resolve(here, g, seen) for g in self.scopes[here].globs]
+                globs = [g for g in globs if g[0] == MOD]
+                return globs[0] if globs else (ITEM, here)
+            kind, here = found
+            if kind != MOD:
+                return found
+        return (MOD, here)
+
+    def file_of(self, module):
+        """The file that holds a logical module: inline modules live in their parent's."""
+        while module not in self.files and module:
+            module = module[:-1]
+        return module
+
+    def graph(self):
+        """File module name -> the file modules its code names (the root excluded)."""
+        graph = {}
+        for module in sorted(self.files):
+            if not module or self.is_test(module):
+                continue
             deps = set()
-            for kind, a, b in PATH.findall(code):
-                base = "" if kind == "crate" else parent
-                dep = f"{base}::{a}" if base else a
-                if b:
-                    dep += f"::{b}"
-                deps.add(dep)
-            mods[name] = deps
-    return mods
+            for where, path in self.refs.get(module, ()):
+                kind, target = self.resolve(where, path)
+                if kind == EXTERNAL:
+                    continue
+                dep = self.file_of(target)
+                if dep and dep != module and not self.is_test(dep):
+                    deps.add(dep)
+            graph[name_of(module)] = {name_of(d) for d in deps}
+        return graph
 
 
-def cycles(mods):
-    def known(d):
-        while d not in mods and "::" in d:
-            d = d.rsplit("::", 1)[0]
-        return d if d in mods else None
+def module_of(rel):
+    parts = rel[:-3].split(os.sep)
+    if parts[-1] == "mod" or (len(parts) == 1 and parts[0] in ("lib", "main")):
+        parts = parts[:-1]
+    return tuple(parts)
 
-    graph = {n: {known(d) for d in ds} - {None, n, ""} for n, ds in mods.items()}
+
+def name_of(module):
+    return "::".join(module)
+
+
+def cycles(graph):
+    """The loops a depth-first walk finds, one for each edge back into its stack."""
     state, stack, found = {}, [], []
 
     def visit(u):
         state[u] = 1
         stack.append(u)
-        for v in sorted(graph[u]):
+        for v in sorted(graph.get(u, ())):
             if state.get(v) == 1:
-                found.append(stack[stack.index(v):] + [v])
+                found.append(stack[stack.index(v) :] + [v])
             elif not state.get(v):
                 visit(v)
         stack.pop()
@@ -64,9 +477,15 @@ def cycles(mods):
     return found
 
 
-failed = False
-for root in sys.argv[1:]:
-    for c in cycles(modules(root)):
-        print(f"{root}: import cycle: {' -> '.join(c)}")
-        failed = True
-sys.exit(1 if failed else 0)
+def main(roots):
+    failed = False
+    for root in roots:
+        for c in cycles(Crate(root).graph()):
+            print(f"{root}: import cycle: {' -> '.join(c)}")
+            failed = True
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.setrecursionlimit(10000)
+    sys.exit(main(sys.argv[1:]))

@@ -66,7 +66,6 @@ mod dataset;
 mod emulate;
 mod error;
 mod faults;
-mod holders;
 pub mod images;
 mod loader;
 mod metrics;
@@ -81,10 +80,10 @@ pub use dataset::{Dataset, FolderOptions, SampleMeta, SampleRecord, IMAGE_EXTENS
 pub use emulate::StorageEmulation;
 pub use error::{Cause, Error};
 pub use faults::{AttemptFaults, ErrorPolicy, FailureBudget, Fault, FaultInjection, READ_ATTEMPTS};
-pub use holders::{PeerPlan, PeerPlanInputs};
 pub use loader::{Loader, LoaderBuilder, RankHandle};
 pub use lobster_cache::{Form, FormChoice, FormCosts};
 pub use metrics::{AllocationRecord, FormCostsReport, IterationMetrics, RunMetrics, SkippedSample};
+pub use pipeline::{PeerPlan, PeerPlanInputs};
 pub use sampler::{torch_randperm, DistributedSampler, EpochOrder};
 
 #[doc = include_str!("../../../README.md")]

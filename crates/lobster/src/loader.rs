@@ -404,7 +404,7 @@ fn peers(
     }
     let plan = match (config.cache_policy.kind(), sizes) {
         (Some(policy), Some(sizes)) => {
-            let inputs = crate::holders::PeerPlanInputs {
+            let inputs = crate::pipeline::PeerPlanInputs {
                 sizes: sizes.clone(),
                 nodes: config.nodes,
                 ranks_per_node: config.ranks_per_node,
@@ -418,10 +418,10 @@ fn peers(
                 // meet every step: see the holders module.
                 margin_steps: config.prefetch_iterations.max(config.window_iterations) as u64 + 1,
             };
-            crate::holders::PeerPlan::build(&inputs, config.node)?
+            crate::pipeline::PeerPlan::build(&inputs, config.node)?
         }
         // Without caches no peer holds anything.
-        _ => crate::holders::PeerPlan::empty(),
+        _ => crate::pipeline::PeerPlan::empty(),
     };
     Ok(pipeline::Peers {
         transport,

@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
-use super::dirs::SampleDirs;
-use super::layout::Layout;
 use crate::config::LoaderConfig;
 use crate::dataset::{Dataset, SampleMeta};
 use crate::emulate::Device;
 use crate::error::Cause;
+use crate::pipeline::io::dirs::SampleDirs;
+use crate::pipeline::plan::layout::Layout;
 
 /// The user's decode function, type-erased.
 /// The user's decode function: a sample's bytes, what is known of it, and the epoch of the
@@ -32,7 +32,7 @@ pub(crate) struct Context<T> {
     /// Each sample's size as the cache plans with it (`None` without a cache).
     pub(crate) sizes: Option<Arc<[u32]>>,
     /// Peer nodes whose caches serve planned misses, and which this node's cache serves.
-    pub(crate) peers: Option<super::peers::Peers>,
+    pub(crate) peers: Option<crate::pipeline::peers::Peers>,
     /// The decoded tier, where the cache may keep decoded images.
     pub(crate) forms: Option<DecodedTier<T>>,
 }
@@ -40,7 +40,7 @@ pub(crate) struct Context<T> {
 /// What the decoded tier needs: the decoder in its two stages, and what the planner prices
 /// forms with.
 pub(crate) struct DecodedTier<T> {
-    pub(crate) staged: super::forms::Staged<T>,
+    pub(crate) staged: crate::pipeline::decode::forms::Staged<T>,
     pub(crate) choice: lobster_cache::FormChoice,
     /// Each sample's decoded size, 0 where it has none.
     pub(crate) decoded_sizes: Arc<[u32]>,

@@ -1,44 +1,27 @@
-//! The pipeline: how a sample walks from the sampler to a rank's batch.
+//! The pipeline: how a sample walks from the sampler to a rank's batch. Its rooms are the
+//! stages a sample meets, read in this order:
+//! 1. [`plan`]: the planner thread walks the node stream ([`plan::layout`]) in canonical
+//!    order a window at a time and makes every cache decision, so hits and misses are a pure
+//!    function of the inputs; it opens the window's batches, runs the allocator, stays within
+//!    the prefetch distance of the slowest rank, and says who reads each miss.
+//! 2. [`io`]: the dispatcher issues the window's reads in deadline order within the io_depth
+//!    budget and fills each sample's [`io::slot`] when its read completes; every read
+//!    attempt's fate (emulated tier, injected fault, retry, error) is decided in
+//!    [`io::attempt`], for the reads made on worker threads too.
+//! 3. [`decode`]: decode workers take accesses whose bytes are known, run the user's
+//!    function (in two stages with a decoded tier) and deliver each sample.
+//! 4. [`deliver`]: each rank's reorder buffer, and a rank taking its next whole batch.
+//! 5. [`peers`]: other nodes' caches: which peer holds each access's sample, the fetch and
+//!    its fallback to storage, and this node's cache as its peers see it.
 //!
-//! Read top to bottom, one room per idea:
-//! 1. [`plan`]: the planner thread walks the node stream ([`layout`]) in canonical order a
-//!    window at a time and makes every cache decision, so hits and misses are a pure function
-//!    of the inputs. A miss creates a [`slot`]; the hits planned on that sample wait on it. It
-//!    opens the window's batches in the ranks' [`reorder`] buffers, runs the allocator
-//!    ([`allocate`]), and stays within the prefetch distance of the slowest rank
-//!    ([`progress`]).
-//! 2. [`dispatch`]: the dispatcher issues the window's reads in [`order`] within the io_depth
-//!    budget on its [`files`], and fills each slot when its read completes. Every read
-//!    attempt's fate (emulated tier, injected fault, retry, error) is decided in [`attempt`],
-//!    for the read-then-decode baselines' [`blocking`] reads too.
-//! 3. [`decode`]: decode workers take filled tasks from the [`decode_queue`], run the user's
-//!    function and deliver each sample into its rank's reorder buffer. With a decoded tier
-//!    ([`forms`]) an image decoder runs in two stages, and the cache may keep the first's
-//!    image in the sample's slot for later hits.
-//! 4. [`rank`]: a rank takes its next whole batch in plan order.
-//!
-//! [`state`] composes the rooms' shared parts; [`context`] holds what never changes.
+//! [`state`] composes the stages' shared parts; [`context`] holds what never changes.
 
-mod allocate;
-mod attempt;
-mod blocking;
 mod context;
 mod decode;
-mod decode_queue;
-mod dirs;
-mod dispatch;
-mod files;
-mod forms;
-mod layout;
-mod order;
-mod peers;
+mod deliver;
+mod io;
+pub(crate) mod peers;
 mod plan;
-mod progress;
-mod rank;
-mod read_path;
-mod remote;
-mod reorder;
-mod slot;
 mod state;
 mod sync;
 
@@ -50,11 +33,12 @@ use lobster_sched::CostModel;
 use lobster_uring::Reader;
 
 pub(crate) use context::{Context, DecodeFn, DecodedTier};
-pub(crate) use dirs::SampleDirs;
-pub(crate) use forms::{decoded_sizes, form_costs, Staged};
-pub(crate) use layout::Layout;
+pub(crate) use decode::forms::{decoded_sizes, form_costs, Staged};
+pub(crate) use deliver::{detach, next_batch};
+pub(crate) use io::dirs::SampleDirs;
+pub use peers::plan::{PeerPlan, PeerPlanInputs};
 pub(crate) use peers::{PeerCounters, Peers};
-pub(crate) use rank::{detach, next_batch};
+pub(crate) use plan::layout::Layout;
 pub(crate) use state::PipelineState;
 pub(crate) use sync::lock;
 
@@ -94,30 +78,32 @@ impl<T: Send + 'static> Pipeline<T> {
             stop: sync::StopSignal::default(),
             outstanding: AtomicUsize::new(0),
             planner_done: AtomicBool::new(false),
-            ranks: (0..ranks).map(|_| reorder::ReorderBuffer::new()).collect(),
-            decode: decode_queue::DecodeQueues::new(
+            ranks: (0..ranks)
+                .map(|_| deliver::reorder::ReorderBuffer::new())
+                .collect(),
+            decode: decode::queue::DecodeQueues::new(
                 ranks,
-                allocate::spread(&allocate::equal_split(workers as u32, ranks)),
+                plan::allocate::spread(&plan::allocate::equal_split(workers as u32, ranks)),
                 match config.execution {
-                    crate::config::Execution::Pipelined => decode_queue::TakeRule::OldestIteration,
-                    crate::config::Execution::ReadThenDecode => decode_queue::TakeRule::OwnRank,
+                    crate::config::Execution::Pipelined => decode::queue::TakeRule::OldestIteration,
+                    crate::config::Execution::ReadThenDecode => decode::queue::TakeRule::OwnRank,
                 },
             ),
-            progress: progress::Progress::new(ranks),
+            progress: plan::progress::Progress::new(ranks),
             collector: Mutex::new(Collector::new(ranks, ctx.layout.epochs)),
             model: Mutex::new(CostModel::new()),
             failure: Mutex::new(None),
             error_policy: config.error_policy,
             epoch_accesses: (ctx.layout.per_rank * ranks) as u64,
             budget_failure: Mutex::new(None),
-            faults: attempt::FaultCounters::default(),
+            faults: io::attempt::FaultCounters::default(),
             // Peers are served from the cache's own copies.
-            read_path: read_path::ReadPathCounters::new(
+            read_path: plan::read_path::ReadPathCounters::new(
                 config.cache_in_page_cache().is_ok() && ctx.peers.is_none(),
             ),
             to_dispatcher: reader.is_some().then_some(to_dispatcher),
             batch_refused: Mutex::new(None),
-            forms: forms::FormCounters::default(),
+            forms: decode::forms::FormCounters::default(),
             form_plan: Mutex::new(None),
         });
         let ctx = Arc::new(ctx);
@@ -149,7 +135,7 @@ impl<T: Send + 'static> Pipeline<T> {
             spawn(
                 "lobster-dispatch".into(),
                 Box::new(move || {
-                    if let Err(e) = dispatch::dispatcher(&c, &s, &r, dispatcher_rx) {
+                    if let Err(e) = io::dispatcher(&c, &s, &r, dispatcher_rx) {
                         s.fail(e);
                     }
                 }),

@@ -6,19 +6,19 @@ use std::sync::Mutex;
 use crossbeam_channel::Sender;
 use lobster_sched::CostModel;
 
-use super::attempt::FaultCounters;
-use super::decode_queue::DecodeQueues;
-use super::forms::FormCounters;
-use super::order::ToDispatcher;
-use super::progress::Progress;
-use super::read_path::ReadPathCounters;
-use super::reorder::ReorderBuffer;
-use super::slot::Ready;
-use super::sync::{lock, StopSignal};
 use crate::config::PipelineThreads;
 use crate::error::Error;
 use crate::faults::ErrorPolicy;
 use crate::metrics::Collector;
+use crate::pipeline::decode::forms::FormCounters;
+use crate::pipeline::decode::queue::DecodeQueues;
+use crate::pipeline::deliver::reorder::ReorderBuffer;
+use crate::pipeline::io::attempt::FaultCounters;
+use crate::pipeline::io::order::ToDispatcher;
+use crate::pipeline::io::slot::Ready;
+use crate::pipeline::plan::progress::Progress;
+use crate::pipeline::plan::read_path::ReadPathCounters;
+use crate::pipeline::sync::{lock, StopSignal};
 
 pub(crate) struct PipelineState<T> {
     pub(crate) stop: StopSignal,

@@ -2,8 +2,8 @@
 
 use std::sync::{Condvar, Mutex};
 
-use super::sync::{lock, stopped, StopSignal};
 use crate::error::Error;
+use crate::pipeline::sync::{lock, stopped, StopSignal};
 
 #[derive(Debug)]
 struct Taken {

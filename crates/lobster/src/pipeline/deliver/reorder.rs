@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::slot::Task;
-use super::sync::{lock, StopSignal};
 use crate::batch::Sample;
 use crate::error::Error;
 use crate::metrics::IterationMetrics;
+use crate::pipeline::io::slot::Task;
+use crate::pipeline::sync::{lock, StopSignal};
 
 /// A batch being assembled.
 #[derive(Debug)]

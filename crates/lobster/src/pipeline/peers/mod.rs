@@ -1,6 +1,9 @@
 //! Peer nodes' caches: which peer a miss may come from ([`PeerPlan`], priced by the cost
 //! model), what the peers did for this node, and this node's cache as its peers see it (the
-//! slots the planner keeps). The fetches themselves are in [`super::remote`].
+//! slots the planner keeps). The fetches themselves are in [`fetch`].
+
+pub(super) mod fetch;
+pub mod plan;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -10,9 +13,9 @@ use bytes::Bytes;
 use lobster_net::{Served, Transport};
 use lobster_sched::{CostParams, Tier};
 
-use super::slot::Slot;
-use super::sync::lock;
-use crate::holders::PeerPlan;
+use crate::pipeline::io::slot::Slot;
+use crate::pipeline::sync::lock;
+use plan::PeerPlan;
 
 /// The peers of this node, fixed at build time.
 pub(crate) struct Peers {

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use lobster_uring::Arena;
 
-use super::sync::lock;
 use crate::error::Error;
+use crate::pipeline::sync::lock;
 
 /// Bytes of one sample, or why they could not be had. Shared by every access that needs them.
 pub(crate) type Loaded = Result<Bytes, Error>;

@@ -1,21 +1,24 @@
 //! The decode workers: take a task whose bytes are known (or, read-then-decode, read them),
 //! run the user's decode function, and deliver the sample to its rank's reorder buffer.
 
+pub(super) mod forms;
+pub(super) mod queue;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::blocking::{blocking_read, resident_read, OnWorker};
-use super::context::Context;
-use super::decode_queue::GROUP_MAX;
-use super::forms::{decode_in_stages, finish_cached, Keep};
-use super::order::{IoRequest, ToDispatcher};
-use super::slot::{Loaded, Origin, Ready, Slot, Task, WorkerRead};
-use super::state::PipelineState;
-use super::sync::lock;
 use crate::batch::Sample;
 use crate::dataset::SampleMeta;
 use crate::error::{Cause, Error};
+use crate::pipeline::context::Context;
+use crate::pipeline::io::blocking::{blocking_read, resident_read, OnWorker};
+use crate::pipeline::io::order::{IoRequest, ToDispatcher};
+use crate::pipeline::io::slot::{Loaded, Origin, Ready, Slot, Task, WorkerRead};
+use crate::pipeline::state::PipelineState;
+use crate::pipeline::sync::lock;
+use forms::{decode_in_stages, finish_cached, Keep};
+use queue::GROUP_MAX;
 
 /// Worker `w`'s body.
 pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: usize) {
@@ -62,9 +65,9 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
         let mut reread = false;
         let bytes = match task.read {
             WorkerRead::Blocking => {
-                let from_peer = task
-                    .peer
-                    .and_then(|p| super::remote::fetch_blocking(ctx, state, task.sample, p));
+                let from_peer = task.peer.and_then(|p| {
+                    crate::pipeline::peers::fetch::blocking(ctx, state, task.sample, p)
+                });
                 let loaded = match from_peer {
                     Some(bytes) => Ok(bytes),
                     None => blocking_read(ctx, state, meta, task.epoch),

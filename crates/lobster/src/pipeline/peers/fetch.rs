@@ -10,15 +10,15 @@ use bytes::Bytes;
 use lobster_net::Answer;
 use lobster_sched::Tier;
 
-use super::context::Context;
-use super::order::{IoRequest, ToDispatcher};
-use super::slot::Origin;
-use super::state::PipelineState;
-use super::sync::lock;
+use crate::pipeline::context::Context;
+use crate::pipeline::io::order::{IoRequest, ToDispatcher};
+use crate::pipeline::io::slot::Origin;
+use crate::pipeline::state::PipelineState;
+use crate::pipeline::sync::lock;
 
 /// Fetches `req`'s sample from `peer`; the answer fills its slot, or sends the read to the
 /// dispatcher.
-pub(crate) fn fetch<T: Send + 'static>(
+pub(crate) fn start<T: Send + 'static>(
     ctx: &Arc<Context<T>>,
     state: &Arc<PipelineState<T>>,
     req: IoRequest,
@@ -68,7 +68,7 @@ fn answered<T>(
 
 /// Fetches `sample` from `peer` and waits for the answer (a read-then-decode worker):
 /// its bytes, or `None` when storage must serve it.
-pub(crate) fn fetch_blocking<T>(
+pub(crate) fn blocking<T>(
     ctx: &Context<T>,
     state: &PipelineState<T>,
     sample: u32,

@@ -7,6 +7,13 @@
 //! many go in one system call, with no other thread between the dispatcher and the kernel.
 //! Elsewhere it opens files itself and hands reads to the reader's engine (or pread threads).
 
+pub(super) mod attempt;
+pub(super) mod blocking;
+pub(super) mod dirs;
+pub(super) mod files;
+pub(super) mod order;
+pub(super) mod slot;
+
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
@@ -18,16 +25,16 @@ use lobster_uring::{
 };
 use slab::Slab;
 
-use super::allocate::equal_split;
-use super::attempt::{self, fate, Attempt, Fate, ReadFailure};
-use super::context::Context;
-use super::files::OpenFiles;
-use super::order::{next_read, IoRequest, ToDispatcher};
-use super::slot::{Loaded, Origin, Ready};
-use super::state::PipelineState;
-use super::sync::{lock, stopped};
 use crate::config::IoOrder;
 use crate::error::Error;
+use crate::pipeline::context::Context;
+use crate::pipeline::plan::allocate::equal_split;
+use crate::pipeline::state::PipelineState;
+use crate::pipeline::sync::{lock, stopped};
+use attempt::{fate, Attempt, Fate, ReadFailure};
+use files::OpenFiles;
+use order::{next_read, IoRequest, ToDispatcher};
+use slot::{Loaded, Origin, Ready};
 
 /// The longest the dispatcher sleeps without looking at its queue and the stop flag.
 const IDLE_WAIT: Duration = Duration::from_millis(100);

@@ -5,9 +5,9 @@ use std::collections::BinaryHeap;
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use super::layout::Layout;
-use super::slot::Ready;
-use super::sync::{lock, StopSignal};
+use crate::pipeline::io::slot::Ready;
+use crate::pipeline::plan::layout::Layout;
+use crate::pipeline::sync::{lock, StopSignal};
 
 // Queues are min-heaps on the stream position, so the oldest iteration is served first.
 impl PartialEq for Ready {

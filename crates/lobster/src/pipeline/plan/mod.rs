@@ -3,6 +3,11 @@
 //! window's batches in the reorder buffers, runs the allocator, and hands the window's tasks
 //! to the decode queues and its reads to the dispatcher.
 
+pub(super) mod allocate;
+pub(super) mod layout;
+pub(super) mod progress;
+pub(super) mod read_path;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,19 +15,19 @@ use std::time::Instant;
 use lobster_cache::{Form, FormPlanner, FormPolicy, FormStats, Planner, Store};
 use lobster_sched::{AllocConfig, Allocator, Budgets};
 
-use super::allocate::{allocate, spread, AccessLoad};
-use super::context::Context;
-use super::order::{set_read_fractions, IoRequest, ToDispatcher};
-use super::peers::ServedSlots;
-use super::read_path::ResidentGate;
-use super::remote;
-use super::reorder::PendingBatch;
-use super::slot::{Ready, Slot, Task, WorkerRead};
-use super::state::PipelineState;
-use super::sync::lock;
 use crate::config::{Execution, IoOrder, Schedule};
 use crate::error::Error;
 use crate::metrics::IterationMetrics;
+use crate::pipeline::context::Context;
+use crate::pipeline::deliver::reorder::PendingBatch;
+use crate::pipeline::io::order::{set_read_fractions, IoRequest, ToDispatcher};
+use crate::pipeline::io::slot::{Ready, Slot, Task, WorkerRead};
+use crate::pipeline::peers::fetch;
+use crate::pipeline::peers::ServedSlots;
+use crate::pipeline::state::PipelineState;
+use crate::pipeline::sync::lock;
+use allocate::{allocate, spread, AccessLoad};
+use read_path::ResidentGate;
 
 /// One access the planner decided, not yet handed out.
 struct WindowAccess {
@@ -60,8 +65,8 @@ impl Decided {
 
 /// The policy deciding the cache: one form (encoded bytes), or two (with a decoded tier).
 enum Decider {
-    Encoded(Box<Planner<super::layout::Layout>>),
-    Forms(Box<FormPlanner<super::layout::Layout>>),
+    Encoded(Box<Planner<layout::Layout>>),
+    Forms(Box<FormPlanner<layout::Layout>>),
 }
 
 /// The cache decisions and what the cache holds: the slot of every sample the policy keeps.
@@ -369,7 +374,7 @@ pub(crate) fn planner<T: Send + 'static>(
             }
             // After the window's tasks wait on their slots: an answer may come at once.
             for (req, peer) in remote {
-                remote::fetch(ctx, state, req, peer);
+                fetch::start(ctx, state, req, peer);
             }
             global_iteration += last - first;
             first = last;

@@ -10,11 +10,11 @@ use bytes::Bytes;
 use lobster_uring::Resident;
 
 use super::attempt::{self, fate, Attempt, Fate, ReadFailure};
-use super::context::Context;
 use super::slot::{Loaded, LARGE_FROM_BYTES};
-use super::state::PipelineState;
-use super::sync::stopped;
 use crate::dataset::SampleMeta;
+use crate::pipeline::context::Context;
+use crate::pipeline::state::PipelineState;
+use crate::pipeline::sync::stopped;
 
 /// What a read on the worker came to.
 #[derive(Debug)]

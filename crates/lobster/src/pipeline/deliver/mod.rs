@@ -1,15 +1,17 @@
 //! A rank's side: take the next whole batch in plan order, apply the error policy and the
 //! failure budget, and let the planner move on.
 
+pub(super) mod reorder;
+
 use std::time::Instant;
 
-use super::reorder::NoBatch;
-use super::state::PipelineState;
-use super::sync::{lock, stopped};
 use crate::batch::Batch;
 use crate::error::Error;
 use crate::faults::ErrorPolicy;
 use crate::metrics::SkippedSample;
+use crate::pipeline::state::PipelineState;
+use crate::pipeline::sync::{lock, stopped};
+use reorder::NoBatch;
 
 /// Rank `rank`'s next batch; `None` after its last.
 pub(crate) fn next_batch<T>(

@@ -13,10 +13,10 @@ use lobster_cache::FormCosts;
 use lobster_image::{Image, ImageRef};
 use lobster_sched::CostParams;
 
-use super::slot::{DecodedImage, Slot};
 use crate::dataset::{Dataset, SampleMeta};
 use crate::emulate::StorageEmulation;
 use crate::error::Cause;
+use crate::pipeline::io::slot::{DecodedImage, Slot};
 
 /// The first stage: a sample's bytes to its full-resolution image.
 pub(crate) type StageDecode = Arc<dyn Fn(&[u8], &SampleMeta) -> Result<Image, Cause> + Send + Sync>;

@@ -92,7 +92,7 @@ pub(crate) fn next_read(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::allocate::equal_split;
+    use crate::pipeline::plan::allocate::equal_split;
     use rand::{Rng, SeedableRng};
 
     fn request(seq: u64, step: u64, rank: usize, finish_ppm: u32, bytes: u64) -> IoRequest {

@@ -18,8 +18,11 @@ crate, std, a generic parameter) is not the crate's, so names no module.
 
 Paths resolve through re-exports: `crate::pipeline::Layout`, where `pipeline/mod.rs` has
 `pub(crate) use layout::Layout;`, names `pipeline::layout`, the file that defines `Layout`,
-not `pipeline` (chains of `use` are followed, private ones too since a child may name its
-parent's private imports). A glob `use x::*` resolves a name through `x` when `x` has it, and
+and `pipeline` as well, since the name is read through that file's imports (chains of `use`
+are followed, private ones too since a child may name its parent's private imports). So
+`holders -> pipeline -> pipeline::peers -> holders` is a cycle when `holders` names
+`crate::pipeline::Layout` and `pipeline/mod.rs` re-exports from `peers`: name an item by the
+file that defines it to depend on that file alone. A glob `use x::*` resolves a name through `x` when `x` has it, and
 to `x` itself when nothing finds it. A name that resolves to nothing (an item the parser
 missed, or one a macro makes) names the module the path reached; a `use` of an extern crate's
 name names nothing. So a module's own use of its children is an edge `m -> m::child`, a
@@ -366,8 +369,9 @@ class Crate:
     def is_test(self, module):
         return any(module[: len(t)] == t for t in self.test_children) or module in self.test_modules
 
-    def lookup(self, module, name, seen):
-        """What `name` in the scope of `module` is: (kind, module) or None if not there."""
+    def lookup(self, module, name, seen, via=None):
+        """What `name` in the scope of `module` is: (kind, module) or None if not there.
+        Modules whose imports the answer passes through are added to `via`."""
         if (module, name) in seen:  # re-exports in a loop, such as globs both ways
             return None
         seen.add((module, name))
@@ -379,17 +383,22 @@ class Crate:
         if name in scope.items:
             return (ITEM, module)
         if name in scope.imports:  # two would be one name in two namespaces
-            return self.resolve(module, scope.imports[name][0], seen)
+            if via is not None:
+                via.add(module)
+            return self.resolve(module, scope.imports[name][0], seen, via)
         for path in scope.globs:
-            kind, target = self.resolve(module, path, seen)
+            kind, target = self.resolve(module, path, seen, via)
             if kind == MOD:
-                found = self.lookup(target, name, seen)
+                found = self.lookup(target, name, seen, via)
                 if found:
+                    if via is not None:
+                        via.add(module)
                     return found
         return None
 
-    def resolve(self, module, path, seen=None):
-        """What `path`, written in `module`, names: (kind, module)."""
+    def resolve(self, module, path, seen=None, via=None):
+        """What `path`, written in `module`, names: (kind, module); with `via`, the modules
+        whose re-exports it passes through are added to it."""
         seen = set() if seen is None else seen
         head, k = path[0], 1
         if head == "crate":
@@ -401,7 +410,7 @@ class Crate:
             while k < len(path) and path[k] == "super":
                 here, k = here[:-1], k + 1
         else:
-            found = self.lookup(module, head, seen)
+            found = self.lookup(module, head, seen, via)
             if found is None:
                 return (EXTERNAL, None)
             kind, here = found
@@ -410,7 +419,7 @@ class Crate:
         for name in path[k:]:
             if here not in self.scopes:  # a module with no file here: the nearest has it
                 return (MOD, here)
-            found = self.lookup(here, name, seen)
+            found = self.lookup(here, name, seen, via)
             if found is None:
                 # A glob's source is the best guess for a name nobody defines.
                 globs = [self.resolve(here, g, seen) for g in self.scopes[here].globs]
@@ -435,12 +444,15 @@ class Crate:
                 continue
             deps = set()
             for where, path in self.refs.get(module, ()):
-                kind, target = self.resolve(where, path)
+                via = set()
+                kind, target = self.resolve(where, path, via=via)
                 if kind == EXTERNAL:
                     continue
-                dep = self.file_of(target)
-                if dep and dep != module and not self.is_test(dep):
-                    deps.add(dep)
+                # A name re-exported by another file is named through that file too: its
+                # imports are part of what this one reads.
+                for dep in {self.file_of(target)} | {self.file_of(v) for v in via}:
+                    if dep and dep != module and not self.is_test(dep):
+                        deps.add(dep)
             graph[name_of(module)] = {name_of(d) for d in deps}
         return graph
 

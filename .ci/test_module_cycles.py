@@ -14,9 +14,8 @@ mc = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mc)
 
 # The real case from crates/lobster: holders names `Layout` through pipeline's re-export, and
-# pipeline::peers names holders. holders -> pipeline::layout, pipeline::peers -> holders and
-# pipeline -> {layout, peers} do not close a loop; a loop needs layout (or whatever holders
-# reaches through pipeline) to name holders back.
+# pipeline::peers names holders. holders reads pipeline/mod.rs's imports, which name peers,
+# which names holders: a loop the checker once missed (bare `use peers::..` in mod.rs).
 PIPELINE = {
     "lib.rs": "mod holders;\nmod pipeline;\n",
     "holders.rs": """
@@ -79,24 +78,44 @@ class Case(unittest.TestCase):
             any(c in rotations for c in found), f"no cycle {' -> '.join(loop)} in {found}"
         )
 
+    def assertLoopThrough(self, crate, *modules):
+        """That some cycle found passes through every one of `modules`."""
+        found = crate.cycles()
+        self.assertTrue(
+            any(set(modules) <= set(c) for c in found), f"no cycle through {modules} in {found}"
+        )
+
     def assertNoCycle(self, crate):
         self.assertEqual(crate.cycles(), [], crate.graph())
 
 
 class ReExports(Case):
-    def test_the_pipeline_re_exports_alone_are_no_cycle(self):
+    def test_the_planted_pipeline_loop_is_found(self):
         crate = self.crate(PIPELINE)
         graph = crate.graph()
-        # Through the re-export, to the file that defines `Layout`, not to pipeline.
-        self.assertEqual(graph["holders"], {"pipeline::layout"})
+        # Through the re-export: the file that defines `Layout`, and the file whose imports
+        # hold the name.
+        self.assertEqual(graph["holders"], {"pipeline", "pipeline::layout"})
         self.assertEqual(graph["pipeline"], {"pipeline::layout", "pipeline::peers"})
         self.assertEqual(graph["pipeline::peers"], {"holders"})
+        self.assertCycle(crate, "holders", "pipeline", "pipeline::peers")
+
+    def test_naming_the_defining_file_breaks_the_loop(self):
+        files = dict(PIPELINE)
+        files["pipeline/mod.rs"] = files["pipeline/mod.rs"].replace(
+            "mod layout;", "pub(crate) mod layout;"
+        )
+        files["holders.rs"] = files["holders.rs"].replace(
+            "use crate::pipeline::Layout;", "use crate::pipeline::layout::Layout;"
+        )
+        crate = self.crate(files)
+        self.assertEqual(crate.graph()["holders"], {"pipeline::layout"})
         self.assertNoCycle(crate)
 
     def test_a_loop_through_the_re_exported_layout(self):
         files = dict(PIPELINE)
         files["pipeline/layout.rs"] = "use crate::holders::X;\npub struct Layout(X);\n"
-        self.assertCycle(self.crate(files), "holders", "pipeline::layout")
+        self.assertLoopThrough(self.crate(files), "holders", "pipeline::layout")
 
     def test_a_loop_through_the_re_exported_peers(self):
         files = dict(PIPELINE)
@@ -104,9 +123,10 @@ class ReExports(Case):
             "use crate::pipeline::Layout;", "use crate::pipeline::{Layout, Peers};"
         )
         crate = self.crate(files)
-        self.assertEqual(crate.graph()["holders"], {"pipeline::layout", "pipeline::peers"})
-        self.assertCycle(crate, "holders", "pipeline::peers")
-        self.assertEqual(len(crate.cycles()), 1)
+        self.assertEqual(
+            crate.graph()["holders"], {"pipeline", "pipeline::layout", "pipeline::peers"}
+        )
+        self.assertLoopThrough(crate, "holders", "pipeline::peers")
 
     def test_a_chain_of_re_exports_and_renames(self):
         crate = self.crate(
@@ -121,10 +141,11 @@ class ReExports(Case):
             }
         )
         graph = crate.graph()
-        self.assertEqual(graph["a"], {"b::c::e"})
-        self.assertEqual(graph["user"], {"b::c::e", "b::d"})
-        # Only the files that define what is named, not the re-exporters on the way.
-        self.assertEqual(graph["b"], {"b::c::e", "b::d"})
+        # The file that defines what is named, and every re-exporter on the way.
+        self.assertEqual(graph["a"], {"b", "b::c", "b::c::e"})
+        self.assertEqual(graph["user"], {"a", "b", "b::c", "b::c::e", "b::d"})
+        self.assertEqual(graph["b"], {"b::c", "b::c::e", "b::d"})
+        self.assertNoCycle(crate)
 
     def test_a_glob_re_export_resolves_to_its_source(self):
         crate = self.crate(
@@ -135,8 +156,8 @@ class ReExports(Case):
                 "a.rs": "pub struct A;\npub fn f() -> crate::m::Made { todo!() }\n",
             }
         )
-        self.assertEqual(crate.graph()["a"], {"m::inner"})
-        self.assertCycle(crate, "a", "m::inner")
+        self.assertEqual(crate.graph()["a"], {"m", "m::inner"})
+        self.assertLoopThrough(crate, "a", "m::inner")
 
     def test_a_re_export_of_an_extern_crate_names_no_module(self):
         crate = self.crate(
@@ -168,11 +189,19 @@ class ParentsAndChildren(Case):
         "m/b.rs": "pub struct B;\n",
     }
 
-    def test_super_name_re_exported_from_a_sibling_is_that_sibling(self):
+    def test_super_name_re_exported_from_a_sibling_is_read_through_the_parent(self):
         crate = self.crate(self.FAMILY)
         graph = crate.graph()
         self.assertEqual(graph["m"], {"m::a", "m::b"})
-        self.assertEqual(graph["m::a"], {"m::b"})
+        # `super::B` reads the parent's imports, and the parent names this child.
+        self.assertEqual(graph["m::a"], {"m", "m::b"})
+        self.assertCycle(crate, "m", "m::a")
+
+    def test_a_sibling_named_by_its_own_path_is_no_loop(self):
+        files = dict(self.FAMILY)
+        files["m/a.rs"] = "use super::b::B;\npub struct A(B);\n"
+        crate = self.crate(files)
+        self.assertEqual(crate.graph()["m::a"], {"m::b"})
         self.assertNoCycle(crate)
 
     def test_super_name_defined_in_the_parent_is_the_parent(self):
@@ -347,17 +376,18 @@ class NotCode(Case):
 
 class Script(Case):
     def test_an_acyclic_crate_passes(self):
-        result = self.crate(PIPELINE).run()
+        files = dict(PIPELINE)
+        files["pipeline/mod.rs"] = "mod layout;\nmod peers;\n"
+        result = self.crate(files).run()
         self.assertEqual((result.returncode, result.stdout, result.stderr), (0, "", ""))
 
     def test_a_cycle_fails_and_is_printed(self):
-        files = dict(PIPELINE)
-        files["pipeline/layout.rs"] = "use crate::holders::X;\npub struct Layout(X);\n"
-        crate = self.crate(files)
+        crate = self.crate(PIPELINE)
         result = crate.run()
         self.assertEqual(result.returncode, 1, result.stderr)
         self.assertEqual(
-            result.stdout, f"{crate.root}: import cycle: holders -> pipeline::layout -> holders\n"
+            result.stdout,
+            f"{crate.root}: import cycle: holders -> pipeline -> pipeline::peers -> holders\n",
         )
 
 

@@ -256,6 +256,12 @@ pub enum IoOrderArg {
 pub(crate) const DEFAULT_MAX_FAILURES: FailureBudget = FailureBudget::Fraction(0.01);
 
 impl RunArgs {
+    /// The node cache's capacity: `--cache-bytes`, else `--cache-frac` of the dataset.
+    pub(crate) fn cache_capacity_bytes(&self, dataset: &lobster_io::Dataset) -> u64 {
+        self.cache_bytes
+            .unwrap_or((dataset.total_bytes() as f64 * self.cache_frac) as u64)
+    }
+
     /// The decoder asked for, or the default for the dataset: real decoding for a user's
     /// `--data`, the synthetic cost for the built-in one.
     pub(crate) fn decoder(&self) -> Decoder {

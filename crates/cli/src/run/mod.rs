@@ -63,7 +63,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         Dataset::open(&data.to_string_lossy())
             .with_context(|| format!("opening the dataset {}", data.display()))?,
     );
-    let cache_bytes = cache_bytes(args, &dataset);
+    let cache_bytes = args.cache_capacity_bytes(&dataset);
     let config = RunConfig {
         data: data.clone(),
         samples: dataset.len(),
@@ -144,12 +144,6 @@ pub fn run(args: &RunArgs) -> Result<()> {
         println!("wrote {}", path.display());
     }
     Ok(())
-}
-
-/// The node cache's capacity: `--cache-bytes`, else `--cache-frac` of the dataset.
-fn cache_bytes(args: &RunArgs, dataset: &Dataset) -> u64 {
-    args.cache_bytes
-        .unwrap_or((dataset.total_bytes() as f64 * args.cache_frac) as u64)
 }
 
 /// Runs one strategy to the end with its own loader.

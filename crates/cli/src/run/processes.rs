@@ -200,7 +200,7 @@ pub(crate) fn rank_process(args: &RunArgs, local_rank: usize, job: &str) -> Resu
     let attaching = {
         let dataset = Dataset::open(&data.to_string_lossy())
             .with_context(|| format!("opening the dataset {}", data.display()))?;
-        let cache_bytes = super::cache_bytes(args, &dataset);
+        let cache_bytes = args.cache_capacity_bytes(&dataset);
         let mut config = args.loader_config()?;
         strategy.apply(&args.budgets(cache_bytes)?, &mut config);
         fingerprint(&dataset, &config, args.seed)

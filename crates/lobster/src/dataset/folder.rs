@@ -15,11 +15,11 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::table::{Dataset, Key, SampleMeta, IMAGE_EXTENSIONS};
 use super::table_file::{
     default_dir, escape, fnv, mtime_ns, now_ns, prune, read_sealed, seal, split, unescape,
     unescape_into, write_atomically, RACY_NS,
 };
-use super::{Dataset, Key, SampleMeta, IMAGE_EXTENSIONS};
 use crate::error::Error;
 
 /// How close to the table's writing a directory's change makes it untrusted.

@@ -2,184 +2,21 @@
 //! sample's size recorded.
 
 use std::fs;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use table::{range_id, Key};
 
 use crate::error::Error;
 
 mod folder;
 mod shards;
+mod table;
 mod table_file;
 mod tar_index;
 
 pub use folder::FolderOptions;
-
-/// What the loader knows of one sample before reading it: a byte range of a file, with its
-/// label and its name in the source. The reader, the cache and the planner see only this.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SampleMeta {
-    /// Stable id: the sample's index in the dataset's order.
-    pub id: u32,
-    /// The class index: classes sorted by name.
-    pub label: u32,
-    /// The file holding the sample.
-    pub path: Arc<Path>,
-    /// Where the sample's bytes start in the file (0 for a whole file).
-    pub offset: u64,
-    /// The sample's size when the dataset was opened.
-    pub size_bytes: u64,
-    /// The sample is the whole file: a read asks one byte more, so that a file that grew
-    /// since the dataset was opened shows. A range (a member of a shard) is read exactly,
-    /// and a file that ends inside it is an error.
-    pub whole_file: bool,
-    key: Key,
-}
-
-/// Where a sample's name is kept. A folder's sample is named by its path under the root,
-/// which its path already holds: one allocation per sample, not two, when a table of a
-/// million samples is read.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Key {
-    /// The path's bytes from this index on.
-    InPath(u32),
-    Own(Arc<str>),
-}
-
-impl SampleMeta {
-    /// Bytes a read of this sample asks for.
-    pub(crate) fn read_len(&self) -> usize {
-        self.size_bytes as usize + usize::from(self.whole_file)
-    }
-
-    /// The sample's name in its source: its path under the root for a folder (lossily
-    /// UTF-8), its key for a shard's member or a caller's record.
-    pub fn key(&self) -> std::borrow::Cow<'_, str> {
-        match &self.key {
-            Key::InPath(at) => {
-                String::from_utf8_lossy(&self.path.as_os_str().as_bytes()[*at as usize..])
-            }
-            Key::Own(key) => std::borrow::Cow::Borrowed(key),
-        }
-    }
-}
-
-/// The id of the sample after `count` others, if a range of `len` bytes can be one.
-fn range_id(count: usize, len: u64) -> Result<u32, String> {
-    if len > u64::from(u32::MAX) {
-        return Err(format!(
-            "{len} bytes: samples of 4 GiB or more are not supported"
-        ));
-    }
-    u32::try_from(count).map_err(|_| "more than 2^32 samples".into())
-}
-
-/// torchvision's `IMG_EXTENSIONS`: the files an ImageFolder takes as samples, matched
-/// case-insensitively at the end of the file name.
-pub const IMAGE_EXTENSIONS: [&str; 9] = [
-    ".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
-];
-
-/// A dataset: a table of samples, each a byte range of a file ([`SampleMeta`]). Built from
-/// a caller's table ([`Dataset::from_records`]) or opened from an ImageFolder directory:
-/// `root/<class>/.../<file>`, indexed as torchvision's `ImageFolder` indexes it, so that
-/// sample ids (and with them PyTorch's sampler order) agree.
-///
-/// - Classes are the directories directly under `root` (symlinks to directories count),
-///   sorted by name; a class's index is its label. Files directly under `root` are not
-///   samples.
-/// - Each class directory is walked recursively, following symlinks; directories in the
-///   order of their paths, files in each sorted by name.
-/// - A sample is a file whose name ends in one of [`IMAGE_EXTENSIONS`] (any case); other
-///   files (`readme.txt`, `.DS_Store`) are not samples.
-/// - A class without a sample is an error naming every such class, as torchvision's.
-///
-/// Where torchvision would go on silently or fail later, opening stops with an error naming
-/// the path: a directory that cannot be listed, a sample whose size cannot be read (a
-/// broken symlink), or a symlink loop. Files are not opened: whether a sample is readable is
-/// found when it is read.
-#[derive(Clone, Debug)]
-pub struct Dataset {
-    root: PathBuf,
-    classes: Vec<String>,
-    samples: Vec<SampleMeta>,
-    /// The sample table it was read from, if it was not scanned.
-    table: Option<PathBuf>,
-}
-
-/// One sample of a table a caller builds from its own format's index: a byte range of a
-/// file, its label and its key.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SampleRecord {
-    /// The file holding the sample.
-    pub path: PathBuf,
-    /// Where its bytes start.
-    pub offset: u64,
-    /// How many bytes it has.
-    pub len: u64,
-    /// Its class index into the dataset's classes.
-    pub label: u32,
-    /// Its name, unique in the table.
-    pub key: String,
-}
-
+pub use table::{Dataset, SampleMeta, SampleRecord, IMAGE_EXTENSIONS};
 impl Dataset {
-    /// A dataset from a table the caller built (for loaders that embed this one with their
-    /// own format): ids in the order given, `classes` naming the labels, `root` what the
-    /// dataset is reported as. Nothing is opened: a range its file does not hold fails
-    /// when it is read, naming the sample.
-    ///
-    /// # Errors
-    /// An empty table, a label without a class, a duplicate key, a sample of 4 GiB or more,
-    /// or more than 2^32 samples, naming the record.
-    pub fn from_records(
-        root: impl Into<PathBuf>,
-        classes: Vec<String>,
-        records: impl IntoIterator<Item = SampleRecord>,
-    ) -> Result<Self, Error> {
-        let root = root.into();
-        let mut keys = std::collections::HashSet::new();
-        let mut samples = Vec::new();
-        for r in records {
-            let named =
-                |what: String| Error::dataset(&r.path, format!("record {:?}: {what}", r.key));
-            if r.label as usize >= classes.len() {
-                return Err(named(format!(
-                    "label {} but {} classes",
-                    r.label,
-                    classes.len()
-                )));
-            }
-            if !keys.insert(r.key.clone()) {
-                return Err(named("a duplicate key".into()));
-            }
-            let id = range_id(samples.len(), r.len).map_err(named)?;
-            // A shard's members share one path.
-            let path = match samples.last() {
-                Some(SampleMeta { path, .. }) if **path == *r.path => Arc::clone(path),
-                _ => Arc::from(r.path),
-            };
-            samples.push(SampleMeta {
-                id,
-                label: r.label,
-                path,
-                offset: r.offset,
-                size_bytes: r.len,
-                whole_file: false,
-                key: Key::Own(Arc::from(r.key)),
-            });
-        }
-        if samples.is_empty() {
-            return Err(Error::dataset(&root, "an empty table: no samples"));
-        }
-        Ok(Self {
-            root,
-            classes,
-            samples,
-            table: None,
-        })
-    }
-
     /// Opens what `spec` names: WebDataset shards (a brace pattern, a `.tar` file, a list
     /// file, or a directory holding `.tar` files and no sub-directory) or an ImageFolder
     /// directory.
@@ -310,47 +147,6 @@ impl Dataset {
         options: &FolderOptions,
     ) -> Result<(Self, Option<PathBuf>), Error> {
         folder::index(root.as_ref(), options)
-    }
-
-    /// The sample table on disk this dataset was read from; `None` when its source was
-    /// scanned (or it was built from records).
-    pub fn table(&self) -> Option<&Path> {
-        self.table.as_deref()
-    }
-
-    /// The directory the dataset was opened from.
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
-    /// Class names; a sample's label indexes this.
-    pub fn classes(&self) -> &[String] {
-        &self.classes
-    }
-
-    /// Every sample, indexed by id.
-    pub fn samples(&self) -> &[SampleMeta] {
-        &self.samples
-    }
-
-    /// The number of samples.
-    pub fn len(&self) -> usize {
-        self.samples.len()
-    }
-
-    /// Whether the dataset has no samples (never true for an opened dataset).
-    pub fn is_empty(&self) -> bool {
-        self.samples.is_empty()
-    }
-
-    /// The largest sample's size (0 for an empty dataset).
-    pub fn max_sample_bytes(&self) -> u64 {
-        self.samples.iter().map(|s| s.size_bytes).max().unwrap_or(0)
-    }
-
-    /// The sum of all sample sizes.
-    pub fn total_bytes(&self) -> u64 {
-        self.samples.iter().map(|s| s.size_bytes).sum()
     }
 }
 

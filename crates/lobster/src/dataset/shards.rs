@@ -33,12 +33,12 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::table::IMAGE_EXTENSIONS;
 use super::table_file::{
     escape, fnv, mtime_ns, now_ns, prune, read_sealed, seal, split, unescape, unescape_into,
     write_atomically, RACY_NS,
 };
 use super::tar_index::{members, Member};
-use super::IMAGE_EXTENSIONS;
 use crate::error::Error;
 
 /// The longest `.cls` member read.

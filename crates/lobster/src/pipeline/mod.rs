@@ -16,6 +16,7 @@
 //!
 //! [`state`] composes the stages' shared parts; [`context`] holds what never changes.
 
+mod access;
 mod context;
 mod decode;
 mod deliver;

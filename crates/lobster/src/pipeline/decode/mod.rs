@@ -1,4 +1,4 @@
-//! The decode workers: take a task whose bytes are known (or, read-then-decode, read them),
+//! The decode workers: take a access whose bytes are known (or, read-then-decode, read them),
 //! run the user's decode function, and deliver the sample to its rank's reorder buffer.
 
 pub(super) mod forms;
@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use crate::batch::Sample;
 use crate::dataset::SampleMeta;
 use crate::error::{Cause, Error};
+use crate::pipeline::access::{Access, Read, Ready, StorageRead};
 use crate::pipeline::context::Context;
 use crate::pipeline::io::blocking::{blocking_read, resident_read, OnWorker};
-use crate::pipeline::io::order::{IoRequest, ToDispatcher};
-use crate::pipeline::io::slot::{Loaded, Origin, Ready, Slot, Task, WorkerRead};
+use crate::pipeline::io::order::ToDispatcher;
+use crate::pipeline::io::slot::{Loaded, Origin, Slot};
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::lock;
 use forms::{decode_in_stages, finish_cached, Keep};
@@ -31,7 +32,7 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
         if observed.samples >= OBSERVE_EVERY_SAMPLES {
             observed.flush(state);
         }
-        let Some(Ready { task, bytes }) = group.next().or_else(|| {
+        let Some(Ready { access, bytes }) = group.next().or_else(|| {
             let more =
                 state
                     .decode
@@ -41,18 +42,18 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
         }) else {
             break;
         };
-        let meta = ctx.meta(task.sample);
-        if let Some(tier) = ctx.forms.as_ref().filter(|_| task.hit_decoded) {
+        let meta = ctx.meta(access.sample);
+        if let Some(tier) = ctx.forms.as_ref().filter(|_| access.cached.hit_decoded()) {
             // A hit on a decoded image runs the second stage only.
-            if let Some(image) = task.slot.as_ref().and_then(|s| s.decoded()) {
+            if let Some(image) = access.slot.as_ref().and_then(|s| s.decoded()) {
                 let started = Instant::now();
                 let item = decode_step(meta, || {
-                    finish_cached(&tier.staged, &image, meta, task.epoch, &state.forms)
+                    finish_cached(&tier.staged, &image, meta, access.epoch, &state.forms)
                 });
                 let last = group.len() == 0;
                 hand_over(
                     state,
-                    &task,
+                    &access,
                     (item, started.elapsed(), None),
                     last,
                     &mut observed,
@@ -63,30 +64,36 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
         }
         // A planned hit that had to read storage after all (counted as the miss it is).
         let mut reread = false;
-        let bytes = match task.read {
-            WorkerRead::Blocking => {
-                let from_peer = task.peer.and_then(|p| {
-                    crate::pipeline::peers::fetch::blocking(ctx, state, task.sample, p)
+        let bytes = match access.read {
+            Read::Blocking { peer } => {
+                let from_peer = peer.and_then(|p| {
+                    crate::pipeline::peers::fetch::blocking(ctx, state, access.sample, p)
                 });
                 let loaded = match from_peer {
                     Some(bytes) => Ok(bytes),
-                    None => blocking_read(ctx, state, meta, task.epoch),
+                    None => blocking_read(ctx, state, meta, access.epoch),
                 };
                 fill(
                     state,
                     ctx,
-                    &task,
+                    &access,
                     loaded.clone(),
                     Origin::Own,
                     &mut released,
                 );
                 loaded
             }
-            WorkerRead::IfResident => {
+            Read::IfResident => {
                 observed.tried += 1;
                 // An admitted sample the page cache holds can stay there, read like any other.
-                let leave = task.admitted && state.read_path.leave_in_page_cache();
-                match resident_read(ctx, state, meta, task.epoch, task.admitted && !leave) {
+                let leave = access.cached.admitted() && state.read_path.leave_in_page_cache();
+                match resident_read(
+                    ctx,
+                    state,
+                    meta,
+                    access.epoch,
+                    access.cached.admitted() && !leave,
+                ) {
                     (OnWorker::Done(loaded), pooled) => {
                         observed.resident += 1;
                         observed.left_in_page_cache += u64::from(leave && loaded.is_ok());
@@ -95,17 +102,17 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                             (false, true) => Origin::Pool,
                             (false, false) => Origin::Own,
                         };
-                        fill(state, ctx, &task, loaded.clone(), origin, &mut released);
+                        fill(state, ctx, &access, loaded.clone(), origin, &mut released);
                         loaded
                     }
                     (OnWorker::NotResident { attempt }, _) => {
                         observed.flush_read_path(state);
-                        to_dispatcher(ctx, state, task, attempt);
+                        to_dispatcher(ctx, state, access, attempt);
                         continue;
                     }
                 }
             }
-            WorkerRead::PageCacheHit => match resident_read(ctx, state, meta, task.epoch, false) {
+            Read::PageCacheHit => match resident_read(ctx, state, meta, access.epoch, false) {
                 (OnWorker::Done(loaded), _) => {
                     observed.page_cache_hits += 1;
                     loaded
@@ -113,26 +120,27 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                 (OnWorker::NotResident { .. }, _) => {
                     observed.page_cache_lost += 1;
                     reread = true;
-                    blocking_read(ctx, state, meta, task.epoch)
+                    blocking_read(ctx, state, meta, access.epoch)
                 }
             },
-            WorkerRead::No
-                if task.hit && matches!(bytes, Err(Error::Read { .. } | Error::Decode { .. })) =>
-            {
+            Read::Cached if matches!(bytes, Err(Error::Read { .. } | Error::Decode { .. })) => {
                 // The read that admitted this sample failed, or its bytes failed to decode:
                 // read it again for this access rather than fail every later hit on it. The
                 // slot keeps the failure, so each such hit reads for itself and its outcome
                 // depends only on its own epoch, not on timing.
                 reread = true;
-                blocking_read(ctx, state, meta, task.epoch)
+                blocking_read(ctx, state, meta, access.epoch)
             }
-            WorkerRead::No => bytes,
+            Read::Cached | Read::Storage(_) | Read::Peer(_) => bytes,
         };
-        let keep = task.slot.as_ref().filter(|_| task.keep_decoded);
-        let stages = (keep, task.hit_decoded);
+        let keep = access
+            .slot
+            .as_ref()
+            .filter(|_| access.cached.keep_decoded());
+        let stages = (keep, access.cached.hit_decoded());
         let (mut item, mut elapsed) =
-            decode_sample(ctx, state, meta, task.epoch, bytes, stages, &mut observed);
-        if task.hit && !reread && matches!(item, Err(Error::Decode { .. })) {
+            decode_sample(ctx, state, meta, access.epoch, bytes, stages, &mut observed);
+        if access.cached.hit() && !reread && matches!(item, Err(Error::Decode { .. })) {
             // Cached bytes the admitting access has not yet found bad (it may still be
             // decoding them): the same verdict, reached before the mark.
             reread = true;
@@ -140,8 +148,8 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                 ctx,
                 state,
                 meta,
-                task.epoch,
-                blocking_read(ctx, state, meta, task.epoch),
+                access.epoch,
+                blocking_read(ctx, state, meta, access.epoch),
                 stages,
                 &mut observed,
             );
@@ -149,23 +157,23 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
             elapsed += again.1;
         }
         // Bytes the cache keeps (or keeps until their image is made) that fail to decode.
-        if (task.admitted && !task.hit) || task.keep_decoded {
-            if let (Err(e @ Error::Decode { .. }), Some(slot)) = (&item, &task.slot) {
+        if access.cached.admitted() || access.cached.keep_decoded() {
+            if let (Err(e @ Error::Decode { .. }), Some(slot)) = (&item, &access.slot) {
                 slot.spoil(e.clone());
             }
         }
         let reread = reread.then_some(meta.size_bytes);
         let last = group.len() == 0;
-        hand_over(state, &task, (item, elapsed, reread), last, &mut observed);
+        hand_over(state, &access, (item, elapsed, reread), last, &mut observed);
     }
     observed.flush(state);
 }
 
-/// Delivers a task's sample to its rank (`reread`: the bytes of a planned hit that read
+/// Delivers a access's sample to its rank (`reread`: the bytes of a planned hit that read
 /// storage after all); the read-path counts go out before the last of a worker's group.
 fn hand_over<T>(
     state: &PipelineState<T>,
-    task: &Task,
+    access: &Access,
     (item, elapsed, reread): (Result<Sample<T>, Error>, Duration, Option<u64>),
     last_of_group: bool,
     observed: &mut DecodeObservations,
@@ -173,7 +181,7 @@ fn hand_over<T>(
     if last_of_group {
         observed.flush_read_path(state);
     }
-    state.ranks[task.rank].deliver(task, item, elapsed, reread);
+    state.ranks[access.rank].deliver(access, item, elapsed, reread);
     state.delivered();
 }
 
@@ -229,47 +237,35 @@ impl DecodeObservations {
 fn fill<T>(
     state: &PipelineState<T>,
     ctx: &Context<T>,
-    task: &Task,
+    access: &Access,
     loaded: Loaded,
     origin: Origin,
     released: &mut Vec<Ready>,
 ) {
-    let slot = task
+    let slot = access
         .slot
         .as_ref()
-        .expect("a task read on its worker never waited");
-    slot.fill(loaded, task.admitted, origin, ctx.arena.as_ref(), released);
+        .expect("an access read on its worker never waited");
+    // The worker decodes the bytes it read; the slot keeps its own copy where it makes one.
+    let _kept = slot.fill(
+        loaded,
+        access.cached.admitted(),
+        origin,
+        ctx.arena.as_ref(),
+        released,
+    );
     state.ready(released.drain(..));
 }
 
-/// Sends the read of a sample the page cache did not hold to the dispatcher; the task waits
-/// on its slot like any other.
-fn to_dispatcher<T>(ctx: &Context<T>, state: &PipelineState<T>, mut task: Task, attempt: u32) {
+/// Sends the read of a sample the page cache did not hold to the dispatcher, late already:
+/// first among its iteration's reads.
+fn to_dispatcher<T>(ctx: &Context<T>, state: &PipelineState<T>, mut access: Access, attempt: u32) {
     state.read_path.dispatched.fetch_add(1, Ordering::Relaxed);
-    let slot = task
-        .slot
-        .take()
-        .expect("a task read on its worker never waited");
-    let req = IoRequest {
-        seq: task.seq,
-        step: ctx.layout.step(task.epoch, task.iteration as usize),
-        // Late already: first among its iteration's reads.
-        finish_ppm: 0,
-        bytes: ctx.meta(task.sample).size_bytes,
-        epoch: task.epoch,
-        rank: task.rank,
-        sample: task.sample,
-        slot: slot.clone(),
-        admitted: task.admitted,
-        attempt,
-    };
-    task.read = WorkerRead::No;
-    // Parked before the read is sent, so the fill finds it.
-    if let Some(ready) = slot.wait(task) {
-        state.ready([ready]);
-    }
+    let step = ctx.layout.step(access.epoch, access.iteration as usize);
+    let bytes = ctx.meta(access.sample).size_bytes;
+    access.read = Read::Storage(StorageRead::new(step, bytes, attempt));
     let tx = state.to_dispatcher.as_ref().expect("pipelined");
-    if tx.send(ToDispatcher::Reads(vec![req])).is_err() {
+    if tx.send(ToDispatcher::Reads(vec![access])).is_err() {
         state.fail(Error::Stopped {
             reason: "the I/O dispatcher ended".into(),
         });

@@ -5,14 +5,14 @@ use std::collections::BinaryHeap;
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use crate::pipeline::io::slot::Ready;
+use crate::pipeline::access::Ready;
 use crate::pipeline::plan::layout::Layout;
 use crate::pipeline::sync::{lock, StopSignal};
 
 // Queues are min-heaps on the stream position, so the oldest iteration is served first.
 impl PartialEq for Ready {
     fn eq(&self, other: &Self) -> bool {
-        self.task.seq == other.task.seq
+        self.access.seq == other.access.seq
     }
 }
 
@@ -26,7 +26,7 @@ impl PartialOrd for Ready {
 
 impl Ord for Ready {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        other.task.seq.cmp(&self.task.seq)
+        other.access.seq.cmp(&self.access.seq)
     }
 }
 
@@ -78,7 +78,7 @@ impl DecodeQueues {
         let mut state = lock(&self.state);
         let mut pushed = 0;
         for r in ready {
-            state.by_rank[r.task.rank].push(r);
+            state.by_rank[r.access.rank].push(r);
             pushed += 1;
         }
         let wake = pushed.min(state.sleepers);
@@ -107,7 +107,7 @@ impl DecodeQueues {
         out: &mut Vec<Ready>,
     ) -> bool {
         debug_assert!(out.is_empty());
-        let step = |t: &Ready| layout.step(t.task.epoch, t.task.iteration as usize);
+        let step = |t: &Ready| layout.step(t.access.epoch, t.access.iteration as usize);
         let mut state = lock(&self.state);
         loop {
             if stop.is_set() {
@@ -119,7 +119,7 @@ impl DecodeQueues {
             let chosen = match self.rule {
                 TakeRule::OldestIteration => {
                     let oldest = (0..queues.len())
-                        .filter_map(|r| queues[r].peek().map(|t| ((step(t), t.task.pos), r)))
+                        .filter_map(|r| queues[r].peek().map(|t| ((step(t), t.access.pos), r)))
                         .min();
                     oldest.map(|((oldest_step, _), oldest_rank)| {
                         own.filter(|&r| queues[r].peek().is_some_and(|t| step(t) <= oldest_step))
@@ -129,7 +129,7 @@ impl DecodeQueues {
                 TakeRule::OwnRank => match own {
                     Some(r) => Some(r).filter(|&r| !queues[r].is_empty()),
                     None => (0..queues.len())
-                        .filter_map(|r| queues[r].peek().map(|t| (t.task.seq, r)))
+                        .filter_map(|r| queues[r].peek().map(|t| (t.access.seq, r)))
                         .min()
                         .map(|(_, r)| r),
                 },

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::batch::Sample;
 use crate::error::Error;
 use crate::metrics::IterationMetrics;
-use crate::pipeline::io::slot::Task;
+use crate::pipeline::access::Access;
 use crate::pipeline::sync::{lock, StopSignal};
 
 /// A batch being assembled.
@@ -116,7 +116,7 @@ impl<T> ReorderBuffer<T> {
     /// planned hit that read storage after all (`reread_bytes`) is counted as the miss it is.
     pub(crate) fn deliver(
         &self,
-        task: &Task,
+        access: &Access,
         item: Result<Sample<T>, Error>,
         decode: Duration,
         reread_bytes: Option<u64>,
@@ -125,12 +125,12 @@ impl<T> ReorderBuffer<T> {
         let Some(batch) = buffer
             .batches
             .iter_mut()
-            .find(|b| b.epoch == task.epoch && b.iteration == task.iteration)
+            .find(|b| b.epoch == access.epoch && b.iteration == access.iteration)
         else {
             return;
         };
         debug_assert!(
-            batch.items[task.pos].is_none(),
+            batch.items[access.pos].is_none(),
             "a position is delivered once"
         );
         if let Some(bytes) = reread_bytes {
@@ -140,7 +140,7 @@ impl<T> ReorderBuffer<T> {
             m.misses += 1;
             m.miss_bytes += bytes;
         }
-        batch.items[task.pos] = Some(item);
+        batch.items[access.pos] = Some(item);
         batch.remaining -= 1;
         batch.metrics.decode_s += decode.as_secs_f64();
         if batch.remaining == 0 {

@@ -27,14 +27,15 @@ use slab::Slab;
 
 use crate::config::IoOrder;
 use crate::error::Error;
+use crate::pipeline::access::{Access, Ready};
 use crate::pipeline::context::Context;
 use crate::pipeline::plan::allocate::equal_split;
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::{lock, stopped};
 use attempt::{fate, Attempt, Fate, ReadFailure};
 use files::OpenFiles;
-use order::{next_read, IoRequest, ToDispatcher};
-use slot::{Loaded, Origin, Ready};
+use order::{next_read, ToDispatcher};
+use slot::{Loaded, Origin, Slot};
 
 /// The longest the dispatcher sleeps without looking at its queue and the stop flag.
 const IDLE_WAIT: Duration = Duration::from_millis(100);
@@ -46,7 +47,7 @@ const THROUGHPUT_READS: u32 = 64;
 /// A read handed to the reader, until it completes on the (emulated) storage.
 #[derive(Debug)]
 struct InFlight {
-    req: IoRequest,
+    access: Access,
     /// The open file (engine port only).
     file: Option<FileId>,
     /// 0 for the first attempt; a retry waiting for its backoff keeps its io_depth slot.
@@ -69,7 +70,7 @@ struct Reads {
     files: OpenFiles,
     /// Emulated answers and retry backoffs, by due time.
     timers: BinaryHeap<Reverse<(Instant, usize)>>,
-    /// Tasks released by filled slots, queued for decode together.
+    /// Accesses released by filled slots, queued for decode together.
     released: Vec<Ready>,
     /// Where the cache keeps its copies of large samples.
     arena: Option<lobster_uring::Arena>,
@@ -92,11 +93,11 @@ impl Reads {
     }
 
     /// Takes a read that holds an io_depth slot (and an open file on the engine port).
-    fn start(&mut self, req: IoRequest, file: Option<FileId>) -> usize {
-        self.in_flight[req.rank] += 1;
+    fn start(&mut self, access: Access, file: Option<FileId>) -> usize {
+        self.in_flight[access.rank] += 1;
         self.slab.insert(InFlight {
-            attempt: req.attempt,
-            req,
+            attempt: access.storage().attempt,
+            access,
             file,
             issued: Instant::now(),
             due: None,
@@ -107,31 +108,25 @@ impl Reads {
     /// Ends read `key`, giving back its io_depth slot and its file.
     fn retire(&mut self, key: usize) -> InFlight {
         let done = self.slab.remove(key);
-        self.in_flight[done.req.rank] -= 1;
+        self.in_flight[done.access.rank] -= 1;
         if done.file.is_some() {
-            self.files.release(done.req.sample);
+            self.files.release(done.access.sample);
         }
         done
     }
 
-    /// Queues the released tasks for decode, under one lock.
+    /// Queues the released accesses for decode, under one lock.
     fn hand_off<T>(&mut self, state: &PipelineState<T>) {
         if !self.released.is_empty() {
             state.ready(self.released.drain(..));
         }
     }
 
-    /// Fills the request's slot; its waiting tasks go to decode with the others released
-    /// since the last hand-off.
-    fn fill(&mut self, req: IoRequest, loaded: Loaded) {
+    /// Fills the access's slot; it and the accesses waiting there go to decode with the
+    /// others released since the last hand-off.
+    fn fill(&mut self, access: Access, loaded: Loaded) {
         let arena = self.arena.as_ref();
-        req.slot.fill(
-            loaded,
-            req.admitted,
-            Origin::Pool,
-            arena,
-            &mut self.released,
-        );
+        Slot::fill_for(access, loaded, Origin::Pool, arena, &mut self.released);
     }
 }
 
@@ -214,7 +209,7 @@ pub(crate) fn dispatcher<T>(
         IoOrder::Deadline => vec![budget; ranks],
         IoOrder::Shares => equal_split(budget, ranks),
     };
-    let mut pending: Vec<VecDeque<IoRequest>> = (0..ranks).map(|_| VecDeque::new()).collect();
+    let mut pending: Vec<VecDeque<Access>> = (0..ranks).map(|_| VecDeque::new()).collect();
     let mut reads = Reads::new(ranks, ctx.arena.clone());
     let mut allocations: VecDeque<(u64, Vec<u32>)> = VecDeque::new();
     let mut saturation = Saturation::default();
@@ -232,7 +227,7 @@ pub(crate) fn dispatcher<T>(
         // A window's allocation takes effect when its first request is the oldest pending one,
         // not when it was planned, which is up to the prefetch window earlier.
         let oldest = (0..ranks)
-            .filter_map(|r| pending[r].front().map(|q| q.seq))
+            .filter_map(|r| pending[r].front().map(|a| a.seq))
             .min();
         while let Some((from_seq, _)) = allocations.front() {
             if oldest.is_none_or(|o| o < *from_seq) {
@@ -254,10 +249,10 @@ pub(crate) fn dispatcher<T>(
         )
         .filter(|_| reads.blocked.is_empty())
         {
-            let req = pending[r].pop_front().expect("front checked");
-            if !req.admitted && state.ranks[req.rank].is_detached() {
-                // Only the dropped rank's own access waits on this slot.
-                reads.fill(req, Err(stopped()));
+            let access = pending[r].pop_front().expect("front checked");
+            if !access.cached.admitted() && state.ranks[access.rank].is_detached() {
+                // No other access waits on this slot.
+                reads.fill(access, Err(stopped()));
                 continue;
             }
             let file = match &port {
@@ -265,17 +260,17 @@ pub(crate) fn dispatcher<T>(
                 Port::Engine { reader, .. } => {
                     match reads
                         .files
-                        .acquire(reader, ctx.meta(req.sample), ctx.config.direct)
+                        .acquire(reader, ctx.meta(access.sample), ctx.config.direct)
                     {
                         Ok(file) => Some(file),
                         Err(e) => {
-                            reads.fill(req, Err(e));
+                            reads.fill(access, Err(e));
                             continue;
                         }
                     }
                 }
             };
-            let key = reads.start(req, file);
+            let key = reads.start(access, file);
             debug_assert!(
                 ctx.config.io_order != IoOrder::Deadline
                     || reads.in_flight.iter().sum::<u32>() <= budget,
@@ -373,13 +368,13 @@ pub(crate) fn dispatcher<T>(
 
 fn take(
     msg: ToDispatcher,
-    pending: &mut [VecDeque<IoRequest>],
+    pending: &mut [VecDeque<Access>],
     allocations: &mut VecDeque<(u64, Vec<u32>)>,
 ) {
     match msg {
         ToDispatcher::Reads(window) => {
-            for req in window {
-                pending[req.rank].push_back(req);
+            for access in window {
+                pending[access.rank].push_back(access);
             }
         }
         ToDispatcher::Depths { from_seq, io_depth } => {
@@ -399,8 +394,8 @@ fn submit<T>(
     key: usize,
 ) -> bool {
     let read = &reads.slab[key];
-    let meta = ctx.meta(read.req.sample);
-    let (class, tag) = (read.req.rank, key as u64);
+    let meta = ctx.meta(read.access.sample);
+    let (class, tag) = (read.access.rank, key as u64);
     let submitted = match (port, read.file) {
         // A whole file asks one byte more than the sample: a file that grew since the
         // dataset was opened shows as too long, without a stat. Queued without a system
@@ -470,8 +465,8 @@ fn on_completion<T>(
     let key = c.tag as usize;
     let read = &reads.slab[key];
     let attempt = Attempt {
-        meta: ctx.meta(read.req.sample),
-        epoch: read.req.epoch,
+        meta: ctx.meta(read.access.sample),
+        epoch: read.access.epoch,
         number: read.attempt,
         due: read.due,
     };
@@ -511,7 +506,7 @@ fn finish<T>(
     loaded: Loaded,
 ) {
     if loaded.is_ok() {
-        let bytes = ctx.meta(done.req.sample).size_bytes;
+        let bytes = ctx.meta(done.access.sample).size_bytes;
         let now = Instant::now();
         let mut model = lock(&state.model);
         model.observe_read(Tier::Storage, bytes, now - done.issued);
@@ -519,7 +514,7 @@ fn finish<T>(
             model.observe_throughput(Tier::Storage, bytes, elapsed);
         }
     }
-    reads.fill(done.req, loaded);
+    reads.fill(done.access, loaded);
 }
 
 fn set_depth(reader: &Reader, class: usize, depth: u32) -> Result<(), Error> {

@@ -8,35 +8,15 @@
 
 use std::cmp::Reverse;
 use std::collections::VecDeque;
-use std::sync::Arc;
 
-use super::slot::Slot;
 use crate::config::IoOrder;
-
-/// A sample read request for the dispatcher.
-#[derive(Debug)]
-pub(crate) struct IoRequest {
-    pub(crate) seq: u64,
-    /// Iterations since the first epoch's first: the read's deadline.
-    pub(crate) step: u64,
-    /// Parts per million of its batch's storage bytes read once this read is done.
-    pub(crate) finish_ppm: u32,
-    /// The sample's size: of reads that end their batches together, the largest goes first.
-    pub(crate) bytes: u64,
-    pub(crate) epoch: u32,
-    pub(crate) rank: usize,
-    pub(crate) sample: u32,
-    pub(crate) slot: Arc<Slot>,
-    pub(crate) admitted: bool,
-    /// The attempt the dispatcher starts at (a worker may have tried before).
-    pub(crate) attempt: u32,
-}
+use crate::pipeline::access::Access;
 
 /// What the planner and the decode workers send the dispatcher.
 #[derive(Debug)]
 pub(crate) enum ToDispatcher {
     /// Reads, together so that their order is chosen over the whole window.
-    Reads(Vec<IoRequest>),
+    Reads(Vec<Access>),
     /// io_depth per rank for the requests from stream position `from_seq` on.
     Depths { from_seq: u64, io_depth: Vec<u32> },
 }
@@ -44,14 +24,16 @@ pub(crate) enum ToDispatcher {
 /// Sets each read's place in the [`IoOrder::Deadline`] order: the fraction, in parts per
 /// million, of its batch's storage bytes read once it is. `reads` are in canonical order, so
 /// each batch's reads are adjacent.
-pub(crate) fn set_read_fractions(reads: &mut [IoRequest]) {
-    for batch in reads.chunk_by_mut(|a, b| (a.step, a.rank) == (b.step, b.rank)) {
-        let total_bytes: u64 = batch.iter().map(|r| r.bytes).sum();
+pub(crate) fn set_read_fractions(reads: &mut [Access]) {
+    let batch_of = |a: &Access| (a.storage().step, a.rank);
+    for batch in reads.chunk_by_mut(|a, b| batch_of(a) == batch_of(b)) {
+        let total_bytes: u64 = batch.iter().map(|r| r.storage().bytes).sum();
         let mut read_bytes = 0;
         for r in batch {
-            read_bytes += r.bytes;
+            let read = r.storage_mut();
+            read_bytes += read.bytes;
             // A batch of empty samples finishes with its first read.
-            r.finish_ppm = (read_bytes * 1_000_000)
+            read.finish_ppm = (read_bytes * 1_000_000)
                 .checked_div(total_bytes)
                 .unwrap_or(1_000_000) as u32;
         }
@@ -62,7 +44,7 @@ pub(crate) fn set_read_fractions(reads: &mut [IoRequest]) {
 /// current iteration before the prefetched ones.
 pub(crate) fn next_read(
     order: IoOrder,
-    pending: &[VecDeque<IoRequest>],
+    pending: &[VecDeque<Access>],
     in_flight: &[u32],
     depth: &[u32],
     budget: u32,
@@ -71,7 +53,7 @@ pub(crate) fn next_read(
         pending
             .iter()
             .enumerate()
-            .filter_map(|(r, q)| q.front().map(|q| (r, q)))
+            .filter_map(|(r, q)| q.front().map(|a| (r, a)))
     };
     match order {
         IoOrder::Deadline => {
@@ -79,7 +61,10 @@ pub(crate) fn next_read(
                 return None;
             }
             fronts()
-                .min_by_key(|&(r, q)| (q.step, q.finish_ppm, Reverse(q.bytes), r))
+                .min_by_key(|&(r, a)| {
+                    let q = a.storage();
+                    (q.step, q.finish_ppm, Reverse(q.bytes), r)
+                })
                 .map(|(r, _)| r)
         }
         IoOrder::Shares => fronts()
@@ -92,21 +77,26 @@ pub(crate) fn next_read(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::access::{Read, StorageRead};
     use crate::pipeline::plan::allocate::equal_split;
     use rand::{Rng, SeedableRng};
 
-    fn request(seq: u64, step: u64, rank: usize, finish_ppm: u32, bytes: u64) -> IoRequest {
-        IoRequest {
+    fn request(seq: u64, step: u64, rank: usize, finish_ppm: u32, bytes: u64) -> Access {
+        Access {
             seq,
-            step,
-            finish_ppm,
-            bytes,
             epoch: 0,
+            iteration: step as u32,
             rank,
+            pos: 0,
             sample: seq as u32,
-            slot: Slot::new(),
-            admitted: false,
-            attempt: 0,
+            cached: Default::default(),
+            read: Read::Storage(StorageRead {
+                step,
+                finish_ppm,
+                bytes,
+                attempt: 0,
+            }),
+            slot: Some(crate::pipeline::io::slot::Slot::new()),
         }
     }
 
@@ -126,14 +116,14 @@ mod tests {
             request(4, 4, 0, 0, 10),
         ];
         set_read_fractions(&mut reads);
-        let f: Vec<u32> = reads.iter().map(|r| r.finish_ppm).collect();
+        let f: Vec<u32> = reads.iter().map(|r| r.storage().finish_ppm).collect();
         assert_eq!(f, vec![250_000, 1_000_000, 1_000_000, 1_000_000]);
     }
 
     /// Issues every pending read in `order` with room for all of them, onto a link that
     /// transfers one byte per unit of time in issue order; returns when each rank's last read
     /// of step 0 ends.
-    fn rank_finish_times(order: IoOrder, pending: &mut [VecDeque<IoRequest>]) -> Vec<u64> {
+    fn rank_finish_times(order: IoOrder, pending: &mut [VecDeque<Access>]) -> Vec<u64> {
         let ranks = pending.len();
         let mut in_flight = vec![0; ranks];
         let depth = equal_split(1 << 20, ranks);
@@ -144,8 +134,8 @@ mod tests {
                 .pop_front()
                 .expect("next_read picks a rank with work");
             in_flight[r] += 1;
-            link += req.bytes;
-            if req.step == 0 {
+            link += req.storage().bytes;
+            if req.storage().step == 0 {
                 finish[r] = link;
             }
         }
@@ -153,12 +143,12 @@ mod tests {
     }
 
     /// Step 0's batches of four ranks with different miss counts, then one read of step 1.
-    fn batches(seed: u64) -> Vec<VecDeque<IoRequest>> {
+    fn batches(seed: u64) -> Vec<VecDeque<Access>> {
         let misses = [7, 2, 12, 5];
         let mut seq = 0;
-        let mut pending: Vec<VecDeque<IoRequest>> = (0..4).map(|_| VecDeque::new()).collect();
+        let mut pending: Vec<VecDeque<Access>> = (0..4).map(|_| VecDeque::new()).collect();
         for (rank, &n) in misses.iter().enumerate() {
-            let mut batch: Vec<IoRequest> = sizes(seed + rank as u64, n)
+            let mut batch: Vec<Access> = sizes(seed + rank as u64, n)
                 .into_iter()
                 .map(|b| {
                     seq += 1;
@@ -181,16 +171,17 @@ mod tests {
                 .iter()
                 .map(|q| {
                     q.iter()
-                        .rfind(|r| r.step == 0)
+                        .rfind(|r| r.storage().step == 0)
                         .expect("every rank reads")
+                        .storage()
                         .bytes
                 })
                 .collect();
             let step_bytes: u64 = pending
                 .iter()
                 .flatten()
-                .filter(|r| r.step == 0)
-                .map(|r| r.bytes)
+                .filter(|r| r.storage().step == 0)
+                .map(|r| r.storage().bytes)
                 .sum();
             let finish = rank_finish_times(IoOrder::Deadline, &mut pending);
             // Only the ranks' last reads separate their ends, largest first.
@@ -219,7 +210,7 @@ mod tests {
 
     #[test]
     fn deadline_order_serves_the_oldest_step_within_the_node_budget() {
-        let mut pending: Vec<VecDeque<IoRequest>> = (0..2).map(|_| VecDeque::new()).collect();
+        let mut pending: Vec<VecDeque<Access>> = (0..2).map(|_| VecDeque::new()).collect();
         pending[0].push_back(request(1, 5, 0, 900_000, 10));
         pending[1].push_back(request(2, 6, 1, 1, 10));
         // Rank 1's read is further through its batch but a step later.
@@ -250,7 +241,7 @@ mod tests {
 
     #[test]
     fn shares_hold_each_rank_to_its_io_depth() {
-        let mut pending: Vec<VecDeque<IoRequest>> = (0..2).map(|_| VecDeque::new()).collect();
+        let mut pending: Vec<VecDeque<Access>> = (0..2).map(|_| VecDeque::new()).collect();
         pending[0].push_back(request(1, 0, 0, 500_000, 10));
         pending[1].push_back(request(2, 0, 1, 100_000, 10));
         assert_eq!(

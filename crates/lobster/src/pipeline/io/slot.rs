@@ -1,9 +1,8 @@
-//! Where a sample's bytes appear: the slot every access to one read waits on, and the tasks
-//! that wait.
+//! Where a sample's bytes appear: the slot every access to one read waits on.
 //!
 //! A miss creates a slot; the hits the cache plans on that sample share it. Whoever fills the
-//! slot (the dispatcher, or a read-then-decode worker) releases every task waiting on it, and
-//! the caller hands the released tasks to the decode queues in one go. A sample the cache
+//! slot (the dispatcher, a worker, a peer's answer) releases every access waiting on it, and
+//! the caller hands the released accesses to the decode queues in one go. A sample the cache
 //! keeps that the page cache already holds settles the slot without bytes: its hits read it
 //! there.
 
@@ -13,6 +12,7 @@ use bytes::Bytes;
 use lobster_uring::Arena;
 
 use crate::error::Error;
+use crate::pipeline::access::{Access, Read, Ready};
 use crate::pipeline::sync::lock;
 
 /// Bytes of one sample, or why they could not be had. Shared by every access that needs them.
@@ -26,10 +26,10 @@ pub(crate) struct Slot {
 
 #[derive(Debug)]
 enum SlotState {
-    Pending(Vec<Task>),
+    Pending(Vec<Access>),
     Ready(Loaded),
     /// A cached sample the page cache held when it was read: the cache keeps no copy, and
-    /// each hit reads it from there (see [`WorkerRead::PageCacheHit`]).
+    /// each hit reads it from there (see [`Read::PageCacheHit`]).
     InPageCache,
     /// A sample the cache keeps decoded: its bytes are gone, its hits transform the image.
     Decoded(Arc<DecodedImage>),
@@ -77,48 +77,6 @@ impl DecodedImage {
     }
 }
 
-/// One access on its way to a rank's batch.
-#[derive(Debug)]
-pub(crate) struct Task {
-    /// Position in the node stream: lower goes first in every queue.
-    pub(crate) seq: u64,
-    pub(crate) epoch: u32,
-    pub(crate) iteration: u32,
-    pub(crate) rank: usize,
-    pub(crate) pos: usize,
-    pub(crate) sample: u32,
-    /// `None` while the task waits in its slot's list: a waiting task holding its slot would
-    /// make a reference cycle, leaked when the loader stops before the slot is filled.
-    pub(crate) slot: Option<Arc<Slot>>,
-    /// The slot's bytes are kept in the cache: store a right-sized copy, not a pool buffer.
-    pub(crate) admitted: bool,
-    /// The cache keeps the sample decoded after this access: the decode puts its image in
-    /// the slot.
-    pub(crate) keep_decoded: bool,
-    /// A hit the plan expects to find decoded.
-    pub(crate) hit_decoded: bool,
-    /// Who reads the sample, if the task's worker does.
-    pub(crate) read: WorkerRead,
-    /// A cache hit: its bytes come from the read that admitted the sample.
-    pub(crate) hit: bool,
-    /// Read-then-decode: the peer node to fetch the sample from before storage.
-    pub(crate) peer: Option<usize>,
-}
-
-/// A read the decode worker that takes a task makes itself.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum WorkerRead {
-    /// None: the bytes come with the task (a hit, or the dispatcher read them).
-    No,
-    /// Read-then-decode: a blocking read.
-    Blocking,
-    /// Pipelined: a read if the page cache holds the sample, else the dispatcher's.
-    IfResident,
-    /// A hit on a sample the cache left in the page cache: read it from there, or, if the
-    /// page cache has let it go, from storage (the miss it then is).
-    PageCacheHit,
-}
-
 /// Where a read's bytes live, which decides what the cache keeps of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Origin {
@@ -155,20 +113,13 @@ fn cache_copy(b: &Bytes, arena: Option<&Arena>) -> Bytes {
 
 /// A hit on a sample left in the page cache, ready for a worker to read it there. It keeps
 /// its slot only to put the sample's decoded image there.
-fn page_cache_hit(slot: &Arc<Slot>, mut task: Task) -> Ready {
-    task.read = WorkerRead::PageCacheHit;
-    task.slot = task.keep_decoded.then(|| slot.clone());
+fn page_cache_hit(slot: &Arc<Slot>, mut access: Access) -> Ready {
+    access.read = Read::PageCacheHit;
+    access.slot = access.cached.keep_decoded().then(|| slot.clone());
     Ready {
-        task,
+        access,
         bytes: Ok(Bytes::new()),
     }
-}
-
-/// A task whose bytes are known, waiting for a decode thread.
-#[derive(Debug)]
-pub(crate) struct Ready {
-    pub(crate) task: Task,
-    pub(crate) bytes: Loaded,
 }
 
 impl Slot {
@@ -178,29 +129,29 @@ impl Slot {
         })
     }
 
-    /// Parks `task` until the slot is filled, or returns it ready if it already is.
-    pub(crate) fn wait(self: &Arc<Self>, mut task: Task) -> Option<Ready> {
+    /// Parks `access` until the slot is filled, or returns it ready if it already is.
+    pub(crate) fn wait(self: &Arc<Self>, mut access: Access) -> Option<Ready> {
         let mut state = lock(&self.state);
         match &mut *state {
             SlotState::Pending(waiters) => {
-                waiters.push(task);
+                waiters.push(access);
                 None
             }
             SlotState::Ready(loaded) => {
                 let bytes = loaded.clone();
                 drop(state);
-                task.slot = Some(self.clone());
-                Some(Ready { task, bytes })
+                access.slot = Some(self.clone());
+                Some(Ready { access, bytes })
             }
             SlotState::InPageCache => {
                 drop(state);
-                Some(page_cache_hit(self, task))
+                Some(page_cache_hit(self, access))
             }
             SlotState::Decoded(_) => {
                 drop(state);
-                task.slot = Some(self.clone());
+                access.slot = Some(self.clone());
                 Some(Ready {
-                    task,
+                    access,
                     bytes: Ok(Bytes::new()),
                 })
             }
@@ -228,9 +179,10 @@ impl Slot {
         }
     }
 
-    /// Fills the slot and moves every task waiting on it into `released`. A sample the cache
-    /// keeps (`admitted`) whose bytes hold a pool block is copied out of the pool first; one
-    /// the page cache holds is not kept at all, and its hits are sent to read it there.
+    /// Fills the slot and moves every access waiting on it into `released`. A sample the
+    /// cache keeps (`admitted`) whose bytes hold a pool block is copied out of the pool
+    /// first; one the page cache holds is not kept at all, and its hits are sent to read it
+    /// there. Returns the bytes as the slot keeps them (the copy, where it made one).
     pub(crate) fn fill(
         self: &Arc<Self>,
         loaded: Loaded,
@@ -238,28 +190,46 @@ impl Slot {
         origin: Origin,
         arena: Option<&Arena>,
         released: &mut Vec<Ready>,
-    ) {
+    ) -> Loaded {
         if admitted && origin == Origin::PageCache && loaded.is_ok() {
             let waiters = self.settle(SlotState::InPageCache);
-            released.extend(waiters.into_iter().map(|t| page_cache_hit(self, t)));
-            return;
+            released.extend(waiters.into_iter().map(|a| page_cache_hit(self, a)));
+            return loaded;
         }
         let loaded = match loaded {
             Ok(b) if admitted && origin == Origin::Pool => Ok(cache_copy(&b, arena)),
             other => other,
         };
         let waiters = self.settle(SlotState::Ready(loaded.clone()));
-        released.extend(waiters.into_iter().map(|mut task| {
-            task.slot = Some(self.clone());
+        released.extend(waiters.into_iter().map(|mut access| {
+            access.slot = Some(self.clone());
             Ready {
-                task,
+                access,
                 bytes: loaded.clone(),
             }
         }));
+        loaded
     }
 
-    /// Moves a pending slot to `settled`, returning the tasks that waited on it.
-    fn settle(&self, settled: SlotState) -> Vec<Task> {
+    /// Fills the slot of `access`, which holds it and read its bytes (the dispatcher, a
+    /// peer's answer): the access joins the ones released, with the bytes as kept.
+    pub(crate) fn fill_for(
+        access: Access,
+        loaded: Loaded,
+        origin: Origin,
+        arena: Option<&Arena>,
+        released: &mut Vec<Ready>,
+    ) {
+        let slot = access
+            .slot
+            .as_ref()
+            .expect("the reading access holds its slot");
+        let bytes = slot.fill(loaded, access.cached.admitted(), origin, arena, released);
+        released.push(Ready { access, bytes });
+    }
+
+    /// Moves a pending slot to `settled`, returning the accesses that waited on it.
+    fn settle(&self, settled: SlotState) -> Vec<Access> {
         let mut state = lock(&self.state);
         match std::mem::replace(&mut *state, settled) {
             SlotState::Pending(waiters) => waiters,

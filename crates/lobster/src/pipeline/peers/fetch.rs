@@ -10,47 +10,48 @@ use bytes::Bytes;
 use lobster_net::Answer;
 use lobster_sched::Tier;
 
+use crate::pipeline::access::{Access, Read, StorageRead};
 use crate::pipeline::context::Context;
-use crate::pipeline::io::order::{IoRequest, ToDispatcher};
-use crate::pipeline::io::slot::Origin;
+use crate::pipeline::io::order::ToDispatcher;
+use crate::pipeline::io::slot::{Origin, Slot};
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::lock;
 
-/// Fetches `req`'s sample from `peer`; the answer fills its slot, or sends the read to the
-/// dispatcher.
+/// Fetches `access`'s sample from `peer`; the answer fills its slot, or sends the read to
+/// the dispatcher.
 pub(crate) fn start<T: Send + 'static>(
     ctx: &Arc<Context<T>>,
     state: &Arc<PipelineState<T>>,
-    req: IoRequest,
+    access: Access,
     peer: usize,
 ) {
     let peers = ctx.peers.as_ref().expect("a peer fetch has peers");
     peers.counters.planned.fetch_add(1, Ordering::Relaxed);
     let (c, s) = (ctx.clone(), state.clone());
-    let sample = req.sample;
+    let sample = access.sample;
     let issued = Instant::now();
     peers.transport.fetch(
         peer,
         sample,
-        Box::new(move |answer| answered(&c, &s, req, peer, issued, answer)),
+        Box::new(move |answer| answered(&c, &s, access, peer, issued, answer)),
     );
 }
 
 fn answered<T>(
     ctx: &Context<T>,
     state: &PipelineState<T>,
-    req: IoRequest,
+    mut access: Access,
     peer: usize,
     issued: Instant,
     answer: Answer,
 ) {
-    match settle(ctx, state, req.sample, peer, issued, answer) {
+    match settle(ctx, state, access.sample, peer, issued, answer) {
         Some(bytes) => {
             let mut released = Vec::new();
             // A kept sample is copied out of the message it came in.
-            req.slot.fill(
+            Slot::fill_for(
+                access,
                 Ok(bytes),
-                req.admitted,
                 Origin::Pool,
                 ctx.arena.as_ref(),
                 &mut released,
@@ -59,9 +60,12 @@ fn answered<T>(
         }
         None => {
             state.read_path.dispatched.fetch_add(1, Ordering::Relaxed);
+            let step = ctx.layout.step(access.epoch, access.iteration as usize);
+            let bytes = ctx.meta(access.sample).size_bytes;
+            access.read = Read::Storage(StorageRead::new(step, bytes, 0));
             let tx = state.to_dispatcher.as_ref().expect("pipelined");
             // Fails only once the pipeline stops, which then ends the sample anyway.
-            let _ = tx.send(ToDispatcher::Reads(vec![req]));
+            let _ = tx.send(ToDispatcher::Reads(vec![access]));
         }
     }
 }

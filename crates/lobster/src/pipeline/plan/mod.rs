@@ -1,6 +1,6 @@
 //! The planner thread: walks the node stream in canonical order a window at a time, makes
 //! every cache decision (so hits and misses are a pure function of the inputs), opens the
-//! window's batches in the reorder buffers, runs the allocator, and hands the window's tasks
+//! window's batches in the reorder buffers, runs the allocator, and hands the window's accesses
 //! to the decode queues and its reads to the dispatcher.
 
 pub(super) mod allocate;
@@ -18,50 +18,17 @@ use lobster_sched::{AllocConfig, Allocator, Budgets};
 use crate::config::{Execution, IoOrder, Schedule};
 use crate::error::Error;
 use crate::metrics::IterationMetrics;
+use crate::pipeline::access::{Access, Cached, Read, Ready, StorageRead};
 use crate::pipeline::context::Context;
 use crate::pipeline::deliver::reorder::PendingBatch;
-use crate::pipeline::io::order::{set_read_fractions, IoRequest, ToDispatcher};
-use crate::pipeline::io::slot::{Ready, Slot, Task, WorkerRead};
+use crate::pipeline::io::order::{set_read_fractions, ToDispatcher};
+use crate::pipeline::io::slot::Slot;
 use crate::pipeline::peers::fetch;
 use crate::pipeline::peers::ServedSlots;
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::lock;
 use allocate::{allocate, spread, AccessLoad};
 use read_path::ResidentGate;
-
-/// One access the planner decided, not yet handed out.
-struct WindowAccess {
-    epoch: u32,
-    iteration: usize,
-    rank: usize,
-    pos: usize,
-    sample: u32,
-    decided: Decided,
-}
-
-/// What the cache decided for one access.
-struct Decided {
-    slot: Arc<Slot>,
-    hit: bool,
-    /// A miss whose encoded bytes the cache keeps.
-    admitted: bool,
-    /// The cache keeps the sample decoded after this access, and its image is still to make.
-    keep_decoded: bool,
-    /// A hit on the sample's decoded image.
-    hit_decoded: bool,
-}
-
-impl Decided {
-    fn miss() -> Self {
-        Decided {
-            slot: Slot::new(),
-            hit: false,
-            admitted: false,
-            keep_decoded: false,
-            hit_decoded: false,
-        }
-    }
-}
 
 /// The policy deciding the cache: one form (encoded bytes), or two (with a decoded tier).
 enum Decider {
@@ -115,8 +82,9 @@ impl Cache {
         }))
     }
 
-    /// Decides the next access of the stream, which must be `sample`.
-    fn decide(&mut self, sample: u32) -> Result<Decided, Error> {
+    /// Decides the next access of the stream, which must be `sample`: what the cache does,
+    /// and the slot the access's bytes appear in.
+    fn decide(&mut self, sample: u32) -> Result<(Cached, Arc<Slot>), Error> {
         let engine = |e| Error::engine("cache planner", e);
         let stopped = || Error::Stopped {
             reason: "cache planner ended early".into(),
@@ -178,13 +146,13 @@ impl Cache {
                 served.insert(sample, slot.clone());
             }
         }
-        Ok(Decided {
+        Ok((
+            Cached {
+                found: hit_form,
+                kept,
+            },
             slot,
-            hit: hit_form.is_some(),
-            admitted: hit_form.is_none() && kept == Some(Form::Encoded),
-            keep_decoded: kept == Some(Form::Decoded) && hit_form != Some(Form::Decoded),
-            hit_decoded: hit_form == Some(Form::Decoded),
-        })
+        ))
     }
 
     /// The two-form decisions' totals (with a decoded tier).
@@ -219,7 +187,7 @@ pub(crate) fn planner<T: Send + 'static>(
         _ => None,
     };
     let iterations = layout.iterations();
-    let mut window: Vec<WindowAccess> = Vec::new();
+    let mut window: Vec<Access> = Vec::new();
     let mut global_iteration = 0usize;
     let mut seq = 0u64;
     for epoch in 0..layout.epochs {
@@ -243,17 +211,28 @@ pub(crate) fn planner<T: Send + 'static>(
             while next < accesses.len() && accesses[next].0 < last {
                 let (iteration, rank, pos, sample) = accesses[next];
                 next += 1;
-                let decided = match cache.as_mut() {
-                    None => Decided::miss(),
+                seq += 1;
+                let (cached, slot) = match cache.as_mut() {
+                    None => (Cached::default(), Slot::new()),
                     Some(c) => c.decide(sample)?,
                 };
-                window.push(WindowAccess {
+                // A miss is read from storage unless the hand-out below finds it a cheaper way.
+                let read = if cached.hit() {
+                    Read::Cached
+                } else {
+                    let bytes = ctx.meta(sample).size_bytes;
+                    Read::Storage(StorageRead::new(layout.step(epoch, iteration), bytes, 0))
+                };
+                window.push(Access {
+                    seq,
                     epoch,
-                    iteration,
+                    iteration: iteration as u32,
                     rank,
                     pos,
                     sample,
-                    decided,
+                    cached,
+                    read,
+                    slot: Some(slot),
                 });
             }
             let issued = Instant::now();
@@ -262,7 +241,7 @@ pub(crate) fn planner<T: Send + 'static>(
                 let loads = window.iter().map(|a| AccessLoad {
                     rank: a.rank,
                     bytes: ctx.meta(a.sample).size_bytes,
-                    hit: a.decided.hit,
+                    hit: a.cached.hit(),
                 });
                 let record = {
                     let model = lock(&state.model);
@@ -277,7 +256,7 @@ pub(crate) fn planner<T: Send + 'static>(
                 };
                 if let (Some(tx), IoOrder::Shares) = (to_dispatcher, config.io_order) {
                     let _ = tx.send(ToDispatcher::Depths {
-                        from_seq: seq + 1,
+                        from_seq: window.first().map_or(seq + 1, |a| a.seq),
                         io_depth: record.io_depth.clone(),
                     });
                 }
@@ -293,69 +272,38 @@ pub(crate) fn planner<T: Send + 'static>(
             let costs = ctx.peers.as_ref().map(|_| *lock(&state.model).params());
             // Counted before any of them can be delivered (a hit may be released at once).
             state.outstanding.fetch_add(window.len(), Ordering::SeqCst);
-            for a in window.drain(..) {
-                let position = seq;
-                seq += 1;
-                let peer = match (&ctx.peers, &costs) {
-                    (Some(p), Some(c)) if !a.decided.hit => {
-                        p.source(c, position, ctx.meta(a.sample).size_bytes)
-                    }
-                    _ => None,
-                };
-                let read = match (a.decided.hit, to_dispatcher.is_some(), on_workers, peer) {
-                    (true, ..) => WorkerRead::No,
-                    (false, false, ..) => WorkerRead::Blocking,
-                    (false, true, _, Some(_)) => WorkerRead::No,
-                    (false, true, true, None) => WorkerRead::IfResident,
-                    (false, true, false, None) => WorkerRead::No,
-                };
-                if !a.decided.hit && read == WorkerRead::No {
-                    let req = IoRequest {
-                        seq,
-                        step: layout.step(a.epoch, a.iteration),
-                        finish_ppm: 0,
-                        bytes: ctx.meta(a.sample).size_bytes,
-                        epoch: a.epoch,
-                        rank: a.rank,
-                        sample: a.sample,
-                        slot: a.decided.slot.clone(),
-                        admitted: a.decided.admitted,
-                        attempt: 0,
+            for mut a in window.drain(..) {
+                if !a.cached.hit() {
+                    let peer = match (&ctx.peers, &costs) {
+                        (Some(p), Some(c)) => p.source(c, a.seq - 1, ctx.meta(a.sample).size_bytes),
+                        _ => None,
                     };
-                    match peer {
-                        Some(p) => remote.push((req, p)),
-                        None => reads.push(req),
+                    match (to_dispatcher.is_some(), on_workers, peer) {
+                        (false, ..) => a.read = Read::Blocking { peer },
+                        (true, _, Some(p)) => a.read = Read::Peer(p),
+                        (true, true, None) => a.read = Read::IfResident,
+                        (true, false, None) => {}
                     }
                 }
-                let task = Task {
-                    seq,
-                    epoch: a.epoch,
-                    iteration: a.iteration as u32,
-                    rank: a.rank,
-                    pos: a.pos,
-                    sample: a.sample,
-                    slot: None,
-                    admitted: a.decided.admitted,
-                    keep_decoded: a.decided.keep_decoded,
-                    hit_decoded: a.decided.hit_decoded,
-                    read,
-                    hit: a.decided.hit,
-                    peer: peer.filter(|_| read == WorkerRead::Blocking),
-                };
-                if read != WorkerRead::No {
-                    let task = Task {
-                        slot: Some(a.decided.slot),
-                        ..task
-                    };
-                    ready.push(Ready {
-                        task,
+                match a.read {
+                    Read::Cached => {
+                        let slot = a.slot.take().expect("planned with its slot");
+                        if let Some(r) = slot.wait(a) {
+                            ready.push(r);
+                        }
+                    }
+                    Read::Storage(_) => reads.push(a),
+                    Read::Peer(p) => remote.push((a, p)),
+                    Read::Blocking { .. } | Read::IfResident => ready.push(Ready {
+                        access: a,
                         bytes: Ok(bytes::Bytes::new()),
-                    });
-                } else if let Some(r) = a.decided.slot.wait(task) {
-                    ready.push(r);
+                    }),
+                    Read::PageCacheHit => {
+                        unreachable!("a slot, not the plan, makes page-cache hits")
+                    }
                 }
             }
-            // Tasks whose bytes are at hand start decoding as soon as they are queued; the
+            // Accesses whose bytes are at hand start decoding as soon as they are queued; the
             // queues order them by stream position, one lock for the whole window.
             state.ready(ready);
             if let Some(tx) = to_dispatcher {
@@ -372,9 +320,9 @@ pub(crate) fn planner<T: Send + 'static>(
                     });
                 }
             }
-            // After the window's tasks wait on their slots: an answer may come at once.
-            for (req, peer) in remote {
-                fetch::start(ctx, state, req, peer);
+            // After the window's hits wait on their slots: an answer may come at once.
+            for (access, peer) in remote {
+                fetch::start(ctx, state, access, peer);
             }
             global_iteration += last - first;
             first = last;
@@ -393,7 +341,7 @@ pub(crate) fn planner<T: Send + 'static>(
 fn open_batches<T>(
     ctx: &Context<T>,
     state: &PipelineState<T>,
-    window: &[WindowAccess],
+    window: &[Access],
     (epoch, first, last): (u32, usize, usize),
     issued: Instant,
 ) {
@@ -408,9 +356,9 @@ fn open_batches<T>(
         })
         .collect();
     for a in window {
-        let m = &mut metrics[a.rank * span + (a.iteration - first)];
+        let m = &mut metrics[a.rank * span + (a.iteration as usize - first)];
         let bytes = ctx.meta(a.sample).size_bytes;
-        if a.decided.hit {
+        if a.cached.hit() {
             m.hits += 1;
             m.hit_bytes += bytes;
         } else {

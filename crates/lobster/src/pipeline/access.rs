@@ -1,0 +1,129 @@
+//! One access of the node stream as it walks the stages: the one shape it has from the
+//! planner's decision to its rank's batch. It says where the access stands in the stream,
+//! what the cache decided for it, and who reads its bytes; with its bytes it is [`Ready`].
+
+use std::sync::Arc;
+
+use lobster_cache::Form;
+
+use crate::pipeline::io::slot::{Loaded, Slot};
+
+/// One access on its way to a rank's batch.
+#[derive(Debug)]
+pub(crate) struct Access {
+    /// Position in the node stream (from 1): lower goes first in every queue.
+    pub(crate) seq: u64,
+    pub(crate) epoch: u32,
+    pub(crate) iteration: u32,
+    pub(crate) rank: usize,
+    /// Position in its batch.
+    pub(crate) pos: usize,
+    pub(crate) sample: u32,
+    pub(crate) cached: Cached,
+    pub(crate) read: Read,
+    /// The slot where the sample's bytes appear. `None` while the access waits in that
+    /// slot's list: a waiting access holding its slot would make a reference cycle, leaked
+    /// when the loader stops before the slot is filled.
+    pub(crate) slot: Option<Arc<Slot>>,
+}
+
+/// What the cache decided for an access: the form it finds the sample in (a hit), and the
+/// form the access stores the sample in (`None` for a miss not kept, and for a hit that
+/// stays as it was or goes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Cached {
+    pub(crate) found: Option<Form>,
+    pub(crate) kept: Option<Form>,
+}
+
+impl Cached {
+    pub(crate) fn hit(self) -> bool {
+        self.found.is_some()
+    }
+
+    /// A miss whose encoded bytes the cache keeps: the slot stores a right-sized copy, not a
+    /// pool buffer.
+    pub(crate) fn admitted(self) -> bool {
+        self.found.is_none() && self.kept == Some(Form::Encoded)
+    }
+
+    /// The cache keeps the sample decoded after this access, and its image is still to
+    /// make: the decode puts it in the slot.
+    pub(crate) fn keep_decoded(self) -> bool {
+        self.kept == Some(Form::Decoded) && self.found != Some(Form::Decoded)
+    }
+
+    /// A hit the plan expects to find decoded.
+    pub(crate) fn hit_decoded(self) -> bool {
+        self.found == Some(Form::Decoded)
+    }
+}
+
+/// Who reads an access's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Read {
+    /// No one: a hit, whose bytes come from the read that admitted the sample.
+    Cached,
+    /// The dispatcher, from storage.
+    Storage(StorageRead),
+    /// The peer node that holds the sample; storage if it does not answer with it.
+    Peer(usize),
+    /// The decode worker, blocking (read-then-decode), fetching from the peer first if one
+    /// is planned to hold the sample.
+    Blocking { peer: Option<usize> },
+    /// The decode worker if the page cache holds the sample, else the dispatcher.
+    IfResident,
+    /// A hit on a sample the cache left in the page cache: the worker reads it there, or
+    /// from storage if the page cache has let it go (the miss it then is).
+    PageCacheHit,
+}
+
+/// A storage read's place in the dispatcher's order, and its attempts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StorageRead {
+    /// Iterations since the first epoch's first: the read's deadline.
+    pub(crate) step: u64,
+    /// Parts per million of its batch's storage bytes read once this read is done.
+    pub(crate) finish_ppm: u32,
+    /// The sample's size: of reads that end their batches together, the largest goes first.
+    pub(crate) bytes: u64,
+    /// The attempt the dispatcher starts at (a worker may have tried before).
+    pub(crate) attempt: u32,
+}
+
+impl StorageRead {
+    /// A read due at `step`, first among its batch's reads (late already, or the first
+    /// attempt of a batch's order before its fractions are set).
+    pub(crate) fn new(step: u64, bytes: u64, attempt: u32) -> Self {
+        StorageRead {
+            step,
+            finish_ppm: 0,
+            bytes,
+            attempt,
+        }
+    }
+}
+
+impl Access {
+    /// The storage read of an access the dispatcher holds.
+    pub(crate) fn storage(&self) -> &StorageRead {
+        match &self.read {
+            Read::Storage(read) => read,
+            other => unreachable!("only storage reads reach the dispatcher, not {other:?}"),
+        }
+    }
+
+    pub(crate) fn storage_mut(&mut self) -> &mut StorageRead {
+        match &mut self.read {
+            Read::Storage(read) => read,
+            other => unreachable!("only storage reads reach the dispatcher, not {other:?}"),
+        }
+    }
+}
+
+/// An access whose bytes are known, waiting for a decode thread.
+#[derive(Debug)]
+pub(crate) struct Ready {
+    pub(crate) access: Access,
+    pub(crate) bytes: Loaded,
+}

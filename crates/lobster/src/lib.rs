@@ -80,7 +80,7 @@ pub use dataset::{Dataset, FolderOptions, SampleMeta, SampleRecord, IMAGE_EXTENS
 pub use emulate::StorageEmulation;
 pub use error::{Cause, Error};
 pub use faults::{AttemptFaults, ErrorPolicy, FailureBudget, Fault, FaultInjection, READ_ATTEMPTS};
-pub use loader::{Loader, LoaderBuilder, RankHandle};
+pub use loader::{Loader, LoaderBuilder, RankHandle, RankStream};
 pub use lobster_cache::{Form, FormChoice, FormCosts};
 pub use metrics::{AllocationRecord, FormCostsReport, IterationMetrics, RunMetrics, SkippedSample};
 pub use pipeline::{PeerPlan, PeerPlanInputs};

@@ -708,6 +708,28 @@ impl<T> RankHandle<T> {
     }
 }
 
+impl<T> RankHandle<T> {
+    /// The rank's batches as an async stream over the same engine: a task waiting for its
+    /// batch holds no thread, so every rank of a node can run on one runtime thread.
+    pub fn into_stream(self) -> RankStream<T> {
+        RankStream {
+            handle: self,
+            waiting: None,
+        }
+    }
+
+    /// Notes what the rank was given: after the last batch, or an error that ends the run,
+    /// nothing more comes.
+    fn given(&mut self, next: &Option<Result<Batch<T>, Error>>) {
+        if matches!(
+            next,
+            None | Some(Err(Error::Stopped { .. } | Error::TooManyFailures { .. }))
+        ) {
+            self.done = true;
+        }
+    }
+}
+
 impl<T> Iterator for RankHandle<T> {
     type Item = Result<Batch<T>, Error>;
 
@@ -716,13 +738,110 @@ impl<T> Iterator for RankHandle<T> {
             return None;
         }
         let next = pipeline::next_batch(&self.state, self.rank, self.iterations);
-        if matches!(
-            next,
-            None | Some(Err(Error::Stopped { .. } | Error::TooManyFailures { .. }))
-        ) {
-            self.done = true;
-        }
+        self.given(&next);
         next
+    }
+}
+
+/// One local rank's batches as a [`futures_core::Stream`] ([`RankHandle::into_stream`]): the
+/// same batches, in the same order and with the same errors, as the rank handle's iterator.
+/// A poll that finds the batch incomplete registers the task's waker, which the decode
+/// worker completing the batch (or a stop) wakes. Dropping the stream detaches the rank as
+/// dropping its handle does.
+///
+/// ```
+/// use lobster_io::{CachePolicy, Dataset, LoaderBuilder};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # for i in 0..24u32 {
+/// #     let class = dir.path().join(format!("class{}", i % 3));
+/// #     std::fs::create_dir_all(&class)?;
+/// #     std::fs::write(class.join(format!("{i:03}.jpg")), vec![i as u8; 64])?;
+/// # }
+/// let mut loader = LoaderBuilder::new(Dataset::open_image_folder(dir.path())?)
+///     .world(1, 2, 0)
+///     .batch_size(4)
+///     .cache(CachePolicy::Reuse, 1 << 20)
+///     .decode(|bytes: &[u8], _meta| Ok::<_, std::io::Error>(bytes.len()))
+///     .build()?;
+/// let streams: Vec<_> = loader.ranks().expect("first call").into_iter().map(|h| h.into_stream()).collect();
+/// // One thread drives both ranks: each waits for its batch without blocking the other.
+/// let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+/// let counts = runtime.block_on(async {
+///     let tasks: Vec<_> = streams
+///         .into_iter()
+///         .map(|mut s| {
+///             tokio::spawn(async move {
+///                 let mut samples = 0;
+///                 while let Some(batch) = s.next_batch().await {
+///                     samples += batch.expect("readable samples").samples.len();
+///                 }
+///                 samples
+///             })
+///         })
+///         .collect();
+///     let mut counts = Vec::new();
+///     for t in tasks {
+///         counts.push(t.await.expect("a rank task"));
+///     }
+///     counts
+/// });
+/// assert_eq!(counts, vec![12, 12]); // 24 samples, 2 ranks, one epoch
+/// # Ok(())
+/// # }
+/// ```
+pub struct RankStream<T> {
+    handle: RankHandle<T>,
+    /// When the rank began to wait for the batch it polls for: its stall.
+    waiting: Option<std::time::Instant>,
+}
+
+impl<T> std::fmt::Debug for RankStream<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RankStream")
+            .field("rank", &self.handle.rank)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> RankStream<T> {
+    /// The local rank this stream serves.
+    pub fn rank(&self) -> usize {
+        self.handle.rank
+    }
+
+    /// The next batch, `None` after the last: the stream's next item without a stream
+    /// combinator crate.
+    pub async fn next_batch(&mut self) -> Option<Result<Batch<T>, Error>> {
+        std::future::poll_fn(|cx| {
+            futures_core::Stream::poll_next(std::pin::Pin::new(&mut *self), cx)
+        })
+        .await
+    }
+}
+
+impl<T> futures_core::Stream for RankStream<T> {
+    type Item = Result<Batch<T>, Error>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        let handle = &mut this.handle;
+        if handle.done {
+            return std::task::Poll::Ready(None);
+        }
+        let next = std::task::ready!(pipeline::poll_next_batch(
+            &handle.state,
+            handle.rank,
+            handle.iterations,
+            cx,
+            &mut this.waiting,
+        ));
+        handle.given(&next);
+        std::task::Poll::Ready(next)
     }
 }
 

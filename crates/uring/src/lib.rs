@@ -38,10 +38,6 @@
 //!   why.
 //! - **Drop** cancels queued reads, waits for those in the kernel, and joins the threads.
 //!
-//! The optional feature `tokio-uring` adds `AsyncFile`, reads as futures for loaders that
-//! already run on tokio-uring. The core does not use tokio-uring: it is unmaintained and
-//! pinned to io-uring 0.6.
-//!
 //! ```
 //! use lobster_uring::{OpenOptions, PathRead, ReadRequest, Reader};
 //!
@@ -97,8 +93,6 @@ mod reader;
 mod resident;
 mod session;
 mod state;
-#[cfg(feature = "tokio-uring")]
-mod tokio_reads;
 mod types;
 mod uring;
 
@@ -113,8 +107,6 @@ pub use pool::block_bytes;
 pub use reader::{ActiveBackend, Backend, BackendInfo, Reader, ReaderBuilder, ReaderConfig};
 pub use resident::{read_resident, Resident};
 pub use session::Session;
-#[cfg(feature = "tokio-uring")]
-pub use tokio_reads::AsyncFile;
 pub use types::{
     ClassStats, FileId, IoEvent, IoEventKind, Observer, OpenOptions, PathRead, ReadRequest,
     ReaderStats,

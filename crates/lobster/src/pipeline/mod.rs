@@ -35,7 +35,7 @@ use lobster_uring::Reader;
 
 pub(crate) use context::{Context, DecodeFn, DecodedTier};
 pub(crate) use decode::forms::{decoded_sizes, form_costs, Staged};
-pub(crate) use deliver::{detach, next_batch};
+pub(crate) use deliver::{detach, next_batch, poll_next_batch};
 pub(crate) use io::dirs::SampleDirs;
 pub use peers::plan::{PeerPlan, PeerPlanInputs};
 pub(crate) use peers::{PeerCounters, Peers};

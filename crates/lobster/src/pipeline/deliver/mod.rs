@@ -3,7 +3,7 @@
 
 pub(super) mod reorder;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::batch::Batch;
 use crate::error::Error;
@@ -20,7 +20,36 @@ pub(crate) fn next_batch<T>(
     iterations: usize,
 ) -> Option<Result<Batch<T>, Error>> {
     let started = Instant::now();
-    let taken = match state.ranks[rank].take(&state.stop) {
+    let taken = state.ranks[rank].take(&state.stop);
+    finish(state, rank, iterations, taken, started.elapsed())
+}
+
+/// Rank `rank`'s next batch as an async task takes it: `Pending` (with the task woken when
+/// it may be ready) until the batch is complete. `waiting` is when the rank began to wait
+/// for this batch, its stall, kept by the caller across polls.
+pub(crate) fn poll_next_batch<T>(
+    state: &PipelineState<T>,
+    rank: usize,
+    iterations: usize,
+    cx: &mut std::task::Context<'_>,
+    waiting: &mut Option<Instant>,
+) -> std::task::Poll<Option<Result<Batch<T>, Error>>> {
+    let started = *waiting.get_or_insert_with(Instant::now);
+    let taken = std::task::ready!(state.ranks[rank].poll_take(&state.stop, cx));
+    *waiting = None;
+    std::task::Poll::Ready(finish(state, rank, iterations, taken, started.elapsed()))
+}
+
+/// A taken batch as the rank gets it: the error policy and the failure budget applied, the
+/// planner let move on.
+fn finish<T>(
+    state: &PipelineState<T>,
+    rank: usize,
+    iterations: usize,
+    taken: Result<reorder::TakenBatch<T>, NoBatch>,
+    stall: Duration,
+) -> Option<Result<Batch<T>, Error>> {
+    let taken = match taken {
         Ok(taken) => taken,
         Err(NoBatch::Done) => return None,
         Err(NoBatch::Stopped) => {
@@ -28,7 +57,6 @@ pub(crate) fn next_batch<T>(
             return Some(Err(failure.unwrap_or_else(stopped)));
         }
     };
-    let stall = started.elapsed();
     let batch = taken.batch;
     let mut metrics = batch.metrics;
     metrics.load_s = taken.load.as_secs_f64();

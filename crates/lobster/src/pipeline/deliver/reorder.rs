@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::batch::Sample;
@@ -51,6 +52,38 @@ struct Buffer<T> {
     /// The planner has queued every batch of this rank.
     planned_all: bool,
     prev_ready: Option<Instant>,
+    /// The task of a rank taking its batches as a stream, woken with the condition variable.
+    waker: Option<Waker>,
+}
+
+impl<T> Buffer<T> {
+    /// Wakes whoever takes the rank's batches, on a thread or as an async task.
+    fn notify(&mut self, ready: &Condvar) {
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+        ready.notify_all();
+    }
+
+    /// The front batch if it is complete; `None` while the rank must wait for it.
+    fn try_take(&mut self, stop: &StopSignal) -> Option<Result<TakenBatch<T>, NoBatch>> {
+        match self.batches.front() {
+            Some(front) if front.remaining == 0 => {}
+            None if self.planned_all => return Some(Err(NoBatch::Done)),
+            _ if stop.is_set() => return Some(Err(NoBatch::Stopped)),
+            _ => return None,
+        }
+        let batch = self.batches.pop_front().expect("front checked");
+        let ready_at = batch.ready_at.expect("a complete batch has its time");
+        let load_from = self
+            .prev_ready
+            .map_or(batch.issued, |p| p.max(batch.issued));
+        self.prev_ready = Some(ready_at);
+        Some(Ok(TakenBatch {
+            batch,
+            load: ready_at.saturating_duration_since(load_from),
+        }))
+    }
 }
 
 /// One rank's reorder buffer.
@@ -88,6 +121,7 @@ impl<T> ReorderBuffer<T> {
                 batches: VecDeque::new(),
                 planned_all: false,
                 prev_ready: None,
+                waker: None,
             }),
             ready: Condvar::new(),
             detached: AtomicBool::new(false),
@@ -108,8 +142,9 @@ impl<T> ReorderBuffer<T> {
     }
 
     pub(crate) fn planned_all(&self) {
-        lock(&self.buffer).planned_all = true;
-        self.ready.notify_all();
+        let mut buffer = lock(&self.buffer);
+        buffer.planned_all = true;
+        buffer.notify(&self.ready);
     }
 
     /// Puts a decoded sample in its batch and wakes the rank if the batch is complete. A
@@ -145,7 +180,7 @@ impl<T> ReorderBuffer<T> {
         batch.metrics.decode_s += decode.as_secs_f64();
         if batch.remaining == 0 {
             batch.ready_at = Some(Instant::now());
-            self.ready.notify_all();
+            buffer.notify(&self.ready);
         }
     }
 
@@ -153,28 +188,27 @@ impl<T> ReorderBuffer<T> {
     pub(crate) fn take(&self, stop: &StopSignal) -> Result<TakenBatch<T>, NoBatch> {
         let mut buffer = lock(&self.buffer);
         loop {
-            if let Some(front) = buffer.batches.front() {
-                if front.remaining == 0 {
-                    break;
-                }
-            } else if buffer.planned_all {
-                return Err(NoBatch::Done);
-            }
-            if stop.is_set() {
-                return Err(NoBatch::Stopped);
+            if let Some(taken) = buffer.try_take(stop) {
+                return taken;
             }
             buffer = self.ready.wait(buffer).unwrap_or_else(|p| p.into_inner());
         }
-        let batch = buffer.batches.pop_front().expect("front checked");
-        let ready_at = batch.ready_at.expect("a complete batch has its time");
-        let load_from = buffer
-            .prev_ready
-            .map_or(batch.issued, |p| p.max(batch.issued));
-        buffer.prev_ready = Some(ready_at);
-        Ok(TakenBatch {
-            batch,
-            load: ready_at.saturating_duration_since(load_from),
-        })
+    }
+
+    /// Takes the front batch if it is complete, or has `cx`'s task woken when it may be.
+    pub(crate) fn poll_take(
+        &self,
+        stop: &StopSignal,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<TakenBatch<T>, NoBatch>> {
+        let mut buffer = lock(&self.buffer);
+        match buffer.try_take(stop) {
+            Some(taken) => Poll::Ready(taken),
+            None => {
+                buffer.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
     }
 
     /// The rank's handle is gone: drop its batches.
@@ -185,7 +219,6 @@ impl<T> ReorderBuffer<T> {
     }
 
     pub(crate) fn wake(&self) {
-        drop(lock(&self.buffer));
-        self.ready.notify_all();
+        lock(&self.buffer).notify(&self.ready);
     }
 }

@@ -120,7 +120,7 @@ pub struct RunMetrics {
     pub pipeline_threads: String,
     /// Misses decode workers read from the page cache.
     pub reads_resident: u64,
-    /// Misses decode workers tried and found not resident (the dispatcher read them).
+    /// Misses decode workers tried and found not resident (they read them from storage).
     pub reads_not_resident: u64,
     /// Reads the dispatcher made (pipelined).
     pub reads_dispatched: u64,

@@ -39,8 +39,8 @@ pub(crate) struct PipelineState<T> {
     pub(crate) budget_failure: Mutex<Option<Error>>,
     pub(crate) faults: FaultCounters,
     pub(crate) read_path: ReadPathCounters,
-    /// The dispatcher's queue (pipelined only): the planner's reads, and the workers' reads
-    /// of samples the page cache did not hold.
+    /// The dispatcher's queue (pipelined only): the planner's reads, and the reads of
+    /// misses a peer did not serve.
     pub(crate) to_dispatcher: Option<Sender<ToDispatcher>>,
     /// Why a pipeline thread could not run as `SCHED_BATCH`, if one could not.
     pub(crate) batch_refused: Mutex<Option<String>>,

@@ -11,10 +11,9 @@ use std::time::{Duration, Instant};
 use crate::batch::Sample;
 use crate::dataset::SampleMeta;
 use crate::error::{Cause, Error};
-use crate::pipeline::access::{Access, Read, Ready, StorageRead};
+use crate::pipeline::access::{Access, Read, Ready};
 use crate::pipeline::context::Context;
 use crate::pipeline::io::blocking::{blocking_read, resident_read, OnWorker};
-use crate::pipeline::io::order::ToDispatcher;
 use crate::pipeline::io::slot::{Loaded, Origin, Slot};
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::lock;
@@ -71,7 +70,7 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                 });
                 let loaded = match from_peer {
                     Some(bytes) => Ok(bytes),
-                    None => blocking_read(ctx, state, meta, access.epoch),
+                    None => blocking_read(ctx, state, meta, access.epoch, 0),
                 };
                 fill(
                     state,
@@ -106,9 +105,18 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                         loaded
                     }
                     (OnWorker::NotResident { attempt }, _) => {
-                        observed.flush_read_path(state);
-                        to_dispatcher(ctx, state, access, attempt);
-                        continue;
+                        // Read from storage here: through the dispatcher the access would
+                        // cross two more threads and the decode queue again.
+                        let loaded = blocking_read(ctx, state, meta, access.epoch, attempt);
+                        fill(
+                            state,
+                            ctx,
+                            &access,
+                            loaded.clone(),
+                            Origin::Own,
+                            &mut released,
+                        );
+                        loaded
                     }
                 }
             }
@@ -120,7 +128,7 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                 (OnWorker::NotResident { .. }, _) => {
                     observed.page_cache_lost += 1;
                     reread = true;
-                    blocking_read(ctx, state, meta, access.epoch)
+                    blocking_read(ctx, state, meta, access.epoch, 0)
                 }
             },
             Read::Cached if matches!(bytes, Err(Error::Read { .. } | Error::Decode { .. })) => {
@@ -129,7 +137,7 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                 // slot keeps the failure, so each such hit reads for itself and its outcome
                 // depends only on its own epoch, not on timing.
                 reread = true;
-                blocking_read(ctx, state, meta, access.epoch)
+                blocking_read(ctx, state, meta, access.epoch, 0)
             }
             Read::Cached | Read::Storage(_) | Read::Peer(_) => bytes,
         };
@@ -149,7 +157,7 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                 state,
                 meta,
                 access.epoch,
-                blocking_read(ctx, state, meta, access.epoch),
+                blocking_read(ctx, state, meta, access.epoch, 0),
                 stages,
                 &mut observed,
             );
@@ -255,21 +263,6 @@ fn fill<T>(
         released,
     );
     state.ready(released.drain(..));
-}
-
-/// Sends the read of a sample the page cache did not hold to the dispatcher, late already:
-/// first among its iteration's reads.
-fn to_dispatcher<T>(ctx: &Context<T>, state: &PipelineState<T>, mut access: Access, attempt: u32) {
-    state.read_path.dispatched.fetch_add(1, Ordering::Relaxed);
-    let step = ctx.layout.step(access.epoch, access.iteration as usize);
-    let bytes = ctx.meta(access.sample).size_bytes;
-    access.read = Read::Storage(StorageRead::new(step, bytes, attempt));
-    let tx = state.to_dispatcher.as_ref().expect("pipelined");
-    if tx.send(ToDispatcher::Reads(vec![access])).is_err() {
-        state.fail(Error::Stopped {
-            reason: "the I/O dispatcher ended".into(),
-        });
-    }
 }
 
 /// Checks a sample's length and runs the user's decode function on it; with `keep`, the

@@ -21,17 +21,19 @@ use crate::pipeline::sync::stopped;
 pub(crate) enum OnWorker {
     /// The sample's bytes or its error.
     Done(Loaded),
-    /// Attempt `attempt` found the sample not in the page cache: the dispatcher reads it.
+    /// Attempt `attempt` found the sample not in the page cache: storage must be read.
     NotResident { attempt: u32 },
 }
 
 /// Reads `meta` for an access in `epoch` with a blocking open and read (O_DIRECT if the
-/// loader reads so), charged to the emulated tier, retrying transient failures with backoff.
+/// loader reads so), charged to the emulated tier, retrying transient failures with backoff;
+/// `first_attempt` counts the attempts made before (a try of the page cache).
 pub(crate) fn blocking_read<T>(
     ctx: &Context<T>,
     state: &PipelineState<T>,
     meta: &SampleMeta,
     epoch: u32,
+    first_attempt: u32,
 ) -> Loaded {
     let direct = ctx.config.direct;
     // A whole file asks one byte more: a file that grew since the dataset was opened shows.
@@ -53,7 +55,7 @@ pub(crate) fn blocking_read<T>(
         (&mut file).take(len as u64).read_to_end(&mut buf)?;
         Ok(Some(Bytes::from(buf)))
     };
-    match on_worker(ctx, state, meta, epoch, read) {
+    match on_worker(ctx, state, meta, (epoch, first_attempt), read) {
         OnWorker::Done(loaded) => loaded,
         OnWorker::NotResident { .. } => unreachable!("a blocking read always reads"),
     }
@@ -100,7 +102,7 @@ pub(crate) fn resident_read<T>(
             Resident::NotResident | Resident::Unsupported => Ok(None),
         }
     };
-    let outcome = on_worker(ctx, state, meta, epoch, read);
+    let outcome = on_worker(ctx, state, meta, (epoch, 0), read);
     (outcome, pooled)
 }
 
@@ -109,10 +111,9 @@ fn on_worker<T>(
     ctx: &Context<T>,
     state: &PipelineState<T>,
     meta: &SampleMeta,
-    epoch: u32,
+    (epoch, mut number): (u32, u32),
     mut read: impl FnMut() -> Result<Option<Bytes>, ReadFailure>,
 ) -> OnWorker {
-    let mut number = 0;
     loop {
         // Reserved before the read, as the dispatcher does, so the tier serves in issue order.
         let due = attempt::reserve(ctx.device.as_deref(), Instant::now(), meta.size_bytes);

@@ -2,9 +2,9 @@
 //! holds the sample (a copy, no hand-off), or by the dispatcher.
 //!
 //! The planner tries the worker path window by window. Workers count what they tried and
-//! what was resident; while most tries miss the page cache the planner sends misses straight
-//! to the dispatcher (a try that misses delays its read by a trip through the decode queue),
-//! and tries again after a backoff that doubles each time.
+//! what was resident; a try that finds the sample not resident reads it from storage on the
+//! worker, blocking it for one read. While most tries miss the page cache the planner sends
+//! misses straight to the dispatcher, and tries again after a backoff that doubles each time.
 //!
 //! A sample the cache admits that a worker found in the page cache stays there: the cache
 //! keeps no copy of it (a copy would cost a page of fresh memory per 4 KiB and hold the

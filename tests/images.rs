@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use lobster_io::image::Transform;
 use lobster_io::images::{ImageBatches, Pixels};
-use lobster_io::{Dataset, LoaderBuilder};
+use lobster_io::{CacheForms, Dataset, LoaderBuilder, Mode};
 
 /// A folder of 3 classes x 4 JPEGs, each a gradient of its own size (so that crops differ).
 fn folder(dir: &Path) -> Arc<Dataset> {
@@ -201,7 +201,7 @@ fn decoded_images_in_the_cache_give_the_same_batches_bit_for_bit() {
                 batches == plain,
                 "{forms} in {capacity} bytes: other batches than with no cache"
             );
-            assert_eq!(m.cache_forms, forms.to_string());
+            assert_eq!(m.cache_forms, Mode::chosen(forms.into()));
             assert_eq!(m.samples, 36);
             if forms == FormChoice::Decoded {
                 assert!(m.hits_decoded > 0, "{forms} {capacity}: {m:?}");
@@ -262,7 +262,9 @@ fn decoded_forms_are_refused_where_they_cannot_be_kept() {
     }
     let m = l.metrics();
     assert!(
-        m.cache_forms.starts_with("encoded (") && m.form_costs.is_none(),
+        m.cache_forms.mode == CacheForms::Encoded
+            && m.cache_forms.reason.is_some()
+            && m.form_costs.is_none(),
         "{}",
         m.cache_forms
     );
@@ -306,7 +308,11 @@ fn a_max_side_keeps_smaller_images_and_says_it_is_lossy() {
     assert_eq!(m_small.peak_cached_decoded_bytes, kept, "{m_small:?}");
     assert!(m_full.peak_cached_decoded_bytes > kept);
     assert!(
-        m_small.cache_forms.contains("lossy"),
+        m_small
+            .cache_forms
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("lossy")),
         "{}",
         m_small.cache_forms
     );

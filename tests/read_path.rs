@@ -8,7 +8,9 @@ use std::os::fd::AsRawFd;
 use std::sync::{Arc, Barrier};
 
 use common::{make_dataset, rank_plan, run_ranks, Shape};
-use lobster_io::{CachePolicy, Dataset, LoaderBuilder, ResidentReads, RunMetrics};
+use lobster_io::{
+    CachePolicy, CacheStore, Dataset, LoaderBuilder, Mode, ReadPath, ResidentReads, RunMetrics,
+};
 
 const SHAPE: Shape = Shape {
     nodes: 1,
@@ -95,7 +97,7 @@ fn samples_in_the_page_cache_are_read_on_the_decode_workers() {
     let dir = tempfile::tempdir().unwrap();
     let ds = make_dataset(dir.path(), 96, 3);
     let m = run(&ds, false, ResidentReads::Auto);
-    assert_eq!(m.read_path, "resident-on-workers");
+    assert_eq!(m.read_path, Mode::chosen(ReadPath::ResidentOnWorkers));
     let misses = m.accesses - m.hits;
     assert_eq!(m.reads_resident, misses, "{m:?}");
     assert_eq!((m.reads_not_resident, m.reads_dispatched), (0, 0));
@@ -110,11 +112,9 @@ fn with_resident_reads_off_or_o_direct_every_read_goes_to_the_dispatcher() {
         (true, ResidentReads::Auto, "O_DIRECT"),
     ] {
         let m = run(&ds, direct, resident);
-        assert!(
-            m.read_path.starts_with("dispatcher") && m.read_path.contains(why),
-            "{}",
-            m.read_path
-        );
+        assert_eq!(m.read_path.mode, ReadPath::Dispatcher);
+        let reason = m.read_path.reason.as_deref().unwrap_or_default();
+        assert!(reason.contains(why), "{}", m.read_path);
         assert_eq!(m.reads_dispatched, m.accesses - m.hits);
         assert_eq!((m.reads_resident, m.reads_not_resident), (0, 0));
     }
@@ -155,7 +155,11 @@ fn cached_samples_the_page_cache_holds_stay_there_and_their_hits_read_them_back(
     let ds = make_dataset(dir.path(), 200, 4);
     let half = dataset_bytes(&ds) / 2;
     let m = run_cached(&ds, false, ResidentReads::Auto, CachePolicy::Reuse, half);
-    assert_eq!(m.cache_store, "page-cache-where-resident", "{m:?}");
+    assert_eq!(
+        m.cache_store,
+        Mode::chosen(CacheStore::PageCacheWhereResident),
+        "{m:?}"
+    );
     assert!(m.hits > 0, "{m:?}");
     // Every admitted sample was found in the page cache, and every hit read it back there.
     assert!(m.cached_in_page_cache > 0, "{m:?}");
@@ -169,7 +173,8 @@ fn cached_samples_the_page_cache_holds_stay_there_and_their_hits_read_them_back(
         CachePolicy::Reuse,
         half,
     );
-    assert!(copies.cache_store.starts_with("copies"), "{copies:?}");
+    assert_eq!(copies.cache_store.mode, CacheStore::Copies, "{copies:?}");
+    assert!(copies.cache_store.reason.is_some(), "{copies:?}");
     assert_eq!((copies.hits, copies.cached_in_page_cache), (m.hits, 0));
     assert_eq!(copies.hits_from_page_cache, 0);
 }
@@ -231,8 +236,11 @@ fn when_the_page_cache_lets_cached_samples_go_their_hits_read_storage_and_copies
         eprintln!("skipped: the page cache kept the evicted files ({m:?})");
         return;
     }
+    assert_eq!(m.cache_store.mode, CacheStore::Copies, "{m:?}");
     assert!(
-        m.cache_store.starts_with("copies (the page cache let"),
+        m.cache_store
+            .to_string()
+            .starts_with("copies (the page cache let"),
         "{m:?}"
     );
 }

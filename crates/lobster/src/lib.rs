@@ -82,7 +82,10 @@ pub use error::{Cause, Error};
 pub use faults::{AttemptFaults, ErrorPolicy, FailureBudget, Fault, FaultInjection, READ_ATTEMPTS};
 pub use loader::{Loader, LoaderBuilder, RankHandle, RankStream};
 pub use lobster_cache::{Form, FormChoice, FormCosts};
-pub use metrics::{AllocationRecord, FormCostsReport, IterationMetrics, RunMetrics, SkippedSample};
+pub use metrics::{
+    AllocationRecord, CacheForms, CacheStore, FormCostsReport, IterationMetrics, Mode, ReadPath,
+    RunMetrics, SkippedSample, ThreadClass,
+};
 pub use pipeline::{PeerPlan, PeerPlanInputs};
 pub use sampler::{torch_randperm, DistributedSampler, EpochOrder};
 

@@ -8,7 +8,7 @@ use crate::dataset::{Dataset, SampleMeta};
 use crate::emulate::{Device, StorageEmulation};
 use crate::error::{Cause, Error};
 use crate::faults::{ErrorPolicy, FaultInjection};
-use crate::metrics::RunMetrics;
+use crate::metrics::{CacheForms, CacheStore, Mode, ReadPath, RunMetrics, ThreadClass};
 use crate::pipeline::{self, Context, DecodeFn, Layout, Pipeline, PipelineState};
 use crate::sampler::{DistributedSampler, EpochOrder};
 use lobster_cache::{FormChoice, FormCosts};
@@ -332,19 +332,21 @@ impl<T: Send + 'static> LoaderBuilder<T> {
     }
 }
 
-/// The decoded tier the config asks for, and the name the metrics report it by.
+/// The decoded tier the config asks for, and what the metrics report of it.
 fn decoded_tier<T>(
     config: &LoaderConfig,
     dataset: &Dataset,
     staged: Option<pipeline::Staged<T>>,
     has_peers: bool,
-) -> Result<(Option<pipeline::DecodedTier<T>>, String), Error> {
+) -> Result<(Option<pipeline::DecodedTier<T>>, Mode<CacheForms>), Error> {
     if config.cache_policy == CachePolicy::None {
-        return Ok((None, "none".into()));
+        return Ok((None, Mode::chosen(CacheForms::None)));
     }
     let chosen = config.cache_forms;
     let staged = match staged {
-        _ if chosen == Some(FormChoice::Encoded) => return Ok((None, "encoded".into())),
+        _ if chosen == Some(FormChoice::Encoded) => {
+            return Ok((None, Mode::chosen(CacheForms::Encoded)))
+        }
         None => {
             Err("the decoder has no decoded form; decode_images and decode_in_two_stages give one")
         }
@@ -363,7 +365,7 @@ fn decoded_tier<T>(
                 format!("encoded: {why}"),
             ))
         }
-        (Err(why), None) => return Ok((None, format!("encoded ({why})"))),
+        (Err(why), None) => return Ok((None, Mode::because(CacheForms::Encoded, why))),
     };
     let choice = chosen.unwrap_or(FormChoice::Auto);
     let costs = config
@@ -377,11 +379,14 @@ fn decoded_tier<T>(
         costs,
         max_side,
     };
-    let name = match max_side {
-        Some(side) => format!("{choice} (decoded images kept at most {side} px a side: lossy)"),
-        None => choice.to_string(),
+    let forms = match max_side {
+        Some(side) => Mode::because(
+            choice.into(),
+            format!("decoded images kept at most {side} px a side: lossy"),
+        ),
+        None => Mode::chosen(choice.into()),
     };
-    Ok((Some(tier), name))
+    Ok((Some(tier), forms))
 }
 
 /// The peers' plan: every peer's cache replayed, so that each of this node's accesses knows
@@ -585,7 +590,7 @@ pub struct Loader<T> {
     backend: Option<lobster_uring::BackendInfo>,
     window_bytes: u64,
     /// What the cache keeps of samples, as the metrics report it.
-    cache_forms: String,
+    cache_forms: Mode<CacheForms>,
 }
 
 impl<T> Loader<T> {
@@ -633,29 +638,35 @@ impl<T> Loader<T> {
             self.config.pipeline_threads,
             &*pipeline::lock(&shared.batch_refused),
         ) {
-            (PipelineThreads::Normal, _) => "normal".into(),
-            (PipelineThreads::Batch, None) => "batch".into(),
-            (PipelineThreads::Batch, Some(why)) => format!("normal (SCHED_BATCH refused: {why})"),
+            (PipelineThreads::Normal, _) => Mode::chosen(ThreadClass::Normal),
+            (PipelineThreads::Batch, None) => Mode::chosen(ThreadClass::Batch),
+            (PipelineThreads::Batch, Some(why)) => {
+                Mode::because(ThreadClass::Normal, format!("SCHED_BATCH refused: {why}"))
+            }
         };
         m.read_path = match self.config.resident_reads_enabled() {
-            Ok(()) => "resident-on-workers".into(),
-            Err(_) if self.config.execution == Execution::ReadThenDecode => {
-                "blocking-workers".into()
+            Ok(()) => Mode::chosen(ReadPath::ResidentOnWorkers),
+            Err(why) if self.config.execution == Execution::ReadThenDecode => {
+                Mode::because(ReadPath::BlockingWorkers, why)
             }
-            Err(why) => format!("dispatcher ({why})"),
+            Err(why) => Mode::because(ReadPath::Dispatcher, why),
         };
         m.cached_in_page_cache = count(&path.left_in_page_cache);
         m.hits_from_page_cache = count(&path.page_cache_hits);
         m.hits_lost_by_page_cache = count(&path.page_cache_lost);
         m.cache_store = match self.config.cache_in_page_cache() {
-            _ if self.config.cache_policy == CachePolicy::None => "none".into(),
-            _ if self.pipeline.context.peers.is_some() => "copies (served to peers)".into(),
-            Ok(()) if path.leave_in_page_cache() => "page-cache-where-resident".into(),
-            Ok(()) => format!(
-                "copies (the page cache let {} hits go)",
-                m.hits_lost_by_page_cache
+            _ if self.config.cache_policy == CachePolicy::None => Mode::chosen(CacheStore::None),
+            _ if self.pipeline.context.peers.is_some() => {
+                Mode::because(CacheStore::Copies, "served to peers")
+            }
+            Ok(()) if path.leave_in_page_cache() => {
+                Mode::chosen(CacheStore::PageCacheWhereResident)
+            }
+            Ok(()) => Mode::because(
+                CacheStore::Copies,
+                format!("the page cache let {} hits go", m.hits_lost_by_page_cache),
             ),
-            Err(why) => format!("copies ({why})"),
+            Err(why) => Mode::because(CacheStore::Copies, why),
         };
         if let Some(peers) = &self.pipeline.context.peers {
             let c = &peers.counters;

@@ -66,6 +66,121 @@ pub struct SkippedSample {
     pub cause: String,
 }
 
+/// A mode the loader ran in, and why where a setting, the machine or the run ruled out the
+/// first choice. In JSON: `{"mode": "dispatcher", "reason": "O_DIRECT bypasses the page
+/// cache"}`; displayed as `dispatcher (O_DIRECT bypasses the page cache)`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Mode<K> {
+    /// What the loader did.
+    pub mode: K,
+    /// Why it did not do better, if it could not.
+    pub reason: Option<String>,
+}
+
+impl<K> Mode<K> {
+    /// The mode chosen, with nothing against it.
+    pub fn chosen(mode: K) -> Self {
+        Mode { mode, reason: None }
+    }
+
+    /// The mode taken, for `reason`.
+    pub fn because(mode: K, reason: impl Into<String>) -> Self {
+        Mode {
+            mode,
+            reason: Some(reason.into()),
+        }
+    }
+}
+
+impl<K: std::fmt::Display> std::fmt::Display for Mode<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.reason {
+            None => write!(f, "{}", self.mode),
+            Some(why) => write!(f, "{} ({why})", self.mode),
+        }
+    }
+}
+
+/// Generates a mode enum that serializes, parses and displays as its kebab-case names.
+macro_rules! mode_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $text:literal,)* }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+        #[serde(rename_all = "kebab-case")]
+        pub enum $name {
+            #[default]
+            $($(#[$vdoc])* $variant,)*
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(match self {
+                    $($name::$variant => $text,)*
+                })
+            }
+        }
+    };
+}
+
+mode_enum! {
+    /// Where a run's misses were read.
+    ReadPath {
+        /// Decode workers read what the page cache holds, the dispatcher the rest.
+        ResidentOnWorkers = "resident-on-workers",
+        /// The dispatcher read every miss.
+        Dispatcher = "dispatcher",
+        /// Read-then-decode workers read every sample (the baselines).
+        BlockingWorkers = "blocking-workers",
+    }
+}
+
+mode_enum! {
+    /// Where the cache holds its samples.
+    CacheStore {
+        /// No cache.
+        None = "none",
+        /// An admitted sample a worker found in the page cache stays there, no copy; the
+        /// rest are copied.
+        PageCacheWhereResident = "page-cache-where-resident",
+        /// Every cached sample is a copy of its own.
+        Copies = "copies",
+    }
+}
+
+mode_enum! {
+    /// What the cache keeps of samples.
+    CacheForms {
+        /// No cache.
+        None = "none",
+        /// Encoded bytes.
+        Encoded = "encoded",
+        /// Decoded images.
+        Decoded = "decoded",
+        /// Either, chosen per sample by the cost model.
+        Auto = "auto",
+    }
+}
+
+mode_enum! {
+    /// How the kernel scheduled the planner and the decode workers.
+    ThreadClass {
+        /// `SCHED_BATCH`: a fair share, without preempting the thread on the core.
+        Batch = "batch",
+        /// The normal class.
+        Normal = "normal",
+    }
+}
+
+impl From<lobster_cache::FormChoice> for CacheForms {
+    fn from(choice: lobster_cache::FormChoice) -> Self {
+        match choice {
+            lobster_cache::FormChoice::Encoded => CacheForms::Encoded,
+            lobster_cache::FormChoice::Decoded => CacheForms::Decoded,
+            lobster_cache::FormChoice::Auto => CacheForms::Auto,
+        }
+    }
+}
+
 /// A run's summary.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RunMetrics {
@@ -112,12 +227,11 @@ pub struct RunMetrics {
     pub read_retries: u64,
     /// Reads that succeeded after at least one retry.
     pub reads_recovered: u64,
-    /// Where misses were read: `resident-on-workers` (decode workers read what the page
-    /// cache held, the dispatcher the rest), or why every read went elsewhere.
-    pub read_path: String,
-    /// How the kernel scheduled the planner and decode workers: `batch`, `normal`, or
-    /// `normal (SCHED_BATCH refused: why)`.
-    pub pipeline_threads: String,
+    /// Where misses were read, and why not on the workers where they were not.
+    pub read_path: Mode<ReadPath>,
+    /// How the kernel scheduled the planner and decode workers (normal, with why, where
+    /// `SCHED_BATCH` was refused).
+    pub pipeline_threads: Mode<ThreadClass>,
     /// Misses decode workers read from the page cache.
     pub reads_resident: u64,
     /// Misses decode workers tried and found not resident (they read them from storage).
@@ -128,10 +242,9 @@ pub struct RunMetrics {
     /// component of a sample's path, not all of them (0 read-then-decode, which opens by
     /// path as PyTorch's workers do).
     pub dirs_held: u64,
-    /// Where the cache holds its samples: `page-cache-where-resident` (an admitted sample a
-    /// worker found in the page cache stays there, no copy; the rest are copied),
-    /// `copies`, with why, or `none` without a cache.
-    pub cache_store: String,
+    /// Where the cache holds its samples, and why in copies where it could not leave them
+    /// in the page cache.
+    pub cache_store: Mode<CacheStore>,
     /// Admitted samples left in the page cache.
     pub cached_in_page_cache: u64,
     /// Hits on those read back from the page cache.
@@ -150,9 +263,9 @@ pub struct RunMetrics {
     /// Accesses of this node a peer is planned to hold, whether or not the local cache hits
     /// them or the cost model sends them to storage.
     pub peer_planned_accesses: u64,
-    /// What the cache kept of samples: `encoded`, `decoded` or `auto` (either, by the cost
-    /// model), `encoded (why)` where a decoded tier was not possible, or `none`.
-    pub cache_forms: String,
+    /// What the cache kept of samples, and why encoded where a decoded tier was not
+    /// possible (or why lossy, with a decoded side bound).
+    pub cache_forms: Mode<CacheForms>,
     /// The costs the two-form rule priced forms with (with a decoded tier).
     pub form_costs: Option<FormCostsReport>,
     /// Hits on encoded bytes, as planned.
@@ -424,13 +537,13 @@ impl Collector {
             skipped: self.skipped,
             skipped_samples: self.skipped_samples.clone(),
             faults_injected: 0,
-            read_path: String::new(),
-            pipeline_threads: String::new(),
+            read_path: Mode::default(),
+            pipeline_threads: Mode::default(),
             reads_resident: 0,
             reads_not_resident: 0,
             reads_dispatched: 0,
             dirs_held: 0,
-            cache_store: String::new(),
+            cache_store: Mode::default(),
             cached_in_page_cache: 0,
             hits_from_page_cache: 0,
             hits_lost_by_page_cache: 0,
@@ -441,7 +554,7 @@ impl Collector {
             peer_planned_accesses: 0,
             read_retries: 0,
             reads_recovered: 0,
-            cache_forms: String::new(),
+            cache_forms: Mode::default(),
             form_costs: None,
             hits_encoded: self.hits,
             hits_decoded: 0,

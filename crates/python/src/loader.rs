@@ -701,9 +701,17 @@ impl Loader {
         dict.set_item("accesses", m.accesses)?;
         dict.set_item("hit_ratio", m.hit_ratio)?;
         dict.set_item("skipped", m.skipped)?;
-        dict.set_item("read_path", m.read_path)?;
-        dict.set_item("pipeline_threads", m.pipeline_threads)?;
-        dict.set_item("cache_forms", m.cache_forms)?;
+        // Modes as the JSON has them: {"mode": ..., "reason": ...}.
+        let mode = |mode: String, reason: Option<String>| -> PyResult<Bound<'_, PyDict>> {
+            let d = PyDict::new(py);
+            d.set_item("mode", mode)?;
+            d.set_item("reason", reason)?;
+            Ok(d)
+        };
+        let (r, t, f) = (m.read_path, m.pipeline_threads, m.cache_forms);
+        dict.set_item("read_path", mode(r.mode.to_string(), r.reason)?)?;
+        dict.set_item("pipeline_threads", mode(t.mode.to_string(), t.reason)?)?;
+        dict.set_item("cache_forms", mode(f.mode.to_string(), f.reason)?)?;
         dict.set_item("hits_encoded", m.hits_encoded)?;
         dict.set_item("hits_decoded", m.hits_decoded)?;
         dict.set_item("decoded_hits_served", m.decoded_hits_served)?;

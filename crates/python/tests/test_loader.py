@@ -313,7 +313,7 @@ def test_decoded_images_in_the_cache_give_the_same_batches(tmp_path):
     encoded, m_enc = run("encoded")
     for forms in ("decoded", "auto"):
         batches, m = run(forms)
-        assert m["cache_forms"] == forms
+        assert m["cache_forms"] == {"mode": forms, "reason": None}
         assert len(batches) == len(encoded) == 15
         for (e1, ids1, img1), (e2, ids2, img2) in zip(encoded, batches):
             assert (e1, ids1) == (e2, ids2)

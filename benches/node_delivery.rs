@@ -25,12 +25,12 @@ const BETWEEN: Duration = Duration::from_millis(1);
 
 fn config() -> LoaderConfig {
     LoaderConfig {
-        nodes: 1,
-        node: 0,
-        ranks_per_node: 1,
-        batch_size: BATCH,
-        // Far more batches than the bench takes; the loader stops when dropped.
-        epochs: 1_000_000,
+        job: lobster_io::JobConfig {
+            batch_size: BATCH,
+            // Far more batches than the bench takes; the loader stops when dropped.
+            epochs: 1_000_000,
+            ..Default::default()
+        },
         ..LoaderConfig::default()
     }
 }

@@ -80,7 +80,7 @@ fn build_with_threads(
         .execution(s.execution)
         .backend(s.backend)
         .decode_threads(decode_threads)
-        .io_depth_budget(6)
+        .io_depth(6)
         .on_error(policy)
         .inject_faults(Some(f))
         .decode(|bytes: &[u8], meta| {

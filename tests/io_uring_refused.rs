@@ -174,7 +174,7 @@ mod x86_64_linux {
             .execution(execution)
             .backend(Backend::Auto)
             .decode_threads(3)
-            .io_depth_budget(6)
+            .io_depth(6)
             .decode(|bytes: &[u8], _| Ok::<_, std::io::Error>(bytes.to_vec()))
             .build()
             .unwrap()

@@ -39,7 +39,7 @@ fn build(ds: &Arc<Dataset>, s: Setup, node: usize) -> Loader<Vec<u8>> {
         .execution(s.execution)
         .backend(s.backend)
         .decode_threads(s.decode_threads)
-        .io_depth_budget(8)
+        .io_depth(8)
         .schedule(s.schedule)
         .io_order(s.io_order)
         .window_iterations(s.window_iterations)

@@ -70,7 +70,7 @@ fn build(ds: &Arc<Dataset>, setup: Setup, situation: Situation) -> Loader<Vec<u8
         .execution(setup.execution)
         .backend(setup.backend)
         .decode_threads(4)
-        .io_depth_budget(4)
+        .io_depth(4)
         .decode(|bytes: &[u8], meta| {
             if bytes == content(meta.id).as_slice() {
                 Ok(bytes.to_vec())

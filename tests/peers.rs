@@ -48,7 +48,7 @@ fn run_job(
                 .cache(policy, capacity)
                 .execution(execution)
                 .decode_threads(2)
-                .io_depth_budget(4)
+                .io_depth(4)
                 // Slow storage: the cost model keeps preferring the peers.
                 .storage_emulation(Some(StorageEmulation {
                     bandwidth_bytes_per_s: 50e6,

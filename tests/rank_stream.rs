@@ -23,7 +23,7 @@ fn build(ds: &Arc<Dataset>) -> Loader<Vec<u8>> {
         .epochs(EPOCHS)
         .cache(CachePolicy::Reuse, ds.total_bytes() / 4)
         .decode_threads(4)
-        .io_depth_budget(8)
+        .io_depth(8)
         // The planner runs one iteration ahead of the slowest rank: a rank blocking the only
         // runtime thread would stop every other rank, and so the planner, for good.
         .prefetch_iterations(1)

@@ -28,8 +28,8 @@ pub(crate) struct ImageBenchArgs {
     #[arg(long, default_value_t = 224)]
     image_size: u32,
     /// Images per collated batch.
-    #[arg(long, default_value_t = 32)]
-    batch: usize,
+    #[arg(long, visible_alias = "batch", default_value_t = 32)]
+    batch_size: usize,
     /// Alternating runs of each.
     #[arg(long, default_value_t = 3)]
     runs: usize,
@@ -53,7 +53,7 @@ struct Figures {
 
 pub(crate) fn run(args: &ImageBenchArgs) -> Result<()> {
     anyhow::ensure!(
-        args.threads >= 1 && args.batch >= 1 && args.runs >= 1,
+        args.threads >= 1 && args.batch_size >= 1 && args.runs >= 1,
         "--threads, --batch and --runs must be at least 1"
     );
     let data = match &args.data {
@@ -141,7 +141,8 @@ fn pass(
             .map(|part| {
                 s.spawn(move || -> Result<()> {
                     let mut t = transform.map(Transformer::new);
-                    let mut collator = Collator::new(args.batch, args.image_size, args.image_size);
+                    let mut collator =
+                        Collator::new(args.batch_size, args.image_size, args.image_size);
                     let mut pixels = Vec::new();
                     for (bytes, id, label) in part {
                         let image = lobster_image::decode(bytes)

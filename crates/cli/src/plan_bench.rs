@@ -21,8 +21,8 @@ pub struct PlanBenchArgs {
     pub nodes: usize,
     #[arg(long, default_value_t = 8)]
     pub ranks_per_node: usize,
-    #[arg(long, default_value_t = 32)]
-    pub batch: usize,
+    #[arg(long, visible_alias = "batch", default_value_t = 32)]
+    pub batch_size: usize,
     #[arg(long, default_value_t = 3)]
     pub epochs: u32,
     /// Each node's cache, as a share of the dataset's bytes.
@@ -54,7 +54,7 @@ pub fn run(args: &PlanBenchArgs) -> Result<()> {
         sizes,
         nodes: args.nodes,
         ranks_per_node: args.ranks_per_node,
-        batch: args.batch,
+        batch_size: args.batch_size,
         epochs: args.epochs,
         order: EpochOrder::Shuffle { seed: args.seed },
         drop_last: false,
@@ -71,7 +71,7 @@ pub fn run(args: &PlanBenchArgs) -> Result<()> {
         "dataset_bytes": dataset_bytes,
         "nodes": args.nodes,
         "ranks_per_node": args.ranks_per_node,
-        "batch": args.batch,
+        "batch_size": args.batch_size,
         "epochs": args.epochs,
         "cache_frac": args.cache_frac,
         "policy": args.policy.as_str(),
@@ -96,7 +96,7 @@ pub fn run(args: &PlanBenchArgs) -> Result<()> {
         dataset_bytes as f64 / f64::from(1u32 << 30),
         args.nodes,
         args.ranks_per_node,
-        args.batch,
+        args.batch_size,
         args.epochs,
         args.policy,
         100.0 * args.cache_frac

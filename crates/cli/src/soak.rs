@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use lobster_io::{
-    Dataset, DistributedSampler, EpochOrder, ErrorPolicy, FailureBudget, FaultInjection,
-    LoaderBuilder, LoaderConfig, SampleMeta, Schedule,
+    BudgetConfig, Dataset, DistributedSampler, EpochOrder, ErrorPolicy, FailureBudget,
+    FaultInjection, JobConfig, LoaderBuilder, LoaderConfig, ReadConfig, SampleMeta, Schedule,
 };
 use serde::Serialize;
 
@@ -37,8 +37,8 @@ pub struct SoakArgs {
     #[arg(long, default_value_t = 4)]
     pub ranks_per_node: usize,
     /// Samples per batch per rank.
-    #[arg(long, default_value_t = 16)]
-    pub batch: usize,
+    #[arg(long, visible_alias = "batch", default_value_t = 16)]
+    pub batch_size: usize,
     /// The loading policy (one of those of `lobster run`).
     #[arg(long, default_value = "lobster")]
     pub policy: Strategies,
@@ -198,16 +198,25 @@ fn soak(args: &SoakArgs, strategy: Strategy, dataset: &Arc<Dataset>) -> Result<S
             .per_rank();
     let cache_bytes = (dataset.total_bytes() as f64 * args.cache_frac).max(1.0) as u64;
     let mut config = LoaderConfig {
-        nodes: args.nodes,
-        node: 0,
-        ranks_per_node: args.ranks_per_node,
-        batch_size: args.batch,
-        epochs: args.epochs,
-        io_depth_budget: 4 * args.ranks_per_node,
-        error_policy: ErrorPolicy::Skip {
+        job: JobConfig {
+            nodes: args.nodes,
+            node: 0,
+            ranks_per_node: args.ranks_per_node,
+            batch_size: args.batch_size,
+            epochs: args.epochs,
+            drop_last: false,
+        },
+        budgets: BudgetConfig {
+            io_depth: 4 * args.ranks_per_node,
+            ..BudgetConfig::default()
+        },
+        reads: ReadConfig {
+            inject_faults: Some(args.inject_faults),
+            ..ReadConfig::default()
+        },
+        on_error: ErrorPolicy::Skip {
             max_failures: args.max_failures,
         },
-        fault_injection: Some(args.inject_faults),
         ..LoaderConfig::default()
     };
     let budgets = Budgets {
@@ -218,7 +227,7 @@ fn soak(args: &SoakArgs, strategy: Strategy, dataset: &Arc<Dataset>) -> Result<S
         pipeline_threads: lobster_io::PipelineThreads::default(),
     };
     strategy.apply(&budgets, &mut config);
-    let cache_capacity_bytes = config.cache_capacity_bytes;
+    let cache_capacity_bytes = config.cache.capacity_bytes;
     let decoder = args.decoder;
     let fds_before = process::open_fds();
     let threads_before = process::threads();

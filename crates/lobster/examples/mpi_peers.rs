@@ -43,7 +43,7 @@ fn main() -> Result<()> {
         .epochs(4)
         .cache(CachePolicy::Static, third)
         .decode_threads(2)
-        .io_depth_budget(4)
+        .io_depth(4)
         .storage_emulation(Some(StorageEmulation {
             bandwidth_bytes_per_s: 50e6,
             latency_us: 500,

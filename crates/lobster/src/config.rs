@@ -125,18 +125,38 @@ pub enum PipelineThreads {
 }
 
 /// How a sample is loaded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Execution {
     /// Reads go to the io_uring engine in [`IoOrder`]; decode threads only decode.
+    #[default]
     Pipelined,
     /// A fixed set of workers per rank, each reading a sample with a blocking read and then
     /// decoding it (PyTorch's DataLoader and NoPFS): I/O concurrency is the worker count.
     ReadThenDecode,
 }
 
-/// Everything the loader needs besides the dataset and the decode function.
-#[derive(Clone, Debug)]
+/// Everything the loader needs besides the dataset and the decode function, grouped by the
+/// stage it shapes. A job sets [`JobConfig`], the cache's policy and capacity, and perhaps
+/// the two budgets; the rest have defaults that suit a node of a training job.
+#[derive(Clone, Debug, Default)]
 pub struct LoaderConfig {
+    /// Where this loader stands in the job, and what each rank takes.
+    pub job: JobConfig,
+    /// The node's cache.
+    pub cache: CacheConfig,
+    /// The node's reads in flight and CPU threads, and how they are split among its ranks.
+    pub budgets: BudgetConfig,
+    /// How and where storage is read.
+    pub reads: ReadConfig,
+    /// What a rank's iterator does with a sample that cannot be read or decoded.
+    pub on_error: ErrorPolicy,
+    /// How a sample is loaded: the pipeline, or the read-then-decode baselines.
+    pub execution: Execution,
+}
+
+/// The job's shape as this loader sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobConfig {
     /// Nodes in the job.
     pub nodes: usize,
     /// This node's index, `0..nodes`.
@@ -149,16 +169,34 @@ pub struct LoaderConfig {
     pub epochs: u32,
     /// Drop the tail of each epoch instead of padding (PyTorch's `drop_last`).
     pub drop_last: bool,
-    /// Cache policy.
-    pub cache_policy: CachePolicy,
-    /// Node cache capacity in bytes (ignored with `CachePolicy::None`).
-    pub cache_capacity_bytes: u64,
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        JobConfig {
+            nodes: 1,
+            node: 0,
+            ranks_per_node: 1,
+            batch_size: 32,
+            epochs: 1,
+            drop_last: false,
+        }
+    }
+}
+
+/// The node's cache.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CacheConfig {
+    /// Which cache the planner runs.
+    pub policy: CachePolicy,
+    /// Its capacity in bytes (ignored with `CachePolicy::None`).
+    pub capacity_bytes: u64,
     /// What the cache keeps of a sample: its encoded bytes, its decoded image, or either,
     /// chosen per sample and per use by the cost model (see `lobster_cache::FormPolicy`).
     /// Decoded forms need the reuse policy and an image decoder
     /// ([`LoaderBuilder::decode_images`](crate::LoaderBuilder::decode_images)), and no peers.
     /// `None`: auto with an image decoder, encoded otherwise.
-    pub cache_forms: Option<FormChoice>,
+    pub forms: Option<FormChoice>,
     /// The read and decode costs the two-form rule prices with. `None`: reads from the
     /// emulated storage tier if there is one, else the cost model's storage prior; decodes
     /// timed at build on the first samples (so cache decisions can differ between runs
@@ -168,9 +206,26 @@ pub struct LoaderConfig {
     /// their longer side is at most this many pixels (FFCV-style pre-resizing). Hits on them
     /// then transform the smaller image, so their pixels differ from a miss's.
     pub decoded_max_side: Option<u32>,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            policy: CachePolicy::Reuse,
+            capacity_bytes: 1 << 30,
+            forms: None,
+            form_costs: None,
+            decoded_max_side: None,
+        }
+    }
+}
+
+/// The node's budgets, and how they are split among its ranks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BudgetConfig {
     /// Reads in flight the node's ranks share. The default, 128, is deep enough for a local
     /// NVMe device, whose small reads gain from depth to about there.
-    pub io_depth_budget: usize,
+    pub io_depth: usize,
     /// Decode threads the node's ranks share; 0 picks the machine's cores, at least one per
     /// rank.
     pub decode_threads: usize,
@@ -178,58 +233,40 @@ pub struct LoaderConfig {
     pub prefetch_iterations: usize,
     /// Iterations per allocation window.
     pub window_iterations: usize,
-    /// How budgets are split.
+    /// How the budgets are split.
     pub schedule: Schedule,
-    /// How the pipelined mode orders storage reads.
-    pub io_order: IoOrder,
-    /// How samples are loaded.
-    pub execution: Execution,
-    /// Where the pipelined mode reads samples the page cache holds.
-    pub resident_reads: ResidentReads,
     /// How the kernel schedules the planner and the decode workers.
     pub pipeline_threads: PipelineThreads,
-    /// Which I/O backend runs the reads.
-    pub backend: lobster_uring::Backend,
-    /// Read with O_DIRECT (bypassing the page cache), in both executions.
-    pub direct: bool,
-    /// An emulated storage tier charged on every storage read.
-    pub storage_emulation: Option<StorageEmulation>,
-    /// What a rank's iterator does with a sample that cannot be read or decoded.
-    pub error_policy: ErrorPolicy,
-    /// Deterministic faults injected into storage reads (tests and demos).
-    pub fault_injection: Option<FaultInjection>,
 }
 
-impl Default for LoaderConfig {
+impl Default for BudgetConfig {
     fn default() -> Self {
-        Self {
-            nodes: 1,
-            node: 0,
-            ranks_per_node: 1,
-            batch_size: 32,
-            epochs: 1,
-            drop_last: false,
-            cache_policy: CachePolicy::Reuse,
-            cache_capacity_bytes: 1 << 30,
-            cache_forms: None,
-            form_costs: None,
-            decoded_max_side: None,
-            io_depth_budget: 128,
+        BudgetConfig {
+            io_depth: 128,
             decode_threads: 0,
             prefetch_iterations: 2,
             window_iterations: 1,
             schedule: Schedule::Allocate { hysteresis: 0.05 },
-            io_order: IoOrder::Deadline,
-            execution: Execution::Pipelined,
-            resident_reads: ResidentReads::Auto,
             pipeline_threads: PipelineThreads::Batch,
-            backend: lobster_uring::Backend::Auto,
-            direct: false,
-            storage_emulation: None,
-            error_policy: ErrorPolicy::Fail,
-            fault_injection: None,
         }
     }
+}
+
+/// How storage is read, and what stands in for storage in tests and demos.
+#[derive(Clone, Debug, Default)]
+pub struct ReadConfig {
+    /// Which I/O backend runs the reads.
+    pub backend: lobster_uring::Backend,
+    /// Read with O_DIRECT (bypassing the page cache), in both executions.
+    pub direct: bool,
+    /// How the pipelined mode orders storage reads.
+    pub io_order: IoOrder,
+    /// Where the pipelined mode reads samples the page cache holds.
+    pub resident_reads: ResidentReads,
+    /// An emulated storage tier charged on every storage read.
+    pub storage_emulation: Option<StorageEmulation>,
+    /// Deterministic faults injected into storage reads (tests and demos).
+    pub inject_faults: Option<FaultInjection>,
 }
 
 /// Bounds on the knobs, so a typo cannot ask for a million threads.
@@ -240,15 +277,15 @@ pub(crate) const PREFETCH_MAX: usize = 1024;
 impl LoaderConfig {
     /// Ranks in the whole job.
     pub fn world(&self) -> usize {
-        self.nodes * self.ranks_per_node
+        self.job.nodes * self.job.ranks_per_node
     }
 
     /// The config with automatic settings resolved (`decode_threads` 0).
     pub fn resolved(&self) -> LoaderConfig {
         let mut c = self.clone();
-        if c.decode_threads == 0 {
+        if c.budgets.decode_threads == 0 {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            c.decode_threads = cores.max(c.ranks_per_node).min(THREADS_MAX);
+            c.budgets.decode_threads = cores.max(c.job.ranks_per_node).min(THREADS_MAX);
         }
         c
     }
@@ -259,9 +296,11 @@ impl LoaderConfig {
             _ if self.execution != Execution::Pipelined => {
                 Err("read-then-decode workers read every sample")
             }
-            _ if self.resident_reads == ResidentReads::Dispatcher => Err("resident reads are off"),
-            _ if self.direct => Err("O_DIRECT bypasses the page cache"),
-            _ if self.storage_emulation.is_some() => {
+            _ if self.reads.resident_reads == ResidentReads::Dispatcher => {
+                Err("resident reads are off")
+            }
+            _ if self.reads.direct => Err("O_DIRECT bypasses the page cache"),
+            _ if self.reads.storage_emulation.is_some() => {
                 Err("the emulated storage tier charges every read")
             }
             _ => Ok(()),
@@ -273,9 +312,9 @@ impl LoaderConfig {
     pub fn cache_in_page_cache(&self) -> Result<(), &'static str> {
         self.resident_reads_enabled()?;
         match () {
-            _ if self.cache_policy == CachePolicy::None => Err("no cache"),
+            _ if self.cache.policy == CachePolicy::None => Err("no cache"),
             // A hit read back would draw a storage read's faults the cached bytes never saw.
-            _ if self.fault_injection.is_some() => {
+            _ if self.reads.inject_faults.is_some() => {
                 Err("faults are injected into every storage read")
             }
             _ => Ok(()),
@@ -291,12 +330,12 @@ impl LoaderConfig {
                 Err(Error::invalid(name, value, format!("{lo}..={hi}")))
             }
         };
-        range("nodes", self.nodes, 1, 1 << 20)?;
-        range("ranks_per_node", self.ranks_per_node, 1, THREADS_MAX)?;
-        range("node", self.node, 0, self.nodes - 1)?;
-        range("epochs", self.epochs as usize, 1, u32::MAX as usize)?;
+        range("nodes", self.job.nodes, 1, 1 << 20)?;
+        range("ranks_per_node", self.job.ranks_per_node, 1, THREADS_MAX)?;
+        range("node", self.job.node, 0, self.job.nodes - 1)?;
+        range("epochs", self.job.epochs as usize, 1, u32::MAX as usize)?;
         let world = self.world();
-        let per_rank = if self.drop_last {
+        let per_rank = if self.job.drop_last {
             samples / world
         } else {
             samples.div_ceil(world)
@@ -308,51 +347,61 @@ impl LoaderConfig {
                 format!("at most the {samples} samples when drop_last is set"),
             ));
         }
-        range("batch_size", self.batch_size, 1, per_rank)?;
-        if self.cache_policy != CachePolicy::None && self.cache_capacity_bytes == 0 {
+        range("batch_size", self.job.batch_size, 1, per_rank)?;
+        if self.cache.policy != CachePolicy::None && self.cache.capacity_bytes == 0 {
             return Err(Error::invalid(
-                "cache_capacity_bytes",
+                "cache_bytes",
                 0,
                 "at least 1 with a cache policy (use the policy none for no cache)",
             ));
         }
-        if let Some(forms) = self.cache_forms.filter(|&f| f != FormChoice::Encoded) {
-            if self.cache_policy != CachePolicy::Reuse {
+        if let Some(forms) = self.cache.forms.filter(|&f| f != FormChoice::Encoded) {
+            if self.cache.policy != CachePolicy::Reuse {
                 return Err(Error::invalid(
                     "cache_forms",
                     forms,
                     format!(
                         "encoded with the cache policy {} (decoded forms need reuse)",
-                        self.cache_policy
+                        self.cache.policy
                     ),
                 ));
             }
         }
-        if let Some(side) = self.decoded_max_side {
+        if let Some(side) = self.cache.decoded_max_side {
             range("decoded_max_side", side as usize, 1, 1 << 16)?;
         }
-        if let Some(c) = self.form_costs {
+        if let Some(c) = self.cache.form_costs {
             c.validate()
                 .map_err(|e| Error::invalid("form_costs", format!("{c:?}"), e.to_string()))?;
         }
-        let ranks = self.ranks_per_node;
-        range("io_depth_budget", self.io_depth_budget, ranks, IO_DEPTH_MAX)?;
-        if self.decode_threads != 0 {
-            range("decode_threads", self.decode_threads, ranks, THREADS_MAX)?;
+        let ranks = self.job.ranks_per_node;
+        range("io_depth", self.budgets.io_depth, ranks, IO_DEPTH_MAX)?;
+        if self.budgets.decode_threads != 0 {
+            range(
+                "decode_threads",
+                self.budgets.decode_threads,
+                ranks,
+                THREADS_MAX,
+            )?;
         }
         range(
             "prefetch_iterations",
-            self.prefetch_iterations,
+            self.budgets.prefetch_iterations,
             1,
             PREFETCH_MAX,
         )?;
-        range("window_iterations", self.window_iterations, 1, PREFETCH_MAX)?;
-        if let Schedule::Allocate { hysteresis } = self.schedule {
+        range(
+            "window_iterations",
+            self.budgets.window_iterations,
+            1,
+            PREFETCH_MAX,
+        )?;
+        if let Schedule::Allocate { hysteresis } = self.budgets.schedule {
             if !(0.0..1.0).contains(&hysteresis) {
                 return Err(Error::invalid("hysteresis", hysteresis, "0 <= h < 1"));
             }
         }
-        if let Some(e) = self.storage_emulation {
+        if let Some(e) = self.reads.storage_emulation {
             if !(e.bandwidth_bytes_per_s.is_finite() && e.bandwidth_bytes_per_s > 0.0) {
                 return Err(Error::invalid(
                     "storage bandwidth_bytes_per_s",
@@ -364,13 +413,13 @@ impl LoaderConfig {
         }
         if let ErrorPolicy::Skip {
             max_failures: FailureBudget::Fraction(f),
-        } = self.error_policy
+        } = self.on_error
         {
             if !(0.0..=1.0).contains(&f) {
                 return Err(Error::invalid("max_failures", f, "a fraction 0..=1"));
             }
         }
-        if let Some(f) = &self.fault_injection {
+        if let Some(f) = &self.reads.inject_faults {
             f.validate()?;
         }
         Ok(())
@@ -383,76 +432,28 @@ mod tests {
 
     #[test]
     fn each_bad_parameter_is_named() {
-        let ok = LoaderConfig {
-            ranks_per_node: 2,
-            decode_threads: 2,
-            ..LoaderConfig::default()
-        };
+        let mut ok = LoaderConfig::default();
+        ok.job.ranks_per_node = 2;
+        ok.budgets.decode_threads = 2;
         ok.validate(1000).unwrap();
+        let with = |change: &dyn Fn(&mut LoaderConfig)| {
+            let mut c = ok.clone();
+            change(&mut c);
+            c
+        };
         let cases: Vec<(LoaderConfig, &str)> = vec![
+            (with(&|c| c.job.ranks_per_node = 0), "ranks_per_node"),
+            (with(&|c| c.job.node = 1), "node"),
+            (with(&|c| c.job.batch_size = 501), "batch_size"),
+            (with(&|c| c.job.batch_size = 0), "batch_size"),
+            (with(&|c| c.cache.capacity_bytes = 0), "cache_bytes"),
+            (with(&|c| c.budgets.io_depth = 0), "io_depth"),
+            (with(&|c| c.budgets.decode_threads = 1), "decode_threads"),
             (
-                LoaderConfig {
-                    ranks_per_node: 0,
-                    ..ok.clone()
-                },
-                "ranks_per_node",
-            ),
-            (
-                LoaderConfig {
-                    node: 1,
-                    ..ok.clone()
-                },
-                "node",
-            ),
-            (
-                LoaderConfig {
-                    batch_size: 501,
-                    ..ok.clone()
-                },
-                "batch_size",
-            ),
-            (
-                LoaderConfig {
-                    batch_size: 0,
-                    ..ok.clone()
-                },
-                "batch_size",
-            ),
-            (
-                LoaderConfig {
-                    cache_capacity_bytes: 0,
-                    ..ok.clone()
-                },
-                "cache_capacity_bytes",
-            ),
-            (
-                LoaderConfig {
-                    io_depth_budget: 0,
-                    ..ok.clone()
-                },
-                "io_depth_budget",
-            ),
-            (
-                LoaderConfig {
-                    decode_threads: 1,
-                    ..ok.clone()
-                },
-                "decode_threads",
-            ),
-            (
-                LoaderConfig {
-                    prefetch_iterations: 0,
-                    ..ok.clone()
-                },
+                with(&|c| c.budgets.prefetch_iterations = 0),
                 "prefetch_iterations",
             ),
-            (
-                LoaderConfig {
-                    epochs: 0,
-                    ..ok.clone()
-                },
-                "epochs",
-            ),
+            (with(&|c| c.job.epochs = 0), "epochs"),
         ];
         for (config, parameter) in cases {
             let err = config.validate(1000).unwrap_err();

@@ -29,7 +29,7 @@
 //!     .batch_size(4)
 //!     .epochs(2)
 //!     .cache(CachePolicy::Reuse, 2 << 10)
-//!     .io_depth_budget(8)
+//!     .io_depth(8)
 //!     .decode_threads(2)
 //!     .decode(|bytes: &[u8], meta| Ok::<_, std::io::Error>((meta.label, bytes.len())))
 //!     .build()?;
@@ -74,7 +74,8 @@ mod sampler;
 
 pub use batch::{Batch, Sample};
 pub use config::{
-    CachePolicy, Execution, IoOrder, LoaderConfig, PipelineThreads, ResidentReads, Schedule,
+    BudgetConfig, CacheConfig, CachePolicy, Execution, IoOrder, JobConfig, LoaderConfig,
+    PipelineThreads, ReadConfig, ResidentReads, Schedule,
 };
 pub use dataset::{Dataset, FolderOptions, SampleMeta, SampleRecord, IMAGE_EXTENSIONS};
 pub use emulate::StorageEmulation;

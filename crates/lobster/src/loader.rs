@@ -40,11 +40,11 @@ impl<T> std::fmt::Debug for LoaderBuilder<T> {
 }
 
 macro_rules! setters {
-    ($($(#[$doc:meta])* $name:ident: $ty:ty),* $(,)?) => {
+    ($($(#[$doc:meta])* $name:ident => $($field:ident).+ : $ty:ty),* $(,)?) => {
         $(
             $(#[$doc])*
             pub fn $name(mut self, value: $ty) -> Self {
-                self.config.$name = value;
+                self.config.$($field).+ = value;
                 self
             }
         )*
@@ -82,9 +82,9 @@ impl<T: Send + 'static> LoaderBuilder<T> {
 
     /// The world: `nodes` nodes of `ranks_per_node` ranks; this process is node `node`.
     pub fn world(mut self, nodes: usize, ranks_per_node: usize, node: usize) -> Self {
-        self.config.nodes = nodes;
-        self.config.ranks_per_node = ranks_per_node;
-        self.config.node = node;
+        self.config.job.nodes = nodes;
+        self.config.job.ranks_per_node = ranks_per_node;
+        self.config.job.node = node;
         self
     }
 
@@ -102,61 +102,49 @@ impl<T: Send + 'static> LoaderBuilder<T> {
 
     /// The cache: a policy and its capacity in bytes.
     pub fn cache(mut self, policy: CachePolicy, capacity_bytes: u64) -> Self {
-        self.config.cache_policy = policy;
-        self.config.cache_capacity_bytes = capacity_bytes;
+        self.config.cache.policy = policy;
+        self.config.cache.capacity_bytes = capacity_bytes;
         self
     }
 
     setters! {
         /// Samples per batch per rank.
-        batch_size: usize,
+        batch_size => job.batch_size: usize,
         /// Epochs to load.
-        epochs: u32,
+        epochs => job.epochs: u32,
         /// Drop each epoch's tail instead of padding it.
-        drop_last: bool,
+        drop_last => job.drop_last: bool,
         /// Reads in flight the node's ranks share.
-        io_depth_budget: usize,
+        io_depth => budgets.io_depth: usize,
         /// Decode threads the node's ranks share (0: the machine's cores, at least one per
         /// rank).
-        decode_threads: usize,
+        decode_threads => budgets.decode_threads: usize,
         /// Iterations the loader may run ahead of the slowest rank.
-        prefetch_iterations: usize,
+        prefetch_iterations => budgets.prefetch_iterations: usize,
         /// Iterations per allocation window.
-        window_iterations: usize,
+        window_iterations => budgets.window_iterations: usize,
         /// How the budgets are split among ranks.
-        schedule: Schedule,
-        /// How the pipelined mode orders storage reads.
-        io_order: IoOrder,
-        /// Pipelined (io_uring reads, separate decode) or read-then-decode workers.
-        execution: Execution,
-        /// Whether decode workers read samples the page cache holds themselves.
-        resident_reads: crate::config::ResidentReads,
+        schedule => budgets.schedule: Schedule,
         /// How the kernel schedules the planner and the decode workers.
-        pipeline_threads: crate::config::PipelineThreads,
+        pipeline_threads => budgets.pipeline_threads: crate::config::PipelineThreads,
+        /// How the pipelined mode orders storage reads.
+        io_order => reads.io_order: IoOrder,
+        /// Whether decode workers read samples the page cache holds themselves.
+        resident_reads => reads.resident_reads: crate::config::ResidentReads,
         /// The I/O backend.
-        backend: lobster_uring::Backend,
+        backend => reads.backend: lobster_uring::Backend,
         /// Read with O_DIRECT.
-        direct: bool,
-    }
-
-    /// Charge every storage read an emulated shared tier's latency and bandwidth.
-    pub fn storage_emulation(mut self, emulation: Option<StorageEmulation>) -> Self {
-        self.config.storage_emulation = emulation;
-        self
-    }
-
-    /// What a rank's iterator does with a sample that cannot be read or decoded:
-    /// [`ErrorPolicy::Fail`] (the default) or skip it within a per-epoch budget.
-    pub fn on_error(mut self, policy: ErrorPolicy) -> Self {
-        self.config.error_policy = policy;
-        self
-    }
-
-    /// Inject deterministic faults into every storage read (tests and demos); `None` for
-    /// none.
-    pub fn inject_faults(mut self, faults: Option<FaultInjection>) -> Self {
-        self.config.fault_injection = faults;
-        self
+        direct => reads.direct: bool,
+        /// Charge every storage read an emulated shared tier's latency and bandwidth.
+        storage_emulation => reads.storage_emulation: Option<StorageEmulation>,
+        /// Inject deterministic faults into every storage read (tests and demos); `None` for
+        /// none.
+        inject_faults => reads.inject_faults: Option<FaultInjection>,
+        /// What a rank's iterator does with a sample that cannot be read or decoded:
+        /// [`ErrorPolicy::Fail`] (the default) or skip it within a per-epoch budget.
+        on_error => on_error: ErrorPolicy,
+        /// Pipelined (io_uring reads, separate decode) or read-then-decode workers.
+        execution => execution: Execution,
     }
 
     /// The function that turns a sample's bytes into `T`, run on the decode threads.
@@ -183,22 +171,22 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         self
     }
 
-    /// What the cache keeps of each sample (see [`LoaderConfig::cache_forms`]).
+    /// What the cache keeps of each sample (see [`CacheConfig::forms`](crate::CacheConfig::forms)).
     pub fn cache_forms(mut self, forms: FormChoice) -> Self {
-        self.config.cache_forms = Some(forms);
+        self.config.cache.forms = Some(forms);
         self
     }
 
     /// Lossy: decoded images the cache keeps are brought down to at most `max_side` pixels a
-    /// side (see [`LoaderConfig::decoded_max_side`]).
+    /// side (see [`CacheConfig::decoded_max_side`](crate::CacheConfig::decoded_max_side)).
     pub fn decoded_max_side(mut self, max_side: u32) -> Self {
-        self.config.decoded_max_side = Some(max_side);
+        self.config.cache.decoded_max_side = Some(max_side);
         self
     }
 
-    /// The costs the two-form rule prices with (see [`LoaderConfig::form_costs`]).
+    /// The costs the two-form rule prices with (see [`CacheConfig::form_costs`](crate::CacheConfig::form_costs)).
     pub fn form_costs(mut self, costs: FormCosts) -> Self {
-        self.config.form_costs = Some(costs);
+        self.config.cache.form_costs = Some(costs);
         self
     }
 
@@ -261,23 +249,27 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             }
             (None, None) => return Err(Error::invalid("decode", "none", "a decode function")),
         };
-        let sampler =
-            DistributedSampler::new(dataset.len(), config.world(), config.drop_last, self.order)?;
+        let sampler = DistributedSampler::new(
+            dataset.len(),
+            config.world(),
+            config.job.drop_last,
+            self.order,
+        )?;
         if let Some(n) = sampler.explicit_epochs() {
-            if (config.epochs as usize) > n {
+            if (config.job.epochs as usize) > n {
                 return Err(Error::invalid(
                     "epochs",
-                    config.epochs,
+                    config.job.epochs,
                     format!("at most the {n} explicit epoch orders"),
                 ));
             }
         }
         let layout = Layout::of_node(
             sampler,
-            config.ranks_per_node,
-            config.node,
-            config.batch_size,
-            config.epochs,
+            config.job.ranks_per_node,
+            config.job.node,
+            config.job.batch_size,
+            config.job.epochs,
         );
         let pool =
             (config.execution == Execution::Pipelined).then(|| pool_shape(&config, &dataset));
@@ -286,11 +278,14 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             None => None,
         };
         let backend = reader.as_ref().map(|r| r.backend().clone());
-        let device = config.storage_emulation.map(|e| Arc::new(Device::new(e)));
+        let device = config
+            .reads
+            .storage_emulation
+            .map(|e| Arc::new(Device::new(e)));
         let window_bytes = window_bytes(&config, &dataset, pool.map(|(bytes, _)| bytes));
         let dirs = (config.execution == Execution::Pipelined)
             .then(|| crate::pipeline::SampleDirs::new(dataset.samples()));
-        let sizes = match config.cache_policy.kind() {
+        let sizes = match config.cache.policy.kind() {
             Some(_) => Some(cache_sizes(&dataset)?),
             None => None,
         };
@@ -313,7 +308,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             forms,
         };
         let pipeline = Pipeline::start(ctx, reader)?;
-        let handles = (0..config.ranks_per_node)
+        let handles = (0..config.job.ranks_per_node)
             .map(|rank| RankHandle {
                 state: pipeline.state.clone(),
                 rank,
@@ -339,10 +334,10 @@ fn decoded_tier<T>(
     staged: Option<pipeline::Staged<T>>,
     has_peers: bool,
 ) -> Result<(Option<pipeline::DecodedTier<T>>, Mode<CacheForms>), Error> {
-    if config.cache_policy == CachePolicy::None {
+    if config.cache.policy == CachePolicy::None {
         return Ok((None, Mode::chosen(CacheForms::None)));
     }
-    let chosen = config.cache_forms;
+    let chosen = config.cache.forms;
     let staged = match staged {
         _ if chosen == Some(FormChoice::Encoded) => {
             return Ok((None, Mode::chosen(CacheForms::Encoded)))
@@ -350,7 +345,7 @@ fn decoded_tier<T>(
         None => {
             Err("the decoder has no decoded form; decode_images and decode_in_two_stages give one")
         }
-        Some(_) if config.cache_policy != CachePolicy::Reuse => {
+        Some(_) if config.cache.policy != CachePolicy::Reuse => {
             Err("decoded forms need the reuse policy")
         }
         Some(_) if has_peers => Err("peer nodes serve encoded bytes"),
@@ -369,9 +364,10 @@ fn decoded_tier<T>(
     };
     let choice = chosen.unwrap_or(FormChoice::Auto);
     let costs = config
+        .cache
         .form_costs
-        .unwrap_or_else(|| pipeline::form_costs(dataset, &staged, config.storage_emulation));
-    let max_side = config.decoded_max_side;
+        .unwrap_or_else(|| pipeline::form_costs(dataset, &staged, config.reads.storage_emulation));
+    let max_side = config.cache.decoded_max_side;
     let tier = pipeline::DecodedTier {
         staged,
         choice,
@@ -397,33 +393,37 @@ fn peers(
     layout: &Layout,
     transport: Arc<dyn lobster_net::Transport>,
 ) -> Result<pipeline::Peers, Error> {
-    if (transport.nodes(), transport.node()) != (config.nodes, config.node) {
+    if (transport.nodes(), transport.node()) != (config.job.nodes, config.job.node) {
         return Err(Error::invalid(
             "peers",
             format!("node {} of {}", transport.node(), transport.nodes()),
             format!(
                 "node {} of {}, as the world says",
-                config.node, config.nodes
+                config.job.node, config.job.nodes
             ),
         ));
     }
-    let plan = match (config.cache_policy.kind(), sizes) {
+    let plan = match (config.cache.policy.kind(), sizes) {
         (Some(policy), Some(sizes)) => {
             let inputs = crate::pipeline::PeerPlanInputs {
                 sizes: sizes.clone(),
-                nodes: config.nodes,
-                ranks_per_node: config.ranks_per_node,
-                batch: config.batch_size,
-                epochs: config.epochs,
+                nodes: config.job.nodes,
+                ranks_per_node: config.job.ranks_per_node,
+                batch_size: config.job.batch_size,
+                epochs: config.job.epochs,
                 order: layout.sampler.order().clone(),
-                drop_last: config.drop_last,
+                drop_last: config.job.drop_last,
                 policy,
-                capacity_bytes: config.cache_capacity_bytes,
+                capacity_bytes: config.cache.capacity_bytes,
                 // The planner runs at most this far ahead of its slowest rank, and nodes
                 // meet every step: see the holders module.
-                margin_steps: config.prefetch_iterations.max(config.window_iterations) as u64 + 1,
+                margin_steps: config
+                    .budgets
+                    .prefetch_iterations
+                    .max(config.budgets.window_iterations) as u64
+                    + 1,
             };
-            crate::pipeline::PeerPlan::build(&inputs, config.node)?
+            crate::pipeline::PeerPlan::build(&inputs, config.job.node)?
         }
         // Without caches no peer holds anything.
         _ => crate::pipeline::PeerPlan::empty(),
@@ -460,20 +460,21 @@ fn cache_sizes(dataset: &Dataset) -> Result<Arc<[u32]>, Error> {
 /// they drop), faulted in as used. `None` without a cache, or where the system refuses the
 /// mapping: large cached samples then get mappings of their own.
 fn cache_arena(config: &LoaderConfig) -> Option<lobster_uring::Arena> {
-    if config.cache_policy == CachePolicy::None || config.cache_capacity_bytes == 0 {
+    if config.cache.policy == CachePolicy::None || config.cache.capacity_bytes == 0 {
         return None;
     }
     let budget = config
-        .cache_capacity_bytes
-        .saturating_add(config.cache_capacity_bytes / 8);
+        .cache
+        .capacity_bytes
+        .saturating_add(config.cache.capacity_bytes / 8);
     lobster_uring::Arena::new(usize::try_from(budget).ok()?).ok()
 }
 
 /// Accesses the planner may have handed out and not yet delivered.
 fn window_samples(config: &LoaderConfig) -> usize {
-    (config.prefetch_iterations + config.window_iterations)
-        * config.ranks_per_node
-        * config.batch_size
+    (config.budgets.prefetch_iterations + config.budgets.window_iterations)
+        * config.job.ranks_per_node
+        * config.job.batch_size
 }
 
 /// The reader's allocation unit and O_DIRECT alignment we plan for.
@@ -482,7 +483,7 @@ const PAGE_BYTES: u64 = 4096;
 /// Bytes the reader reads for a sample of `size` bytes (at offset 0): the sample and the
 /// byte that shows a file grew, with O_DIRECT widened to the alignment on both ends.
 fn read_bytes(config: &LoaderConfig, size: u64) -> u64 {
-    if config.direct {
+    if config.reads.direct {
         (size + 2 * PAGE_BYTES).next_multiple_of(PAGE_BYTES)
     } else {
         size + 1
@@ -498,9 +499,12 @@ fn block_bytes(read: u64) -> u64 {
 /// and the slowest rank has not taken (it plans at most `prefetch_iterations` ahead of it, a
 /// window at a time). Reads in flight and samples awaiting decode are among them.
 fn pool_accesses(config: &LoaderConfig) -> usize {
-    config.prefetch_iterations.max(config.window_iterations)
-        * config.ranks_per_node
-        * config.batch_size
+    config
+        .budgets
+        .prefetch_iterations
+        .max(config.budgets.window_iterations)
+        * config.job.ranks_per_node
+        * config.job.batch_size
 }
 
 /// The reader's pool: (budget, largest read). Sized from the dataset's actual sizes, not its
@@ -538,7 +542,7 @@ fn pool_shape(config: &LoaderConfig, dataset: &Dataset) -> (u64, u64) {
 fn window_bytes(config: &LoaderConfig, dataset: &Dataset, pool_bytes: Option<u64>) -> u64 {
     let accesses = || largest_bytes(dataset, window_samples(config));
     match pool_bytes {
-        Some(pool) if config.cache_policy == CachePolicy::None => pool,
+        Some(pool) if config.cache.policy == CachePolicy::None => pool,
         Some(pool) => pool + accesses(),
         None => accesses(),
     }
@@ -564,12 +568,12 @@ fn build_reader(
     // Past usize, the reader's own range check names the parameter.
     let fit = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
     lobster_uring::Reader::builder()
-        .backend(config.backend)
+        .backend(config.reads.backend)
         .max_read_bytes(fit(max_read_bytes))
         .pool_bytes(fit(pool_bytes))
         .classes(
-            config.ranks_per_node,
-            (config.io_depth_budget / config.ranks_per_node).max(1),
+            config.job.ranks_per_node,
+            (config.budgets.io_depth / config.job.ranks_per_node).max(1),
         )
         .queue_capacity(window_samples.max(1))
         // The budget is sized for the window's worst case; pages come in as blocks first
@@ -635,7 +639,7 @@ impl<T> Loader<T> {
         m.reads_dispatched = count(&path.dispatched);
         m.dirs_held = self.pipeline.dirs_held as u64;
         m.pipeline_threads = match (
-            self.config.pipeline_threads,
+            self.config.budgets.pipeline_threads,
             &*pipeline::lock(&shared.batch_refused),
         ) {
             (PipelineThreads::Normal, _) => Mode::chosen(ThreadClass::Normal),
@@ -655,7 +659,7 @@ impl<T> Loader<T> {
         m.hits_from_page_cache = count(&path.page_cache_hits);
         m.hits_lost_by_page_cache = count(&path.page_cache_lost);
         m.cache_store = match self.config.cache_in_page_cache() {
-            _ if self.config.cache_policy == CachePolicy::None => Mode::chosen(CacheStore::None),
+            _ if self.config.cache.policy == CachePolicy::None => Mode::chosen(CacheStore::None),
             _ if self.pipeline.context.peers.is_some() => {
                 Mode::because(CacheStore::Copies, "served to peers")
             }
@@ -897,14 +901,11 @@ mod tests {
     /// Two ranks of eight samples, `prefetch` iterations ahead, one-iteration windows,
     /// buffered reads: the shape of the draining test below.
     fn pool_config(prefetch: usize) -> LoaderConfig {
-        LoaderConfig {
-            ranks_per_node: 2,
-            batch_size: 8,
-            prefetch_iterations: prefetch,
-            window_iterations: 1,
-            direct: false,
-            ..LoaderConfig::default()
-        }
+        let mut c = LoaderConfig::default();
+        (c.job.ranks_per_node, c.job.batch_size) = (2, 8);
+        (c.budgets.prefetch_iterations, c.budgets.window_iterations) = (prefetch, 1);
+        c.reads.direct = false;
+        c
     }
 
     /// Worked out by hand from what the pool must hold, not from `pool_shape`'s code. Every
@@ -965,7 +966,7 @@ mod tests {
             .batch_size(8)
             .epochs(3)
             .cache(CachePolicy::None, 0)
-            .io_depth_budget(4)
+            .io_depth(4)
             .decode_threads(2)
             .prefetch_iterations(1)
             .decode(|bytes: &[u8], meta: &SampleMeta| {

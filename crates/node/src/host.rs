@@ -43,21 +43,24 @@ pub fn fingerprint(dataset: &Dataset, config: &LoaderConfig, seed: u64) -> Vec<(
         ("samples", dataset.len().to_string()),
         ("dataset_bytes", dataset.total_bytes().to_string()),
         ("seed", seed.to_string()),
-        ("batch_size", config.batch_size.to_string()),
-        ("epochs", config.epochs.to_string()),
-        ("nodes", config.nodes.to_string()),
-        ("node", config.node.to_string()),
-        ("ranks_per_node", config.ranks_per_node.to_string()),
-        ("drop_last", config.drop_last.to_string()),
+        ("batch_size", config.job.batch_size.to_string()),
+        ("epochs", config.job.epochs.to_string()),
+        ("nodes", config.job.nodes.to_string()),
+        ("node", config.job.node.to_string()),
+        ("ranks_per_node", config.job.ranks_per_node.to_string()),
+        ("drop_last", config.job.drop_last.to_string()),
     ];
     v.push((
         "cache",
-        format!("{:?} {}", config.cache_policy, config.cache_capacity_bytes),
+        format!("{:?} {}", config.cache.policy, config.cache.capacity_bytes),
     ));
     // What the cache keeps changes the pixels only when lossy, but every rank says the same.
     v.push((
         "cache_forms",
-        format!("{:?} {:?}", config.cache_forms, config.decoded_max_side),
+        format!(
+            "{:?} {:?}",
+            config.cache.forms, config.cache.decoded_max_side
+        ),
     ));
     v.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }

@@ -21,10 +21,13 @@
 //! let env = NodeEnv::from_env()?; // torchrun, srun or mpirun
 //! let dataset = std::sync::Arc::new(Dataset::open("/data/train")?);
 //! let loader_config = lobster_io::LoaderConfig {
-//!     nodes: env.nodes,
-//!     node: env.node,
-//!     ranks_per_node: env.local_world_size,
-//!     batch_size: 32,
+//!     job: lobster_io::JobConfig {
+//!         nodes: env.nodes,
+//!         node: env.node,
+//!         ranks_per_node: env.local_world_size,
+//!         batch_size: 32,
+//!         ..Default::default()
+//!     },
 //!     ..Default::default()
 //! };
 //! // What every rank must agree on, checked when it attaches.

@@ -57,14 +57,21 @@ fn open(root: &Path) -> Arc<Dataset> {
 /// The node's loader configuration; `seed` differs only where a test wants a mismatch.
 fn config(seed: u64) -> (LoaderConfig, u64) {
     let c = LoaderConfig {
-        nodes: 1,
-        node: 0,
-        ranks_per_node: RANKS,
-        batch_size: BATCH,
-        epochs: EPOCHS,
-        cache_policy: CachePolicy::Reuse,
-        cache_capacity_bytes: 16 << 10,
-        decode_threads: RANKS,
+        job: lobster_io::JobConfig {
+            ranks_per_node: RANKS,
+            batch_size: BATCH,
+            epochs: EPOCHS,
+            ..Default::default()
+        },
+        cache: lobster_io::CacheConfig {
+            policy: CachePolicy::Reuse,
+            capacity_bytes: 16 << 10,
+            ..Default::default()
+        },
+        budgets: lobster_io::BudgetConfig {
+            decode_threads: RANKS,
+            ..Default::default()
+        },
         ..LoaderConfig::default()
     };
     (c, seed)

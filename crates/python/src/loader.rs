@@ -15,8 +15,8 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use lobster_io::images::{ImageBatches, Pixels};
 use lobster_io::{
-    CachePolicy, Dataset, DistributedSampler, EpochOrder, LoaderBuilder, LoaderConfig, RankHandle,
-    RunMetrics, SampleMeta,
+    BudgetConfig, CacheConfig, CachePolicy, Dataset, DistributedSampler, EpochOrder, JobConfig,
+    LoaderBuilder, LoaderConfig, RankHandle, RunMetrics, SampleMeta,
 };
 use lobster_node::{fingerprint, HostOptions, NodeBatch, NodeEnv, NodeHost, NodeRank};
 use pyo3::exceptions::PyValueError;
@@ -133,24 +133,32 @@ impl Settings {
             .cache_bytes
             .unwrap_or((dataset.total_bytes() as f64 * self.cache_frac) as u64);
         LoaderConfig {
-            nodes: env.nodes,
-            node: env.node,
-            ranks_per_node: env.local_world_size,
-            batch_size: self.batch_size,
-            epochs: self.epochs,
-            drop_last: self.drop_last,
-            // A cache of nothing is no cache, whatever the policy.
-            cache_policy: if capacity == 0 {
-                CachePolicy::None
-            } else {
-                self.policy
+            job: JobConfig {
+                nodes: env.nodes,
+                node: env.node,
+                ranks_per_node: env.local_world_size,
+                batch_size: self.batch_size,
+                epochs: self.epochs,
+                drop_last: self.drop_last,
             },
-            cache_capacity_bytes: capacity,
-            cache_forms: self.cache_forms,
-            decoded_max_side: self.decoded_max_side,
-            io_depth_budget: self.io_depth,
-            decode_threads: self.decode_threads,
-            error_policy: self.errors,
+            cache: CacheConfig {
+                // A cache of nothing is no cache, whatever the policy.
+                policy: if capacity == 0 {
+                    CachePolicy::None
+                } else {
+                    self.policy
+                },
+                capacity_bytes: capacity,
+                forms: self.cache_forms,
+                decoded_max_side: self.decoded_max_side,
+                ..CacheConfig::default()
+            },
+            budgets: BudgetConfig {
+                io_depth: self.io_depth,
+                decode_threads: self.decode_threads,
+                ..BudgetConfig::default()
+            },
+            on_error: self.errors,
             ..LoaderConfig::default()
         }
     }

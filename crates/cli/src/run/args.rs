@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use lobster_io::uring::Backend;
 use lobster_io::{
-    ErrorPolicy, FailureBudget, FaultInjection, IoOrder, LoaderConfig, PipelineThreads, Schedule,
-    StorageEmulation,
+    BudgetConfig, CacheConfig, ErrorPolicy, FailureBudget, FaultInjection, IoOrder, JobConfig,
+    LoaderConfig, PipelineThreads, ReadConfig, Schedule, StorageEmulation,
 };
 use serde::Serialize;
 
@@ -46,8 +46,8 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 4)]
     pub ranks_per_node: usize,
     /// Samples per batch per rank.
-    #[arg(long, default_value_t = 16)]
-    pub batch: usize,
+    #[arg(long, visible_alias = "batch", default_value_t = 16)]
+    pub batch_size: usize,
     /// Epochs.
     #[arg(long, default_value_t = 8)]
     pub epochs: u32,
@@ -78,8 +78,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub workers_per_rank: Option<usize>,
     /// Iterations the loader may run ahead of the slowest rank.
-    #[arg(long, default_value_t = 2)]
-    pub prefetch: usize,
+    #[arg(long, visible_alias = "prefetch", default_value_t = 2)]
+    pub prefetch_iterations: usize,
     /// How the pipelined policies split the budgets among ranks: `allocate` (lobster-sched,
     /// every window) or `equal` (a fixed equal split), for ablations.
     #[arg(long, value_enum, default_value_t = ScheduleArg::Allocate)]
@@ -350,33 +350,44 @@ impl RunArgs {
     /// strategy sets its cache, execution, schedule and threads on top.
     pub(crate) fn loader_config(&self) -> Result<LoaderConfig> {
         Ok(LoaderConfig {
-            nodes: self.nodes,
-            node: self.node,
-            ranks_per_node: self.ranks_per_node,
-            batch_size: self.batch,
-            epochs: self.epochs,
-            drop_last: false,
-            io_depth_budget: self.io_depth,
-            prefetch_iterations: self.prefetch,
-            window_iterations: 1,
-            io_order: match self.io_order {
-                IoOrderArg::Deadline => IoOrder::Deadline,
-                IoOrderArg::Shares => IoOrder::Shares,
+            job: JobConfig {
+                nodes: self.nodes,
+                node: self.node,
+                ranks_per_node: self.ranks_per_node,
+                batch_size: self.batch_size,
+                epochs: self.epochs,
+                drop_last: false,
             },
-            backend: match self.backend {
-                BackendArg::Auto => Backend::Auto,
-                BackendArg::Uring => Backend::Uring,
-                BackendArg::Pread => Backend::Pread,
+            cache: CacheConfig {
+                forms: self.cache_forms.map(CacheFormsArg::choice),
+                decoded_max_side: self.decoded_max_side,
+                ..CacheConfig::default()
             },
-            direct: self.direct,
-            storage_emulation: (self.storage_mbps > 0.0).then_some(StorageEmulation {
-                bandwidth_bytes_per_s: self.storage_mbps * 1e6,
-                latency_us: self.storage_latency_us,
-            }),
-            error_policy: self.error_policy()?,
-            fault_injection: self.inject_faults,
-            cache_forms: self.cache_forms.map(CacheFormsArg::choice),
-            decoded_max_side: self.decoded_max_side,
+            budgets: BudgetConfig {
+                io_depth: self.io_depth,
+                prefetch_iterations: self.prefetch_iterations,
+                window_iterations: 1,
+                ..BudgetConfig::default()
+            },
+            reads: ReadConfig {
+                io_order: match self.io_order {
+                    IoOrderArg::Deadline => IoOrder::Deadline,
+                    IoOrderArg::Shares => IoOrder::Shares,
+                },
+                backend: match self.backend {
+                    BackendArg::Auto => Backend::Auto,
+                    BackendArg::Uring => Backend::Uring,
+                    BackendArg::Pread => Backend::Pread,
+                },
+                direct: self.direct,
+                storage_emulation: (self.storage_mbps > 0.0).then_some(StorageEmulation {
+                    bandwidth_bytes_per_s: self.storage_mbps * 1e6,
+                    latency_us: self.storage_latency_us,
+                }),
+                inject_faults: self.inject_faults,
+                ..ReadConfig::default()
+            },
+            on_error: self.error_policy()?,
             ..LoaderConfig::default()
         })
     }

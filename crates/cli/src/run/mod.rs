@@ -71,14 +71,14 @@ pub fn run(args: &RunArgs) -> Result<()> {
         nodes: args.nodes,
         node: args.node,
         ranks_per_node: args.ranks_per_node,
-        batch: args.batch,
+        batch_size: args.batch_size,
         epochs: args.epochs,
         seed: args.seed,
         cache_bytes,
         io_depth: args.io_depth,
         decode_threads: args.decode_threads,
         workers_per_rank: args.workers_per_rank()?,
-        prefetch: args.prefetch,
+        prefetch_iterations: args.prefetch_iterations,
         schedule: args.schedule,
         hysteresis: args.hysteresis,
         decoder: args.decoder(),
@@ -158,7 +158,7 @@ fn run_strategy(
     let cpu_before = process::cpu_seconds();
     let mut config = args.loader_config()?;
     strategy.apply(&args.budgets(cache_bytes)?, &mut config);
-    let cache_capacity_bytes = config.cache_capacity_bytes;
+    let cache_capacity_bytes = config.cache.capacity_bytes;
     let loader_config = config.clone();
     let (decoder, us_per_kb, seed) = (args.decoder(), args.decode_us_per_kb, args.seed);
     let transform = args.transform.transform(args.image_size);

@@ -105,8 +105,8 @@ pub(crate) fn host_and_ranks(
     let job = format!("run-{}-{}", std::process::id(), strategy.name());
     let env = node_env(args, &job, 0)?;
     let options = HostOptions {
-        slots_per_rank: args.prefetch + 2,
-        slot_bytes: args.batch as u64 * sample_bytes(args),
+        slots_per_rank: args.prefetch_iterations + 2,
+        slot_bytes: args.batch_size as u64 * sample_bytes(args),
         attach_timeout: ATTACH_TIMEOUT,
     };
     let host = NodeHost::start(
@@ -216,7 +216,8 @@ pub(crate) fn rank_process(args: &RunArgs, local_rank: usize, job: &str) -> Resu
         let failure = match batch {
             Ok(b) => {
                 if images {
-                    let c = collator.get_or_insert_with(|| Collator::new(args.batch, side, side));
+                    let c =
+                        collator.get_or_insert_with(|| Collator::new(args.batch_size, side, side));
                     c.clear();
                     for (i, p) in b.samples.iter().enumerate() {
                         c.push(b.bytes(i), p.label)

@@ -20,7 +20,7 @@ pub(crate) struct RunConfig {
     pub nodes: usize,
     pub node: usize,
     pub ranks_per_node: usize,
-    pub batch: usize,
+    pub batch_size: usize,
     pub epochs: u32,
     pub seed: u64,
     pub cache_bytes: u64,
@@ -28,7 +28,7 @@ pub(crate) struct RunConfig {
     pub decode_threads: usize,
     /// Workers per rank of the read-then-decode strategies.
     pub workers_per_rank: usize,
-    pub prefetch: usize,
+    pub prefetch_iterations: usize,
     pub schedule: ScheduleArg,
     pub hysteresis: f64,
     pub decoder: Decoder,
@@ -136,7 +136,7 @@ pub(crate) fn print_header(config: &RunConfig) {
         config.node,
         config.nodes,
         config.ranks_per_node,
-        config.batch,
+        config.batch_size,
         config.epochs,
         mib(config.cache_bytes)
     );

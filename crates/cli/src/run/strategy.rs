@@ -75,8 +75,8 @@ impl Strategy {
     /// io_depth budget and storage settings are left as they are.
     pub(crate) fn apply(self, budgets: &Budgets, config: &mut LoaderConfig) {
         let cache = self.cache();
-        config.cache_policy = cache;
-        config.cache_capacity_bytes = if cache == CachePolicy::None {
+        config.cache.policy = cache;
+        config.cache.capacity_bytes = if cache == CachePolicy::None {
             0
         } else {
             budgets.cache_bytes
@@ -84,21 +84,22 @@ impl Strategy {
         config.execution = self.execution();
         // Decoded forms are the reuse cache's; the others keep encoded bytes.
         if cache != CachePolicy::Reuse {
-            config.cache_forms = None;
+            config.cache.forms = None;
         }
-        config.pipeline_threads = match self {
+        config.budgets.pipeline_threads = match self {
             Strategy::Pytorch | Strategy::Nopfs => PipelineThreads::Normal,
             _ => budgets.pipeline_threads,
         };
         match config.execution {
             Execution::Pipelined => {
-                config.schedule = budgets.pipelined_schedule;
-                config.decode_threads = budgets.decode_threads;
+                config.budgets.schedule = budgets.pipelined_schedule;
+                config.budgets.decode_threads = budgets.decode_threads;
             }
             // A worker holds one read in flight: its workers are the baseline's I/O depth.
             Execution::ReadThenDecode => {
-                config.schedule = Schedule::EqualSplit;
-                config.decode_threads = budgets.workers_per_rank * config.ranks_per_node;
+                config.budgets.schedule = Schedule::EqualSplit;
+                config.budgets.decode_threads =
+                    budgets.workers_per_rank * config.job.ranks_per_node;
             }
         }
     }
@@ -167,10 +168,8 @@ mod tests {
             pipeline_threads: PipelineThreads::Batch,
         };
         for s in Strategy::ALL {
-            let mut config = LoaderConfig {
-                ranks_per_node: 4,
-                ..LoaderConfig::default()
-            };
+            let mut config = LoaderConfig::default();
+            config.job.ranks_per_node = 4;
             s.apply(&budgets, &mut config);
             let read_then_decode = matches!(
                 s,
@@ -182,11 +181,11 @@ mod tests {
                 "{s}"
             );
             if read_then_decode {
-                assert_eq!(config.decode_threads, 12, "{s}");
-                assert_eq!(config.schedule, Schedule::EqualSplit, "{s}");
+                assert_eq!(config.budgets.decode_threads, 12, "{s}");
+                assert_eq!(config.budgets.schedule, Schedule::EqualSplit, "{s}");
             } else {
-                assert_eq!(config.decode_threads, 8, "{s}");
-                assert_eq!(config.schedule, budgets.pipelined_schedule, "{s}");
+                assert_eq!(config.budgets.decode_threads, 8, "{s}");
+                assert_eq!(config.budgets.schedule, budgets.pipelined_schedule, "{s}");
             }
             let baseline = matches!(s, Strategy::Pytorch | Strategy::Nopfs);
             let expected = if baseline {
@@ -194,10 +193,10 @@ mod tests {
             } else {
                 PipelineThreads::Batch
             };
-            assert_eq!(config.pipeline_threads, expected, "{s}");
+            assert_eq!(config.budgets.pipeline_threads, expected, "{s}");
             let cached = s != Strategy::Pytorch;
-            assert_eq!(config.cache_policy != CachePolicy::None, cached, "{s}");
-            assert_eq!(config.cache_capacity_bytes, if cached { 1000 } else { 0 });
+            assert_eq!(config.cache.policy != CachePolicy::None, cached, "{s}");
+            assert_eq!(config.cache.capacity_bytes, if cached { 1000 } else { 0 });
         }
     }
 }

@@ -73,7 +73,7 @@ impl<T: Send + 'static> Pipeline<T> {
     pub(crate) fn start(ctx: Context<T>, reader: Option<Reader>) -> Result<Self, Error> {
         let ranks = ctx.layout.ranks;
         let config = &ctx.config;
-        let workers = config.decode_threads;
+        let workers = config.budgets.decode_threads;
         let (to_dispatcher, dispatcher_rx) = crossbeam_channel::unbounded();
         let state = Arc::new(PipelineState {
             stop: sync::StopSignal::default(),
@@ -94,7 +94,7 @@ impl<T: Send + 'static> Pipeline<T> {
             collector: Mutex::new(Collector::new(ranks, ctx.layout.epochs)),
             model: Mutex::new(CostModel::new()),
             failure: Mutex::new(None),
-            error_policy: config.error_policy,
+            error_policy: config.on_error,
             epoch_accesses: (ctx.layout.per_rank * ranks) as u64,
             budget_failure: Mutex::new(None),
             faults: io::attempt::FaultCounters::default(),

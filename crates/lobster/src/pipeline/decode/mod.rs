@@ -22,7 +22,7 @@ use queue::GROUP_MAX;
 
 /// Worker `w`'s body.
 pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: usize) {
-    state.schedule_this_thread(ctx.config.pipeline_threads);
+    state.schedule_this_thread(ctx.config.budgets.pipeline_threads);
     let mut released = Vec::new();
     let mut observed = DecodeObservations::default();
     let mut taken: Vec<Ready> = Vec::with_capacity(GROUP_MAX);

@@ -35,7 +35,7 @@ pub(crate) fn blocking_read<T>(
     epoch: u32,
     first_attempt: u32,
 ) -> Loaded {
-    let direct = ctx.config.direct;
+    let direct = ctx.config.reads.direct;
     // A whole file asks one byte more: a file that grew since the dataset was opened shows.
     let len = meta.read_len();
     let read = || -> Result<Option<Bytes>, ReadFailure> {
@@ -130,7 +130,7 @@ fn on_worker<T>(
         };
         match fate(
             attempt,
-            ctx.config.fault_injection.as_ref(),
+            ctx.config.reads.inject_faults.as_ref(),
             &state.faults,
             result,
         ) {

@@ -189,7 +189,7 @@ pub(crate) fn dispatcher<T>(
     requests: Receiver<ToDispatcher>,
 ) -> Result<(), Error> {
     let ranks = ctx.layout.ranks;
-    let budget = ctx.config.io_depth_budget as u32;
+    let budget = ctx.config.budgets.io_depth as u32;
     let by_path =
         reader.backend().active == ActiveBackend::Uring && reader.backend().direct_descriptors;
     let mut port = if by_path {
@@ -205,7 +205,7 @@ pub(crate) fn dispatcher<T>(
     };
     // Under the deadline order the node's reads share the whole budget, so the reader holds
     // no rank to a share of it.
-    let mut depth: Vec<u32> = match ctx.config.io_order {
+    let mut depth: Vec<u32> = match ctx.config.reads.io_order {
         IoOrder::Deadline => vec![budget; ranks],
         IoOrder::Shares => equal_split(budget, ranks),
     };
@@ -241,7 +241,7 @@ pub(crate) fn dispatcher<T>(
         }
         submit_blocked(ctx, state, &mut port, &mut reads);
         while let Some(r) = next_read(
-            ctx.config.io_order,
+            ctx.config.reads.io_order,
             &pending,
             &reads.in_flight,
             &depth,
@@ -258,10 +258,11 @@ pub(crate) fn dispatcher<T>(
             let file = match &port {
                 Port::Session(_) => None,
                 Port::Engine { reader, .. } => {
-                    match reads
-                        .files
-                        .acquire(reader, ctx.meta(access.sample), ctx.config.direct)
-                    {
+                    match reads.files.acquire(
+                        reader,
+                        ctx.meta(access.sample),
+                        ctx.config.reads.direct,
+                    ) {
                         Ok(file) => Some(file),
                         Err(e) => {
                             reads.fill(access, Err(e));
@@ -272,7 +273,7 @@ pub(crate) fn dispatcher<T>(
             };
             let key = reads.start(access, file);
             debug_assert!(
-                ctx.config.io_order != IoOrder::Deadline
+                ctx.config.reads.io_order != IoOrder::Deadline
                     || reads.in_flight.iter().sum::<u32>() <= budget,
                 "the node holds at most its io_depth budget in flight"
             );
@@ -404,7 +405,7 @@ fn submit<T>(
         (Port::Session(session), _) => session.queue_path(PathRead {
             path: meta.path.clone(),
             dir: ctx.dirs.as_ref().and_then(|d| d.dir(meta)).cloned(),
-            direct: ctx.config.direct,
+            direct: ctx.config.reads.direct,
             offset: meta.offset,
             len: meta.read_len(),
             to_eof: meta.whole_file,
@@ -472,7 +473,7 @@ fn on_completion<T>(
     };
     let outcome = fate(
         attempt,
-        ctx.config.fault_injection.as_ref(),
+        ctx.config.reads.inject_faults.as_ref(),
         &state.faults,
         c.result.map_err(ReadFailure::from),
     );

@@ -34,7 +34,7 @@ pub struct PeerPlanInputs {
     /// Ranks per node.
     pub ranks_per_node: usize,
     /// Samples per batch.
-    pub batch: usize,
+    pub batch_size: usize,
     /// Epochs of the run.
     pub epochs: u32,
     /// How each epoch is ordered.
@@ -104,7 +104,7 @@ impl PeerPlan {
                 sampler.clone(),
                 inputs.ranks_per_node,
                 p,
-                inputs.batch,
+                inputs.batch_size,
                 inputs.epochs,
             )
         };
@@ -357,7 +357,7 @@ mod tests {
             sizes: (0..96u32).map(|s| 100 + s % 7 * 10).collect(),
             nodes: 3,
             ranks_per_node: 2,
-            batch: 4,
+            batch_size: 4,
             epochs: 4,
             order: EpochOrder::Shuffle { seed: 11 },
             drop_last: false,
@@ -377,7 +377,7 @@ mod tests {
             sampler,
             inputs.ranks_per_node,
             node,
-            inputs.batch,
+            inputs.batch_size,
             inputs.epochs,
         )
     }

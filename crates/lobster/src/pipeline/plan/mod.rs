@@ -48,7 +48,7 @@ struct Cache {
 impl Cache {
     fn new<T>(ctx: &Context<T>) -> Result<Option<Self>, Error> {
         let config = &ctx.config;
-        let (Some(kind), Some(sizes)) = (config.cache_policy.kind(), &ctx.sizes) else {
+        let (Some(kind), Some(sizes)) = (config.cache.policy.kind(), &ctx.sizes) else {
             return Ok(None);
         };
         let engine = |e| Error::engine("cache planner", e);
@@ -57,7 +57,7 @@ impl Cache {
                 let policy = FormPolicy::new(
                     sizes.clone(),
                     tier.decoded_sizes.clone(),
-                    config.cache_capacity_bytes,
+                    config.cache.capacity_bytes,
                     tier.choice,
                     tier.costs,
                 )
@@ -68,7 +68,7 @@ impl Cache {
                 Planner::new(
                     ctx.layout.clone(),
                     sizes.clone(),
-                    config.cache_capacity_bytes,
+                    config.cache.capacity_bytes,
                     kind,
                 )
                 .map_err(engine)?,
@@ -76,7 +76,7 @@ impl Cache {
         };
         Ok(Some(Cache {
             decider,
-            slots: Store::new(config.cache_capacity_bytes),
+            slots: Store::new(config.cache.capacity_bytes),
             evicted: Vec::new(),
             served: ctx.peers.as_ref().map(|p| p.served.clone()),
         }))
@@ -169,17 +169,17 @@ pub(crate) fn planner<T: Send + 'static>(
     ctx: &Arc<Context<T>>,
     state: &Arc<PipelineState<T>>,
 ) -> Result<(), Error> {
-    state.schedule_this_thread(ctx.config.pipeline_threads);
+    state.schedule_this_thread(ctx.config.budgets.pipeline_threads);
     let layout = &ctx.layout;
     let config = &ctx.config;
     let to_dispatcher = state.to_dispatcher.as_ref();
     let mut gate = ResidentGate::new(config.resident_reads_enabled().is_ok());
     let mut cache = Cache::new(ctx)?;
-    let mut allocator = match config.schedule {
+    let mut allocator = match config.budgets.schedule {
         Schedule::Allocate { hysteresis } if config.execution == Execution::Pipelined => {
             let mut alloc = AllocConfig::new(Budgets {
-                io_depth_total: config.io_depth_budget as u32,
-                decode_threads_total: config.decode_threads as u32,
+                io_depth_total: config.budgets.io_depth as u32,
+                decode_threads_total: config.budgets.decode_threads as u32,
             });
             alloc.hysteresis_fraction = hysteresis;
             Some(Allocator::new(alloc).map_err(|e| Error::engine("allocator", e))?)
@@ -199,13 +199,16 @@ pub(crate) fn planner<T: Send + 'static>(
         let mut next = 0;
         let mut first = 0;
         while first < iterations {
-            let last = (first + config.window_iterations).min(iterations);
+            let last = (first + config.budgets.window_iterations).min(iterations);
             // A window wider than the prefetch distance is planned whole, or its first batch
             // would wait for batches not yet planned.
             state.progress.wait_for_room(
                 &state.stop,
                 global_iteration + (last - first),
-                config.prefetch_iterations.max(config.window_iterations),
+                config
+                    .budgets
+                    .prefetch_iterations
+                    .max(config.budgets.window_iterations),
             )?;
             window.clear();
             while next < accesses.len() && accesses[next].0 < last {
@@ -249,12 +252,12 @@ pub(crate) fn planner<T: Send + 'static>(
                         alloc,
                         &model,
                         layout.ranks,
-                        config.decode_threads as u32,
+                        config.budgets.decode_threads as u32,
                         loads,
                         (epoch, first),
                     )?
                 };
-                if let (Some(tx), IoOrder::Shares) = (to_dispatcher, config.io_order) {
+                if let (Some(tx), IoOrder::Shares) = (to_dispatcher, config.reads.io_order) {
                     let _ = tx.send(ToDispatcher::Depths {
                         from_seq: window.first().map_or(seq + 1, |a| a.seq),
                         io_depth: record.io_depth.clone(),
@@ -311,7 +314,7 @@ pub(crate) fn planner<T: Send + 'static>(
                     .read_path
                     .dispatched
                     .fetch_add(reads.len() as u64, Ordering::Relaxed);
-                if config.io_order == IoOrder::Deadline {
+                if config.reads.io_order == IoOrder::Deadline {
                     set_read_fractions(&mut reads);
                 }
                 if !reads.is_empty() && tx.send(ToDispatcher::Reads(reads)).is_err() {

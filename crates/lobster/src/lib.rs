@@ -93,3 +93,7 @@ pub use sampler::{torch_randperm, DistributedSampler, EpochOrder};
 #[doc = include_str!("../../../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+#[doc = include_str!("../../../docs/embedding.md")]
+#[cfg(doctest)]
+pub struct EmbeddingDoctests;

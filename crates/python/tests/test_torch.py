@@ -1,5 +1,5 @@
 """lobster_io beside PyTorch: each rank's samples are DistributedSampler's over torchvision's
-ImageFolder, a node's ranks share one engine through the arena, and the README's DDP example
+ImageFolder, a node's ranks share one engine through the arena, and the documented DDP example
 trains under torchrun."""
 
 import json
@@ -18,7 +18,7 @@ import lobster_io
 from test_loader import make_folder
 
 HERE = pathlib.Path(__file__).resolve().parent
-README = HERE.parents[2] / "README.md"
+PYTHON_DOC = HERE.parents[2] / "docs" / "python.md"
 
 
 def sampler_shares(root, world, epoch, seed, batch_size):
@@ -97,10 +97,10 @@ def test_a_failed_sample_on_a_node_raises_its_class_naming_the_file(tmp_path):
 
 
 def readme_example():
-    """The README's DDP example: the python block after the 'DDP example' marker."""
-    text = README.read_text()
+    """docs/python.md's DDP example: the python block after the 'DDP example' marker."""
+    text = PYTHON_DOC.read_text()
     m = re.search(r"<!-- ddp-example -->\s*```python\n(.*?)```", text, re.S)
-    assert m, "README.md has no ddp-example block"
+    assert m, "docs/python.md has no ddp-example block"
     return m.group(1)
 
 

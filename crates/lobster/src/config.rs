@@ -135,6 +135,28 @@ pub enum Execution {
     ReadThenDecode,
 }
 
+/// What the baselines change, and only this: every other part of the engine (the plan, the
+/// cache, each read attempt's fate under the emulated tier and injected faults, delivery) is
+/// the same for all, so comparisons stay fair.
+impl Execution {
+    /// A dispatcher reads the misses on its ring, within the io_depth budget; without one,
+    /// the decode worker that takes an access reads it, blocking.
+    pub(crate) fn dispatches(self) -> bool {
+        self == Execution::Pipelined
+    }
+
+    /// A decode worker serves its own rank only (the baselines' per-rank workers); else the
+    /// oldest iteration waiting first, its own rank's among equals.
+    pub(crate) fn workers_per_rank(self) -> bool {
+        self == Execution::ReadThenDecode
+    }
+
+    /// lobster-sched moves budgets between ranks each window; the baselines' workers stay put.
+    pub(crate) fn reallocates(self) -> bool {
+        self == Execution::Pipelined
+    }
+}
+
 /// Everything the loader needs besides the dataset and the decode function, grouped by the
 /// stage it shapes. A job sets [`JobConfig`], the cache's policy and capacity, and perhaps
 /// the two budgets; the rest have defaults that suit a node of a training job.
@@ -293,9 +315,7 @@ impl LoaderConfig {
     /// Whether decode workers may read resident samples themselves, and if not, why.
     pub fn resident_reads_enabled(&self) -> Result<(), &'static str> {
         match () {
-            _ if self.execution != Execution::Pipelined => {
-                Err("read-then-decode workers read every sample")
-            }
+            _ if !self.execution.dispatches() => Err("read-then-decode workers read every sample"),
             _ if self.reads.resident_reads == ResidentReads::Dispatcher => {
                 Err("resident reads are off")
             }

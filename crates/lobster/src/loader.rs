@@ -271,8 +271,10 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             config.job.batch_size,
             config.job.epochs,
         );
-        let pool =
-            (config.execution == Execution::Pipelined).then(|| pool_shape(&config, &dataset));
+        let pool = config
+            .execution
+            .dispatches()
+            .then(|| pool_shape(&config, &dataset));
         let reader = match pool {
             Some(shape) => Some(build_reader(&config, shape)?),
             None => None,
@@ -283,7 +285,9 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             .storage_emulation
             .map(|e| Arc::new(Device::new(e)));
         let window_bytes = window_bytes(&config, &dataset, pool.map(|(bytes, _)| bytes));
-        let dirs = (config.execution == Execution::Pipelined)
+        let dirs = config
+            .execution
+            .dispatches()
             .then(|| crate::pipeline::SampleDirs::new(dataset.samples()));
         let sizes = match config.cache.policy.kind() {
             Some(_) => Some(cache_sizes(&dataset)?),

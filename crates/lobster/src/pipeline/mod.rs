@@ -85,9 +85,10 @@ impl<T: Send + 'static> Pipeline<T> {
             decode: decode::queue::DecodeQueues::new(
                 ranks,
                 plan::allocate::spread(&plan::allocate::equal_split(workers as u32, ranks)),
-                match config.execution {
-                    crate::config::Execution::Pipelined => decode::queue::TakeRule::OldestIteration,
-                    crate::config::Execution::ReadThenDecode => decode::queue::TakeRule::OwnRank,
+                if config.execution.workers_per_rank() {
+                    decode::queue::TakeRule::OwnRank
+                } else {
+                    decode::queue::TakeRule::OldestIteration
                 },
             ),
             progress: plan::progress::Progress::new(ranks),

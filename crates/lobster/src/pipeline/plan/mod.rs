@@ -15,7 +15,7 @@ use std::time::Instant;
 use lobster_cache::{Form, FormPlanner, FormPolicy, FormStats, Planner, Store};
 use lobster_sched::{AllocConfig, Allocator, Budgets};
 
-use crate::config::{Execution, IoOrder, Schedule};
+use crate::config::{IoOrder, Schedule};
 use crate::error::Error;
 use crate::metrics::IterationMetrics;
 use crate::pipeline::access::{Access, Cached, Read, Ready, StorageRead};
@@ -176,7 +176,7 @@ pub(crate) fn planner<T: Send + 'static>(
     let mut gate = ResidentGate::new(config.resident_reads_enabled().is_ok());
     let mut cache = Cache::new(ctx)?;
     let mut allocator = match config.budgets.schedule {
-        Schedule::Allocate { hysteresis } if config.execution == Execution::Pipelined => {
+        Schedule::Allocate { hysteresis } if config.execution.reallocates() => {
             let mut alloc = AllocConfig::new(Budgets {
                 io_depth_total: config.budgets.io_depth as u32,
                 decode_threads_total: config.budgets.decode_threads as u32,

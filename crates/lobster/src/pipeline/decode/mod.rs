@@ -63,7 +63,8 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
         }
         // A planned hit that had to read storage after all (counted as the miss it is).
         let mut reread = false;
-        let bytes = match access.read {
+        // What the worker read itself fills the sample's slot (`Some`: where the bytes live).
+        let (bytes, read_here) = match access.read {
             Read::Blocking { peer } => {
                 let from_peer = peer.and_then(|p| {
                     crate::pipeline::peers::fetch::blocking(ctx, state, access.sample, p)
@@ -72,27 +73,14 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                     Some(bytes) => Ok(bytes),
                     None => blocking_read(ctx, state, meta, access.epoch, 0),
                 };
-                fill(
-                    state,
-                    ctx,
-                    &access,
-                    loaded.clone(),
-                    Origin::Own,
-                    &mut released,
-                );
-                loaded
+                (loaded, Some(Origin::Own))
             }
             Read::IfResident => {
                 observed.tried += 1;
                 // An admitted sample the page cache holds can stay there, read like any other.
                 let leave = access.cached.admitted() && state.read_path.leave_in_page_cache();
-                match resident_read(
-                    ctx,
-                    state,
-                    meta,
-                    access.epoch,
-                    access.cached.admitted() && !leave,
-                ) {
+                let copy = access.cached.admitted() && !leave;
+                match resident_read(ctx, state, meta, access.epoch, copy) {
                     (OnWorker::Done(loaded), pooled) => {
                         observed.resident += 1;
                         observed.left_in_page_cache += u64::from(leave && loaded.is_ok());
@@ -101,34 +89,25 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                             (false, true) => Origin::Pool,
                             (false, false) => Origin::Own,
                         };
-                        fill(state, ctx, &access, loaded.clone(), origin, &mut released);
-                        loaded
+                        (loaded, Some(origin))
                     }
-                    (OnWorker::NotResident { attempt }, _) => {
-                        // Read from storage here: through the dispatcher the access would
-                        // cross two more threads and the decode queue again.
-                        let loaded = blocking_read(ctx, state, meta, access.epoch, attempt);
-                        fill(
-                            state,
-                            ctx,
-                            &access,
-                            loaded.clone(),
-                            Origin::Own,
-                            &mut released,
-                        );
-                        loaded
-                    }
+                    // Read from storage here: through the dispatcher the access would cross
+                    // two more threads and the decode queue again.
+                    (OnWorker::NotResident { attempt }, _) => (
+                        blocking_read(ctx, state, meta, access.epoch, attempt),
+                        Some(Origin::Own),
+                    ),
                 }
             }
             Read::PageCacheHit => match resident_read(ctx, state, meta, access.epoch, false) {
                 (OnWorker::Done(loaded), _) => {
                     observed.page_cache_hits += 1;
-                    loaded
+                    (loaded, None)
                 }
                 (OnWorker::NotResident { .. }, _) => {
                     observed.page_cache_lost += 1;
                     reread = true;
-                    blocking_read(ctx, state, meta, access.epoch, 0)
+                    (blocking_read(ctx, state, meta, access.epoch, 0), None)
                 }
             },
             Read::Cached if matches!(bytes, Err(Error::Read { .. } | Error::Decode { .. })) => {
@@ -137,10 +116,13 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                 // slot keeps the failure, so each such hit reads for itself and its outcome
                 // depends only on its own epoch, not on timing.
                 reread = true;
-                blocking_read(ctx, state, meta, access.epoch, 0)
+                (blocking_read(ctx, state, meta, access.epoch, 0), None)
             }
-            Read::Cached | Read::Storage(_) | Read::Peer(_) => bytes,
+            Read::Cached | Read::Storage(_) | Read::Peer(_) => (bytes, None),
         };
+        if let Some(origin) = read_here {
+            fill(state, ctx, &access, bytes.clone(), origin, &mut released);
+        }
         let keep = access
             .slot
             .as_ref()

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::batch::Batch;
 use crate::config::{CachePolicy, Execution, IoOrder, LoaderConfig, PipelineThreads, Schedule};
 use crate::dataset::{Dataset, SampleMeta};
-use crate::emulate::{Device, StorageEmulation};
+use crate::emulate::StorageEmulation;
 use crate::error::{Cause, Error};
 use crate::faults::{ErrorPolicy, FaultInjection};
 use crate::metrics::{CacheForms, CacheStore, Mode, ReadPath, RunMetrics, ThreadClass};
@@ -280,10 +280,6 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             None => None,
         };
         let backend = reader.as_ref().map(|r| r.backend().clone());
-        let device = config
-            .reads
-            .storage_emulation
-            .map(|e| Arc::new(Device::new(e)));
         let window_bytes = window_bytes(&config, &dataset, pool.map(|(bytes, _)| bytes));
         let dirs = config
             .execution
@@ -304,7 +300,10 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             dirs,
             dataset,
             decode,
-            device,
+            storage: pipeline::Storage::new(
+                config.reads.storage_emulation,
+                config.reads.inject_faults,
+            ),
             reader: reader.clone(),
             arena: cache_arena(&config),
             sizes,
@@ -635,7 +634,7 @@ impl<T> Loader<T> {
         let shared = &self.pipeline.state;
         let mut m = pipeline::lock(&shared.collector).summary();
         let count = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
-        m.faults_injected = count(&shared.faults.injected);
+        m.faults_injected = count(&self.pipeline.context.storage.counters.injected);
         let path = &shared.read_path;
         let tried = count(&path.tried);
         m.reads_resident = count(&path.resident);
@@ -684,8 +683,8 @@ impl<T> Loader<T> {
             m.remote_timeouts = count(&c.timeouts);
             m.peer_planned_accesses = peers.plan.planned();
         }
-        m.read_retries = count(&shared.faults.retries);
-        m.reads_recovered = count(&shared.faults.recovered);
+        m.read_retries = count(&self.pipeline.context.storage.counters.retries);
+        m.reads_recovered = count(&self.pipeline.context.storage.counters.recovered);
         m.cache_forms = self.cache_forms.clone();
         if let Some(tier) = &self.pipeline.context.forms {
             let f = &shared.forms;

@@ -4,9 +4,14 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use lobster_cache::Form;
+use lobster_uring::Arena;
 
-use crate::pipeline::io::slot::{Loaded, Slot};
+use crate::pipeline::io::slot::{Found, Loaded, Origin, Slot};
+
+/// The slot an access's bytes appear in, which its planned hits wait on.
+pub(crate) type AccessSlot = Slot<Access>;
 
 /// One access on its way to a rank's batch.
 #[derive(Debug)]
@@ -24,7 +29,7 @@ pub(crate) struct Access {
     /// The slot where the sample's bytes appear. `None` while the access waits in that
     /// slot's list: a waiting access holding its slot would make a reference cycle, leaked
     /// when the loader stops before the slot is filled.
-    pub(crate) slot: Option<Arc<Slot>>,
+    pub(crate) slot: Option<Arc<AccessSlot>>,
 }
 
 /// What the cache decided for an access: the form it finds the sample in (a hit), and the
@@ -105,6 +110,35 @@ impl StorageRead {
 }
 
 impl Access {
+    /// Waits on `slot` until it is filled, or is ready now if it is.
+    pub(crate) fn wait_on(self, slot: &Arc<AccessSlot>) -> Option<Ready> {
+        let (access, found) = slot.wait(self)?;
+        Some(access.released(slot, found))
+    }
+
+    /// This access, released from `slot` with what it found there.
+    fn released(mut self, slot: &Arc<AccessSlot>, found: Found) -> Ready {
+        let bytes = match found {
+            Found::Bytes(bytes) => bytes,
+            // A worker reads it from the page cache; it keeps its slot only to put the
+            // sample's decoded image there.
+            Found::InPageCache => {
+                self.read = Read::PageCacheHit;
+                self.slot = self.cached.keep_decoded().then(|| slot.clone());
+                return Ready {
+                    access: self,
+                    bytes: Ok(Bytes::new()),
+                };
+            }
+            Found::Decoded => Ok(Bytes::new()),
+        };
+        self.slot = Some(slot.clone());
+        Ready {
+            access: self,
+            bytes,
+        }
+    }
+
     /// The storage read of an access the dispatcher holds.
     pub(crate) fn storage(&self) -> &StorageRead {
         match &self.read {
@@ -126,4 +160,40 @@ impl Access {
 pub(crate) struct Ready {
     pub(crate) access: Access,
     pub(crate) bytes: Loaded,
+}
+
+/// Fills `slot` with a read's bytes and adds the accesses that waited on it to `released`;
+/// returns the bytes as the slot keeps them (see [`Slot::fill`]).
+pub(crate) fn fill(
+    slot: &Arc<AccessSlot>,
+    loaded: Loaded,
+    admitted: bool,
+    (origin, arena): (Origin, Option<&Arena>),
+    released: &mut Vec<Ready>,
+) -> Loaded {
+    let (waiters, found, kept) = slot.fill(loaded, admitted, origin, arena);
+    released.extend(waiters.into_iter().map(|a| a.released(slot, found.clone())));
+    kept
+}
+
+/// Fills the slot of `access`, which holds it and read its bytes (the dispatcher, a peer's
+/// answer): the access joins the ones released, with the bytes as kept.
+pub(crate) fn fill_for(
+    access: Access,
+    loaded: Loaded,
+    (origin, arena): (Origin, Option<&Arena>),
+    released: &mut Vec<Ready>,
+) {
+    let slot = access
+        .slot
+        .as_ref()
+        .expect("the reading access holds its slot");
+    let bytes = fill(
+        slot,
+        loaded,
+        access.cached.admitted(),
+        (origin, arena),
+        released,
+    );
+    released.push(Ready { access, bytes });
 }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use crate::config::LoaderConfig;
 use crate::dataset::{Dataset, SampleMeta};
-use crate::emulate::Device;
 use crate::error::Cause;
+use crate::pipeline::io::attempt::Storage;
 use crate::pipeline::io::dirs::SampleDirs;
 use crate::pipeline::plan::layout::Layout;
 
@@ -24,7 +24,8 @@ pub(crate) struct Context<T> {
     /// The dataset's directories held open (pipelined): the workers open files in them.
     pub(crate) dirs: Option<SampleDirs>,
     pub(crate) decode: DecodeFn<T>,
-    pub(crate) device: Option<Arc<Device>>,
+    /// What every storage read meets: the emulated tier and injected faults.
+    pub(crate) storage: Storage,
     /// The reader (pipelined): its pool also takes the workers' page-cache reads.
     pub(crate) reader: Option<lobster_uring::Reader>,
     /// Where the cache keeps large samples (`None`: no cache, or no room for the mapping).

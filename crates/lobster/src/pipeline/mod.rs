@@ -36,6 +36,7 @@ use lobster_uring::Reader;
 pub(crate) use context::{Context, DecodeFn, DecodedTier};
 pub(crate) use decode::forms::{decoded_sizes, form_costs, Staged};
 pub(crate) use deliver::{detach, next_batch, poll_next_batch};
+pub(crate) use io::attempt::Storage;
 pub(crate) use io::dirs::SampleDirs;
 pub use peers::plan::{PeerPlan, PeerPlanInputs};
 pub(crate) use peers::{PeerCounters, Peers};
@@ -98,7 +99,6 @@ impl<T: Send + 'static> Pipeline<T> {
             error_policy: config.on_error,
             epoch_accesses: (ctx.layout.per_rank * ranks) as u64,
             budget_failure: Mutex::new(None),
-            faults: io::attempt::FaultCounters::default(),
             // Peers are served from the cache's own copies.
             read_path: plan::read_path::ReadPathCounters::new(
                 config.cache_in_page_cache().is_ok() && ctx.peers.is_none(),

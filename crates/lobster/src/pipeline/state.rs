@@ -14,7 +14,6 @@ use crate::pipeline::access::Ready;
 use crate::pipeline::decode::forms::FormCounters;
 use crate::pipeline::decode::queue::DecodeQueues;
 use crate::pipeline::deliver::reorder::ReorderBuffer;
-use crate::pipeline::io::attempt::FaultCounters;
 use crate::pipeline::io::order::ToDispatcher;
 use crate::pipeline::plan::progress::Progress;
 use crate::pipeline::plan::read_path::ReadPathCounters;
@@ -37,7 +36,6 @@ pub(crate) struct PipelineState<T> {
     pub(crate) epoch_accesses: u64,
     /// An epoch went over its failure budget: every rank's next batch reports it.
     pub(crate) budget_failure: Mutex<Option<Error>>,
-    pub(crate) faults: FaultCounters,
     pub(crate) read_path: ReadPathCounters,
     /// The dispatcher's queue (pipelined only): the planner's reads, and the reads of
     /// misses a peer did not serve.

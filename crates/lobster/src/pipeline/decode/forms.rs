@@ -16,7 +16,8 @@ use lobster_sched::CostParams;
 use crate::dataset::{Dataset, SampleMeta};
 use crate::emulate::StorageEmulation;
 use crate::error::Cause;
-use crate::pipeline::io::slot::{DecodedImage, Slot};
+use crate::pipeline::access::AccessSlot;
+use crate::pipeline::io::slot::DecodedImage;
 
 /// The first stage: a sample's bytes to its full-resolution image.
 pub(crate) type StageDecode = Arc<dyn Fn(&[u8], &SampleMeta) -> Result<Image, Cause> + Send + Sync>;
@@ -56,7 +57,7 @@ pub(crate) struct FormCounters {
 /// Where a decoded image is to be kept: its slot, the cache's arena, and the longest side
 /// it is kept at (lossy; `None`: as decoded).
 pub(crate) struct Keep<'a> {
-    pub(crate) slot: &'a Slot,
+    pub(crate) slot: &'a AccessSlot,
     pub(crate) arena: Option<&'a lobster_uring::Arena>,
     pub(crate) max_side: Option<u32>,
 }

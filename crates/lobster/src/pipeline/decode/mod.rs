@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use crate::batch::Sample;
 use crate::dataset::SampleMeta;
 use crate::error::{Cause, Error};
-use crate::pipeline::access::{Access, Read, Ready};
+use crate::pipeline::access::{self, Access, AccessSlot, Read, Ready};
 use crate::pipeline::context::Context;
 use crate::pipeline::io::blocking::{blocking_read, resident_read, OnWorker};
-use crate::pipeline::io::slot::{Loaded, Origin, Slot};
+use crate::pipeline::io::slot::{Loaded, Origin};
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::lock;
 use forms::{decode_in_stages, finish_cached, Keep};
@@ -237,11 +237,11 @@ fn fill<T>(
         .as_ref()
         .expect("an access read on its worker never waited");
     // The worker decodes the bytes it read; the slot keeps its own copy where it makes one.
-    let _kept = slot.fill(
+    let _kept = access::fill(
+        slot,
         loaded,
         access.cached.admitted(),
-        origin,
-        ctx.arena.as_ref(),
+        (origin, ctx.arena.as_ref()),
         released,
     );
     state.ready(released.drain(..));
@@ -256,7 +256,7 @@ fn decode_sample<T>(
     meta: &SampleMeta,
     epoch: u32,
     bytes: Loaded,
-    (keep, hit_decoded): (Option<&Arc<Slot>>, bool),
+    (keep, hit_decoded): (Option<&Arc<AccessSlot>>, bool),
     observed: &mut DecodeObservations,
 ) -> (Result<Sample<T>, Error>, Duration) {
     let started = Instant::now();

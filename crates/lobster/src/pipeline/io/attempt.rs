@@ -1,6 +1,7 @@
-//! One read attempt's fate, the same for the dispatcher's reads and the read-then-decode
-//! workers' blocking reads: the emulated tier's answer time, injected faults, a retry after
-//! a backoff, or the error that names the sample.
+//! One read attempt's fate, the same for the dispatcher's reads and the decode workers'
+//! (the baselines' blocking reads, reads after a page-cache try): the emulated tier's answer
+//! time, injected faults, a retry after a backoff, or the error that names the sample. Every
+//! storage read meets [`Storage`], so every strategy meets the same tier and the same faults.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -9,7 +10,7 @@ use bytes::Bytes;
 
 use super::slot::Loaded;
 use crate::dataset::SampleMeta;
-use crate::emulate::Device;
+use crate::emulate::{Device, StorageEmulation};
 use crate::error::{Cause, Error};
 use crate::faults::{self, AttemptFaults, FaultInjection, READ_ATTEMPTS};
 
@@ -78,14 +79,37 @@ pub(crate) struct Attempt<'a> {
     pub(crate) due: Option<Instant>,
 }
 
-/// Reserves the emulated tier (if any) for a read of `bytes` issued at `issued`: when it is
-/// due. Reserved at issue, so the tier serves requests in the order they were issued.
-pub(crate) fn reserve(device: Option<&Device>, issued: Instant, bytes: u64) -> Option<Instant> {
-    device.map(|d| d.finish_time(issued, bytes))
+/// What every storage read meets, whoever makes it: the emulated tier and the injected
+/// faults (each if configured), and the counts of what failed.
+#[derive(Debug, Default)]
+pub(crate) struct Storage {
+    device: Option<Device>,
+    faults: Option<FaultInjection>,
+    pub(crate) counters: FaultCounters,
 }
 
-/// Decides `attempt`'s fate from what the read returned.
-pub(crate) fn fate(
+impl Storage {
+    pub(crate) fn new(emulation: Option<StorageEmulation>, faults: Option<FaultInjection>) -> Self {
+        Storage {
+            device: emulation.map(Device::new),
+            faults,
+            counters: FaultCounters::default(),
+        }
+    }
+
+    /// Reserves the emulated tier (if any) for a read of `bytes` issued at `issued`: when it
+    /// is due. Reserved at issue, so the tier serves requests in the order they were issued.
+    pub(crate) fn reserve(&self, issued: Instant, bytes: u64) -> Option<Instant> {
+        self.device.as_ref().map(|d| d.finish_time(issued, bytes))
+    }
+
+    /// Decides `attempt`'s fate from what the read returned.
+    pub(crate) fn fate(&self, attempt: Attempt<'_>, read: Result<Bytes, ReadFailure>) -> Fate {
+        fate(attempt, self.faults.as_ref(), &self.counters, read)
+    }
+}
+
+fn fate(
     attempt: Attempt<'_>,
     injection: Option<&FaultInjection>,
     counters: &FaultCounters,

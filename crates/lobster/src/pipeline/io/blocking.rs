@@ -9,7 +9,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use lobster_uring::Resident;
 
-use super::attempt::{self, fate, Attempt, Fate, ReadFailure};
+use super::attempt::{Attempt, Fate, ReadFailure};
 use super::slot::{Loaded, LARGE_FROM_BYTES};
 use crate::dataset::SampleMeta;
 use crate::pipeline::context::Context;
@@ -116,7 +116,7 @@ fn on_worker<T>(
 ) -> OnWorker {
     loop {
         // Reserved before the read, as the dispatcher does, so the tier serves in issue order.
-        let due = attempt::reserve(ctx.device.as_deref(), Instant::now(), meta.size_bytes);
+        let due = ctx.storage.reserve(Instant::now(), meta.size_bytes);
         let result = match read() {
             Ok(Some(bytes)) => Ok(bytes),
             Ok(None) => return OnWorker::NotResident { attempt: number },
@@ -128,12 +128,7 @@ fn on_worker<T>(
             number,
             due,
         };
-        match fate(
-            attempt,
-            ctx.config.reads.inject_faults.as_ref(),
-            &state.faults,
-            result,
-        ) {
+        match ctx.storage.fate(attempt, result) {
             Fate::Deliver { at, loaded } => {
                 let running = at.map_or(!state.stop.is_set(), |at| state.stop.sleep_until(at));
                 if !running {

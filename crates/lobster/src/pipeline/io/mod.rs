@@ -27,15 +27,15 @@ use slab::Slab;
 
 use crate::config::IoOrder;
 use crate::error::Error;
-use crate::pipeline::access::{Access, Ready};
+use crate::pipeline::access::{self, Access, Ready};
 use crate::pipeline::context::Context;
 use crate::pipeline::plan::allocate::equal_split;
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::{lock, stopped};
-use attempt::{fate, Attempt, Fate, ReadFailure};
+use attempt::{Attempt, Fate, ReadFailure};
 use files::OpenFiles;
 use order::{next_read, ToDispatcher};
-use slot::{Loaded, Origin, Slot};
+use slot::{Loaded, Origin};
 
 /// The longest the dispatcher sleeps without looking at its queue and the stop flag.
 const IDLE_WAIT: Duration = Duration::from_millis(100);
@@ -126,7 +126,7 @@ impl Reads {
     /// others released since the last hand-off.
     fn fill(&mut self, access: Access, loaded: Loaded) {
         let arena = self.arena.as_ref();
-        Slot::fill_for(access, loaded, Origin::Pool, arena, &mut self.released);
+        access::fill_for(access, loaded, (Origin::Pool, arena), &mut self.released);
     }
 }
 
@@ -425,7 +425,7 @@ fn submit<T>(
         Ok(()) => {
             let read = &mut reads.slab[key];
             read.issued = Instant::now();
-            read.due = attempt::reserve(ctx.device.as_deref(), read.issued, meta.size_bytes);
+            read.due = ctx.storage.reserve(read.issued, meta.size_bytes);
             reads.in_reader += 1;
         }
         Err(ReadError::WouldBlock { .. }) => return false,
@@ -471,12 +471,9 @@ fn on_completion<T>(
         number: read.attempt,
         due: read.due,
     };
-    let outcome = fate(
-        attempt,
-        ctx.config.reads.inject_faults.as_ref(),
-        &state.faults,
-        c.result.map_err(ReadFailure::from),
-    );
+    let outcome = ctx
+        .storage
+        .fate(attempt, c.result.map_err(ReadFailure::from));
     match outcome {
         Fate::Retry { at } => {
             // Keeps its io_depth slot (and its open file).

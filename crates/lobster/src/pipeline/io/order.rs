@@ -96,7 +96,7 @@ mod tests {
                 bytes,
                 attempt: 0,
             }),
-            slot: Some(crate::pipeline::io::slot::Slot::new()),
+            slot: Some(crate::pipeline::access::AccessSlot::new()),
         }
     }
 

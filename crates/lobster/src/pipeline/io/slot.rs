@@ -1,10 +1,10 @@
 //! Where a sample's bytes appear: the slot every access to one read waits on.
 //!
 //! A miss creates a slot; the hits the cache plans on that sample share it. Whoever fills the
-//! slot (the dispatcher, a worker, a peer's answer) releases every access waiting on it, and
-//! the caller hands the released accesses to the decode queues in one go. A sample the cache
+//! slot (the dispatcher, a worker, a peer's answer) releases every waiter, each with what it
+//! finds there, and the caller hands them to the decode queues in one go. A sample the cache
 //! keeps that the page cache already holds settles the slot without bytes: its hits read it
-//! there.
+//! there. The slot knows its waiters only as `W` (accesses, in `pipeline/access.rs`).
 
 use std::sync::{Arc, Mutex};
 
@@ -12,24 +12,34 @@ use bytes::Bytes;
 use lobster_uring::Arena;
 
 use crate::error::Error;
-use crate::pipeline::access::{Access, Read, Ready};
 use crate::pipeline::sync::lock;
 
 /// Bytes of one sample, or why they could not be had. Shared by every access that needs them.
 pub(crate) type Loaded = Result<Bytes, Error>;
 
-/// The bytes of one read, once they are known.
+/// The bytes of one read, once they are known, and who waits for them until then.
 #[derive(Debug)]
-pub(crate) struct Slot {
-    state: Mutex<SlotState>,
+pub(crate) struct Slot<W> {
+    state: Mutex<SlotState<W>>,
+}
+
+/// What a waiter finds when the slot is filled.
+#[derive(Clone, Debug)]
+pub(crate) enum Found {
+    /// The bytes, or why they could not be had.
+    Bytes(Loaded),
+    /// A cached sample left in the page cache: the waiter reads it there.
+    InPageCache,
+    /// The sample's decoded image, in place of its bytes.
+    Decoded,
 }
 
 #[derive(Debug)]
-enum SlotState {
-    Pending(Vec<Access>),
+enum SlotState<W> {
+    Pending(Vec<W>),
     Ready(Loaded),
     /// A cached sample the page cache held when it was read: the cache keeps no copy, and
-    /// each hit reads it from there (see [`Read::PageCacheHit`]).
+    /// each hit reads it from there.
     InPageCache,
     /// A sample the cache keeps decoded: its bytes are gone, its hits transform the image.
     Decoded(Arc<DecodedImage>),
@@ -111,51 +121,26 @@ fn cache_copy(b: &Bytes, arena: Option<&Arena>) -> Bytes {
         .unwrap_or_else(|| Bytes::copy_from_slice(b))
 }
 
-/// A hit on a sample left in the page cache, ready for a worker to read it there. It keeps
-/// its slot only to put the sample's decoded image there.
-fn page_cache_hit(slot: &Arc<Slot>, mut access: Access) -> Ready {
-    access.read = Read::PageCacheHit;
-    access.slot = access.cached.keep_decoded().then(|| slot.clone());
-    Ready {
-        access,
-        bytes: Ok(Bytes::new()),
-    }
-}
-
-impl Slot {
+impl<W> Slot<W> {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Slot {
             state: Mutex::new(SlotState::Pending(Vec::new())),
         })
     }
 
-    /// Parks `access` until the slot is filled, or returns it ready if it already is.
-    pub(crate) fn wait(self: &Arc<Self>, mut access: Access) -> Option<Ready> {
+    /// Parks `waiter` until the slot is filled, or gives it back with what it finds if it is.
+    pub(crate) fn wait(&self, waiter: W) -> Option<(W, Found)> {
         let mut state = lock(&self.state);
-        match &mut *state {
+        let found = match &mut *state {
             SlotState::Pending(waiters) => {
-                waiters.push(access);
-                None
+                waiters.push(waiter);
+                return None;
             }
-            SlotState::Ready(loaded) => {
-                let bytes = loaded.clone();
-                drop(state);
-                access.slot = Some(self.clone());
-                Some(Ready { access, bytes })
-            }
-            SlotState::InPageCache => {
-                drop(state);
-                Some(page_cache_hit(self, access))
-            }
-            SlotState::Decoded(_) => {
-                drop(state);
-                access.slot = Some(self.clone());
-                Some(Ready {
-                    access,
-                    bytes: Ok(Bytes::new()),
-                })
-            }
-        }
+            SlotState::Ready(loaded) => Found::Bytes(loaded.clone()),
+            SlotState::InPageCache => Found::InPageCache,
+            SlotState::Decoded(_) => Found::Decoded,
+        };
+        Some((waiter, found))
     }
 
     /// Puts the sample's decoded image in place of its bytes; `false` if the slot holds no
@@ -179,57 +164,31 @@ impl Slot {
         }
     }
 
-    /// Fills the slot and moves every access waiting on it into `released`. A sample the
-    /// cache keeps (`admitted`) whose bytes hold a pool block is copied out of the pool
-    /// first; one the page cache holds is not kept at all, and its hits are sent to read it
-    /// there. Returns the bytes as the slot keeps them (the copy, where it made one).
+    /// Fills the slot: the waiters, what they find, and the bytes as the slot keeps them. A
+    /// sample the cache keeps (`admitted`) whose bytes hold a pool block is copied out of the
+    /// pool first; one the page cache holds is not kept at all, and its hits are sent to read
+    /// it there.
     pub(crate) fn fill(
-        self: &Arc<Self>,
+        &self,
         loaded: Loaded,
         admitted: bool,
         origin: Origin,
         arena: Option<&Arena>,
-        released: &mut Vec<Ready>,
-    ) -> Loaded {
+    ) -> (Vec<W>, Found, Loaded) {
         if admitted && origin == Origin::PageCache && loaded.is_ok() {
             let waiters = self.settle(SlotState::InPageCache);
-            released.extend(waiters.into_iter().map(|a| page_cache_hit(self, a)));
-            return loaded;
+            return (waiters, Found::InPageCache, loaded);
         }
         let loaded = match loaded {
             Ok(b) if admitted && origin == Origin::Pool => Ok(cache_copy(&b, arena)),
             other => other,
         };
         let waiters = self.settle(SlotState::Ready(loaded.clone()));
-        released.extend(waiters.into_iter().map(|mut access| {
-            access.slot = Some(self.clone());
-            Ready {
-                access,
-                bytes: loaded.clone(),
-            }
-        }));
-        loaded
-    }
-
-    /// Fills the slot of `access`, which holds it and read its bytes (the dispatcher, a
-    /// peer's answer): the access joins the ones released, with the bytes as kept.
-    pub(crate) fn fill_for(
-        access: Access,
-        loaded: Loaded,
-        origin: Origin,
-        arena: Option<&Arena>,
-        released: &mut Vec<Ready>,
-    ) {
-        let slot = access
-            .slot
-            .as_ref()
-            .expect("the reading access holds its slot");
-        let bytes = slot.fill(loaded, access.cached.admitted(), origin, arena, released);
-        released.push(Ready { access, bytes });
+        (waiters, Found::Bytes(loaded.clone()), loaded)
     }
 
     /// Moves a pending slot to `settled`, returning the accesses that waited on it.
-    fn settle(&self, settled: SlotState) -> Vec<Access> {
+    fn settle(&self, settled: SlotState<W>) -> Vec<W> {
         let mut state = lock(&self.state);
         match std::mem::replace(&mut *state, settled) {
             SlotState::Pending(waiters) => waiters,

@@ -10,10 +10,10 @@ use bytes::Bytes;
 use lobster_net::Answer;
 use lobster_sched::Tier;
 
-use crate::pipeline::access::{Access, Read, StorageRead};
+use crate::pipeline::access::{self, Access, Read, StorageRead};
 use crate::pipeline::context::Context;
 use crate::pipeline::io::order::ToDispatcher;
-use crate::pipeline::io::slot::{Origin, Slot};
+use crate::pipeline::io::slot::Origin;
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::lock;
 
@@ -49,11 +49,10 @@ fn answered<T>(
         Some(bytes) => {
             let mut released = Vec::new();
             // A kept sample is copied out of the message it came in.
-            Slot::fill_for(
+            access::fill_for(
                 access,
                 Ok(bytes),
-                Origin::Pool,
-                ctx.arena.as_ref(),
+                (Origin::Pool, ctx.arena.as_ref()),
                 &mut released,
             );
             state.ready(released);

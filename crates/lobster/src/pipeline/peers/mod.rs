@@ -13,7 +13,7 @@ use bytes::Bytes;
 use lobster_net::{Served, Transport};
 use lobster_sched::{CostParams, Tier};
 
-use crate::pipeline::io::slot::Slot;
+use crate::pipeline::access::AccessSlot;
 use crate::pipeline::sync::lock;
 use plan::PeerPlan;
 
@@ -54,11 +54,11 @@ impl Peers {
 /// completed, or that failed, is a miss.
 #[derive(Debug, Default)]
 pub(crate) struct ServedSlots {
-    slots: Mutex<HashMap<u32, Arc<Slot>>>,
+    slots: Mutex<HashMap<u32, Arc<AccessSlot>>>,
 }
 
 impl ServedSlots {
-    pub(crate) fn insert(&self, sample: u32, slot: Arc<Slot>) {
+    pub(crate) fn insert(&self, sample: u32, slot: Arc<AccessSlot>) {
         lock(&self.slots).insert(sample, slot);
     }
 

@@ -18,11 +18,10 @@ use lobster_sched::{AllocConfig, Allocator, Budgets};
 use crate::config::{IoOrder, Schedule};
 use crate::error::Error;
 use crate::metrics::IterationMetrics;
-use crate::pipeline::access::{Access, Cached, Read, Ready, StorageRead};
+use crate::pipeline::access::{Access, AccessSlot, Cached, Read, Ready, StorageRead};
 use crate::pipeline::context::Context;
 use crate::pipeline::deliver::reorder::PendingBatch;
 use crate::pipeline::io::order::{set_read_fractions, ToDispatcher};
-use crate::pipeline::io::slot::Slot;
 use crate::pipeline::peers::fetch;
 use crate::pipeline::peers::ServedSlots;
 use crate::pipeline::state::PipelineState;
@@ -39,7 +38,7 @@ enum Decider {
 /// The cache decisions and what the cache holds: the slot of every sample the policy keeps.
 struct Cache {
     decider: Decider,
-    slots: Store<Arc<Slot>>,
+    slots: Store<Arc<AccessSlot>>,
     evicted: Vec<u32>,
     /// The same slots as peers see them, where there are peers.
     served: Option<Arc<ServedSlots>>,
@@ -84,7 +83,7 @@ impl Cache {
 
     /// Decides the next access of the stream, which must be `sample`: what the cache does,
     /// and the slot the access's bytes appear in.
-    fn decide(&mut self, sample: u32) -> Result<(Cached, Arc<Slot>), Error> {
+    fn decide(&mut self, sample: u32) -> Result<(Cached, Arc<AccessSlot>), Error> {
         let engine = |e| Error::engine("cache planner", e);
         let stopped = || Error::Stopped {
             reason: "cache planner ended early".into(),
@@ -125,7 +124,7 @@ impl Cache {
         let slot = if hit_form.is_some() {
             self.slots.get(sample).cloned().expect("a hit is cached")
         } else {
-            Slot::new()
+            AccessSlot::new()
         };
         if let Some(served) = &self.served {
             served.remove_all(&self.evicted);
@@ -216,7 +215,7 @@ pub(crate) fn planner<T: Send + 'static>(
                 next += 1;
                 seq += 1;
                 let (cached, slot) = match cache.as_mut() {
-                    None => (Cached::default(), Slot::new()),
+                    None => (Cached::default(), AccessSlot::new()),
                     Some(c) => c.decide(sample)?,
                 };
                 // A miss is read from storage unless the hand-out below finds it a cheaper way.
@@ -291,7 +290,7 @@ pub(crate) fn planner<T: Send + 'static>(
                 match a.read {
                     Read::Cached => {
                         let slot = a.slot.take().expect("planned with its slot");
-                        if let Some(r) = slot.wait(a) {
+                        if let Some(r) = a.wait_on(&slot) {
                             ready.push(r);
                         }
                     }

@@ -10,9 +10,9 @@
 #        cargo build --release -p lobster-cli), CACHED_THREADS (threads on both sides in the
 #        page-cache cases, default: the number of cores)
 #
-# read-bench runs caller-driven (its default mode; `--threads N`): N threads, each
-# submitting to and reaping from its own ring (a lobster-uring Session) with depth 32, no
-# engine thread, exactly like fio's N jobs. O_DIRECT cases: 1 read-bench thread against 1 fio job, each handing every
+# read-bench runs caller-driven (`--threads N`, the reader's only way to read): N threads,
+# each submitting to and reaping from its own ring (a lobster-uring Session) with depth 32,
+# no thread in between, exactly like fio's N jobs. O_DIRECT cases: 1 read-bench thread against 1 fio job, each handing every
 # new read to the kernel as soon as a completion is processed (fio's default
 # iodepth_batch_submit=1; read-bench --submit-batch 1). Page-cache cases: read-bench submits
 # once per reap (the copies happen in that system call), fio psync makes one call per read.

@@ -1,7 +1,7 @@
 //! Per-read cost of the lobster-uring reader against `FileExt::read_at` for 4 KiB
-//! page-cache hits, on both backends, through the engine threads (`Reader::submit_batch`
-//! and the completion channel) and caller-driven (`Session`, no thread hand-off); ends with
-//! a plain ratio table measured in the same run.
+//! page-cache hits, on both backends, through a caller-driven `Session` (its own ring on
+//! io_uring, the reader's pread workers on the fallback); ends with a plain ratio table
+//! measured in the same run.
 //!
 //! `cargo bench -p lobster-benches --bench uring_read`
 
@@ -93,39 +93,6 @@ fn run_read_at(file: &File, rng: &mut Offsets, n: u64) -> Duration {
     start.elapsed()
 }
 
-/// `n` reads through the reader, `depth` in flight, resubmitted in batches as they complete.
-fn run_reader(
-    reader: &Reader,
-    file: lobster_io::uring::FileId,
-    rng: &mut Offsets,
-    n: u64,
-    depth: usize,
-) -> Duration {
-    let rx = reader.completions();
-    let mut req = |tag| rng.request(file, tag);
-    let start = Instant::now();
-    let first = (depth as u64).min(n);
-    let batch: Vec<_> = (0..first).map(&mut req).collect();
-    reader.submit_batch(&batch).unwrap();
-    let (mut submitted, mut done) = (first, 0);
-    let mut batch = Vec::with_capacity(depth);
-    while done < n {
-        let mut next = Some(rx.recv().unwrap());
-        batch.clear();
-        while let Some(c) = next {
-            black_box(c.result.unwrap());
-            done += 1;
-            if submitted < n {
-                batch.push(req(submitted));
-                submitted += 1;
-            }
-            next = rx.try_recv().ok();
-        }
-        reader.submit_batch(&batch).unwrap();
-    }
-    start.elapsed()
-}
-
 /// `n` reads through a session, `depth` in flight, resubmitted once per reap.
 fn run_session(
     session: &mut Session,
@@ -172,11 +139,6 @@ fn bench(c: &mut Criterion, tf: &TestFile) {
             continue;
         };
         let id = r.open(&tf.0, OpenOptions::default()).unwrap();
-        for depth in [1, DEPTH] {
-            group.bench_function(format!("{name}_depth{depth}"), |b| {
-                b.iter_custom(|n| run_reader(&r, id, &mut rng, n, depth))
-            });
-        }
         let mut session = r.session().unwrap();
         for depth in [1, DEPTH] {
             group.bench_function(format!("{name}_session_depth{depth}"), |b| {
@@ -210,15 +172,6 @@ fn ratio_table(tf: &TestFile) {
             continue;
         };
         let id = r.open(&tf.0, OpenOptions::default()).unwrap();
-        for depth in [1, DEPTH] {
-            let ns = median_ns(|| run_reader(&r, id, &mut rng, 200_000, depth));
-            println!(
-                "{:<22} {:>10.0} {:>16.2}",
-                format!("{name} depth {depth}"),
-                ns,
-                ns / base
-            );
-        }
         let mut session = r.session().unwrap();
         for depth in [1, DEPTH] {
             let ns = median_ns(|| run_session(&mut session, id, &mut rng, 200_000, depth));

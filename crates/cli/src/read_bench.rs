@@ -1,7 +1,7 @@
-//! `lobster read-bench`: random aligned reads through the lobster-uring reader. By default
-//! as the loader reads: caller-driven sessions (one thread, its own ring); `--engine` reads
-//! through the reader's engine threads instead; `--by-path` reads the files of a directory
-//! by path (opened, read and closed per read).
+//! `lobster read-bench`: random aligned reads through the lobster-uring reader, as the loader
+//! reads: caller-driven sessions (`--threads` threads, each with its own ring, or on the
+//! pread backend its own share of the reader's pread workers); `--by-path` reads the files
+//! of a directory by path (opened, read and closed per read).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -30,7 +30,7 @@ pub struct ReadBenchArgs {
     /// file).
     #[arg(long, value_parser = parse_size)]
     bs: usize,
-    /// Reads in flight (the io_depth of the one class).
+    /// Reads in flight per thread (the io_depth of its class).
     #[arg(long)]
     depth: usize,
     /// Open with O_DIRECT (bypass the page cache).
@@ -42,16 +42,9 @@ pub struct ReadBenchArgs {
     /// Backend (auto honours LOBSTER_IO).
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     backend: BackendArg,
-    /// Engine mode: one consumer thread feeding the reader's engine threads (`--rings`)
-    /// through `Reader::submit_batch` and the completion channel, instead of sessions.
-    #[arg(long, conflicts_with_all = ["threads", "by_path"])]
-    engine: bool,
-    /// With --engine: io_uring rings (engine threads); page-cache copies run on them.
-    #[arg(long, default_value_t = 1)]
-    rings: usize,
-    /// Caller-driven mode (the default, as the loader reads): this many threads, each with
-    /// its own session (ring) that it submits to and reaps itself, `--depth` reads in flight
-    /// each (like fio's numjobs), as one class (rank) per thread; no engine threads.
+    /// This many threads, each with its own session (ring) that it submits to and reaps
+    /// itself, `--depth` reads in flight each (like fio's numjobs), as one class (rank) per
+    /// thread.
     #[arg(long, default_value_t = 1)]
     threads: usize,
     /// Read the files of the directory `--file` by path (`Session::submit_path`: each read
@@ -67,7 +60,8 @@ pub struct ReadBenchArgs {
     /// Set IOSQE_ASYNC: the kernel's workers copy page-cache hits.
     #[arg(long)]
     async_punt: bool,
-    /// Threads of the pread backend (default: the depth).
+    /// Threads of the pread backend, shared by the sessions (default: threads x depth, at
+    /// most 1024).
     #[arg(long)]
     pread_threads: Option<usize>,
     /// Seed of the offset generator.
@@ -147,7 +141,7 @@ pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
         bail!("--depth must be at least 1");
     }
     if args.threads == 0 {
-        bail!("--threads must be at least 1 (--engine reads through engine threads)");
+        bail!("--threads must be at least 1");
     }
     let backend = match args.backend {
         BackendArg::Auto => Backend::Auto,
@@ -169,74 +163,7 @@ pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
             args.bs
         );
     }
-    if !args.engine {
-        return run_sessions(args, backend, Targets::Blocks { file: None, blocks });
-    }
-    let ring_entries = ((args.depth + 1).div_ceil(args.rings))
-        .next_power_of_two()
-        .max(8) as u32;
-    let reader = Reader::builder()
-        .backend(backend)
-        .rings(args.rings)
-        .ring_entries(ring_entries)
-        .async_punt(args.async_punt)
-        .pread_threads(args.pread_threads.unwrap_or(args.depth).min(1024))
-        .classes(1, args.depth)
-        .queue_capacity(args.depth)
-        // One block per read in flight, plus slack for completions not yet resubmitted.
-        .pool_bytes(pool_bytes(args.depth + 2 * args.rings, args.bs))
-        .max_read_bytes(args.bs)
-        .build()
-        .context("building the reader")?;
-    let file = open(&reader, args)?;
-    let rx = reader.completions();
-    let mut rng = StdRng::seed_from_u64(args.seed);
-    let mut started = vec![Instant::now(); args.depth];
-    let mut hist = Histogram::new();
-    // Completions are drained in bursts and their slots resubmitted as one batch: one lock
-    // round and at most one wake-up of the engine per burst.
-    let mut batch: Vec<ReadRequest> = Vec::with_capacity(args.depth);
-    let mut next_request = |slot: usize, started: &mut [Instant], now: Instant| {
-        started[slot] = now;
-        ReadRequest {
-            file,
-            offset: rng.gen_range(0..blocks) * args.bs as u64,
-            len: args.bs,
-            class: 0,
-            tag: slot as u64,
-        }
-    };
-    let begin = Instant::now();
-    let deadline = begin + Duration::from_secs_f64(args.seconds);
-    for slot in 0..args.depth {
-        batch.push(next_request(slot, &mut started, begin));
-    }
-    reader.submit_batch(&batch)?;
-    let mut outstanding = args.depth;
-    let mut bytes_read: u64 = 0;
-    let mut end = begin;
-    while outstanding > 0 {
-        batch.clear();
-        let mut next = Some(rx.recv().context("the reader stopped")?);
-        let now = Instant::now();
-        while let Some(c) = next {
-            let data = c.result.context("read failed")?;
-            let slot = c.tag as usize;
-            hist.record(now - started[slot]);
-            bytes_read += data.len() as u64;
-            drop(data);
-            if now < deadline {
-                batch.push(next_request(slot, &mut started, now));
-            } else {
-                outstanding -= 1;
-            }
-            next = rx.try_recv().ok();
-        }
-        end = now;
-        reader.submit_batch(&batch)?;
-    }
-    let info = reader.backend();
-    report(args, &hist, bytes_read, end - begin, info.threads, info)
+    run_sessions(args, backend, Targets::Blocks { file: None, blocks })
 }
 
 /// Most files `--by-path` lists (each costs a path in memory).
@@ -379,12 +306,12 @@ fn run_sessions(
     } else {
         ring_entries
     };
+    let pread_threads = args.threads.saturating_mul(args.depth);
     let reader = Reader::builder()
         .backend(backend)
-        .rings(0)
         .ring_entries(ring_entries)
         .async_punt(args.async_punt)
-        .pread_threads(1)
+        .pread_threads(args.pread_threads.unwrap_or(pread_threads).min(1024))
         .classes(args.threads, args.depth)
         .queue_capacity(args.depth)
         .pool_bytes(pool_bytes(args.threads * (args.depth + 2), args.bs))
@@ -449,21 +376,12 @@ fn run_sessions(
         bytes_read += b;
         end = end.max(*e);
     }
-    report(
-        args,
-        &hist,
-        bytes_read,
-        end - begin,
-        args.threads,
-        reader.backend(),
-    )
+    report(args, &hist, bytes_read, end - begin, reader.backend())
 }
 
 /// The mode's name in the report.
 fn mode(args: &ReadBenchArgs) -> &'static str {
-    if args.engine {
-        "engine"
-    } else if args.by_path {
+    if args.by_path {
         "by-path"
     } else {
         "sessions"
@@ -475,7 +393,6 @@ fn report(
     hist: &Histogram,
     bytes_read: u64,
     elapsed: Duration,
-    threads: usize,
     info: &lobster_io::uring::BackendInfo,
 ) -> anyhow::Result<()> {
     let secs = elapsed.as_secs_f64();
@@ -490,7 +407,7 @@ fn report(
             "p50_us": p50,
             "p99_us": p99,
             "backend": backend_name,
-            "threads": threads,
+            "threads": args.threads,
             "mode": mode(args),
             "direct_descriptors": info.direct_descriptors,
             "bs": args.bs,
@@ -506,9 +423,8 @@ fn report(
             args.file.display(),
             backend_name,
             info.reason,
-            threads,
+            args.threads,
             match mode(args) {
-                "engine" => "engine thread(s)",
                 "by-path" => "thread(s) each reading files by path on a session",
                 _ => "thread(s) each driving a session",
             },

@@ -5,7 +5,8 @@ use bytes::Bytes;
 use crate::error::ReadError;
 use crate::pool::PoolBuf;
 
-/// The outcome of one [`crate::ReadRequest`].
+/// The outcome of one read ([`crate::ReadRequest`] or [`crate::PathRead`]), from
+/// [`crate::Session::wait`] or [`crate::Session::poll`].
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct Completion {
@@ -15,8 +16,8 @@ pub struct Completion {
     pub class: usize,
     /// Exactly the requested bytes, or what went wrong.
     pub result: Result<Bytes, ReadError>,
-    /// Holds a pool buffer while an error completion is undelivered, so that the completion
-    /// channel never holds more entries than the pool has blocks.
+    /// Holds the read's pool block while an error (or empty) completion lives, as bytes do,
+    /// so that the completions a caller holds never outnumber the pool's blocks.
     _permit: Option<PoolBuf>,
 }
 

@@ -81,29 +81,20 @@ pub enum ReadError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The io_uring backend was forced but could not be set up.
+    /// The io_uring backend was forced but could not be set up, or a session's ring or a
+    /// backend thread could not be.
     Setup {
         /// What was being set up.
         what: &'static str,
         /// The OS error.
         source: io::Error,
     },
-    /// The reader was dropped before this queued read reached the kernel.
-    Cancelled {
-        /// The file the request named.
-        path: PathBuf,
-        /// First byte requested.
-        offset: u64,
-        /// Bytes requested.
-        len: usize,
-    },
-    /// `try_submit` found the class queue or the buffer pool full; nothing was queued.
+    /// A session's class queue or the buffer pool was full while the session had reads
+    /// pending; nothing was queued (see [`crate::Session::submit_batch`]).
     WouldBlock {
         /// Which bound was reached: `"buffer pool"` or `"class queue"`.
         bound: &'static str,
     },
-    /// The reader is shutting down and accepts no more requests.
-    ShutDown,
     /// `io_uring_enter` failed on a session's ring (not an error of one read); the
     /// session's reads stay pending and a later call may succeed.
     Enter {
@@ -180,13 +171,7 @@ impl fmt::Display for ReadError {
             ReadError::Setup { what, source } => {
                 write!(f, "io_uring setup failed ({what}): {source}")
             }
-            ReadError::Cancelled { path, offset, len } => write!(
-                f,
-                "read of {len} bytes at offset {offset} of {} was cancelled: the reader was dropped",
-                path.display()
-            ),
             ReadError::WouldBlock { bound } => write!(f, "the {bound} is full"),
-            ReadError::ShutDown => write!(f, "the reader is shutting down"),
             ReadError::Enter { source } => {
                 write!(f, "io_uring_enter failed on a session's ring: {source}")
             }
@@ -196,13 +181,6 @@ impl fmt::Display for ReadError {
 
 impl std::error::Error for ReadError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            ReadError::Open { source, .. }
-            | ReadError::Close { source, .. }
-            | ReadError::Read { source, .. }
-            | ReadError::Setup { source, .. }
-            | ReadError::Enter { source } => Some(source),
-            _ => None,
-        }
+        self.os_error().map(|e| e as _)
     }
 }

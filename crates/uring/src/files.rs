@@ -1,16 +1,15 @@
-//! Open files: the id table, O_DIRECT alignment, and the fixed-file slots of the rings.
+//! Open files: the id table of the files opened on a reader, and O_DIRECT alignment.
 
 use std::fmt;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use io_uring::IoUring;
 use slab::Slab;
 
 use crate::error::ReadError;
+use crate::file_ref::FileRef;
 use crate::pool::BUFFER_ALIGN;
 use crate::types::FileId;
 
@@ -23,7 +22,6 @@ pub(crate) struct FileEntry {
     pub(crate) direct: bool,
     /// Offset and length alignment of reads (1 without O_DIRECT).
     pub(crate) align: u64,
-    pub(crate) fixed: Option<FixedSlot>,
 }
 
 impl fmt::Debug for FileEntry {
@@ -33,27 +31,22 @@ impl fmt::Debug for FileEntry {
             .field("fd", &self.fd.as_raw_fd())
             .field("direct", &self.direct)
             .field("align", &self.align)
-            .field("fixed", &self.fixed.as_ref().map(|s| s.index))
             .finish()
     }
 }
 
 impl FileEntry {
-    pub(crate) fn open(path: &Path, direct: bool) -> Result<FileEntry, ReadError> {
+    /// Opens `file` (by its name in its held directory, if it has one) and asks its O_DIRECT
+    /// alignment.
+    pub(crate) fn open(file: FileRef<'_>, direct: bool) -> Result<FileEntry, ReadError> {
+        let path = file.path;
         let open_err = |source: io::Error| ReadError::Open {
             path: path.to_path_buf(),
             source,
         };
         let is_dir_err = || open_err(io::Error::from_raw_os_error(libc::EISDIR));
-        let mut flags = libc::O_CLOEXEC;
-        if direct {
-            flags |= libc::O_DIRECT;
-        }
-        let file = match std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(flags)
-            .open(path)
-        {
+        let flags = if direct { libc::O_DIRECT } else { 0 };
+        let file = match file.open(flags) {
             Ok(file) => file,
             // Some file systems refuse O_DIRECT on directories with EINVAL; say what it is.
             Err(_) if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) => return Err(is_dir_err()),
@@ -84,7 +77,6 @@ impl FileEntry {
             fd,
             direct,
             align,
-            fixed: None,
         })
     }
 
@@ -162,73 +154,5 @@ impl FileTable {
 
     pub(crate) fn len(&self) -> usize {
         self.lock().entries.len()
-    }
-}
-
-/// The fixed-file table shared by all rings of a reader: slot `i` refers to the same file in
-/// every ring.
-pub(crate) struct FixedTable {
-    rings: Vec<Arc<IoUring>>,
-    free: Mutex<Vec<u32>>,
-}
-
-impl fmt::Debug for FixedTable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FixedTable")
-            .field("rings", &self.rings.len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl FixedTable {
-    /// Registers a sparse table of `slots` files in every ring.
-    pub(crate) fn new(rings: Vec<Arc<IoUring>>, slots: u32) -> io::Result<FixedTable> {
-        for ring in &rings {
-            ring.submitter().register_files_sparse(slots)?;
-        }
-        Ok(FixedTable {
-            rings,
-            free: Mutex::new((0..slots).rev().collect()),
-        })
-    }
-
-    /// Puts `fd` in a free slot of every ring; `None` when the table is full or the kernel
-    /// refuses (the file is then read through its plain fd).
-    pub(crate) fn register(self: &Arc<Self>, fd: RawFd) -> Option<FixedSlot> {
-        let index = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop()?;
-        let slot = FixedSlot {
-            index,
-            table: self.clone(),
-        };
-        for ring in &self.rings {
-            if ring
-                .submitter()
-                .register_files_update(index, &[fd])
-                .is_err()
-            {
-                return None; // dropping `slot` clears what was set and frees the index
-            }
-        }
-        Some(slot)
-    }
-}
-
-/// A file's slot in the fixed-file tables; cleared when the file's last user drops it.
-pub(crate) struct FixedSlot {
-    pub(crate) index: u32,
-    table: Arc<FixedTable>,
-}
-
-impl Drop for FixedSlot {
-    fn drop(&mut self) {
-        for ring in &self.table.rings {
-            // Reads already in the kernel keep their own reference to the file.
-            let _ = ring.submitter().register_files_update(self.index, &[-1]);
-        }
-        self.table
-            .free
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(self.index);
     }
 }

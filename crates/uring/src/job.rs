@@ -6,7 +6,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -14,6 +14,7 @@ use bytes::Bytes;
 
 use crate::completion::Completion;
 use crate::error::ReadError;
+use crate::file_ref::FileRef;
 use crate::files::{FileEntry, DEFAULT_DIO_ALIGN};
 use crate::pool::PoolBuf;
 
@@ -141,16 +142,6 @@ impl Pending {
             read_len,
         })
     }
-
-    /// The completion of a request cancelled at shutdown before it got a pool buffer.
-    pub(crate) fn cancelled(&self) -> Completion {
-        let err = ReadError::Cancelled {
-            path: self.source.path().to_path_buf(),
-            offset: self.offset,
-            len: self.len,
-        };
-        Completion::new(self.tag, self.class, Err(err), None)
-    }
 }
 
 /// How the file of a path read is open while its job runs.
@@ -248,6 +239,9 @@ pub(crate) struct Job {
     retries: u32,
 }
 
+/// A job that is over, with its outcome: what a backend hands back to its session.
+pub(crate) type Done = (Job, Result<(), ReadError>);
+
 /// What to do with a job after one read returned.
 pub(crate) enum AfterRead {
     /// Read the next chunk (remainder of a short read, a retry, the next O_DIRECT chunk).
@@ -301,12 +295,39 @@ impl Job {
         }
     }
 
-    /// Opens a path read's file on this thread (openat and statx, as `Reader::open` does).
+    /// Opens a path read's file on this thread (openat in its held directory, and statx, as
+    /// `Reader::open` does).
     pub(crate) fn open_here(&mut self) -> Result<(), ReadError> {
-        if let Source::Path { path, direct, .. } = &self.source {
-            self.opened = Opened::Fd(FileEntry::open(path, *direct)?);
+        if let Source::Path {
+            path, dir, direct, ..
+        } = &self.source
+        {
+            let file = FileRef {
+                path,
+                dir: dir.as_deref().map(AsFd::as_fd),
+            };
+            self.opened = Opened::Fd(FileEntry::open(file, *direct)?);
         }
         Ok(())
+    }
+
+    /// Closes the file `open_here` opened, now that the read is over with `result`: a close
+    /// that fails after the bytes were read fails the read, as a ring's close does.
+    pub(crate) fn close_here(&mut self, result: Result<(), ReadError>) -> Result<(), ReadError> {
+        let Opened::Fd(file) = std::mem::replace(&mut self.opened, Opened::No) else {
+            return result;
+        };
+        let fd = file.fd.into_raw_fd();
+        // SAFETY: the descriptor was this job's alone, and `into_raw_fd` gave up its owner.
+        let failed = (unsafe { libc::close(fd) } != 0).then(io::Error::last_os_error);
+        match (result, failed) {
+            // Linux frees the descriptor even when close is interrupted.
+            (Ok(()), Some(e)) if e.raw_os_error() != Some(libc::EINTR) => Err(ReadError::Close {
+                path: self.source.path().to_path_buf(),
+                source: e,
+            }),
+            (result, _) => result,
+        }
     }
 
     /// Whether the whole read is one chunk (then a chained close can follow it).
@@ -444,16 +465,6 @@ impl Job {
             Err(e) => (Err(e), Some(self.buf)),
         };
         Completion::new(self.tag, self.class, result, permit)
-    }
-
-    /// The completion of a job dropped from its queue at shutdown.
-    pub(crate) fn cancel(self) -> Completion {
-        let err = ReadError::Cancelled {
-            path: self.source.path().to_path_buf(),
-            offset: self.offset,
-            len: self.len,
-        };
-        self.complete(Err(err))
     }
 
     /// Current size of the file, to report where it ended.

@@ -51,8 +51,8 @@ pub(crate) struct Pool {
 
 #[derive(Debug)]
 struct PoolInner {
-    /// Unmapped with the last Arc: every PoolBuf holds one, and the engines hold a Pool until
-    /// their last read completed, so nothing (the kernel included) uses it any more then.
+    /// Unmapped with the last Arc: every PoolBuf holds one, and a session holds the Pool
+    /// until its last read left the kernel, so nothing (the kernel included) uses it then.
     mapping: Mapping,
     state: Mutex<Buddy>,
     available: Condvar,
@@ -75,7 +75,6 @@ struct Buddy {
     /// Tickets of the threads waiting in `acquire`, oldest first.
     waiters: VecDeque<u64>,
     next_ticket: u64,
-    closed: bool,
 }
 
 impl Buddy {
@@ -98,7 +97,6 @@ impl Buddy {
             free_pages: pages,
             waiters: VecDeque::new(),
             next_ticket: 0,
-            closed: false,
         }
     }
 
@@ -205,7 +203,6 @@ impl Pool {
     }
 
     /// Threads waiting in [`Pool::acquire`].
-    #[cfg(test)]
     pub(crate) fn waiters(&self) -> usize {
         self.inner.lock().waiters.len()
     }
@@ -228,23 +225,19 @@ impl Pool {
     }
 
     /// A block for `len` bytes, waiting (behind every earlier waiter) until one is free.
-    /// `None` once the pool is closed.
     ///
     /// # Panics
     /// If `len` exceeds the largest block: no wait could satisfy it.
-    pub(crate) fn acquire(&self, len: usize) -> Option<PoolBuf> {
+    pub(crate) fn acquire(&self, len: usize) -> PoolBuf {
         let order = order_of(len);
         let mut s = self.inner.lock();
         assert!(
             order <= s.max_order,
             "a read of {len} bytes exceeds the pool's largest block"
         );
-        if s.closed {
-            return None;
-        }
         if s.waiters.is_empty() {
             if let Some(page) = s.alloc(order) {
-                return Some(self.buf(page, len));
+                return self.buf(page, len);
             }
         }
         let ticket = s.next_ticket;
@@ -256,10 +249,6 @@ impl Pool {
                 .available
                 .wait(s)
                 .unwrap_or_else(|e| e.into_inner());
-            if s.closed {
-                s.waiters.retain(|&t| t != ticket);
-                return None;
-            }
             if s.waiters.front() != Some(&ticket) {
                 continue;
             }
@@ -269,7 +258,7 @@ impl Pool {
                 if !s.waiters.is_empty() {
                     self.inner.available.notify_all();
                 }
-                return Some(self.buf(page, len));
+                return self.buf(page, len);
             }
         }
     }
@@ -279,18 +268,11 @@ impl Pool {
     pub(crate) fn try_acquire(&self, len: usize) -> Option<PoolBuf> {
         let order = order_of(len);
         let mut s = self.inner.lock();
-        if order > s.max_order || s.closed || !s.waiters.is_empty() {
+        if order > s.max_order || !s.waiters.is_empty() {
             return None;
         }
         let page = s.alloc(order)?;
         Some(self.buf(page, len))
-    }
-
-    /// Makes every current and future `acquire` return `None` (the reader is shutting down).
-    /// Blocks in use still return normally.
-    pub(crate) fn close(&self) {
-        self.inner.lock().closed = true;
-        self.inner.available.notify_all();
     }
 }
 
@@ -418,10 +400,10 @@ mod tests {
     #[test]
     fn blocks_return_on_last_drop_of_their_bytes() {
         let pool = Pool::new(2 * 8192, 5000).unwrap();
-        let mut a = pool.acquire(5000).unwrap();
+        let mut a = pool.acquire(5000);
         // SAFETY: `a` is exclusively owned and holds 8192 bytes.
         unsafe { std::ptr::write_bytes(a.as_mut_ptr(), 7, 100) };
-        let b = pool.acquire(8192).unwrap();
+        let b = pool.acquire(8192);
         assert!(pool.try_acquire(1).is_none());
         let bytes = a.into_bytes(10, 20);
         let clone = bytes.slice(5..);
@@ -504,26 +486,26 @@ mod tests {
     #[test]
     fn acquire_waits_for_a_returned_block() {
         let pool = Pool::new(4096, 4096).unwrap();
-        let held = pool.acquire(4096).unwrap();
+        let held = pool.acquire(4096);
         let p2 = pool.clone();
-        let t = std::thread::spawn(move || p2.acquire(10).map(|b| b.capacity()));
+        let t = std::thread::spawn(move || p2.acquire(10).capacity());
         wait_for_waiters(&pool, 1);
         drop(held);
-        assert_eq!(t.join().unwrap(), Some(4096));
+        assert_eq!(t.join().unwrap(), 4096);
     }
 
     #[test]
     fn a_large_waiter_is_served_before_later_small_ones() {
         // Two largest blocks, each spoiled by one small block.
         let pool = Pool::new(2 * 65536, 65536).unwrap();
-        let low = pool.acquire(4096).unwrap();
-        let fill = [4096, 8192, 16384, 32768].map(|len| pool.acquire(len).unwrap());
-        let high = pool.acquire(4096).unwrap();
+        let low = pool.acquire(4096);
+        let fill = [4096, 8192, 16384, 32768].map(|len| pool.acquire(len));
+        let high = pool.acquire(4096);
         drop(fill);
         assert!(pool.largest_free_bytes() < 65536 && pool.free_bytes() > 4096);
         let spawn = |len: usize| {
             let pool = pool.clone();
-            std::thread::spawn(move || pool.acquire(len).unwrap())
+            std::thread::spawn(move || pool.acquire(len))
         };
         let big = spawn(65536);
         wait_for_waiters(&pool, 1);
@@ -546,20 +528,6 @@ mod tests {
         assert_eq!(big.capacity(), 65536);
         drop((big, small, high));
         assert_eq!(pool.free_bytes(), pool.budget_bytes());
-    }
-
-    #[test]
-    fn close_releases_waiters() {
-        let pool = Pool::new(4096, 4096).unwrap();
-        let held = pool.acquire(1).unwrap();
-        let p2 = pool.clone();
-        let t = std::thread::spawn(move || p2.acquire(1).is_none());
-        wait_for_waiters(&pool, 1);
-        pool.close();
-        assert!(t.join().unwrap());
-        assert!(pool.acquire(1).is_none());
-        drop(held);
-        assert_eq!(pool.free_bytes(), 4096);
     }
 
     /// Random acquire/free sequences against a page map: blocks never overlap, are aligned
@@ -631,7 +599,7 @@ mod tests {
                     let mut rng = StdRng::seed_from_u64(id as u64 * 77);
                     for _ in 0..2000 {
                         let len = 1 + rng.gen_range(0..8 * PAGE_BYTES as u64) as usize;
-                        let mut b = pool.acquire(len).unwrap();
+                        let mut b = pool.acquire(len);
                         let first = page_of(&pool, &mut b);
                         let n = b.capacity() / PAGE_BYTES;
                         for o in &owner[first..first + n] {

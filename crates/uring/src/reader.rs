@@ -4,19 +4,16 @@ use std::fmt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
-use crossbeam_channel::Receiver;
-
-use crate::completion::Completion;
-use crate::deferred::Deferred;
 use crate::error::ReadError;
+use crate::file_ref::FileRef;
 use crate::files::FileEntry;
-use crate::job::{Job, Pending, Source};
+use crate::job::{Pending, Source};
 use crate::pool::{block_bytes, Pool, POOL_BYTES_MAX};
+use crate::pread::PreadPool;
+use crate::ring::RingParams;
 use crate::state::ReaderState;
 use crate::types::{FileId, IoEvent, Observer, OpenOptions, PathRead, ReadRequest, ReaderStats};
-use crate::uring::{Engine, SetupParams};
 
 /// Which backend a reader should use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -34,9 +31,9 @@ pub enum Backend {
 /// The backend a reader runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ActiveBackend {
-    /// One or more io_uring rings, each driven by one engine thread.
+    /// io_uring: each session drives a ring of its own.
     Uring,
-    /// A bounded pool of pread threads.
+    /// A bounded pool of pread threads serving the sessions.
     Pread,
 }
 
@@ -49,17 +46,18 @@ pub struct BackendInfo {
     /// Why this backend (forced by config or `LOBSTER_IO`, or why io_uring was unusable),
     /// followed by notes on what could not be registered.
     pub reason: String,
-    /// Engine threads (rings) or pread workers.
+    /// pread workers the reader started (0 on io_uring, which starts no thread: sessions
+    /// drive their own rings).
     pub threads: usize,
-    /// Reads one ring may have in the kernel at once (io_uring only).
+    /// Operations one session's ring may have in the kernel at once (io_uring only).
     pub ring_capacity: usize,
-    /// The pool is registered with the rings as one buffer (`READ_FIXED`).
+    /// Sessions register the pool with their rings as one buffer (`READ_FIXED`): asked for,
+    /// and within RLIMIT_MEMLOCK and the kernel's 1 GiB. [`crate::Session::fixed_buffers`]
+    /// says whether a session's registration succeeded.
     pub fixed_buffers: bool,
-    /// Slots of the fixed-file table (0: files are read through plain fds).
-    pub fixed_file_slots: u32,
-    /// Sessions read by path ([`crate::Session::submit_path`]) with one linked open, read and close
-    /// in their ring (direct descriptors, Linux 5.15); else they open, read and close with
-    /// separate system calls on the calling thread.
+    /// Sessions read by path ([`crate::Session::submit_path`]) with one linked open, read
+    /// and close in their ring (direct descriptors, Linux 5.15); else they open, read and
+    /// close with separate system calls on the calling thread (on pread: on the worker).
     pub direct_descriptors: bool,
 }
 
@@ -69,19 +67,15 @@ pub struct BackendInfo {
 pub struct ReaderConfig {
     /// Which backend to use.
     pub backend: Backend,
-    /// io_uring rings, each with its own engine thread, serving [`Reader::submit`].
-    /// Page-cache hits are copied on the engine thread, so one ring uses at most one core
-    /// for them. 0 on the io_uring backend: no engine threads, reads go through
-    /// [`Reader::session`] only (`submit` is refused); the pread backend ignores it.
-    pub rings: usize,
-    /// Submission queue entries per ring (the completion queue gets twice as many); an
-    /// engine's ring has at most `ring_entries - 1` reads in the kernel, a session's
-    /// `ring_entries`.
+    /// Submission queue entries of each session's ring (the completion queue gets twice as
+    /// many): at most this many operations of a session are in the kernel at once. On the
+    /// pread backend, at most this many reads of a session are at the workers at once.
     pub ring_entries: u32,
     /// Set IOSQE_ASYNC on reads: the kernel's worker threads do the page-cache copies,
     /// spreading them over cores, at some cost per read.
     pub async_punt: bool,
-    /// Threads of the pread backend; it has at most this many reads in flight.
+    /// Threads of the pread backend, shared by every session: at most this many reads run
+    /// at once, the rest wait for a worker in submission order.
     pub pread_threads: usize,
     /// The buffer pool's budget in bytes (rounded up to a page): it bounds the memory of
     /// in-flight reads plus the `Bytes` consumers hold. It is mapped when the reader is built
@@ -93,20 +87,18 @@ pub struct ReaderConfig {
     /// The largest read (after O_DIRECT alignment) the reader accepts, at most 1 GiB; larger
     /// requests fail with [`ReadError::TooLarge`].
     pub max_read_bytes: usize,
-    /// Register the pool with the rings (as one buffer) when RLIMIT_MEMLOCK allows and the
-    /// pool is at most 1 GiB.
+    /// Register the pool with each session's ring (as one buffer) when RLIMIT_MEMLOCK allows
+    /// and the pool is at most 1 GiB.
     pub register_buffers: bool,
     /// Fault the whole pool in when the reader is built (the default). Off, pages are faulted
     /// in when a block first uses them; blocks go lowest address first, so resident memory is
     /// the most the pool held at once, at most the budget, and a budget sized for the worst
     /// case costs nothing until used.
     pub commit_pool: bool,
-    /// Slots in each ring's fixed-file table (capped by RLIMIT_NOFILE); files opened beyond
-    /// it are read through their plain fd.
-    pub fixed_files: u32,
     /// Initial io_depth of each class; its length is the number of classes.
     pub io_depths: Vec<usize>,
-    /// Requests each class queue holds before `submit` waits.
+    /// Requests each class queue of a session holds; beyond it a session refuses more
+    /// ([`ReadError::WouldBlock`]).
     pub queue_capacity: usize,
     /// Called for every read entering and leaving the kernel (tests, tracing).
     pub observer: Option<Observer>,
@@ -116,7 +108,6 @@ impl Default for ReaderConfig {
     fn default() -> ReaderConfig {
         ReaderConfig {
             backend: Backend::Auto,
-            rings: 1,
             ring_entries: 256,
             async_punt: false,
             pread_threads: 32,
@@ -124,7 +115,6 @@ impl Default for ReaderConfig {
             max_read_bytes: 1 << 20,
             register_buffers: true,
             commit_pool: true,
-            fixed_files: 4096,
             io_depths: vec![32],
             queue_capacity: 1024,
             observer: None,
@@ -136,7 +126,6 @@ impl fmt::Debug for ReaderConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReaderConfig")
             .field("backend", &self.backend)
-            .field("rings", &self.rings)
             .field("ring_entries", &self.ring_entries)
             .field("async_punt", &self.async_punt)
             .field("pread_threads", &self.pread_threads)
@@ -144,7 +133,6 @@ impl fmt::Debug for ReaderConfig {
             .field("max_read_bytes", &self.max_read_bytes)
             .field("register_buffers", &self.register_buffers)
             .field("commit_pool", &self.commit_pool)
-            .field("fixed_files", &self.fixed_files)
             .field("io_depths", &self.io_depths)
             .field("queue_capacity", &self.queue_capacity)
             .field("observer", &self.observer.is_some())
@@ -160,9 +148,6 @@ impl ReaderConfig {
                 reason: reason.to_string(),
             })
         };
-        if self.rings > 64 {
-            return bad("rings", "must be 0..=64");
-        }
         if !(2..=32768).contains(&self.ring_entries) {
             return bad("ring_entries", "must be 2..=32768");
         }
@@ -220,8 +205,6 @@ impl ReaderBuilder {
     setters! {
         /// See [`ReaderConfig::backend`].
         backend: Backend,
-        /// See [`ReaderConfig::rings`].
-        rings: usize,
         /// See [`ReaderConfig::ring_entries`].
         ring_entries: u32,
         /// See [`ReaderConfig::async_punt`].
@@ -236,8 +219,6 @@ impl ReaderBuilder {
         register_buffers: bool,
         /// See [`ReaderConfig::commit_pool`].
         commit_pool: bool,
-        /// See [`ReaderConfig::fixed_files`].
-        fixed_files: u32,
         /// See [`ReaderConfig::io_depths`].
         io_depths: Vec<usize>,
         /// See [`ReaderConfig::queue_capacity`].
@@ -330,18 +311,15 @@ fn report_fallback(reason: &str) {
 /// What a session needs from the reader's configuration.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SessionParams {
-    /// The reader runs io_uring (else sessions read with pread on the calling thread).
-    pub(crate) uring: bool,
-    pub(crate) ring_entries: u32,
-    pub(crate) register_buffers: bool,
-    pub(crate) async_punt: bool,
+    /// How its ring is set up (io_uring); `ring_entries` also bounds its reads at the pread
+    /// workers.
+    pub(crate) ring: RingParams,
     pub(crate) queue_capacity: usize,
-    /// Path reads go through direct descriptors (see [`BackendInfo::direct_descriptors`]).
-    pub(crate) direct_descriptors: bool,
 }
 
-/// The sample reader: a cheap, cloneable, thread-safe handle. The backend threads stop
-/// when the last clone drops (see `Drop`).
+/// The sample reader: a cheap, cloneable, thread-safe handle that sessions read through
+/// ([`Reader::session`]). The pread workers (on that backend) stop when the last clone and
+/// the last session drop.
 #[derive(Clone, Debug)]
 pub struct Reader {
     inner: Arc<ReaderInner>,
@@ -350,28 +328,11 @@ pub struct Reader {
 #[derive(Debug)]
 struct ReaderInner {
     shared: Arc<ReaderState>,
-    threads: Vec<JoinHandle<()>>,
+    /// The pread backend's workers; `None` on io_uring.
+    pread: Option<PreadPool>,
     backend: BackendInfo,
-    completions: Receiver<Completion>,
-    /// Reads waiting for pool memory, served by the last thread of `threads`.
-    deferred: Arc<Deferred>,
     max_read_bytes: usize,
     session: SessionParams,
-    /// `submit` has a backend thread to serve it (not an io_uring reader with 0 rings).
-    serves_submit: bool,
-}
-
-impl Drop for ReaderInner {
-    /// Cancels queued reads, waits for the reads in the kernel to complete (their buffers
-    /// stay owned by the engines until then), and joins the backend threads.
-    fn drop(&mut self) {
-        self.deferred.close();
-        self.shared.pool.close();
-        self.shared.shut_down();
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
 }
 
 impl Reader {
@@ -389,156 +350,85 @@ impl Reader {
                 what: "mapping the buffer pool",
                 source,
             })?;
-        let (sender, completions) = crossbeam_channel::unbounded();
-        match plan(config.backend, env.as_deref()) {
-            Plan::Uring { forced, why } => {
-                let params = SetupParams {
-                    rings: config.rings,
-                    ring_entries: config.ring_entries,
-                    register_buffers: config.register_buffers,
-                    fixed_files: config.fixed_files,
-                };
-                match crate::uring::setup(&params, &pool) {
-                    Ok(setup) => {
-                        let mut reason = why;
-                        if let Err(why) = &setup.direct_descriptors {
-                            reason.push_str("; path reads open and close on the calling thread: ");
-                            reason.push_str(why);
-                        }
-                        for note in &setup.notes {
-                            reason.push_str("; ");
-                            reason.push_str(note);
-                        }
-                        let backend = BackendInfo {
-                            active: ActiveBackend::Uring,
-                            reason,
-                            threads: setup.rings.len(),
-                            ring_capacity: setup.cap,
-                            fixed_buffers: setup.fixed_buffers,
-                            fixed_file_slots: setup.fixed.as_ref().map_or(0, |_| {
-                                config.fixed_files.min(crate::uring::nofile_limit() as u32)
-                            }),
-                            direct_descriptors: setup.direct_descriptors.is_ok(),
-                        };
-                        let shared = Arc::new(ReaderState::new(
-                            &config.io_depths,
-                            setup.wakers,
-                            setup.fixed,
-                            pool,
-                            sender,
-                            config.queue_capacity,
-                            config.observer.clone(),
-                        ));
-                        let mut threads = Vec::with_capacity(setup.rings.len());
-                        for (id, ring) in setup.rings.into_iter().enumerate() {
-                            let engine = Engine {
-                                id,
-                                ring,
-                                shared: shared.clone(),
-                                cap: setup.cap,
-                                fixed_buffers: setup.fixed_buffers,
-                                async_punt: config.async_punt,
-                            };
-                            spawn_or_stop(&shared, &mut threads, format!("lobster-uring-{id}"), {
-                                move || engine.run()
-                            })?;
-                        }
-                        Self::assemble(&config, shared, threads, backend, completions)
-                    }
-                    Err(e) if forced => Err(ReadError::Setup {
-                        what: e.what,
-                        source: e.source,
-                    }),
-                    Err(e) => {
-                        let reason = format!(
-                            "io_uring unusable ({} failed: {}); falling back to {} pread threads",
-                            e.what, e.source, config.pread_threads
-                        );
-                        report_fallback(&reason);
-                        Self::pread(config, pool, sender, completions, reason)
-                    }
-                }
+        let (forced, why) = match plan(config.backend, env.as_deref()) {
+            Plan::Uring { forced, why } => (forced, why),
+            Plan::Pread { why } => return Self::pread(config, pool, why),
+        };
+        let probe = match crate::uring::probe(config.ring_entries, config.register_buffers, &pool) {
+            Ok(probe) => probe,
+            Err(e) if forced => {
+                return Err(ReadError::Setup {
+                    what: e.what,
+                    source: e.source,
+                })
             }
-            Plan::Pread { why } => Self::pread(config, pool, sender, completions, why),
+            Err(e) => {
+                let reason = format!(
+                    "io_uring unusable ({} failed: {}); falling back to {} pread threads",
+                    e.what, e.source, config.pread_threads
+                );
+                report_fallback(&reason);
+                return Self::pread(config, pool, reason);
+            }
+        };
+        let mut reason = why;
+        if let Err(why) = &probe.direct_descriptors {
+            reason.push_str("; path reads open and close on the calling thread: ");
+            reason.push_str(why);
         }
+        if let (true, Err(why)) = (config.register_buffers, &probe.fixed_buffers) {
+            reason.push_str("; buffers not registered: ");
+            reason.push_str(why);
+        }
+        let backend = BackendInfo {
+            active: ActiveBackend::Uring,
+            reason,
+            threads: 0,
+            ring_capacity: probe.cap,
+            fixed_buffers: probe.fixed_buffers.is_ok(),
+            direct_descriptors: probe.direct_descriptors.is_ok(),
+        };
+        Ok(Self::assemble(&config, pool, None, backend))
     }
 
-    fn pread(
-        config: ReaderConfig,
-        pool: Pool,
-        sender: crossbeam_channel::Sender<Completion>,
-        completions: Receiver<Completion>,
-        reason: String,
-    ) -> Result<Reader, ReadError> {
-        let shared = Arc::new(ReaderState::new(
-            &config.io_depths,
-            Vec::new(),
-            None,
-            pool,
-            sender,
-            config.queue_capacity,
-            config.observer.clone(),
-        ));
-        let mut threads = Vec::with_capacity(config.pread_threads);
-        for i in 0..config.pread_threads {
-            let worker_shared = shared.clone();
-            spawn_or_stop(
-                &shared,
-                &mut threads,
-                format!("lobster-pread-{i}"),
-                move || crate::pread::worker(worker_shared),
-            )?;
-        }
+    fn pread(config: ReaderConfig, pool: Pool, reason: String) -> Result<Reader, ReadError> {
+        let workers = PreadPool::start(config.pread_threads)?;
         let backend = BackendInfo {
             active: ActiveBackend::Pread,
             reason,
             threads: config.pread_threads,
             ring_capacity: 0,
             fixed_buffers: false,
-            fixed_file_slots: 0,
             direct_descriptors: false,
         };
-        Self::assemble(&config, shared, threads, backend, completions)
+        Ok(Self::assemble(&config, pool, Some(workers), backend))
     }
 
-    /// Starts the thread that serves reads waiting for pool memory and wraps up the reader.
     fn assemble(
         config: &ReaderConfig,
-        shared: Arc<ReaderState>,
-        mut threads: Vec<JoinHandle<()>>,
+        pool: Pool,
+        pread: Option<PreadPool>,
         backend: BackendInfo,
-        completions: Receiver<Completion>,
-    ) -> Result<Reader, ReadError> {
-        let uring = backend.active == ActiveBackend::Uring;
-        // An io_uring reader with no rings has no engine to serve `submit`.
-        let serves_submit = !uring || config.rings > 0;
+    ) -> Reader {
         let session = SessionParams {
-            uring,
-            ring_entries: config.ring_entries,
-            register_buffers: config.register_buffers,
-            async_punt: config.async_punt,
+            ring: RingParams {
+                ring_entries: config.ring_entries,
+                register_buffers: config.register_buffers,
+                async_punt: config.async_punt,
+                direct_descriptors: backend.direct_descriptors,
+            },
             queue_capacity: config.queue_capacity,
-            direct_descriptors: backend.direct_descriptors,
         };
-        let deferred = Arc::new(Deferred::new(
-            config.queue_capacity.saturating_mul(config.io_depths.len()),
-        ));
-        let (d, sh) = (deferred.clone(), shared.clone());
-        spawn_or_stop(&shared, &mut threads, "lobster-pool".into(), move || {
-            d.run(&sh)
-        })?;
-        Ok(Reader {
+        let shared = ReaderState::new(&config.io_depths, pool, config.observer.clone());
+        Reader {
             inner: Arc::new(ReaderInner {
-                shared,
-                threads,
+                shared: Arc::new(shared),
+                pread,
                 backend,
-                completions,
-                deferred,
                 max_read_bytes: config.max_read_bytes,
                 session,
-                serves_submit,
             }),
-        })
+        }
     }
 
     /// Which backend runs, and why.
@@ -551,18 +441,16 @@ impl Reader {
         self.inner.shared.classes()
     }
 
-    /// Opens `path` for reading and registers it as a fixed file when a slot is free.
-    /// A directory or a missing file gives [`ReadError::Open`] with the OS error.
+    /// Opens `path` for reading, for every session of this reader to read
+    /// ([`crate::Session::submit`]) through its descriptor. A directory or a missing file
+    /// gives [`ReadError::Open`] with the OS error.
     pub fn open(&self, path: impl AsRef<Path>, options: OpenOptions) -> Result<FileId, ReadError> {
-        let mut entry = FileEntry::open(path.as_ref(), options.direct)?;
-        if let Some(fixed) = &self.inner.shared.fixed {
-            entry.fixed = fixed.register(entry.raw_fd());
-        }
+        let entry = FileEntry::open(FileRef::from(path.as_ref()), options.direct)?;
         Ok(self.inner.shared.files.insert(entry))
     }
 
-    /// Closes a file. Reads of it already submitted still complete; the descriptor and
-    /// the fixed-file slot are released after the last of them.
+    /// Closes a file. Reads of it already submitted still complete; the descriptor is
+    /// released after the last of them.
     pub fn close(&self, file: FileId) -> Result<(), ReadError> {
         self.inner
             .shared
@@ -572,7 +460,7 @@ impl Reader {
             .ok_or(ReadError::UnknownFile { file })
     }
 
-    /// The state this reader shares with its sessions and backend threads.
+    /// The state this reader shares with its sessions.
     pub(crate) fn state(&self) -> &Arc<ReaderState> {
         &self.inner.shared
     }
@@ -582,16 +470,9 @@ impl Reader {
         self.inner.session
     }
 
-    /// `submit` needs a backend thread; an io_uring reader with 0 rings has none.
-    fn serves_submit(&self) -> Result<(), ReadError> {
-        if self.inner.serves_submit {
-            Ok(())
-        } else {
-            Err(ReadError::InvalidConfig {
-                parameter: "rings",
-                reason: "0 rings: this reader reads through Reader::session only".into(),
-            })
-        }
+    /// The pread backend's workers, which serve the sessions; `None` on io_uring.
+    pub(crate) fn pread_pool(&self) -> Option<&PreadPool> {
+        self.inner.pread.as_ref()
     }
 
     /// Checks that `class` exists.
@@ -652,70 +533,9 @@ impl Reader {
         crate::resident::read_resident_in(Some(&self.inner.shared.pool), file.into(), offset, len)
     }
 
-    /// Queues a read at the back of its class's FIFO. Waits while the class queue is full.
-    /// Never waits for pool memory: when no block is free (or earlier reads wait for one)
-    /// the read waits in the reader, in submission order, and `submit` returns. Errors here
-    /// are about the request itself (class, file id, size); I/O errors arrive as completions.
-    pub fn submit(&self, req: ReadRequest) -> Result<(), ReadError> {
-        self.serves_submit()?;
-        let pending = self.check(&req)?;
-        let shared = &self.inner.shared;
-        match self.inner.deferred.admit(&shared.pool, &pending, true)? {
-            Some(buf) => shared.enqueue(Job::new(pending, buf), true),
-            None => Ok(()),
-        }
-    }
-
-    /// Submits several reads with one lock round and one wake-up of the backend, which
-    /// matters when reads are cheap (page-cache hits). Every request is checked before any
-    /// is queued; then they are queued in order as [`Reader::submit`] does: those that get
-    /// a block at once first, the rest (from the first that finds none) wait in the reader
-    /// for pool memory, so a batch larger than the pool cannot wait on itself.
-    pub fn submit_batch(&self, reqs: &[ReadRequest]) -> Result<(), ReadError> {
-        self.serves_submit()?;
-        let pending = reqs
-            .iter()
-            .map(|req| self.check(req))
-            .collect::<Result<Vec<_>, _>>()?;
-        let shared = &self.inner.shared;
-        let mut jobs = Vec::with_capacity(reqs.len());
-        let mut rest = pending.into_iter();
-        let mut later = None;
-        for p in rest.by_ref() {
-            match self.inner.deferred.admit(&shared.pool, &p, false) {
-                Ok(Some(buf)) => jobs.push(Job::new(p, buf)),
-                Ok(None) => unreachable!("admit without blocking never defers"),
-                Err(ReadError::WouldBlock { .. }) => {
-                    later = Some(p);
-                    break;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        shared.enqueue_many(jobs)?;
-        for p in later.into_iter().chain(rest) {
-            self.inner.deferred.push(p)?;
-        }
-        Ok(())
-    }
-
-    /// Like [`Reader::submit`], but returns [`ReadError::WouldBlock`] instead of waiting
-    /// (for pool memory or class queue room).
-    pub fn try_submit(&self, req: ReadRequest) -> Result<(), ReadError> {
-        self.serves_submit()?;
-        let pending = self.check(&req)?;
-        let shared = &self.inner.shared;
-        let buf = self
-            .inner
-            .deferred
-            .admit(&shared.pool, &pending, false)?
-            .expect("admit without blocking never defers");
-        shared.enqueue(Job::new(pending, buf), false)
-    }
-
-    /// Sets the number of reads `class` may have in the kernel. Takes effect at once for
-    /// new reads; reads already in flight above a lowered limit finish normally. Depth 0
-    /// pauses the class.
+    /// Sets the number of reads `class` may have in the kernel, over all sessions. Takes
+    /// effect at once for new reads; reads already in flight above a lowered limit finish
+    /// normally. Depth 0 pauses the class.
     pub fn set_io_depth(&self, class: usize, io_depth: usize) -> Result<(), ReadError> {
         self.inner.shared.set_io_depth(class, io_depth)
     }
@@ -723,15 +543,6 @@ impl Reader {
     /// The current io_depth of `class`.
     pub fn io_depth(&self, class: usize) -> Option<usize> {
         self.inner.shared.io_depth(class)
-    }
-
-    /// The completion channel (every clone receives from the same queue). Each completion
-    /// holds a pool block (at least a page) until received and dropped, except the
-    /// cancellations of reads that never got one, so it holds at most
-    /// [`ReaderConfig::pool_bytes`] / 4096 + classes × [`ReaderConfig::queue_capacity`]
-    /// completions. It disconnects once the reader is dropped and drained.
-    pub fn completions(&self) -> Receiver<Completion> {
-        self.inner.completions.clone()
     }
 
     /// Counters per class, and pool use.
@@ -742,31 +553,6 @@ impl Reader {
     /// Restarts `peak_in_flight` of every class from its current in-flight count.
     pub fn reset_peaks(&self) {
         self.inner.shared.reset_peaks()
-    }
-}
-
-/// Starts a backend thread; if that fails, stops and joins the ones already started.
-fn spawn_or_stop(
-    shared: &ReaderState,
-    threads: &mut Vec<JoinHandle<()>>,
-    name: String,
-    f: impl FnOnce() + Send + 'static,
-) -> Result<(), ReadError> {
-    match std::thread::Builder::new().name(name).spawn(f) {
-        Ok(t) => {
-            threads.push(t);
-            Ok(())
-        }
-        Err(source) => {
-            shared.shut_down();
-            threads.drain(..).for_each(|t| {
-                let _ = t.join();
-            });
-            Err(ReadError::Setup {
-                what: "spawning a backend thread",
-                source,
-            })
-        }
     }
 }
 
@@ -806,7 +592,7 @@ mod tests {
     fn handles_and_completions_cross_threads() {
         fn send_sync<T: Send + Sync>() {}
         send_sync::<Reader>();
-        send_sync::<Completion>();
+        send_sync::<crate::completion::Completion>();
         send_sync::<ReadError>();
     }
 

@@ -1,118 +1,119 @@
-//! Caller-driven reads: a ring owned by the thread that submits and reaps, with no engine
-//! thread in between (the way fio and liburing programs drive io_uring).
+//! Caller-driven reads: the thread that owns a session submits and reaps, on a ring of its
+//! own (the way fio and liburing programs drive io_uring) or, on the pread backend, through
+//! the reader's pread workers, with the same queues, limits and completions.
 
 use std::collections::VecDeque;
-use std::ffi::CString;
-use std::io;
 use std::marker::PhantomData;
-use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use io_uring::types::{SubmitArgs, Timespec};
-use io_uring::{squeue, IoUring};
-use slab::Slab;
-
 use crate::completion::Completion;
 use crate::error::ReadError;
-use crate::job::{AfterRead, ChainNext, ChainOp, Job, Opened, Pending, SlotChain};
-use crate::pread;
+use crate::job::{Done, Job, Pending};
+use crate::pread::PreadPort;
 use crate::reader::{Reader, SessionParams};
+use crate::ring::Ring;
 use crate::state::ReaderState;
 use crate::types::{PathRead, ReadRequest};
-use crate::uring::{
-    build_session_ring, chain_user_data, close_fixed_sqe, decode_user_data, nofile_limit,
-    open_direct_sqe, push_entries, push_entry, read_sqe, register_pool, ReadTarget,
-};
 
-struct Ring {
-    ring: IoUring,
-    fixed_buffers: bool,
-    async_punt: bool,
-}
-
-static ENTER_ERROR_LOGGED: AtomicBool = AtomicBool::new(false);
-
-/// The slots of a session ring's fixed-file table that reads by path open their files
-/// into: one per path read in the ring, so at most `total` of them at once.
+/// Where a session's started reads go.
 #[derive(Debug)]
-struct PathSlots {
-    free: Vec<u32>,
-    total: usize,
+enum Driver {
+    /// Its own ring (io_uring).
+    Ring(Box<Ring>),
+    /// The reader's pread workers.
+    Pread(PreadPort),
 }
 
-impl PathSlots {
-    fn new(total: u32) -> PathSlots {
-        PathSlots {
-            free: (0..total).rev().collect(),
-            total: total as usize,
+impl Driver {
+    /// Reads in the kernel or at the workers.
+    fn in_flight(&self) -> usize {
+        match self {
+            Driver::Ring(ring) => ring.in_flight(),
+            Driver::Pread(port) => port.in_flight(),
         }
     }
 
-    fn take(&mut self) -> Option<u32> {
-        let slot = self.free.pop();
-        assert!(self.in_use() <= self.total);
-        slot
+    /// Operations there is room for now.
+    fn room(&self) -> usize {
+        match self {
+            Driver::Ring(ring) => ring.room(),
+            Driver::Pread(port) => port.room(),
+        }
     }
 
-    fn give(&mut self, slot: u32) {
-        assert!(
-            self.free.len() < self.total && (slot as usize) < self.total,
-            "slot {slot} returned twice or never taken"
-        );
-        debug_assert!(!self.free.contains(&slot));
-        self.free.push(slot);
+    /// Fixed-file slots free for reads by path (0 without them).
+    fn free_slots(&self) -> usize {
+        match self {
+            Driver::Ring(ring) => ring.free_slots(),
+            Driver::Pread(_) => 0,
+        }
     }
 
-    fn in_use(&self) -> usize {
-        self.total - self.free.len()
+    /// Operations `job` takes of the room once started.
+    fn ops_of(&self, job: &Job) -> usize {
+        match self {
+            Driver::Ring(ring) => ring.ops_of(job),
+            Driver::Pread(_) => 1,
+        }
+    }
+
+    fn start(&mut self, job: Job, finished: &mut Vec<Done>) {
+        match self {
+            Driver::Ring(ring) => ring.start(job, finished),
+            Driver::Pread(port) => port.start(job),
+        }
+    }
+
+    /// Hands what was started to the kernel (or finds what the workers finished), waiting,
+    /// with `want > 0`, for `want` completions or until `timeout`.
+    fn enter(
+        &mut self,
+        want: usize,
+        timeout: Option<Duration>,
+        finished: &mut Vec<Done>,
+    ) -> Result<(), ReadError> {
+        match self {
+            Driver::Ring(ring) => ring.enter(want, timeout, finished),
+            Driver::Pread(port) => {
+                port.reap(want, timeout, finished);
+                Ok(())
+            }
+        }
     }
 }
 
 /// A caller-driven view of a [`Reader`]: the thread that owns it submits reads and reaps
-/// their completions itself, on a ring of its own, so a read costs no thread hand-off.
-/// Page-cache hits are copied on this thread during [`Session::submit_batch`]; run one
-/// session per thread to use several cores.
+/// their completions itself. On io_uring it drives a ring of its own, so a read costs no
+/// thread hand-off and page-cache hits are copied on this thread during
+/// [`Session::submit_batch`]: run one session per thread to use several cores. On the pread
+/// backend it hands its reads to the reader's pread workers and reaps them in
+/// [`Session::wait`] and [`Session::poll`] just the same.
 ///
 /// A session shares the reader's classes, io_depth limits (a class's limit counts the
-/// reads of every session and of the reader's own engines together), files and buffer
-/// pool, and gives the same completions, errors and retries. Requests wait in the
-/// session's own FIFO queue per class until their class is below its io_depth; FIFO order
-/// holds within a session, not across sessions and the reader's own queues, which take
-/// freed depth in whatever order they ask for it.
-/// Completions come back from [`Session::wait`] and [`Session::poll`], not from
-/// [`Reader::completions`]. [`Reader::stats`] counts a session's reads in flight and
-/// completed in their classes, but not the requests waiting in a session's own queues.
+/// reads of every session together), files and buffer pool, and gives the same
+/// completions, errors and retries on both backends. Requests wait in the session's own
+/// FIFO queue per class until their class is below its io_depth; FIFO order holds within a
+/// session, not across sessions, which take freed depth in whatever order they ask for it.
+/// [`Reader::stats`] counts a session's reads in flight and completed in their classes, but
+/// not the requests waiting in a session's own queues.
 ///
 /// [`Session::submit_path`] reads a file named by path, opened for that read and closed
 /// after it, in the same queues and limits.
 ///
-/// On the pread backend a session reads with pread(2) on the calling thread inside
-/// `wait`/`poll`.
-///
 /// A session is tied to the thread that created it (the ring is set up for a single
 /// issuer), so it is neither `Send` nor `Sync`. Dropping it waits for its reads in the
-/// kernel; reads still queued in it are dropped without a completion.
+/// kernel (or at the workers) and gives back their io_depth; reads still queued in it are
+/// dropped without a completion.
 pub struct Session {
     // Fields drop in order: the ring (with the pool registered) before the pool's owners.
-    ring: Option<Ring>,
+    driver: Driver,
     /// Per class: requests not yet counted against the class's io_depth.
     queues: Vec<VecDeque<Job>>,
     queued: usize,
-    /// Reads in the kernel, keyed by user_data (less the bits of a chain's operation).
-    in_ring: Slab<Job>,
-    /// Operations in the kernel: one per read, up to three for a read by path.
-    ops_in_ring: usize,
-    /// Most operations in the kernel at once (the SQ size; the CQ is twice as large).
-    cap: usize,
-    /// Fixed-file slots for reads by path; `None`: they open on this thread.
-    path_slots: Option<PathSlots>,
-    /// A read by path links its close after its read (the SQ holds the three at once).
-    link_close: bool,
     cursor: usize,
     started: Vec<Job>,
-    finished: Vec<(Job, Result<(), ReadError>)>,
+    finished: Vec<Done>,
     queue_capacity: usize,
     shared: Arc<ReaderState>,
     reader: Reader,
@@ -122,21 +123,18 @@ pub struct Session {
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
-            .field("uring", &self.ring.is_some())
+            .field("driver", &self.driver)
             .field("queued", &self.queued)
-            .field("in_ring", &self.in_ring.len())
-            .field("ops_in_ring", &self.ops_in_ring)
-            .field("cap", &self.cap)
-            .field("path_slots", &self.path_slots())
-            .field("path_slots_in_use", &self.path_slots_in_use())
+            .field("in_flight", &self.driver.in_flight())
             .finish_non_exhaustive()
     }
 }
 
 impl Reader {
     /// A caller-driven session on this reader for the calling thread: its own ring (on
-    /// io_uring), sharing this reader's classes, io_depth limits, files and pool; see
-    /// [`Session`]. Fails if the ring cannot be set up (e.g. out of file descriptors).
+    /// io_uring) or a way to the reader's pread workers, sharing this reader's classes,
+    /// io_depth limits, files and pool; see [`Session`]. Fails if the ring cannot be set up
+    /// (e.g. out of file descriptors).
     pub fn session(&self) -> Result<Session, ReadError> {
         Session::new(self.clone(), self.session_params())
     }
@@ -145,49 +143,17 @@ impl Reader {
 impl Session {
     fn new(reader: Reader, params: SessionParams) -> Result<Session, ReadError> {
         let shared = reader.state().clone();
-        let mut path_slots = None;
-        let (ring, cap) = if params.uring {
-            let ring =
-                build_session_ring(params.ring_entries).map_err(|source| ReadError::Setup {
-                    what: "io_uring_setup for a session",
-                    source,
-                })?;
-            let fixed_buffers =
-                params.register_buffers && register_pool(&ring, &shared.pool).is_ok();
-            let cap = ring.params().sq_entries() as usize;
-            if params.direct_descriptors {
-                // As many slots as chains fit in the ring at once (see `ops_of`).
-                let slots = (cap / chain_ops(cap)) as u64;
-                let slots = slots.min(nofile_limit()) as u32;
-                match ring.submitter().register_files_sparse(slots) {
-                    Ok(()) if slots > 0 => path_slots = Some(PathSlots::new(slots)),
-                    Ok(()) => {}
-                    Err(e) => log::debug!(
-                        "lobster-uring: no fixed-file slots for path reads in a session ({e}); \
-                         they open on the calling thread"
-                    ),
-                }
-            }
-            let ring = Ring {
-                ring,
-                fixed_buffers,
-                async_punt: params.async_punt,
-            };
-            (Some(ring), cap)
-        } else {
-            (None, params.ring_entries as usize)
+        let cap = params.ring.ring_entries as usize;
+        let driver = match reader.pread_pool() {
+            Some(workers) => Driver::Pread(workers.port(cap)),
+            None => Driver::Ring(Box::new(Ring::new(params.ring, &shared.pool)?)),
         };
         Ok(Session {
             queues: (0..shared.classes()).map(|_| VecDeque::new()).collect(),
             reader,
             shared,
-            ring,
+            driver,
             queued: 0,
-            in_ring: Slab::with_capacity(cap),
-            ops_in_ring: 0,
-            cap,
-            path_slots,
-            link_close: chain_ops(cap) == 3,
             cursor: 0,
             started: Vec::with_capacity(cap),
             finished: Vec::with_capacity(cap),
@@ -203,25 +169,32 @@ impl Session {
 
     /// This session uses a ring with pool buffers registered (`READ_FIXED`).
     pub fn fixed_buffers(&self) -> bool {
-        self.ring.as_ref().is_some_and(|r| r.fixed_buffers)
+        matches!(&self.driver, Driver::Ring(ring) if ring.fixed_buffers())
     }
 
     /// Fixed-file slots this session's ring keeps for reads by path: at most this many
     /// such reads are in the kernel at once. 0 when reads by path open, read and close with
-    /// separate system calls on the calling thread (pread backend, no direct descriptors).
+    /// separate system calls (on the calling thread without direct descriptors, on the
+    /// workers on the pread backend).
     pub fn path_slots(&self) -> usize {
-        self.path_slots.as_ref().map_or(0, |p| p.total)
+        match &self.driver {
+            Driver::Ring(ring) => ring.path_slots(),
+            Driver::Pread(_) => 0,
+        }
     }
 
     /// Fixed-file slots held by reads by path in the kernel now.
     pub fn path_slots_in_use(&self) -> usize {
-        self.path_slots.as_ref().map_or(0, PathSlots::in_use)
+        match &self.driver {
+            Driver::Ring(ring) => ring.path_slots_in_use(),
+            Driver::Pread(_) => 0,
+        }
     }
 
     /// Requests submitted and not yet returned by `wait`/`poll` (queued, in flight, or
     /// done and not yet returned).
     pub fn pending(&self) -> usize {
-        self.queued + self.in_ring.len() + self.started.len() + self.finished.len()
+        self.queued + self.driver.in_flight() + self.started.len() + self.finished.len()
     }
 
     /// Queues one read and starts what the limits allow; see [`Session::submit_batch`].
@@ -267,7 +240,8 @@ impl Session {
     /// file; a read waits in its queue while all [`Session::path_slots`] are held, as it
     /// does over its class's io_depth. Otherwise the file is opened (openat, statx) on this
     /// thread when its read starts, read through its descriptor and closed when the read
-    /// ends. A zero-length read completes at once without opening the file.
+    /// ends. On the pread backend a worker opens, reads and closes the file. A zero-length
+    /// read completes at once without opening the file.
     pub fn submit_path_batch(&mut self, reqs: &[PathRead]) -> Result<usize, ReadError> {
         let pending = reqs
             .iter()
@@ -280,6 +254,7 @@ impl Session {
     /// into the submission queue, and reach the kernel with the next call of this session
     /// that enters it ([`Session::wait`], [`Session::wait_timeout`], [`Session::poll`], a
     /// submission). A caller that queues many reads between waits saves a system call each.
+    /// (On the pread backend a read the limits allow goes to the workers at once.)
     pub fn queue_path(&mut self, req: PathRead) -> Result<(), ReadError> {
         let pending = self.reader.check_path(&req)?;
         self.queue(vec![pending]).map(drop)
@@ -289,7 +264,7 @@ impl Session {
     /// allow, and hands them to the kernel; see [`Session::submit_batch`].
     fn queue_and_start(&mut self, pending: Vec<Pending>) -> Result<usize, ReadError> {
         let accepted = self.queue(pending);
-        self.enter(0)?;
+        self.enter(0, None)?;
         accepted
     }
 
@@ -308,9 +283,7 @@ impl Session {
                     refused = Some("buffer pool");
                     break;
                 }
-                None => self.shared.pool.acquire(p.read_len).expect(
-                    "the pool only closes when the reader drops, and this session holds it",
-                ),
+                None => self.shared.pool.acquire(p.read_len),
             };
             let class = p.class;
             self.queues[class].push_back(Job::new(p, buf));
@@ -336,23 +309,24 @@ impl Session {
             got += self.deliver(out);
             if got >= min || self.pending() == 0 {
                 // Reads started above still have to reach the kernel.
-                self.enter(0)?;
+                self.enter(0, None)?;
                 got += self.deliver(out);
                 return Ok(got);
             }
-            if self.in_ring.is_empty() {
+            let in_flight = self.driver.in_flight();
+            if in_flight == 0 {
                 let s = self.shared.lock();
                 let blocked = self
                     .queues
                     .iter()
                     .enumerate()
-                    .all(|(class, q)| q.is_empty() || !self.shared.class_has_room(&s, class));
+                    .all(|(class, q)| q.is_empty() || !s.has_room(class));
                 if blocked {
                     drop(self.shared.wait_for_depth(s));
                 }
                 continue;
             }
-            self.enter((min - got).min(self.in_ring.len()))?;
+            self.enter((min - got).min(in_flight), None)?;
         }
     }
 
@@ -371,39 +345,31 @@ impl Session {
             self.start_queued();
             got += self.deliver(out);
             let now = Instant::now();
-            if got >= min || self.pending() == 0 || now >= deadline || self.in_ring.is_empty() {
-                self.enter(0)?;
+            let in_flight = self.driver.in_flight();
+            if got >= min || self.pending() == 0 || now >= deadline || in_flight == 0 {
+                self.enter(0, None)?;
                 got += self.deliver(out);
                 return Ok(got);
             }
-            self.enter_with((min - got).min(self.in_ring.len()), Some(deadline - now))?;
+            self.enter((min - got).min(in_flight), Some(deadline - now))?;
         }
     }
 
     /// Appends every completion available now to `out` without waiting; returns how many.
     pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, ReadError> {
         self.start_queued();
-        self.enter(0)?;
+        self.enter(0, None)?;
         Ok(self.deliver(out))
     }
 
-    /// Operations `job` may have in the kernel at once once started.
-    fn ops_of(&self, job: &Job) -> usize {
-        if self.path_slots.is_some() && job.by_path() {
-            chain_ops(self.cap)
-        } else {
-            1
-        }
-    }
-
     /// Moves queued jobs whose class is below its io_depth into `started` (one lock round),
-    /// round robin over classes, as long as the ring has room for their operations and a
-    /// fixed-file slot is free for each read by path; then puts them into the SQ (or reads
-    /// them, on pread).
+    /// round robin over classes, as long as the driver has room for their operations and a
+    /// fixed-file slot is free for each read by path in a slot; then hands them to the
+    /// driver (the SQ, or the pread workers).
     fn start_queued(&mut self) {
-        let mut budget = self.cap.saturating_sub(self.ops_in_ring);
+        let mut budget = self.driver.room();
         if self.queued > 0 && budget > 0 {
-            let mut free_slots = self.path_slots.as_ref().map_or(0, |p| p.free.len());
+            let mut free_slots = self.driver.free_slots();
             let n = self.queues.len();
             let mut s = self.shared.lock();
             let mut progress = true;
@@ -414,7 +380,7 @@ impl Session {
                     let Some(job) = self.queues[c].front() else {
                         continue;
                     };
-                    let ops = self.ops_of(job);
+                    let ops = self.driver.ops_of(job);
                     let needs_slot = ops > 1 && !job.is_empty();
                     if ops > budget || (needs_slot && free_slots == 0) {
                         continue;
@@ -435,157 +401,18 @@ impl Session {
                 }
             }
         }
-        let mut started = std::mem::take(&mut self.started);
-        for mut job in started.drain(..) {
+        for job in self.started.drain(..) {
             if job.is_empty() {
                 self.finished.push((job, Ok(())));
-                continue;
+            } else {
+                self.driver.start(job, &mut self.finished);
             }
-            let Some(ring) = &self.ring else {
-                self.finished.push(pread::read(job));
-                continue;
-            };
-            if job.by_path() {
-                if let Some(slots) = &mut self.path_slots {
-                    let c_path = match c_path_of(&job) {
-                        Ok(c_path) => c_path,
-                        Err(e) => {
-                            self.finished.push((job, Err(e)));
-                            continue;
-                        }
-                    };
-                    let slot = slots.take().expect("a free slot was counted for this read");
-                    self.ops_in_ring +=
-                        start_chain(ring, &mut self.in_ring, job, slot, c_path, self.link_close);
-                    continue;
-                }
-                // No direct descriptors: open here, read through the descriptor.
-                if let Err(e) = job.open_here() {
-                    self.finished.push((job, Err(e)));
-                    continue;
-                }
-            }
-            let key = self.in_ring.insert(job);
-            push_read(ring, key, &mut self.in_ring[key]);
-            self.ops_in_ring += 1;
         }
-        self.started = started;
-        // The CQ (twice the SQ) can never overflow.
-        assert!(self.ring.is_none() || self.ops_in_ring <= self.cap);
     }
 
-    /// Submits what is in the SQ and, with `want > 0`, sleeps until the CQ holds `want`
-    /// entries; then folds every CQE into its job (resubmitting short reads and retries,
-    /// and the next operation of a read by path).
-    fn enter(&mut self, want: usize) -> Result<(), ReadError> {
-        self.enter_with(want, None)
-    }
-
-    /// Submits and waits for `want` completions, or until `timeout` passes.
-    fn enter_with(&mut self, want: usize, timeout: Option<Duration>) -> Result<(), ReadError> {
-        let Some(ring) = &self.ring else {
-            return Ok(());
-        };
-        let idle = want == 0 && {
-            // SAFETY: only this session's thread touches its ring.
-            let sq = unsafe { ring.ring.submission_shared() };
-            // TASKRUN: completions wait for an enter to be posted (DEFER_TASKRUN).
-            sq.is_empty() && !sq.taskrun()
-        };
-        if !idle {
-            let timespec = timeout.map(Timespec::from);
-            loop {
-                let entered = match (&timespec, want) {
-                    (Some(ts), 1..) => {
-                        let args = SubmitArgs::new().timespec(ts);
-                        match ring.ring.submitter().submit_with_args(want, &args) {
-                            // Timed out: whatever completed is reaped below.
-                            Err(e) if e.raw_os_error() == Some(libc::ETIME) => Ok(0),
-                            // No EXT_ARG (before Linux 5.11): submit, and a short nap
-                            // stands for the timed wait.
-                            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                                let submitted = ring.ring.submit();
-                                std::thread::sleep(ts_duration(timeout).min(NAP_WITHOUT_EXT_ARG));
-                                submitted
-                            }
-                            other => other,
-                        }
-                    }
-                    _ => ring.ring.submit_and_wait(want),
-                };
-                match entered {
-                    Ok(_) => break,
-                    Err(e)
-                        if matches!(
-                            e.raw_os_error(),
-                            Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
-                        ) =>
-                    {
-                        if want == 0 {
-                            break;
-                        }
-                        // EBUSY/EAGAIN: completions are pending to be reaped; reap them first.
-                        // SAFETY: only this session's thread touches its ring.
-                        if !unsafe { ring.ring.completion_shared() }.is_empty() {
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        if !ENTER_ERROR_LOGGED.swap(true, Ordering::Relaxed) {
-                            log::error!("lobster-uring: io_uring_enter failed in a session: {e}");
-                        }
-                        return Err(ReadError::Enter { source: e });
-                    }
-                }
-            }
-        }
-        // SAFETY: only this session's thread touches its ring.
-        let cq = unsafe { ring.ring.completion_shared() };
-        for cqe in cq {
-            self.ops_in_ring -= 1;
-            let (key, op) = decode_user_data(cqe.user_data());
-            let job = &mut self.in_ring[key];
-            if !matches!(job.opened, Opened::Slot(_)) {
-                match job.on_result(cqe.result()) {
-                    AfterRead::Again => {
-                        push_read(ring, key, job);
-                        self.ops_in_ring += 1;
-                    }
-                    AfterRead::Done(result) => {
-                        self.finished.push((self.in_ring.remove(key), result))
-                    }
-                }
-                continue;
-            }
-            match job.on_chain_result(op, cqe.result()) {
-                ChainNext::Wait => {}
-                ChainNext::Read => {
-                    push_chain_op(ring, key, job, ChainOp::Read);
-                    self.ops_in_ring += 1;
-                }
-                ChainNext::Close => {
-                    push_chain_op(ring, key, job, ChainOp::Close);
-                    self.ops_in_ring += 1;
-                }
-                ChainNext::Done(result) => {
-                    let job = self.in_ring.remove(key);
-                    let Opened::Slot(chain) = &job.opened else {
-                        unreachable!()
-                    };
-                    if chain.close_failed() {
-                        // What the slot holds is unknown: empty it before it is used again.
-                        let _ = ring
-                            .ring
-                            .submitter()
-                            .register_files_update(chain.slot, &[-1]);
-                    }
-                    let slots = self.path_slots.as_mut().expect("chains run in slots");
-                    slots.give(chain.slot);
-                    self.finished.push((job, result));
-                }
-            }
-        }
-        Ok(())
+    /// [`Driver::enter`] into this session's list of finished jobs.
+    fn enter(&mut self, want: usize, timeout: Option<Duration>) -> Result<(), ReadError> {
+        self.driver.enter(want, timeout, &mut self.finished)
     }
 
     /// Stops counting finished jobs against their classes (one lock round) and appends
@@ -594,14 +421,12 @@ impl Session {
         if self.finished.is_empty() {
             return 0;
         }
-        let wake = {
+        {
             let mut s = self.shared.lock();
             for (job, _) in &self.finished {
                 self.shared.finish(&mut s, job);
             }
-            self.shared.wake_for_freed_depth(&mut s)
-        };
-        self.shared.wake(wake);
+        }
         let n = self.finished.len();
         out.extend(
             self.finished
@@ -612,138 +437,17 @@ impl Session {
     }
 }
 
-/// Operations a read by path in a slot has in a ring of `cap` SQ entries at once: open,
-/// read and close linked, or, when the SQ cannot hold three, open and read (the close goes
-/// in after them).
-fn chain_ops(cap: usize) -> usize {
-    if cap >= 3 {
-        3
-    } else {
-        2
-    }
-}
-
-/// Puts the SQE of `job`'s next chunk into the SQ, submitting first if it is full.
-fn push_read(ring: &Ring, key: usize, job: &mut Job) {
-    // A session reads through plain descriptors: its fixed-file table, if any, holds only
-    // the files of reads by path.
-    let fd = job
-        .fd()
-        .expect("a reader's file, or a path read opened on this thread");
-    let entry = read_sqe(
-        key as u64,
-        job,
-        ReadTarget::Fd(fd),
-        ring.fixed_buffers,
-        ring.async_punt,
-    );
-    // SAFETY: only this session's thread touches its ring, and the job (and its buffer)
-    // stays in the session's slab until its completion is reaped; Drop waits for every read
-    // in the ring.
-    unsafe { push_entry(&ring.ring, &entry) }
-}
-
-/// The path of a read by path as the kernel takes it: its name in its held directory, or its
-/// whole path.
-fn c_path_of(job: &Job) -> Result<CString, ReadError> {
-    let (_, walked) = job.source.open_at();
-    CString::new(walked.as_os_str().as_bytes()).map_err(|_| ReadError::Open {
-        path: job.source.path().to_path_buf(),
-        source: io::Error::new(io::ErrorKind::InvalidInput, "the path holds a NUL byte"),
-    })
-}
-
-/// Opens `job`'s file into fixed slot `slot`, linked to its first read and (with
-/// `link_close`, when that read is the whole job) to the close of the slot, all in one SQ
-/// batch. Returns how many operations went into the ring.
-fn start_chain(
-    ring: &Ring,
-    in_ring: &mut Slab<Job>,
-    mut job: Job,
-    slot: u32,
-    c_path: CString,
-    link_close: bool,
-) -> usize {
-    let with_close = link_close && job.single_chunk();
-    job.opened = Opened::Slot(SlotChain::new(slot, c_path));
-    let key = in_ring.insert(job);
-    let job = &mut in_ring[key];
-    let direct = job.source_is_direct();
-    let Opened::Slot(chain) = &job.opened else {
-        unreachable!()
-    };
-    let (dir, _) = job.source.open_at();
-    let open = open_direct_sqe(
-        chain_user_data(key, ChainOp::Open),
-        dir,
-        &chain.c_path,
-        direct,
-        slot,
-    )
-    .flags(squeue::Flags::IO_LINK);
-    let read = read_sqe(
-        chain_user_data(key, ChainOp::Read),
-        job,
-        ReadTarget::Fixed(slot),
-        ring.fixed_buffers,
-        ring.async_punt,
-    );
-    let ops = if with_close {
-        let read = read.flags(squeue::Flags::IO_LINK);
-        let close = close_fixed_sqe(chain_user_data(key, ChainOp::Close), slot);
-        // SAFETY: only this session's thread touches its ring; the job (its path, its
-        // buffer) stays in the slab until every operation's completion is reaped, and Drop
-        // waits for them.
-        unsafe { push_entries(&ring.ring, &[open, read, close]) };
-        3
-    } else {
-        // SAFETY: as above.
-        unsafe { push_entries(&ring.ring, &[open, read]) };
-        2
-    };
-    let Opened::Slot(chain) = &mut job.opened else {
-        unreachable!()
-    };
-    chain.pushed(ops, with_close);
-    ops
-}
-
-/// Puts the next read or the close of a read by path into the SQ.
-fn push_chain_op(ring: &Ring, key: usize, job: &mut Job, op: ChainOp) {
-    let Opened::Slot(chain) = &job.opened else {
-        unreachable!("chain operations are for reads by path in a slot")
-    };
-    let slot = chain.slot;
-    let entry = match op {
-        ChainOp::Close => close_fixed_sqe(chain_user_data(key, op), slot),
-        _ => read_sqe(
-            chain_user_data(key, ChainOp::Read),
-            job,
-            ReadTarget::Fixed(slot),
-            ring.fixed_buffers,
-            ring.async_punt,
-        ),
-    };
-    // SAFETY: as in `push_read`.
-    unsafe { push_entry(&ring.ring, &entry) }
-    let Opened::Slot(chain) = &mut job.opened else {
-        unreachable!()
-    };
-    chain.pushed(1, op == ChainOp::Close);
-}
-
 impl Drop for Session {
-    /// Waits for the reads in the kernel (their buffers must outlive them), releases their
-    /// io_depth, and drops the reads still queued.
+    /// Waits for the reads in the kernel or at the workers (their buffers must outlive the
+    /// kernel's writes), releases their io_depth, and drops the reads still queued.
     fn drop(&mut self) {
         self.queues.iter_mut().for_each(VecDeque::clear);
         self.queued = 0;
         let mut sink = Vec::new();
-        while !self.in_ring.is_empty() {
-            if self.enter(1).is_err() {
-                // The kernel may still write these buffers: never return them to the pool.
-                for job in self.in_ring.drain() {
-                    std::mem::forget(job);
+        while self.driver.in_flight() > 0 {
+            if self.enter(1, None).is_err() {
+                if let Driver::Ring(ring) = &mut self.driver {
+                    ring.abandon();
                 }
                 break;
             }
@@ -752,13 +456,6 @@ impl Drop for Session {
         }
         self.deliver(&mut sink);
     }
-}
-
-/// How long a timed wait naps where the kernel cannot time an enter.
-const NAP_WITHOUT_EXT_ARG: Duration = Duration::from_micros(200);
-
-fn ts_duration(timeout: Option<Duration>) -> Duration {
-    timeout.unwrap_or(Duration::ZERO)
 }
 
 #[cfg(test)]
@@ -785,7 +482,7 @@ mod tests {
     /// read through the descriptor in the ring, close when the read is over.
     #[test]
     fn without_direct_descriptors_reads_by_path_open_on_the_calling_thread() {
-        let reader = match Reader::builder().backend(Backend::Uring).rings(0).build() {
+        let reader = match Reader::builder().backend(Backend::Uring).build() {
             Ok(reader) => reader,
             Err(e) => {
                 eprintln!("io_uring unavailable, fallback test skipped: {e}");
@@ -804,13 +501,11 @@ mod tests {
             reqs.push(path_read(&path, i % 2 == 1, i * 1000, 20_000, i));
         }
         reqs.push(path_read(&missing, false, 0, 10, 99));
-        let params = SessionParams {
-            direct_descriptors: false,
-            ring_entries: 4,
-            ..reader.session_params()
-        };
+        let mut params = reader.session_params();
+        params.ring.direct_descriptors = false;
+        params.ring.ring_entries = 4;
         let mut session = Session::new(reader.clone(), params).unwrap();
-        assert!(session.ring.is_some());
+        assert!(matches!(session.driver, Driver::Ring(_)));
         assert_eq!(session.path_slots(), 0);
         let mut rest = &reqs[..];
         let mut out = Vec::new();

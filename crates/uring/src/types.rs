@@ -66,7 +66,8 @@ pub struct PathRead {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum IoEventKind {
-    /// The read was taken from its class queue and is about to be handed to the kernel.
+    /// The read left its session's class queue and is about to be handed to the kernel (or
+    /// to a pread worker).
     Issued,
     /// The kernel finished the read (all its chunks and retries).
     Finished,
@@ -86,8 +87,9 @@ pub struct IoEvent {
 
 /// A hook called for every read that starts counting against its class's io_depth
 /// (`Issued`, before any part of it reaches the kernel) and stops counting (`Finished`, after
-/// its last part left the kernel). Called under the class-queue lock, so the events of all
-/// threads are seen in one order consistent with the limits; keep it cheap.
+/// its last part left the kernel and its session reaped it). Called under the lock of the
+/// classes' accounting, so the events of all sessions are seen in one order consistent with
+/// the limits; keep it cheap.
 pub type Observer = Arc<dyn Fn(IoEvent) + Send + Sync>;
 
 /// Per-class counters, see [`crate::Reader::stats`].
@@ -96,9 +98,8 @@ pub type Observer = Arc<dyn Fn(IoEvent) + Send + Sync>;
 pub struct ClassStats {
     /// The current io_depth limit.
     pub io_depth: usize,
-    /// Requests waiting in the class queue.
-    pub queued: usize,
-    /// Reads in the kernel (or in a pread worker) now.
+    /// Reads in the kernel (or at the pread workers) now; requests waiting in sessions'
+    /// queues are not counted (see [`crate::Session::pending`]).
     pub in_flight: usize,
     /// Most reads in flight at once since the reader started or `reset_peaks`.
     pub peak_in_flight: usize,
@@ -118,6 +119,9 @@ pub struct ReaderStats {
     pub pool_largest_free_bytes: usize,
     /// The pool's budget ([`crate::ReaderConfig::pool_bytes`] rounded up to a page).
     pub pool_budget_bytes: usize,
+    /// Sessions waiting for a block (with no read pending, a session waits for pool
+    /// memory; they are served in the order they came).
+    pub pool_waiters: usize,
     /// Files open on the reader.
     pub files_open: usize,
 }

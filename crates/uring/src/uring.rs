@@ -1,59 +1,19 @@
-//! The io_uring backend: one engine thread per ring.
+//! What sessions' rings are built from: the probe of the kernel when a reader is built, ring
+//! setup, buffer registration, and the SQEs of reads and of the open, read, close chains of
+//! reads by path.
 
 use std::ffi::CStr;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::os::fd::RawFd;
 
 use io_uring::{opcode, squeue, types, IoUring, Probe};
-use slab::Slab;
 
-use crate::error::ReadError;
-use crate::files::FixedTable;
-use crate::job::{AfterRead, ChainOp, Job, Source};
+use crate::file_ref::open_files_limit;
+use crate::job::{ChainOp, Job};
 use crate::pool::Pool;
-use crate::state::ReaderState;
 
-/// user_data of the eventfd read each engine keeps in its ring.
-const WAKE_KEY: u64 = u64::MAX;
 /// Largest buffer the kernel registers (one iovec of at most 1 GiB).
 const MAX_REGISTERED_BYTES: usize = 1 << 30;
-
-/// Rings that were set up, and what could be registered with them.
-pub(crate) struct UringSetup {
-    pub(crate) rings: Vec<Arc<IoUring>>,
-    pub(crate) wakers: Vec<OwnedFd>,
-    /// Reads a ring may have in the kernel at once (its SQ size minus the eventfd read;
-    /// the CQ is twice the SQ, so completions can never overflow).
-    pub(crate) cap: usize,
-    pub(crate) fixed_buffers: bool,
-    pub(crate) fixed: Option<Arc<FixedTable>>,
-    /// Sessions can read by path through direct descriptors; `Err` says why not.
-    pub(crate) direct_descriptors: Result<(), String>,
-    pub(crate) notes: Vec<String>,
-}
-
-/// Why a ring could not be set up.
-pub(crate) struct SetupError {
-    pub(crate) what: &'static str,
-    pub(crate) source: io::Error,
-}
-
-fn build_ring(entries: u32) -> io::Result<IoUring> {
-    // COOP_TASKRUN (5.19) avoids interrupting the engine for task work; older kernels
-    // reject the flag with EINVAL, then we go without it.
-    match IoUring::builder()
-        .setup_cqsize(entries * 2)
-        .setup_coop_taskrun()
-        .build(entries)
-    {
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            IoUring::builder().setup_cqsize(entries * 2).build(entries)
-        }
-        other => other,
-    }
-}
 
 /// A ring for a session: used only by the thread that created it, so it asks for
 /// SINGLE_ISSUER and DEFER_TASKRUN (6.1: completions are posted when that thread enters the
@@ -86,7 +46,7 @@ pub(crate) fn build_session_ring(entries: u32) -> io::Result<IoUring> {
 
 /// Registers `pool` with `ring` if RLIMIT_MEMLOCK leaves room for it; `Err` says why not.
 pub(crate) fn register_pool(ring: &IoUring, pool: &Pool) -> Result<(), String> {
-    if let Some(why) = registration_refused(pool, 1) {
+    if let Some(why) = registration_refused(pool) {
         return Err(why);
     }
     // SAFETY: the iovec describes the pool's mapping (buffer 0, the whole pool); the caller
@@ -94,9 +54,9 @@ pub(crate) fn register_pool(ring: &IoUring, pool: &Pool) -> Result<(), String> {
     unsafe { ring.submitter().register_buffers(&[pool.iovec()]) }.map_err(|e| e.to_string())
 }
 
-/// Why `pool` cannot be registered as one buffer with each of `rings` rings, if it cannot.
-fn registration_refused(pool: &Pool, rings: usize) -> Option<String> {
-    let need = pool.budget_bytes() as u64 * rings as u64;
+/// Why `pool` cannot be registered as one buffer with a ring, if it cannot.
+fn registration_refused(pool: &Pool) -> Option<String> {
+    let need = pool.budget_bytes() as u64;
     if pool.budget_bytes() > MAX_REGISTERED_BYTES {
         return Some(format!(
             "the pool's {} bytes exceed the kernel's 1 GiB per buffer",
@@ -123,40 +83,41 @@ fn memlock_limit_bytes() -> Option<u64> {
     (lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
 }
 
+/// The soft limit on open descriptors, which bounds the slots a ring's file table may have.
 pub(crate) fn nofile_limit() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: lim is a valid rlimit to write into.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return 0;
-    }
-    lim.rlim_cur
+    open_files_limit().unwrap_or(u64::MAX)
 }
 
-pub(crate) struct SetupParams {
-    pub(crate) rings: usize,
-    pub(crate) ring_entries: u32,
-    pub(crate) register_buffers: bool,
-    pub(crate) fixed_files: u32,
+/// What the reader needs to know of this kernel's io_uring, probed on a ring of its own.
+pub(crate) struct UringProbe {
+    /// Reads a session's ring may have in the kernel at once (its SQ size; its CQ is twice
+    /// as large, so completions can never overflow).
+    pub(crate) cap: usize,
+    /// Sessions may register the pool with their rings (`Err`: why not).
+    pub(crate) fixed_buffers: Result<(), String>,
+    /// Sessions can read by path through direct descriptors (`Err`: why not).
+    pub(crate) direct_descriptors: Result<(), String>,
 }
 
-/// Sets up `rings` rings, probes the read opcode, and registers buffers and a fixed-file
-/// table where the kernel and the limits allow.
-pub(crate) fn setup(params: &SetupParams, pool: &Pool) -> Result<UringSetup, SetupError> {
-    let mut rings = Vec::with_capacity(params.rings.max(1));
-    // With 0 rings (sessions only) one ring is still built, to probe the kernel.
-    for _ in 0..params.rings.max(1) {
-        let ring = build_ring(params.ring_entries).map_err(|source| SetupError {
-            what: "io_uring_setup",
-            source,
-        })?;
-        rings.push(Arc::new(ring));
-    }
+/// Why io_uring could not be set up.
+pub(crate) struct SetupError {
+    pub(crate) what: &'static str,
+    pub(crate) source: io::Error,
+}
+
+/// Sets up a ring as a session would, probes the read opcodes and direct descriptors, and
+/// says whether `pool` may be registered (when `register_buffers`).
+pub(crate) fn probe(
+    ring_entries: u32,
+    register_buffers: bool,
+    pool: &Pool,
+) -> Result<UringProbe, SetupError> {
+    let ring = build_session_ring(ring_entries).map_err(|source| SetupError {
+        what: "io_uring_setup",
+        source,
+    })?;
     let mut probe = Probe::new();
-    rings[0]
-        .submitter()
+    ring.submitter()
         .register_probe(&mut probe)
         .map_err(|source| SetupError {
             what: "probing opcodes",
@@ -168,95 +129,17 @@ pub(crate) fn setup(params: &SetupParams, pool: &Pool) -> Result<UringSetup, Set
             source: io::Error::new(io::ErrorKind::Unsupported, "IORING_OP_READ not supported"),
         });
     }
-    let direct_descriptors = probe_direct_descriptors(&probe);
-    let mut wakers = Vec::with_capacity(params.rings);
-    for _ in 0..params.rings {
-        // Blocking: io_uring answers reads of an O_NONBLOCK file with EAGAIN instead of
-        // waiting. SAFETY: eventfd has no memory preconditions.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(SetupError {
-                what: "eventfd",
-                source: io::Error::last_os_error(),
-            });
-        }
-        // SAFETY: fd is a fresh descriptor owned by nobody else.
-        wakers.push(unsafe { OwnedFd::from_raw_fd(fd) });
-    }
-    let sq_entries = rings[0].params().sq_entries() as usize;
-    let cq_entries = rings[0].params().cq_entries() as usize;
-    let cap = sq_entries.min(cq_entries) - 1;
-    rings.truncate(params.rings);
-    wakers.truncate(params.rings);
-    let mut notes = Vec::new();
-
-    let mut fixed_buffers = false;
-    if params.register_buffers && params.rings > 0 {
-        match registration_refused(pool, params.rings) {
-            Some(why) => notes.push(format!("buffers not registered: {why}")),
-            None => {
-                // The whole pool as buffer 0: READ_FIXED may target any range inside it.
-                let iovecs = [pool.iovec()];
-                let mut registered = 0;
-                for ring in &rings {
-                    // SAFETY: the iovecs describe the pool's mapping, which outlives every
-                    // ring: each engine holds the Pool until its ring is dropped, and the
-                    // rings are only used by engines.
-                    match unsafe { ring.submitter().register_buffers(&iovecs) } {
-                        Ok(()) => registered += 1,
-                        Err(e) => {
-                            notes.push(format!("buffers not registered: {e}"));
-                            break;
-                        }
-                    }
-                }
-                fixed_buffers = registered == rings.len();
-                if !fixed_buffers {
-                    for ring in &rings[..registered] {
-                        let _ = ring.submitter().unregister_buffers();
-                    }
-                }
-            }
-        }
-    }
-
-    let slots = u64::from(params.fixed_files).min(nofile_limit()) as u32;
-    let fixed = if slots == 0 || rings.is_empty() {
-        None
-    } else {
-        match FixedTable::new(rings.clone(), slots) {
-            Ok(t) => Some(Arc::new(t)),
-            Err(e) => {
-                for ring in &rings {
-                    let _ = ring.submitter().unregister_files();
-                }
-                notes.push(format!("no fixed files: {e}"));
-                None
-            }
-        }
+    let fixed_buffers = match registration_refused(pool) {
+        _ if !register_buffers => Err("ReaderConfig::register_buffers is off".into()),
+        Some(why) => Err(why),
+        None => Ok(()),
     };
-    Ok(UringSetup {
-        rings,
-        wakers,
-        cap,
+    Ok(UringProbe {
+        cap: ring.params().sq_entries() as usize,
         fixed_buffers,
-        fixed,
-        direct_descriptors,
-        notes,
+        direct_descriptors: probe_direct_descriptors(&probe),
     })
 }
-
-/// One ring and the reads it has in the kernel.
-pub(crate) struct Engine {
-    pub(crate) id: usize,
-    pub(crate) ring: Arc<IoUring>,
-    pub(crate) shared: Arc<ReaderState>,
-    pub(crate) cap: usize,
-    pub(crate) fixed_buffers: bool,
-    pub(crate) async_punt: bool,
-}
-
-static SUBMIT_ERROR_LOGGED: AtomicBool = AtomicBool::new(false);
 
 /// Pushes `entry` into `ring`'s SQ, submitting first whenever the SQ is full.
 ///
@@ -451,157 +334,5 @@ pub(crate) fn probe_direct_descriptors(probe: &Probe) -> Result<(), String> {
             "an open of /dev/null into a fixed slot returned {open:?}, the linked read of the \
              slot {read:?}, its close {close:?}"
         )),
-    }
-}
-
-impl Engine {
-    fn read_sqe(&self, key: usize, job: &mut Job) -> squeue::Entry {
-        // Engines serve `Reader::submit`, which names only the reader's own files.
-        let Source::File(file) = &job.source else {
-            unreachable!("engines only read files opened on the reader")
-        };
-        let target = match &file.fixed {
-            Some(slot) => ReadTarget::Fixed(slot.index),
-            None => ReadTarget::Fd(file.raw_fd()),
-        };
-        read_sqe(key as u64, job, target, self.fixed_buffers, self.async_punt)
-    }
-
-    /// Pushes entries, submitting first whenever the SQ is full.
-    fn push(&self, entry: &squeue::Entry) {
-        // SAFETY: only this engine thread touches this ring's SQ and CQ, and the entry's
-        // buffers (job buffers, the wake buffer) stay valid until its completion is reaped:
-        // the engine owns them until then.
-        unsafe { push_entry(&self.ring, entry) }
-    }
-
-    pub(crate) fn run(self) {
-        let shared = self.shared.clone();
-        let mut jobs: Slab<Job> = Slab::with_capacity(self.cap);
-        let mut taken: Vec<Job> = Vec::with_capacity(self.cap);
-        let mut to_issue: Vec<usize> = Vec::with_capacity(self.cap);
-        let mut finished: Vec<(Job, Result<(), ReadError>)> = Vec::new();
-        let mut wake_buf = Box::new(0u64);
-        let mut wake_armed = false;
-        let mut wake_kicked = false;
-        let wake_fd = shared.wakers[self.id].as_raw_fd();
-        loop {
-            let mut cancelled = Vec::new();
-            let shutdown;
-            {
-                let mut s = shared.lock();
-                s.parked[self.id] = false;
-                shutdown = s.shutdown;
-                if shutdown {
-                    cancelled = s.drain_queued();
-                } else {
-                    // With several rings, take a fair share so that page-cache copies (done
-                    // inline by whoever submits) spread over the engine threads.
-                    let engines = shared.wakers.len();
-                    let share = if engines > 1 {
-                        s.queued().div_ceil(engines).max(1)
-                    } else {
-                        usize::MAX
-                    };
-                    let mut out_of_work = false;
-                    while jobs.len() + taken.len() < self.cap && taken.len() < share {
-                        match shared.take_next(&mut s) {
-                            Some(job) => taken.push(job),
-                            None => {
-                                out_of_work = true;
-                                break;
-                            }
-                        }
-                    }
-                    // No work left and room in the ring: submitters must wake us for more.
-                    s.parked[self.id] = out_of_work;
-                    if !taken.is_empty() {
-                        shared.room_made(&s);
-                    }
-                }
-            }
-            for job in cancelled {
-                shared.deliver(job.cancel());
-            }
-            for job in taken.drain(..) {
-                if job.is_empty() {
-                    finished.push((job, Ok(())));
-                } else {
-                    to_issue.push(jobs.insert(job));
-                }
-            }
-            for key in to_issue.drain(..) {
-                let job = &mut jobs[key];
-                let entry = self.read_sqe(key, job);
-                self.push(&entry);
-            }
-            if !finished.is_empty() {
-                self.finish(&mut finished);
-                continue;
-            }
-            if shutdown && jobs.is_empty() {
-                if !wake_armed {
-                    break;
-                }
-                if !wake_kicked {
-                    // Complete our own eventfd read so nothing of ours is left in the ring.
-                    shared.kick(self.id);
-                    wake_kicked = true;
-                }
-            }
-            if !wake_armed && !shutdown {
-                let entry =
-                    opcode::Read::new(types::Fd(wake_fd), (&mut *wake_buf as *mut u64).cast(), 8)
-                        .build()
-                        .user_data(WAKE_KEY);
-                self.push(&entry);
-                wake_armed = true;
-            }
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
-                    ) => {}
-                Err(e) => {
-                    if !SUBMIT_ERROR_LOGGED.swap(true, Ordering::Relaxed) {
-                        log::error!("lobster-uring: io_uring_enter failed: {e}; retrying");
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
-            }
-            // SAFETY: only this engine thread touches this ring's SQ and CQ.
-            let cq = unsafe { self.ring.completion_shared() };
-            for cqe in cq {
-                let key = cqe.user_data();
-                if key == WAKE_KEY {
-                    wake_armed = false;
-                    continue;
-                }
-                let key = key as usize;
-                let job = &mut jobs[key];
-                match job.on_result(cqe.result()) {
-                    AfterRead::Again => to_issue.push(key),
-                    AfterRead::Done(result) => finished.push((jobs.remove(key), result)),
-                }
-            }
-            self.finish(&mut finished);
-        }
-    }
-
-    fn finish(&self, finished: &mut Vec<(Job, Result<(), ReadError>)>) {
-        if finished.is_empty() {
-            return;
-        }
-        {
-            let mut s = self.shared.lock();
-            for (job, _) in finished.iter() {
-                self.shared.finish(&mut s, job);
-            }
-        }
-        for (job, result) in finished.drain(..) {
-            self.shared.deliver(job.complete(result));
-        }
     }
 }

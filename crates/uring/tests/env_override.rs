@@ -16,7 +16,8 @@ fn lobster_io_pread_selects_the_pread_backend_for_auto_only() {
     let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("env-override");
     std::fs::write(&path, b"0123456789").unwrap();
     let file = reader.open(&path, OpenOptions::default()).unwrap();
-    reader
+    let mut session = reader.session().unwrap();
+    session
         .submit(ReadRequest {
             file,
             offset: 3,
@@ -25,10 +26,9 @@ fn lobster_io_pread_selects_the_pread_backend_for_auto_only() {
             tag: 1,
         })
         .unwrap();
-    assert_eq!(
-        &reader.completions().recv().unwrap().result.unwrap()[..],
-        b"3456"
-    );
+    let mut done = Vec::new();
+    session.wait(1, &mut done).unwrap();
+    assert_eq!(&done.pop().unwrap().result.unwrap()[..], b"3456");
 
     // An explicit backend wins over the environment, wherever the kernel lets a ring be set up.
     if let Err(why) = probe_io_uring() {

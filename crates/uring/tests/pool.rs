@@ -1,14 +1,15 @@
-//! The byte-budget buffer pool seen through the reader, every test run against both backends.
+//! The byte-budget buffer pool seen through sessions, every test run against both backends.
 
 use std::sync::{Arc, Mutex};
 
 use lobster_uring::{
-    ActiveBackend, Backend, IoEvent, IoEventKind, OpenOptions, ReadError, ReadRequest, Reader,
+    ActiveBackend, Backend, Completion, IoEvent, IoEventKind, OpenOptions, PathRead, ReadError,
+    ReadRequest, Reader,
 };
 
 mod common;
 
-use common::{backends, builder, make_file, seeded_rng, test_dir};
+use common::{backends, builder, make_file, read_one, req, seeded_rng, test_dir, wait_all};
 use rand::Rng;
 
 fn memlock_limit_bytes() -> u64 {
@@ -27,14 +28,13 @@ fn memlock_limit_bytes() -> u64 {
 const MAX_READ: usize = 300_000;
 
 /// Many reads of random sizes up to the largest accepted, through a pool far smaller than
-/// what they ask for together: submit never waits for memory, every byte matches std::fs, and
-/// every block comes back and coalesces.
+/// what they ask for together: a session takes what the pool holds, every byte matches
+/// std::fs, and every block comes back and coalesces.
 #[test]
 fn reads_of_random_sizes_up_to_max_read_bytes_match_std_fs() {
     let dir = test_dir();
     let size = 4 << 20;
     let (path, data) = make_file(dir.path(), "sizes", size, 1);
-    let data = Arc::new(data);
     for backend in backends() {
         for direct in [false, true] {
             // Four largest blocks (512 KiB each): a few large reads fill it.
@@ -44,12 +44,12 @@ fn reads_of_random_sizes_up_to_max_read_bytes_match_std_fs() {
                 .max_read_bytes(MAX_READ)
                 .build()
                 .unwrap();
+            let mut session = reader.session().unwrap();
             if backend == Backend::Uring {
                 assert_eq!(reader.backend().active, ActiveBackend::Uring);
-                let need = (reader.stats().pool_budget_bytes * reader.backend().threads) as u64;
-                if need <= memlock_limit_bytes() {
+                if reader.stats().pool_budget_bytes as u64 <= memlock_limit_bytes() {
                     assert!(
-                        reader.backend().fixed_buffers,
+                        reader.backend().fixed_buffers && session.fixed_buffers(),
                         "the pool fits RLIMIT_MEMLOCK but is not registered: {:?}",
                         reader.backend()
                     );
@@ -67,40 +67,49 @@ fn reads_of_random_sizes_up_to_max_read_bytes_match_std_fs() {
                         _ => 1 + rng.gen_range(0..max as u64) as usize,
                     };
                     let offset = rng.gen_range(0..(size - len) as u64);
-                    ReadRequest {
+                    req(
                         file,
                         offset,
                         len,
-                        class: (tag % 2) as usize,
-                        tag: offset << 20 | len as u64,
-                    }
+                        (tag % 2) as usize,
+                        offset << 20 | len as u64,
+                    )
                 })
                 .collect();
-            let rx = reader.completions();
-            let check = {
-                let data = data.clone();
-                std::thread::spawn(move || {
-                    for _ in 0..total {
-                        let c = rx.recv().unwrap();
-                        let (offset, len) = ((c.tag >> 20) as usize, (c.tag & 0xf_ffff) as usize);
-                        let bytes = c.result.unwrap();
-                        assert!(
-                            bytes[..] == data[offset..offset + len],
-                            "{backend:?} direct={direct}: bytes differ at {offset}+{len}"
-                        );
-                    }
-                })
-            };
-            // Submitted from this thread without waiting for completions: reads that find no
-            // block wait in the reader, so this loop finishes whatever the pool holds.
-            for (i, req) in reqs.iter().enumerate() {
-                if i % 3 == 0 {
-                    reader.submit_batch(std::slice::from_ref(req)).unwrap();
-                } else {
-                    reader.submit(*req).unwrap();
+            let check = |done: &mut Vec<Completion>| {
+                for c in done.drain(..) {
+                    let (offset, len) = ((c.tag >> 20) as usize, (c.tag & 0xf_ffff) as usize);
+                    let bytes = c.result.unwrap();
+                    assert!(
+                        bytes[..] == data[offset..offset + len],
+                        "{backend:?} direct={direct}: bytes differ at {offset}+{len}"
+                    );
                 }
+            };
+            // As many as the pool takes at once, the rest after completions give blocks back.
+            let mut rest = &reqs[..];
+            let mut done = Vec::new();
+            let mut pool_full = 0;
+            while !rest.is_empty() {
+                match session.submit_batch(rest) {
+                    Ok(n) => {
+                        pool_full += usize::from(n < rest.len());
+                        rest = &rest[n..];
+                    }
+                    Err(ReadError::WouldBlock {
+                        bound: "buffer pool",
+                    }) => pool_full += 1,
+                    Err(e) => panic!("{e}"),
+                }
+                session.wait(1, &mut done).unwrap();
+                check(&mut done);
             }
-            check.join().unwrap();
+            wait_all(&mut session, &mut done);
+            check(&mut done);
+            assert!(
+                pool_full > 0,
+                "the pool never ran out: the test proves nothing"
+            );
             let stats = reader.stats();
             assert_eq!(stats.pool_free_bytes, stats.pool_budget_bytes);
             assert_eq!(stats.pool_largest_free_bytes, 512 << 10);
@@ -119,14 +128,9 @@ fn a_read_over_max_read_bytes_is_refused_naming_the_parameter() {
                 .pool_bytes(65536)
                 .build()
                 .unwrap();
+            let mut session = reader.session().unwrap();
             let file = reader.open(&path, OpenOptions { direct }).unwrap();
-            let over = ReadRequest {
-                file,
-                offset: 0,
-                len: 65537,
-                class: 0,
-                tag: 0,
-            };
+            let over = req(file, 0, 65537, 0, 0);
             // O_DIRECT widens an unaligned read of exactly the maximum past it.
             let widened = ReadRequest {
                 offset: 100,
@@ -134,30 +138,105 @@ fn a_read_over_max_read_bytes_is_refused_naming_the_parameter() {
                 ..over
             };
             let cases: &[ReadRequest] = if direct { &[over, widened] } else { &[over] };
-            for req in cases {
+            for r in cases {
+                let by_path = PathRead {
+                    path: path.as_path().into(),
+                    dir: None,
+                    direct,
+                    offset: r.offset,
+                    len: r.len,
+                    to_eof: false,
+                    class: 0,
+                    tag: 0,
+                };
                 for err in [
-                    reader.submit(*req).unwrap_err(),
-                    reader.try_submit(*req).unwrap_err(),
-                    reader.submit_batch(&[*req]).unwrap_err(),
+                    session.submit(*r).unwrap_err(),
+                    session.submit_batch(&[*r]).unwrap_err(),
+                    session.submit_path(by_path.clone()).unwrap_err(),
+                    session.queue_path(by_path).unwrap_err(),
                 ] {
                     assert!(
                         matches!(
                             &err,
-                            ReadError::TooLarge { max_read_bytes: 65536, len, offset, .. }
-                                if *len == req.len && *offset == req.offset
+                            ReadError::TooLarge { max_read_bytes: 65536, len, offset, path: p }
+                                if *len == r.len && *offset == r.offset && p == &path
                         ),
                         "{err:?}"
                     );
                     assert!(err.to_string().contains("max_read_bytes = 65536"), "{err}");
                 }
             }
-            let ok = ReadRequest { len: 65536, ..over };
-            reader.submit(ok).unwrap();
-            assert_eq!(
-                reader.completions().recv().unwrap().result.unwrap().len(),
-                65536
-            );
+            assert_eq!(session.pending(), 0);
+            assert_eq!(read_one(&mut session, file, 0, 65536).unwrap().len(), 65536);
         }
+    }
+}
+
+/// A session with reads pending takes no more than the pool holds: the rest is refused, and
+/// goes in once the bytes holding the blocks (every clone of them) are dropped.
+#[test]
+fn a_session_refuses_what_the_pool_cannot_hold_until_bytes_drop() {
+    let dir = test_dir();
+    let (path, data) = make_file(dir.path(), "pool", 1 << 20, 10);
+    for backend in backends() {
+        let reader = builder(backend)
+            .classes(2, 2)
+            .pool_bytes(3 * 4096)
+            .max_read_bytes(4096)
+            .build()
+            .unwrap();
+        let file = reader.open(&path, OpenOptions::default()).unwrap();
+        let mut session = reader.session().unwrap();
+        let read = |tag: u64| req(file, tag * 100, 4096, (tag % 2) as usize, tag);
+        let mut reqs: Vec<ReadRequest> = (0..5).map(read).collect();
+        // Every request is checked before any is queued.
+        reqs[3].class = 2;
+        assert!(matches!(
+            session.submit_batch(&reqs),
+            Err(ReadError::InvalidClass { class: 2, .. })
+        ));
+        assert_eq!(
+            session.pending(),
+            0,
+            "nothing of a refused batch was queued"
+        );
+        assert_eq!(reader.stats().pool_free_bytes, 3 * 4096);
+        reqs[3].class = 1;
+        // Three blocks: three of the five go in.
+        assert_eq!(session.submit_batch(&reqs).unwrap(), 3, "{backend:?}");
+        let mut done = Vec::new();
+        wait_all(&mut session, &mut done);
+        let mut held: Vec<_> = done.drain(..).map(|c| c.result.unwrap()).collect();
+        // A read paused behind its class's depth keeps one block and the session busy.
+        reader.set_io_depth(1, 0).unwrap();
+        drop(held.pop());
+        session.submit(reqs[3]).unwrap();
+        assert!(
+            matches!(
+                session.submit(reqs[4]),
+                Err(ReadError::WouldBlock {
+                    bound: "buffer pool"
+                })
+            ),
+            "{backend:?}"
+        );
+        let clone = held[0].clone();
+        held.remove(0);
+        assert!(
+            matches!(session.submit(reqs[4]), Err(ReadError::WouldBlock { .. })),
+            "a clone still holds it"
+        );
+        drop(clone);
+        session.submit(reqs[4]).unwrap();
+        assert_eq!(session.pending(), 2);
+        reader.set_io_depth(1, 2).unwrap();
+        wait_all(&mut session, &mut done);
+        done.sort_by_key(|c| c.tag);
+        assert_eq!(&done[0].result.as_ref().unwrap()[..], &data[300..4396]);
+        assert_eq!(&done[1].result.as_ref().unwrap()[..], &data[400..4496]);
+        drop((held, done));
+        let stats = reader.stats();
+        assert_eq!(stats.pool_free_bytes, stats.pool_budget_bytes);
     }
 }
 
@@ -191,7 +270,14 @@ fn pool_bytes_out_of_range_is_refused_naming_the_parameter_and_range() {
     ));
 }
 
-/// A large read waiting for memory is served before small reads submitted after it, even
+/// Waits until `n` sessions wait for pool memory.
+fn wait_for_pool_waiters(reader: &Reader, n: usize) {
+    while reader.stats().pool_waiters < n {
+        std::thread::yield_now();
+    }
+}
+
+/// A large read waiting for memory is served before small reads asked for after it, even
 /// though small blocks are free all along.
 #[test]
 fn a_large_read_is_served_before_later_small_ones() {
@@ -200,9 +286,9 @@ fn a_large_read_is_served_before_later_small_ones() {
     for backend in backends() {
         let issued = Arc::new(Mutex::new(Vec::new()));
         let log = issued.clone();
-        // Two largest blocks of 64 KiB; one class at depth 1, so reads run one at a time.
+        // Two largest blocks of 64 KiB; class 1 paused, to keep a read pending.
         let reader = builder(backend)
-            .classes(1, 1)
+            .classes(2, 1)
             .pool_bytes(2 * 65536)
             .max_read_bytes(65536)
             .observer(move |e: IoEvent| {
@@ -213,95 +299,68 @@ fn a_large_read_is_served_before_later_small_ones() {
             .build()
             .unwrap();
         let file = reader.open(&path, OpenOptions::default()).unwrap();
-        let rx = reader.completions();
-        let read = |tag: u64, len: usize| ReadRequest {
-            file,
-            offset: 0,
-            len,
-            class: 0,
-            tag,
-        };
+        let mut session = reader.session().unwrap();
         // One small block in each half, so no 64 KiB block is free.
-        reader.submit(read(0, 4096)).unwrap();
-        let low = rx.recv().unwrap().result.unwrap();
+        let low = read_one(&mut session, file, 0, 4096).unwrap();
         let fill: Vec<_> = [4096, 8192, 16384, 32768]
             .into_iter()
-            .enumerate()
-            .map(|(i, len)| {
-                reader.submit(read(1 + i as u64, len)).unwrap();
-                rx.recv().unwrap().result.unwrap()
-            })
+            .map(|len| read_one(&mut session, file, 0, len).unwrap())
             .collect();
-        reader.submit(read(5, 4096)).unwrap();
-        let high = rx.recv().unwrap().result.unwrap();
+        let high = read_one(&mut session, file, 0, 4096).unwrap();
+        // Beside `high`: the session keeps a read pending (and its block) from here on.
+        reader.set_io_depth(1, 0).unwrap();
+        session.submit(req(file, 0, 4096, 1, 20)).unwrap();
         drop(fill);
         let stats = reader.stats();
         assert!(stats.pool_largest_free_bytes < 65536 && stats.pool_free_bytes >= 4096);
 
-        reader.submit(read(10, 65536)).unwrap();
-        reader.submit(read(11, 4096)).unwrap();
-        assert!(matches!(
-            reader.try_submit(read(12, 4096)),
-            Err(ReadError::WouldBlock {
-                bound: "buffer pool"
-            })
-        ));
-        assert_eq!(
-            reader.stats().classes[0].completed,
-            6,
-            "{backend:?}: the small read went ahead of the large one"
-        );
-        drop(low);
-        let big = rx.recv().unwrap();
-        assert_eq!(big.tag, 10);
-        assert_eq!(&big.result.unwrap()[..], &data[..65536]);
-        let small = rx.recv().unwrap();
-        assert_eq!(small.tag, 11);
-        assert_eq!(&small.result.unwrap()[..], &data[..4096]);
-        assert_eq!(&issued.lock().unwrap()[6..], &[10, 11]);
+        std::thread::scope(|scope| {
+            // Sessions with nothing pending wait for memory, in the order they ask.
+            let one_read = |tag: u64, len: usize| {
+                let reader = &reader;
+                scope.spawn(move || {
+                    let mut session = reader.session().unwrap();
+                    session.submit(req(file, 0, len, 0, tag)).unwrap();
+                    let mut done = Vec::new();
+                    session.wait(1, &mut done).unwrap();
+                    done.pop().unwrap().result.unwrap()
+                })
+            };
+            let big = one_read(10, 65536);
+            wait_for_pool_waiters(&reader, 1);
+            let small = one_read(11, 4096);
+            wait_for_pool_waiters(&reader, 2);
+            // A small block is free, yet the small reads wait behind the large one.
+            assert!(reader.stats().pool_free_bytes >= 4096);
+            assert!(
+                matches!(
+                    session.submit(req(file, 0, 4096, 0, 12)),
+                    Err(ReadError::WouldBlock {
+                        bound: "buffer pool"
+                    })
+                ),
+                "{backend:?}: a session with reads pending must not jump the queue"
+            );
+            assert_eq!(
+                reader.stats().classes[0].completed,
+                6,
+                "{backend:?}: the small read went ahead of the large one"
+            );
+            drop(low);
+            assert_eq!(&big.join().unwrap()[..], &data[..65536]);
+            assert_eq!(&small.join().unwrap()[..], &data[..4096]);
+        });
+        let mut issued = issued.lock().unwrap().clone();
+        issued[6..].sort_unstable();
+        assert_eq!(issued, [9, 9, 9, 9, 9, 9, 10, 11]);
         drop(high);
+        reader.set_io_depth(1, 1).unwrap();
+        let mut done = Vec::new();
+        wait_all(&mut session, &mut done);
+        drop(done);
         let stats = reader.stats();
         assert_eq!(stats.pool_free_bytes, stats.pool_budget_bytes);
         assert_eq!(stats.pool_largest_free_bytes, 65536, "coalesced");
-    }
-}
-
-/// Dropping the reader while reads wait for memory completes each of them as cancelled.
-#[test]
-fn reads_waiting_for_memory_are_cancelled_when_the_reader_drops() {
-    let dir = test_dir();
-    let (path, data) = make_file(dir.path(), "cancel", 1 << 20, 4);
-    for backend in backends() {
-        let reader = builder(backend)
-            .pool_bytes(8192)
-            .max_read_bytes(8192)
-            .build()
-            .unwrap();
-        let file = reader.open(&path, OpenOptions::default()).unwrap();
-        let rx = reader.completions();
-        let read = |tag: u64| ReadRequest {
-            file,
-            offset: tag * 10,
-            len: 8192,
-            class: 0,
-            tag,
-        };
-        reader.submit(read(0)).unwrap();
-        let held = rx.recv().unwrap().result.unwrap();
-        for tag in 1..=5 {
-            reader.submit(read(tag)).unwrap();
-        }
-        drop(reader);
-        let mut tags = Vec::new();
-        for c in rx.iter() {
-            assert!(
-                matches!(c.result, Err(ReadError::Cancelled { offset, len: 8192, .. }) if offset == c.tag * 10),
-                "{backend:?}: {:?}",
-                c.result
-            );
-            tags.push(c.tag);
-        }
-        assert_eq!(tags, [1, 2, 3, 4, 5]);
-        assert_eq!(&held[..], &data[..8192], "bytes outlive the reader");
+        assert_eq!(stats.pool_waiters, 0);
     }
 }

@@ -1,35 +1,17 @@
-//! Behaviour of the reader, every test run against both backends.
+//! What a reader gives every session, every test run against both backends: the bytes of
+//! its open files, errors naming path, offset and OS error, the checks at submission, and
+//! the choice of backend.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
-use lobster_uring::{ActiveBackend, Backend, Bytes, OpenOptions, ReadError, ReadRequest, Reader};
+use lobster_uring::{ActiveBackend, Backend, OpenOptions, ReadError, ReadRequest, Reader};
 
 mod common;
 
 use common::{
-    backends, builder, check, make_file, random_range, seeded_rng, test_dir, truncate, DepthWatch,
+    backends, builder, check, make_file, random_range, read_one, req, seeded_rng, test_dir,
+    truncate, wait_all,
 };
-use rand::Rng;
-
-fn read_one(
-    reader: &Reader,
-    file: lobster_uring::FileId,
-    offset: u64,
-    len: usize,
-) -> Result<Bytes, ReadError> {
-    let rx = reader.completions();
-    reader.submit(ReadRequest {
-        file,
-        offset,
-        len,
-        class: 0,
-        tag: 7,
-    })?;
-    let c = rx.recv().unwrap();
-    assert_eq!(c.tag, 7);
-    c.result
-}
 
 #[test]
 fn random_ranges_match_std_fs_on_both_backends() {
@@ -37,10 +19,8 @@ fn random_ranges_match_std_fs_on_both_backends() {
     let size = (6 << 20) + 123;
     let (path, data) = make_file(dir.path(), "data", size, 1);
     for backend in backends() {
-        // Two rings share the class queues and the fixed-file table.
-        for (direct, rings) in [(false, 1), (true, 1), (false, 2), (true, 2)] {
+        for direct in [false, true] {
             let reader = builder(backend)
-                .rings(rings)
                 .classes(3, 4)
                 .pool_bytes(12 << 20)
                 .max_read_bytes(3 << 20)
@@ -55,34 +35,32 @@ fn random_ranges_match_std_fs_on_both_backends() {
                 }
             );
             let file = reader.open(&path, OpenOptions { direct }).unwrap();
-            let rx = reader.completions();
+            let mut session = reader.session().unwrap();
             let mut rng = seeded_rng(99 + direct as u64);
             let mut expected: HashMap<u64, (u64, usize)> = HashMap::new();
             let total = 300;
+            let mut done = Vec::new();
             let mut received = 0;
             for tag in 0..total {
                 let (offset, len) = random_range(&mut rng, size);
                 expected.insert(tag, (offset, len));
                 let class = (tag % 3) as usize;
-                reader
-                    .submit(ReadRequest {
-                        file,
-                        offset,
-                        len,
-                        class,
-                        tag,
-                    })
-                    .unwrap();
+                session.submit(req(file, offset, len, class, tag)).unwrap();
                 // Keep a few reads outstanding without exhausting the pool.
-                while tag - received >= 8 {
-                    check(&rx.recv().unwrap(), &expected, &data, 3, backend, direct);
+                while session.pending() >= 8 {
+                    session.wait(1, &mut done).unwrap();
+                }
+                for c in done.drain(..) {
+                    check(&c, &expected, &data, 3, backend, direct);
                     received += 1;
                 }
             }
-            while received < total {
-                check(&rx.recv().unwrap(), &expected, &data, 3, backend, direct);
+            wait_all(&mut session, &mut done);
+            for c in done.drain(..) {
+                check(&c, &expected, &data, 3, backend, direct);
                 received += 1;
             }
+            assert_eq!(received, total);
             let stats = reader.stats();
             assert_eq!(
                 stats.classes.iter().map(|c| c.completed).sum::<u64>(),
@@ -104,6 +82,7 @@ fn errors_name_path_offset_and_os_error_and_the_reader_keeps_serving() {
     for backend in backends() {
         for direct in [false, true] {
             let reader = builder(backend).max_read_bytes(64 << 10).build().unwrap();
+            let mut session = reader.session().unwrap();
             let opts = OpenOptions { direct };
 
             let missing = dir.path().join("missing");
@@ -124,7 +103,7 @@ fn errors_name_path_offset_and_os_error_and_the_reader_keeps_serving() {
 
             let file = reader.open(&path, opts).unwrap();
             for (offset, len) in [(9_000u64, 2_000usize), (20_000, 10)] {
-                let err = read_one(&reader, file, offset, len).unwrap_err();
+                let err = read_one(&mut session, file, offset, len).unwrap_err();
                 match &err {
                     ReadError::UnexpectedEof {
                         path: p,
@@ -143,48 +122,28 @@ fn errors_name_path_offset_and_os_error_and_the_reader_keeps_serving() {
                 );
             }
 
-            // Unknown class, unknown file, too large: refused at submission.
-            let req = ReadRequest {
-                file,
-                offset: 0,
-                len: 10,
-                class: 5,
-                tag: 1,
-            };
+            // Unknown class, too large: refused at submission, nothing queued.
             assert!(matches!(
-                reader.submit(req),
+                session.submit(req(file, 0, 10, 5, 1)),
                 Err(ReadError::InvalidClass {
                     class: 5,
                     classes: 1
                 })
             ));
-            let req = ReadRequest {
-                file,
-                offset: 0,
-                len: 1 << 20,
-                class: 0,
-                tag: 1,
-            };
             assert!(matches!(
-                reader.submit(req),
+                session.submit(req(file, 0, 1 << 20, 0, 1)),
                 Err(ReadError::TooLarge { .. })
             ));
+            assert_eq!(session.pending(), 0);
 
-            // The engine still serves good reads after all that.
-            let ok = read_one(&reader, file, 1234, 5000).unwrap();
+            // The session still serves good reads after all that.
+            let ok = read_one(&mut session, file, 1234, 5000).unwrap();
             assert_eq!(&ok[..], &data[1234..6234]);
-            assert_eq!(read_one(&reader, file, 100, 0).unwrap().len(), 0);
+            assert_eq!(read_one(&mut session, file, 100, 0).unwrap().len(), 0);
 
             reader.close(file).unwrap();
-            let req = ReadRequest {
-                file,
-                offset: 0,
-                len: 10,
-                class: 0,
-                tag: 1,
-            };
             assert!(matches!(
-                reader.submit(req),
+                session.submit(req(file, 0, 10, 0, 1)),
                 Err(ReadError::UnknownFile { .. })
             ));
             assert!(matches!(
@@ -202,13 +161,14 @@ fn a_file_truncated_after_open_gives_unexpected_eof() {
         for direct in [false, true] {
             let (path, data) = make_file(dir.path(), "shrinks", 64 << 10, 3);
             let reader = builder(backend).max_read_bytes(64 << 10).build().unwrap();
+            let mut session = reader.session().unwrap();
             let file = reader.open(&path, OpenOptions { direct }).unwrap();
             assert_eq!(
-                &read_one(&reader, file, 8192, 4096).unwrap()[..],
+                &read_one(&mut session, file, 8192, 4096).unwrap()[..],
                 &data[8192..12288]
             );
             truncate(&path, 5000);
-            let err = read_one(&reader, file, 4096, 4096).unwrap_err();
+            let err = read_one(&mut session, file, 4096, 4096).unwrap_err();
             assert!(
                 matches!(
                     &err,
@@ -223,7 +183,7 @@ fn a_file_truncated_after_open_gives_unexpected_eof() {
             );
             assert!(err.to_string().contains("shrinks"));
             assert_eq!(
-                &read_one(&reader, file, 0, 4096).unwrap()[..],
+                &read_one(&mut session, file, 0, 4096).unwrap()[..],
                 &data[..4096]
             );
         }
@@ -231,205 +191,9 @@ fn a_file_truncated_after_open_gives_unexpected_eof() {
 }
 
 #[test]
-fn in_flight_reads_per_class_never_exceed_io_depth_while_it_changes() {
-    const CLASSES: usize = 3;
+fn a_full_class_queue_refuses_more_and_depth_0_pauses_the_class() {
     let dir = test_dir();
-    let size = 32 << 20;
-    let (path, data) = make_file(dir.path(), "depth", size, 4);
-    for backend in backends() {
-        let watch = DepthWatch::new(CLASSES, 4);
-        // Two rings: the limits hold across engine threads.
-        let reader = builder(backend)
-            .rings(2)
-            .classes(CLASSES, 4)
-            .pread_threads(16)
-            .pool_bytes(48 * (64 << 10))
-            .max_read_bytes(64 << 10)
-            .observer(watch.observer())
-            .build()
-            .unwrap();
-        let file = reader.open(&path, OpenOptions { direct: true }).unwrap();
-        let total: u64 = 1500;
-        let consumer = {
-            let rx = reader.completions();
-            let data = data.clone();
-            std::thread::spawn(move || {
-                for _ in 0..total {
-                    let c = rx.recv().unwrap();
-                    let offset = (c.tag >> 8) as usize;
-                    assert_eq!(&c.result.unwrap()[..], &data[offset..offset + (64 << 10)]);
-                }
-            })
-        };
-        let submitter = {
-            let reader = reader.clone();
-            std::thread::spawn(move || {
-                let mut rng = seeded_rng(6);
-                for i in 0..total {
-                    let offset = rng.gen_range(0..(size as u64) / 4096 - 16) * 4096;
-                    let class = (i % CLASSES as u64) as usize;
-                    let req = ReadRequest {
-                        file,
-                        offset,
-                        len: 64 << 10,
-                        class,
-                        tag: offset << 8 | i & 0xff,
-                    };
-                    reader.submit(req).unwrap();
-                }
-            })
-        };
-        let mut rng = seeded_rng(7);
-        while !submitter.is_finished() {
-            let class = rng.gen_range(0..CLASSES as u64) as usize;
-            let new = 1 + rng.gen_range(0..12) as usize;
-            watch.set_io_depth(&reader, class, new);
-            std::thread::yield_now();
-        }
-        submitter.join().unwrap();
-        for class in 0..CLASSES {
-            watch.set_io_depth(&reader, class, 8);
-        }
-        consumer.join().unwrap();
-        watch.assert_held(backend);
-        let stats = reader.stats();
-        for (class, s) in stats.classes.iter().enumerate() {
-            assert_eq!(s.in_flight, 0);
-            assert_eq!(watch.in_flight(class), 0);
-            assert!(s.peak_in_flight <= 12, "{s:?}");
-        }
-    }
-}
-
-#[test]
-fn dropping_the_reader_with_reads_in_flight_completes_or_cancels_each() {
-    let dir = test_dir();
-    let size = 16 << 20;
-    let (path, data) = make_file(dir.path(), "drop", size, 8);
-    for backend in backends() {
-        for direct in [false, true] {
-            let reader = builder(backend)
-                .classes(2, 4)
-                .pool_bytes(64 * (256 << 10))
-                .max_read_bytes(256 << 10)
-                .build()
-                .unwrap();
-            let file = reader.open(&path, OpenOptions { direct }).unwrap();
-            let rx = reader.completions();
-            let mut rng = seeded_rng(9);
-            let mut expected = HashMap::new();
-            for tag in 0..64u64 {
-                let offset = rng.gen_range(0..(size - (256 << 10)) as u64);
-                let len = 1 + rng.gen_range(0..200_000) as usize;
-                expected.insert(tag, (offset as usize, len));
-                reader
-                    .submit(ReadRequest {
-                        file,
-                        offset,
-                        len,
-                        class: (tag % 2) as usize,
-                        tag,
-                    })
-                    .unwrap();
-            }
-            drop(reader);
-            let mut seen = 0;
-            let mut kept = Vec::new();
-            for c in rx.iter() {
-                let (offset, len) = expected[&c.tag];
-                match c.result {
-                    Ok(bytes) => {
-                        assert_eq!(&bytes[..], &data[offset..offset + len]);
-                        kept.push((bytes, offset, len));
-                    }
-                    Err(ReadError::Cancelled {
-                        offset: o, len: l, ..
-                    }) => {
-                        assert_eq!((o as usize, l), (offset, len))
-                    }
-                    Err(e) => panic!("{backend:?}: {e}"),
-                }
-                seen += 1;
-            }
-            assert_eq!(
-                seen, 64,
-                "{backend:?}: every request completes exactly once"
-            );
-            // Bytes outlive the reader and still hold the right data.
-            for (bytes, offset, len) in kept {
-                assert_eq!(&bytes[..], &data[offset..offset + len]);
-            }
-        }
-    }
-}
-
-#[test]
-fn a_full_pool_defers_submission_until_bytes_drop() {
-    let dir = test_dir();
-    let (path, data) = make_file(dir.path(), "pool", 1 << 20, 10);
-    for backend in backends() {
-        let reader = builder(backend)
-            .pool_bytes(3 * 4096)
-            .max_read_bytes(4096)
-            .build()
-            .unwrap();
-        let file = reader.open(&path, OpenOptions::default()).unwrap();
-        let rx = reader.completions();
-        let mut held = Vec::new();
-        for tag in 0..3 {
-            reader
-                .try_submit(ReadRequest {
-                    file,
-                    offset: tag * 100,
-                    len: 4096,
-                    class: 0,
-                    tag,
-                })
-                .unwrap();
-            held.push(rx.recv().unwrap().result.unwrap());
-        }
-        let req = ReadRequest {
-            file,
-            offset: 0,
-            len: 10,
-            class: 0,
-            tag: 9,
-        };
-        assert!(matches!(
-            reader.try_submit(req),
-            Err(ReadError::WouldBlock {
-                bound: "buffer pool"
-            })
-        ));
-        let clone = held[1].clone();
-        held.remove(1);
-        assert!(
-            matches!(reader.try_submit(req), Err(ReadError::WouldBlock { .. })),
-            "a clone still holds it"
-        );
-        drop(clone);
-        reader.try_submit(req).unwrap();
-        held.push(rx.recv().unwrap().result.unwrap());
-        assert_eq!(&held[2][..], &data[..10]);
-        // A blocking submit returns at once; the read waits in the reader for a block, and
-        // try_submit does not overtake it.
-        reader.submit(ReadRequest { tag: 10, ..req }).unwrap();
-        assert!(matches!(
-            reader.try_submit(ReadRequest { tag: 11, ..req }),
-            Err(ReadError::WouldBlock {
-                bound: "buffer pool"
-            })
-        ));
-        assert_eq!(reader.stats().classes[0].completed, 4);
-        drop(held.pop());
-        assert_eq!(rx.recv().unwrap().tag, 10);
-    }
-}
-
-#[test]
-fn a_full_class_queue_blocks_try_submit() {
-    let dir = test_dir();
-    let (path, _) = make_file(dir.path(), "queue", 1 << 16, 11);
+    let (path, data) = make_file(dir.path(), "queue", 1 << 16, 11);
     for backend in backends() {
         let reader = builder(backend)
             .classes(1, 0)
@@ -437,68 +201,86 @@ fn a_full_class_queue_blocks_try_submit() {
             .build()
             .unwrap();
         let file = reader.open(&path, OpenOptions::default()).unwrap();
-        let req = ReadRequest {
-            file,
-            offset: 0,
-            len: 100,
-            class: 0,
-            tag: 0,
-        };
-        reader.try_submit(req).unwrap();
-        reader.try_submit(req).unwrap();
+        let mut session = reader.session().unwrap();
+        let reqs: Vec<ReadRequest> = (0..3).map(|tag| req(file, tag * 10, 100, 0, tag)).collect();
+        assert_eq!(session.submit_batch(&reqs).unwrap(), 2, "{backend:?}");
         assert!(matches!(
-            reader.try_submit(req),
+            session.submit(reqs[2]),
             Err(ReadError::WouldBlock {
                 bound: "class queue"
             })
         ));
+        let mut done = Vec::new();
         assert_eq!(
-            reader.stats().classes[0].queued,
-            2,
+            session.poll(&mut done).unwrap(),
+            0,
             "depth 0 pauses the class"
         );
+        assert_eq!(session.pending(), 2);
+        assert_eq!(reader.stats().classes[0].in_flight, 0);
         reader.set_io_depth(0, 1).unwrap();
-        let rx = reader.completions();
-        rx.recv().unwrap().result.unwrap();
-        rx.recv().unwrap().result.unwrap();
+        // The first read leaves the queue once the session looks again.
+        session.poll(&mut done).unwrap();
+        session.submit(reqs[2]).unwrap();
+        wait_all(&mut session, &mut done);
+        assert_eq!(
+            done.iter().map(|c| c.tag).collect::<Vec<_>>(),
+            [0, 1, 2],
+            "{backend:?}: a class's reads start in the order they were queued"
+        );
+        for c in &done {
+            let at = c.tag as usize * 10;
+            assert_eq!(&c.result.as_ref().unwrap()[..], &data[at..at + 100]);
+        }
+        assert_eq!(reader.stats().classes[0].peak_in_flight, 1);
     }
 }
 
 #[test]
-fn files_beyond_the_fixed_table_are_read_through_plain_fds() {
+fn files_opened_on_the_reader_serve_every_session_until_closed() {
     let dir = test_dir();
     let files: Vec<_> = (0..5)
         .map(|i| make_file(dir.path(), &format!("f{i}"), 9000, 20 + i))
         .collect();
     for backend in backends() {
-        let reader = builder(backend).fixed_files(2).build().unwrap();
-        if backend == Backend::Uring {
-            assert_eq!(
-                reader.backend().fixed_file_slots,
-                2,
-                "{:?}",
-                reader.backend()
-            );
-        }
+        let reader = builder(backend).build().unwrap();
         let mut ids: Vec<_> = files
             .iter()
             .map(|(p, _)| reader.open(p, OpenOptions::default()).unwrap())
             .collect();
-        for (id, (_, data)) in ids.iter().zip(&files) {
-            assert_eq!(
-                &read_one(&reader, *id, 100, 8000).unwrap()[..],
-                &data[100..8100]
-            );
-        }
-        // Closing frees slots for files opened later.
-        reader.close(ids.remove(0)).unwrap();
+        assert_eq!(reader.stats().files_open, 5);
+        // Two sessions on two threads read every file opened before either started.
+        std::thread::scope(|scope| {
+            for thread in 0..2usize {
+                let (reader, ids, files) = (&reader, &ids, &files);
+                scope.spawn(move || {
+                    let mut session = reader.session().unwrap();
+                    for (id, (_, data)) in ids.iter().zip(files).skip(thread) {
+                        assert_eq!(
+                            &read_one(&mut session, *id, 100, 8000).unwrap()[..],
+                            &data[100..8100]
+                        );
+                    }
+                });
+            }
+        });
+        // A closed file is refused; reopened (here with O_DIRECT), it reads again.
+        let mut session = reader.session().unwrap();
+        let closed = ids.remove(0);
+        reader.close(closed).unwrap();
+        assert!(matches!(
+            read_one(&mut session, closed, 0, 10),
+            Err(ReadError::UnknownFile { file }) if file == closed
+        ));
         let again = reader
             .open(&files[0].0, OpenOptions { direct: true })
             .unwrap();
+        assert_ne!(again, closed, "ids of closed files are not reused");
         assert_eq!(
-            &read_one(&reader, again, 4096, 4000).unwrap()[..],
+            &read_one(&mut session, again, 4096, 4000).unwrap()[..],
             &files[0].1[4096..8096]
         );
+        assert_eq!(reader.stats().files_open, 5);
     }
 }
 
@@ -585,16 +367,24 @@ fn the_pread_fallback_is_chosen_when_ring_setup_fails_and_works() {
         assert!(matches!(err, ReadError::Setup { .. }), "{err:?}");
         assert_eq!(err.raw_os_error(), Some(libc::EPERM));
 
-        let reader = Reader::builder().backend(Backend::Auto).build().unwrap();
+        let reader = Reader::builder()
+            .backend(Backend::Auto)
+            .pread_threads(3)
+            .build()
+            .unwrap();
         let info = reader.backend();
         if std::env::var("LOBSTER_IO").as_deref() != Ok("pread") {
             assert!(info.reason.contains("io_uring_setup"), "{info:?}");
             assert!(info.reason.contains("not permitted"), "{info:?}");
         }
         assert_eq!(info.active, ActiveBackend::Pread);
+        assert_eq!(info.threads, 3, "{info:?}");
+        // A session needs no ring on this backend.
+        let mut session = reader.session().unwrap();
+        assert!(!session.fixed_buffers());
         let file = reader.open(&path, OpenOptions { direct: true }).unwrap();
         assert_eq!(
-            &read_one(&reader, file, 513, 70_000).unwrap()[..],
+            &read_one(&mut session, file, 513, 70_000).unwrap()[..],
             &data[513..70_513]
         );
     })
@@ -603,55 +393,20 @@ fn the_pread_fallback_is_chosen_when_ring_setup_fails_and_works() {
 }
 
 #[test]
-fn submit_batch_checks_every_request_first_and_may_exceed_the_pool() {
-    let dir = test_dir();
-    let (path, data) = make_file(dir.path(), "batch", 1 << 20, 13);
-    let data = Arc::new(data);
+fn a_reader_starts_threads_only_for_the_pread_backend() {
     for backend in backends() {
-        let data = data.clone();
-        let reader = builder(backend)
-            .classes(2, 2)
-            .pool_bytes(4 * 4096)
-            .max_read_bytes(4096)
-            .build()
-            .unwrap();
-        let file = reader.open(&path, OpenOptions::default()).unwrap();
-        let rx = reader.completions();
-        let mut reqs: Vec<ReadRequest> = (0..10u64)
-            .map(|tag| ReadRequest {
-                file,
-                offset: tag * 1000,
-                len: 3000 + tag as usize,
-                class: (tag % 2) as usize,
-                tag,
-            })
-            .collect();
-        reqs[7].class = 2;
-        assert!(matches!(
-            reader.submit_batch(&reqs),
-            Err(ReadError::InvalidClass { class: 2, .. })
-        ));
-        assert!(
-            rx.try_recv().is_err(),
-            "nothing of a refused batch was queued"
-        );
-        assert_eq!(reader.stats().pool_free_bytes, 4 * 4096);
-        reqs[7].class = 1;
-        // Ten reads through a pool of four blocks: the consumer frees them as the batch goes
-        // in.
-        let consumer = std::thread::spawn(move || {
-            let mut tags: Vec<u64> = (0..10)
-                .map(|_| {
-                    let c = rx.recv().unwrap();
-                    let (o, l) = (c.tag as usize * 1000, 3000 + c.tag as usize);
-                    assert_eq!(&c.result.unwrap()[..], &data[o..o + l]);
-                    c.tag
-                })
-                .collect();
-            tags.sort_unstable();
-            tags
-        });
-        reader.submit_batch(&reqs).unwrap();
-        assert_eq!(consumer.join().unwrap(), (0..10).collect::<Vec<u64>>());
+        let reader = builder(backend).pread_threads(5).build().unwrap();
+        let info = reader.backend();
+        match info.active {
+            // Each session drives its own ring: the reader has no thread of its own.
+            ActiveBackend::Uring => {
+                assert_eq!(info.threads, 0, "{info:?}");
+                assert!(info.ring_capacity >= 256, "{info:?}");
+            }
+            ActiveBackend::Pread => {
+                assert_eq!(info.threads, 5, "{info:?}");
+                assert!(!info.direct_descriptors && !info.fixed_buffers, "{info:?}");
+            }
+        }
     }
 }

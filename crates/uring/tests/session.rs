@@ -1,31 +1,23 @@
-//! Caller-driven sessions, every test run against both backends.
+//! Caller-driven sessions, every test run against both backends: several at once on the
+//! classes' shared limits, waits, pauses and drops.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lobster_uring::{
-    ActiveBackend, Backend, Completion, FileId, OpenOptions, ReadError, ReadRequest, ReaderBuilder,
+    Backend, Completion, OpenOptions, PathRead, ReadError, ReadRequest, ReaderBuilder,
 };
 
 mod common;
 
 use common::{
-    backends, check, make_file, random_range, seeded_rng, test_dir, truncate, DepthWatch, StdRng,
+    backends, check, make_file, random_range, req, seeded_rng, test_dir, wait_all, DepthWatch,
+    StdRng,
 };
 use rand::Rng;
 
 fn builder(backend: Backend) -> ReaderBuilder {
     common::builder(backend).pread_threads(4)
-}
-
-fn req(file: FileId, offset: u64, len: usize, class: usize, tag: u64) -> ReadRequest {
-    ReadRequest {
-        file,
-        offset,
-        len,
-        class,
-        tag,
-    }
 }
 
 #[test]
@@ -34,10 +26,8 @@ fn sessions_on_several_threads_read_the_same_bytes_as_std_fs() {
     let size = (6 << 20) + 321;
     let (path, data) = make_file(dir.path(), "data", size, 1);
     for backend in backends() {
-        // rings 0: an io_uring reader without engine threads, serving sessions only.
-        for (direct, rings) in [(false, 0), (true, 0), (false, 1), (true, 1)] {
+        for direct in [false, true] {
             let reader = builder(backend)
-                .rings(rings)
                 .classes(2, 3)
                 .ring_entries(4)
                 .pool_bytes(16 << 22)
@@ -96,25 +86,10 @@ fn sessions_on_several_threads_read_the_same_bytes_as_std_fs() {
     }
 }
 
-/// Reads one range through `session`, waiting for it.
-fn read_one(
-    session: &mut lobster_uring::Session,
-    file: FileId,
-    offset: u64,
-    len: usize,
-) -> Result<lobster_uring::Bytes, ReadError> {
-    session.submit(req(file, offset, len, 0, 9))?;
-    let mut done = Vec::new();
-    session.wait(1, &mut done)?;
-    assert_eq!(done.len(), 1);
-    let c = done.pop().unwrap();
-    assert_eq!(c.tag, 9);
-    c.result
-}
-
 #[test]
-fn in_flight_reads_of_sessions_and_engines_together_never_exceed_io_depth() {
+fn in_flight_reads_of_several_sessions_never_exceed_io_depth_while_it_changes() {
     const CLASSES: usize = 3;
+    const SESSIONS: usize = 3;
     const LEN: usize = 64 << 10;
     let dir = test_dir();
     let size = 32 << 20;
@@ -122,7 +97,6 @@ fn in_flight_reads_of_sessions_and_engines_together_never_exceed_io_depth() {
     for backend in backends() {
         let watch = DepthWatch::new(CLASSES, 4);
         let reader = builder(backend)
-            .rings(1)
             .classes(CLASSES, 4)
             .pread_threads(8)
             .pool_bytes(96 * LEN)
@@ -131,73 +105,50 @@ fn in_flight_reads_of_sessions_and_engines_together_never_exceed_io_depth() {
             .build()
             .unwrap();
         let file = reader.open(&path, OpenOptions { direct: true }).unwrap();
-        let total: u64 = 900;
+        let total: u64 = 600;
         let offset_of = |rng: &mut StdRng| rng.gen_range(0..(size / 4096 - 16) as u64) * 4096;
         let finished = AtomicUsize::new(0);
         std::thread::scope(|scope| {
-            // The reader's engine (or pread pool), fed by one thread, drained by another.
-            let rx = reader.completions();
-            let data = &data;
+            let (reader, finished, data) = (&reader, &finished, &data);
             let mut threads = Vec::new();
-            threads.push(scope.spawn(move || {
-                for _ in 0..total {
-                    let c = rx.recv().unwrap();
-                    let offset = (c.tag >> 8) as usize;
-                    assert_eq!(&c.result.unwrap()[..], &data[offset..offset + LEN]);
-                }
-            }));
-            let (reader, finished) = (&reader, &finished);
-            threads.push(scope.spawn(move || {
-                let mut rng = seeded_rng(6);
-                for i in 0..total {
-                    let offset = offset_of(&mut rng);
-                    let class = (i % CLASSES as u64) as usize;
-                    reader
-                        .submit(req(file, offset, LEN, class, offset << 8 | i & 0xff))
-                        .unwrap();
-                }
-                finished.fetch_add(1, Ordering::SeqCst);
-            }));
-            // Two sessions on the same classes.
-            for thread in 0..2u64 {
+            // Sessions on the same classes, each with more reads pending than a class allows.
+            for thread in 0..SESSIONS as u64 {
                 threads.push(scope.spawn(move || {
                     let mut session = reader.session().unwrap();
                     let mut rng = seeded_rng(20 + thread);
                     let mut done = Vec::new();
-                    for i in 0..total {
-                        let offset = offset_of(&mut rng);
-                        let class = (i % CLASSES as u64) as usize;
-                        let read = req(file, offset, LEN, class, offset << 8);
-                        // The other submitter may hold the pool: wait for ours, then retry.
-                        while let Err(e) = session.submit(read) {
-                            assert!(matches!(e, ReadError::WouldBlock { .. }), "{e}");
-                            session.wait(1, &mut done).unwrap();
-                            done.clear();
-                        }
-                        while session.pending() >= 12 {
-                            session.wait(1, &mut done).unwrap();
-                            for c in done.drain(..) {
-                                let offset = (c.tag >> 8) as usize;
-                                assert_eq!(&c.result.unwrap()[..], &data[offset..offset + LEN]);
-                            }
-                        }
-                    }
-                    while session.pending() > 0 {
-                        session.wait(1, &mut done).unwrap();
+                    let check = |done: &mut Vec<Completion>| {
                         for c in done.drain(..) {
                             let offset = (c.tag >> 8) as usize;
                             assert_eq!(&c.result.unwrap()[..], &data[offset..offset + LEN]);
                         }
+                    };
+                    for i in 0..total {
+                        let offset = offset_of(&mut rng);
+                        let class = (i % CLASSES as u64) as usize;
+                        let read = req(file, offset, LEN, class, offset << 8);
+                        // The other sessions may hold the pool: wait for ours, then retry.
+                        while let Err(e) = session.submit(read) {
+                            assert!(matches!(e, ReadError::WouldBlock { .. }), "{e}");
+                            session.wait(1, &mut done).unwrap();
+                            check(&mut done);
+                        }
+                        while session.pending() >= 12 {
+                            session.wait(1, &mut done).unwrap();
+                            check(&mut done);
+                        }
                     }
+                    wait_all(&mut session, &mut done);
+                    check(&mut done);
                     finished.fetch_add(1, Ordering::SeqCst);
                 }));
             }
             let mut rng = seeded_rng(7);
-            // Until the submitters are done (or one failed: the scope then reports it).
+            // Until the sessions are done (or one failed: the scope then reports it).
             loop {
                 let done = finished.load(Ordering::SeqCst);
-                let ended = threads[1..].iter().filter(|t| t.is_finished()).count();
-                if done == 3 || ended > done {
+                let ended = threads.iter().filter(|t| t.is_finished()).count();
+                if done == SESSIONS || ended > done {
                     break;
                 }
                 let class = rng.gen_range(0..CLASSES as u64) as usize;
@@ -210,52 +161,14 @@ fn in_flight_reads_of_sessions_and_engines_together_never_exceed_io_depth() {
         let stats = reader.stats();
         assert_eq!(
             stats.classes.iter().map(|c| c.completed).sum::<u64>(),
-            3 * total
+            SESSIONS as u64 * total
         );
         for (class, s) in stats.classes.iter().enumerate() {
             assert_eq!(s.in_flight, 0);
             assert_eq!(watch.in_flight(class), 0);
+            assert!(s.peak_in_flight <= 12, "{s:?}");
         }
         assert_eq!(stats.pool_free_bytes, stats.pool_budget_bytes);
-    }
-}
-
-#[test]
-fn a_session_reports_errors_with_path_and_offset_and_keeps_serving() {
-    let dir = test_dir();
-    let (path, data) = make_file(dir.path(), "err", 3 << 20, 3);
-    let (shrinks, _) = make_file(dir.path(), "shrinks", 1 << 20, 5);
-    for backend in backends() {
-        for direct in [false, true] {
-            let reader = builder(backend).rings(0).build().unwrap();
-            let mut session = reader.session().unwrap();
-            let file = reader.open(&path, OpenOptions { direct }).unwrap();
-            let err = read_one(&mut session, file, (3 << 20) - 100, 4096).unwrap_err();
-            match &err {
-                ReadError::UnexpectedEof {
-                    path: p,
-                    offset,
-                    len,
-                    file_end,
-                } => {
-                    assert_eq!(p, &path);
-                    assert_eq!((*offset, *len, *file_end), ((3 << 20) - 100, 4096, 3 << 20));
-                }
-                other => panic!("{backend:?} direct={direct}: {other:?}"),
-            }
-            let small = reader.open(&shrinks, OpenOptions { direct }).unwrap();
-            truncate(&shrinks, 4096);
-            let err = read_one(&mut session, small, 8192, 4096).unwrap_err();
-            assert!(
-                matches!(err, ReadError::UnexpectedEof { file_end: 4096, .. }),
-                "{backend:?} direct={direct}: {err:?}"
-            );
-            assert!(err.to_string().contains("shrinks"), "{err}");
-            let bytes = read_one(&mut session, file, 12_345, 100_000).unwrap();
-            assert_eq!(&bytes[..], &data[12_345..112_345]);
-            let stray = reader.open(dir.path(), OpenOptions { direct });
-            assert!(matches!(stray, Err(ReadError::Open { .. })));
-        }
     }
 }
 
@@ -291,11 +204,10 @@ fn a_paused_class_holds_a_session_read_until_its_depth_is_raised() {
 fn dropping_a_session_with_reads_in_flight_returns_every_buffer_and_depth() {
     let dir = test_dir();
     let size = 16 << 20;
-    let (path, _) = make_file(dir.path(), "drop", size, 8);
+    let (path, data) = make_file(dir.path(), "drop", size, 8);
     for backend in backends() {
         for direct in [false, true] {
             let reader = builder(backend)
-                .rings(0)
                 .classes(2, 8)
                 .pool_bytes(64 << 18)
                 .max_read_bytes(256 << 10)
@@ -311,82 +223,43 @@ fn dropping_a_session_with_reads_in_flight_returns_every_buffer_and_depth() {
                     req(file, offset, len, (tag % 2) as usize, tag)
                 })
                 .collect();
-            // 16 go to the kernel, the rest stay queued behind the io_depth.
-            assert_eq!(session.submit_batch(&reqs).unwrap(), 40);
+            // Two done and kept: their bytes outlive the session and the reader.
+            assert_eq!(session.submit_batch(&reqs[..2]).unwrap(), 2);
+            let mut kept = Vec::new();
+            wait_all(&mut session, &mut kept);
+            // 16 go to the kernel (or the workers), the rest stay queued behind the io_depth.
+            assert_eq!(session.submit_batch(&reqs[2..]).unwrap(), 38);
+            assert_eq!(session.pending(), 38);
             drop(session);
             let stats = reader.stats();
             assert!(
                 stats.classes.iter().all(|c| c.in_flight == 0),
                 "{backend:?}: {stats:?}"
             );
-            assert_eq!(
-                stats.pool_free_bytes, stats.pool_budget_bytes,
-                "{backend:?}"
-            );
-        }
-    }
-}
-
-#[test]
-fn a_reader_with_no_rings_refuses_submit_and_serves_sessions() {
-    let dir = test_dir();
-    let (path, data) = make_file(dir.path(), "norings", 1 << 20, 11);
-    for backend in backends() {
-        let reader = builder(backend).rings(0).build().unwrap();
-        let file = reader.open(&path, OpenOptions::default()).unwrap();
-        let submitted = reader.submit(req(file, 0, 10, 0, 0));
-        if reader.backend().active == ActiveBackend::Uring {
-            assert_eq!(reader.backend().threads, 0);
-            assert!(matches!(
-                submitted,
-                Err(ReadError::InvalidConfig {
-                    parameter: "rings",
-                    ..
+            // Every block is back but those of the bytes kept (reads widened to 4 KiB with
+            // O_DIRECT).
+            let align = if direct { 4096 } else { 1 };
+            let held: usize = kept
+                .iter()
+                .map(|c| {
+                    let read = reqs[c.tag as usize];
+                    let start = read.offset / align * align;
+                    let end = (read.offset + read.len as u64).div_ceil(align) * align;
+                    lobster_uring::block_bytes((end - start) as usize)
                 })
-            ));
-        } else {
-            // The pread pool serves submit whatever the rings.
-            submitted.unwrap();
-            assert!(reader.completions().recv().unwrap().result.is_ok());
+                .sum();
+            assert_eq!(
+                stats.pool_budget_bytes - stats.pool_free_bytes,
+                held,
+                "{backend:?} direct={direct}"
+            );
+            drop(reader);
+            for c in kept {
+                let read = reqs[c.tag as usize];
+                let at = read.offset as usize;
+                assert_eq!(&c.result.unwrap()[..], &data[at..at + read.len]);
+            }
         }
-        let mut session = reader.session().unwrap();
-        assert_eq!(
-            &read_one(&mut session, file, 5, 50).unwrap()[..],
-            &data[5..55]
-        );
-    }
-}
-
-#[test]
-fn a_session_refuses_what_the_pool_cannot_hold_while_it_has_reads_pending() {
-    let dir = test_dir();
-    let (path, data) = make_file(dir.path(), "pool", 1 << 20, 12);
-    for backend in backends() {
-        let reader = builder(backend)
-            .rings(0)
-            .pool_bytes(2 * 4096)
-            .max_read_bytes(4096)
-            .build()
-            .unwrap();
-        let file = reader.open(&path, OpenOptions::default()).unwrap();
-        let mut session = reader.session().unwrap();
-        let reqs: Vec<ReadRequest> = (0..3).map(|i| req(file, i * 4096, 4096, 0, i)).collect();
-        assert_eq!(session.submit_batch(&reqs).unwrap(), 2, "{backend:?}");
-        assert!(matches!(
-            session.submit(reqs[2]),
-            Err(ReadError::WouldBlock {
-                bound: "buffer pool"
-            })
-        ));
-        let mut done = Vec::new();
-        session.wait(2, &mut done).unwrap();
-        assert_eq!(done.len(), 2);
-        // The completions hold both buffers; dropping them lets the next read in.
-        done.clear();
-        assert_eq!(
-            read_one(&mut session, file, 8192, 4096).unwrap()[..],
-            data[8192..12288]
-        );
     }
 }
 
@@ -395,7 +268,7 @@ fn a_timed_wait_returns_the_reads_done_and_at_once_with_nothing_pending() {
     let dir = test_dir();
     let (path, data) = make_file(dir.path(), "timed", 1 << 20, 9);
     for backend in backends() {
-        let reader = builder(backend).rings(0).classes(1, 8).build().unwrap();
+        let reader = builder(backend).classes(1, 8).build().unwrap();
         let file = reader.open(&path, OpenOptions::default()).unwrap();
         let mut session = reader.session().unwrap();
         let mut out = Vec::new();
@@ -426,4 +299,116 @@ fn a_timed_wait_returns_the_reads_done_and_at_once_with_nothing_pending() {
         }
         assert_eq!(session.pending(), 0, "{backend:?}");
     }
+}
+
+/// The fallback's own check that its workers run a session's reads side by side: reads by
+/// path of FIFOs, whose opens block until a writer comes, are all at the workers at once
+/// (each FIFO finds its reader) while no more than the class's io_depth are.
+#[test]
+fn the_pread_workers_serve_a_sessions_reads_at_once_up_to_its_io_depth() {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::path::PathBuf;
+    use std::time::{Duration, Instant};
+
+    const DEPTH: usize = 3;
+    let dir = test_dir();
+    let fifos: Vec<PathBuf> = (0..2 * DEPTH)
+        .map(|i| {
+            let path = dir.path().join(format!("fifo{i}"));
+            let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: a NUL-terminated path that outlives the call.
+            assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+            path
+        })
+        .collect();
+    // A writer that does not wait for a reader (O_RDWR), and one that exists only once a
+    // reader has the FIFO open (O_WRONLY | O_NONBLOCK, else ENXIO).
+    let open_fifo = |path: &PathBuf, read: bool| {
+        std::fs::OpenOptions::new()
+            .read(read)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+    };
+    let watch = DepthWatch::new(1, DEPTH);
+    let reader = builder(Backend::Pread)
+        .pread_threads(2 * DEPTH)
+        .classes(1, DEPTH)
+        .observer(watch.observer())
+        .build()
+        .unwrap();
+    let mut session = reader.session().unwrap();
+    // Dropped before the session, whose drop waits for its reads: every FIFO gets a writer,
+    // so no open is left waiting should an assertion fail.
+    struct Unblock<'a>(&'a [PathBuf], Vec<std::fs::File>);
+    impl Drop for Unblock<'_> {
+        fn drop(&mut self) {
+            for path in self.0 {
+                let writer = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(path);
+                self.1.extend(writer);
+            }
+        }
+    }
+    let _unblock = Unblock(&fifos, Vec::new());
+    let reads: Vec<PathRead> = fifos
+        .iter()
+        .enumerate()
+        .map(|(tag, path)| PathRead {
+            path: path.as_path().into(),
+            dir: None,
+            direct: false,
+            offset: 0,
+            len: 10,
+            to_eof: false,
+            class: 0,
+            tag: tag as u64,
+        })
+        .collect();
+    assert_eq!(session.submit_path_batch(&reads).unwrap(), reads.len());
+    // The first DEPTH went to the workers. Last first: workers taking them one after
+    // another would open the last FIFO only once the earlier ones had writers, so it finds
+    // its reader only if every one of them is at a worker at the same time.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut writers = Vec::new();
+    for path in fifos[..DEPTH].iter().rev() {
+        loop {
+            match open_fifo(path, false) {
+                Ok(w) => break writers.push(w),
+                Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "the reads do not run side by side"
+                    );
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    // The rest wait in the session, behind the io_depth: no reader yet.
+    assert!(
+        matches!(open_fifo(&fifos[DEPTH], false), Err(e) if e.raw_os_error() == Some(libc::ENXIO)),
+        "a read started over the io_depth"
+    );
+    for path in &fifos[DEPTH..] {
+        writers.push(open_fifo(path, true).unwrap());
+    }
+    let mut done = Vec::new();
+    wait_all(&mut session, &mut done);
+    assert_eq!(done.len(), fifos.len());
+    // A FIFO cannot be read at an offset: each read fails naming its path.
+    for c in &done {
+        match &c.result {
+            Err(ReadError::Read { path, source, .. }) => {
+                assert_eq!(path, &fifos[c.tag as usize]);
+                assert_eq!(source.raw_os_error(), Some(libc::ESPIPE));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    watch.assert_held(Backend::Pread);
 }

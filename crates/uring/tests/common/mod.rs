@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use lobster_uring::{Backend, Completion, IoEvent, IoEventKind, Reader, ReaderBuilder};
+use lobster_uring::{
+    Backend, Bytes, Completion, FileId, IoEvent, IoEventKind, ReadError, ReadRequest, Reader,
+    ReaderBuilder, Session,
+};
 pub use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 
@@ -91,6 +94,40 @@ pub fn backends() -> Vec<Backend> {
 /// A builder for `backend` with 8 pread threads.
 pub fn builder(backend: Backend) -> ReaderBuilder {
     Reader::builder().backend(backend).pread_threads(8)
+}
+
+/// A read of `len` bytes at `offset` of `file` for `class`, tagged `tag`.
+pub fn req(file: FileId, offset: u64, len: usize, class: usize, tag: u64) -> ReadRequest {
+    ReadRequest {
+        file,
+        offset,
+        len,
+        class,
+        tag,
+    }
+}
+
+/// Reads one range of `file` (class 0) through `session`, waiting for it.
+pub fn read_one(
+    session: &mut Session,
+    file: FileId,
+    offset: u64,
+    len: usize,
+) -> Result<Bytes, ReadError> {
+    session.submit(req(file, offset, len, 0, 9))?;
+    let mut done = Vec::new();
+    session.wait(1, &mut done)?;
+    assert_eq!(done.len(), 1);
+    let c = done.pop().unwrap();
+    assert_eq!(c.tag, 9);
+    c.result
+}
+
+/// Waits for every read pending in `session`, appending the completions to `out`.
+pub fn wait_all(session: &mut Session, out: &mut Vec<Completion>) {
+    while session.pending() > 0 {
+        session.wait(1, out).unwrap();
+    }
 }
 
 /// Counts each class's reads in flight through a reader's observer, and notes whether a

@@ -2,15 +2,15 @@
 //! budget, holds each attempt until the emulated tier answers it, retries transient failures,
 //! and fills the slots the decode tasks wait on.
 //!
-//! Where the kernel opens files straight into the ring's file table, the dispatcher drives a
-//! ring of its own (a [`Session`]): a read by path is one linked open, read and close, and
-//! many go in one system call, with no other thread between the dispatcher and the kernel.
-//! Elsewhere it opens files itself and hands reads to the reader's engine (or pread threads).
+//! The dispatcher drives a [`Session`] of its own and reads by path on every backend: on
+//! io_uring with direct descriptors a read is one linked open, read and close in its ring,
+//! and many go in one system call, with no other thread between the dispatcher and the
+//! kernel; on older kernels the session opens and closes the files on this thread around
+//! their reads in the ring; on the pread fallback the reader's workers open, read and close.
 
 pub(super) mod attempt;
 pub(super) mod blocking;
 pub(super) mod dirs;
-pub(super) mod files;
 pub(super) mod order;
 pub(super) mod slot;
 
@@ -18,11 +18,9 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{select, Receiver, RecvTimeoutError};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use lobster_sched::Tier;
-use lobster_uring::{
-    ActiveBackend, Completion, FileId, PathRead, ReadError, ReadRequest, Reader, Session,
-};
+use lobster_uring::{Completion, PathRead, ReadError, Reader, Session};
 use slab::Slab;
 
 use crate::config::IoOrder;
@@ -33,7 +31,6 @@ use crate::pipeline::plan::allocate::equal_split;
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::{lock, stopped};
 use attempt::{Attempt, Fate, ReadFailure};
-use files::OpenFiles;
 use order::{next_read, ToDispatcher};
 use slot::{Loaded, Origin};
 
@@ -48,8 +45,6 @@ const THROUGHPUT_READS: u32 = 64;
 #[derive(Debug)]
 struct InFlight {
     access: Access,
-    /// The open file (engine port only).
-    file: Option<FileId>,
     /// 0 for the first attempt; a retry waiting for its backoff keeps its io_depth slot.
     attempt: u32,
     issued: Instant,
@@ -59,22 +54,21 @@ struct InFlight {
     parked: Option<Loaded>,
 }
 
-/// The dispatcher's reads between submission and delivery, and what they hold: an io_depth
-/// slot (counted per rank) and, on the engine port, an open file.
+/// The dispatcher's reads between submission and delivery, and the io_depth slot (counted
+/// per rank) each holds.
 #[derive(Debug)]
 struct Reads {
     slab: Slab<InFlight>,
     in_flight: Vec<u32>,
     /// Attempts in the reader (not parked, not backing off).
     in_reader: usize,
-    files: OpenFiles,
     /// Emulated answers and retry backoffs, by due time.
     timers: BinaryHeap<Reverse<(Instant, usize)>>,
     /// Accesses released by filled slots, queued for decode together.
     released: Vec<Ready>,
     /// Where the cache keeps its copies of large samples.
     arena: Option<lobster_uring::Arena>,
-    /// Reads the ring's session refused for want of pool memory, in issue order.
+    /// Reads the session refused for want of pool memory, in issue order.
     blocked: VecDeque<usize>,
 }
 
@@ -86,32 +80,27 @@ impl Reads {
             slab: Slab::new(),
             in_flight: vec![0; ranks],
             in_reader: 0,
-            files: OpenFiles::default(),
             timers: BinaryHeap::new(),
             released: Vec::new(),
         }
     }
 
-    /// Takes a read that holds an io_depth slot (and an open file on the engine port).
-    fn start(&mut self, access: Access, file: Option<FileId>) -> usize {
+    /// Takes a read that holds an io_depth slot.
+    fn start(&mut self, access: Access) -> usize {
         self.in_flight[access.rank] += 1;
         self.slab.insert(InFlight {
             attempt: access.storage().attempt,
             access,
-            file,
             issued: Instant::now(),
             due: None,
             parked: None,
         })
     }
 
-    /// Ends read `key`, giving back its io_depth slot and its file.
+    /// Ends read `key`, giving back its io_depth slot.
     fn retire(&mut self, key: usize) -> InFlight {
         let done = self.slab.remove(key);
         self.in_flight[done.access.rank] -= 1;
-        if done.file.is_some() {
-            self.files.release(done.access.sample);
-        }
         done
     }
 
@@ -128,17 +117,6 @@ impl Reads {
         let arena = self.arena.as_ref();
         access::fill_for(access, loaded, (Origin::Pool, arena), &mut self.released);
     }
-}
-
-/// Where the reads go.
-enum Port<'r> {
-    /// The dispatcher's own ring, reading by path.
-    Session(Box<Session>),
-    /// The reader's engine threads or pread workers, reading open files.
-    Engine {
-        reader: &'r Reader,
-        completions: Receiver<Completion>,
-    },
 }
 
 /// Bytes the link delivered while reads queued behind it: the cost model's bandwidth.
@@ -190,19 +168,9 @@ pub(crate) fn dispatcher<T>(
 ) -> Result<(), Error> {
     let ranks = ctx.layout.ranks;
     let budget = ctx.config.budgets.io_depth as u32;
-    let by_path =
-        reader.backend().active == ActiveBackend::Uring && reader.backend().direct_descriptors;
-    let mut port = if by_path {
-        let session = reader
-            .session()
-            .map_err(|e| Error::engine("reader session", e))?;
-        Port::Session(Box::new(session))
-    } else {
-        Port::Engine {
-            reader,
-            completions: reader.completions(),
-        }
-    };
+    let mut session = reader
+        .session()
+        .map_err(|e| Error::engine("reader session", e))?;
     // Under the deadline order the node's reads share the whole budget, so the reader holds
     // no rank to a share of it.
     let mut depth: Vec<u32> = match ctx.config.reads.io_order {
@@ -239,7 +207,7 @@ pub(crate) fn dispatcher<T>(
             }
             depth = d;
         }
-        submit_blocked(ctx, state, &mut port, &mut reads);
+        submit_blocked(ctx, state, &mut session, &mut reads);
         while let Some(r) = next_read(
             ctx.config.reads.io_order,
             &pending,
@@ -255,29 +223,13 @@ pub(crate) fn dispatcher<T>(
                 reads.fill(access, Err(stopped()));
                 continue;
             }
-            let file = match &port {
-                Port::Session(_) => None,
-                Port::Engine { reader, .. } => {
-                    match reads.files.acquire(
-                        reader,
-                        ctx.meta(access.sample),
-                        ctx.config.reads.direct,
-                    ) {
-                        Ok(file) => Some(file),
-                        Err(e) => {
-                            reads.fill(access, Err(e));
-                            continue;
-                        }
-                    }
-                }
-            };
-            let key = reads.start(access, file);
+            let key = reads.start(access);
             debug_assert!(
                 ctx.config.reads.io_order != IoOrder::Deadline
                     || reads.in_flight.iter().sum::<u32>() <= budget,
                 "the node holds at most its io_depth budget in flight"
             );
-            if !submit(ctx, state, &mut port, &mut reads, key) {
+            if !submit(ctx, state, &mut session, &mut reads, key) {
                 reads.blocked.push_back(key);
             }
         }
@@ -302,42 +254,24 @@ pub(crate) fn dispatcher<T>(
                 t.saturating_duration_since(now)
             })
             .min(idle_wait);
-        match &mut port {
-            Port::Session(session) if reads.in_reader > 0 => {
-                // With room for more, new requests are worth a look soon.
-                let wait = if room {
-                    until_timer.min(ROOM_WAIT)
-                } else {
-                    until_timer
-                };
-                session
-                    .wait_timeout(1, wait, &mut completed)
-                    .map_err(|e| Error::engine("reader session", e))?;
-            }
-            Port::Session(_) => match requests.recv_timeout(until_timer) {
+        if reads.in_reader > 0 {
+            // With room for more, new requests are worth a look soon.
+            let wait = if room {
+                until_timer.min(ROOM_WAIT)
+            } else {
+                until_timer
+            };
+            session
+                .wait_timeout(1, wait, &mut completed)
+                .map_err(|e| Error::engine("reader session", e))?;
+        } else {
+            match requests.recv_timeout(until_timer) {
                 Ok(msg) => take(msg, &mut pending, &mut allocations),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
                     return Err(Error::Stopped {
                         reason: "the dispatcher's queue closed".into(),
                     })
-                }
-            },
-            Port::Engine { completions, .. } => {
-                select! {
-                    recv(requests) -> msg => {
-                        if let Ok(msg) = msg {
-                            take(msg, &mut pending, &mut allocations);
-                        }
-                    },
-                    recv(completions) -> c => {
-                        let Ok(c) = c else {
-                            return Err(Error::Stopped { reason: "the reader's completion queue closed".into() });
-                        };
-                        completed.push(c);
-                        completed.extend(completions.try_iter());
-                    },
-                    default(until_timer) => {}
                 }
             }
         }
@@ -357,7 +291,7 @@ pub(crate) fn dispatcher<T>(
                 }
                 // A retry's backoff is over.
                 None => {
-                    if !submit(ctx, state, &mut port, &mut reads, key) {
+                    if !submit(ctx, state, &mut session, &mut reads, key) {
                         reads.blocked.push_back(key);
                     }
                 }
@@ -384,43 +318,31 @@ fn take(
     }
 }
 
-/// Hands read `key` (a first attempt or a retry) to the port; a refused submission fails
-/// the sample. `false`: the ring's session has no pool memory for it while its other reads
-/// hold some; it keeps its io_depth slot and goes again when memory is back.
+/// Hands read `key` (a first attempt or a retry) to the session; a refused submission fails
+/// the sample. `false`: the session has no pool memory for it while its other reads hold
+/// some; it keeps its io_depth slot and goes again when memory is back.
 fn submit<T>(
     ctx: &Context<T>,
     state: &PipelineState<T>,
-    port: &mut Port<'_>,
+    session: &mut Session,
     reads: &mut Reads,
     key: usize,
 ) -> bool {
     let read = &reads.slab[key];
     let meta = ctx.meta(read.access.sample);
-    let (class, tag) = (read.access.rank, key as u64);
-    let submitted = match (port, read.file) {
-        // A whole file asks one byte more than the sample: a file that grew since the
-        // dataset was opened shows as too long, without a stat. Queued without a system
-        // call: the reads of a loop reach the kernel together when the dispatcher next
-        // waits in the ring.
-        (Port::Session(session), _) => session.queue_path(PathRead {
-            path: meta.path.clone(),
-            dir: ctx.dirs.as_ref().and_then(|d| d.dir(meta)).cloned(),
-            direct: ctx.config.reads.direct,
-            offset: meta.offset,
-            len: meta.read_len(),
-            to_eof: meta.whole_file,
-            class,
-            tag,
-        }),
-        (Port::Engine { reader, .. }, Some(file)) => reader.submit(ReadRequest {
-            file,
-            offset: meta.offset,
-            len: meta.size_bytes as usize,
-            class,
-            tag,
-        }),
-        (Port::Engine { .. }, None) => unreachable!("an engine read holds an open file"),
-    };
+    // A whole file asks one byte more than the sample: a file that grew since the dataset
+    // was opened shows as too long, without a stat. Queued without a system call: the reads
+    // of a loop reach the kernel together when the dispatcher next waits in the ring.
+    let submitted = session.queue_path(PathRead {
+        path: meta.path.clone(),
+        dir: ctx.dirs.as_ref().and_then(|d| d.dir(meta)).cloned(),
+        direct: ctx.config.reads.direct,
+        offset: meta.offset,
+        len: meta.read_len(),
+        to_eof: meta.whole_file,
+        class: read.access.rank,
+        tag: key as u64,
+    });
     match submitted {
         Ok(()) => {
             let read = &mut reads.slab[key];
@@ -442,11 +364,11 @@ fn submit<T>(
 fn submit_blocked<T>(
     ctx: &Context<T>,
     state: &PipelineState<T>,
-    port: &mut Port<'_>,
+    session: &mut Session,
     reads: &mut Reads,
 ) {
     while let Some(&key) = reads.blocked.front() {
-        if !submit(ctx, state, port, reads, key) {
+        if !submit(ctx, state, session, reads, key) {
             return;
         }
         reads.blocked.pop_front();
@@ -476,7 +398,7 @@ fn on_completion<T>(
         .fate(attempt, c.result.map_err(ReadFailure::from));
     match outcome {
         Fate::Retry { at } => {
-            // Keeps its io_depth slot (and its open file).
+            // Keeps its io_depth slot.
             reads.slab[key].attempt += 1;
             reads.timers.push(Reverse((at, key)));
         }

@@ -37,6 +37,9 @@
 //!   ring: same methods, limits, completions and errors (a read by path is opened, read and
 //!   closed on the worker). `LOBSTER_IO=pread|uring` or [`ReaderConfig::backend`] forces a
 //!   backend; [`Reader::backend`] says which runs and why.
+//! - **Besides reads**, the memory a node cache keeps samples in after their reads, apart
+//!   from the pool ([`Arena`], [`copy_to_pages`]: the `memory` module), and
+//!   [`run_as_batch`], the scheduling class of a loader's background threads.
 //! - **Drop.** A session waits for its reads in the kernel (or at the workers) and drops
 //!   those still queued; the reader joins its pread workers once the last session and
 //!   handle are gone.
@@ -75,7 +78,6 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
-mod arena;
 mod background;
 mod classes;
 mod completion;
@@ -84,8 +86,7 @@ mod error;
 mod file_ref;
 mod files;
 mod job;
-mod mapping;
-mod pages;
+mod memory;
 mod pool;
 mod pread;
 mod reader;
@@ -96,13 +97,13 @@ mod state;
 mod types;
 mod uring;
 
-pub use arena::Arena;
 pub use background::run_as_batch;
 pub use completion::Completion;
 pub use direct::read_direct;
 pub use error::ReadError;
 pub use file_ref::{open_dir, open_files_limit, FileRef};
-pub use pages::copy_to_pages;
+pub use memory::arena::Arena;
+pub use memory::pages::copy_to_pages;
 pub use pool::block_bytes;
 pub use reader::{ActiveBackend, Backend, BackendInfo, Reader, ReaderBuilder, ReaderConfig};
 pub use resident::{read_resident, Resident};

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::Bytes;
 
 use crate::file_ref::FileRef;
-use crate::mapping::Mapping;
+use crate::memory::mapping::Mapping;
 use crate::resident::{fill_nowait, Resident};
 
 const PAGE_BYTES: usize = 4096;

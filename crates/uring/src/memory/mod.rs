@@ -1,0 +1,17 @@
+//! Memory that is not a read's: what a node cache keeps samples in once their reads are
+//! over, apart from the reader's pool, which only holds reads in flight and the bytes they
+//! became.
+//!
+//! - [`arena::Arena`]: one mapping for the cache's large samples, faulted in as used and
+//!   carved into runs of whole pages that go back to it when their last `Bytes` drops (no
+//!   mapping, and no address-space lock, per sample).
+//! - [`pages::copy_to_pages`]: a copy in a mapping of its own, for when there is no arena or
+//!   it is full.
+//! - [`mapping::Mapping`]: the private anonymous mapping under both, and under the pool.
+//!
+//! Nothing here touches io_uring; the crate re-exports `Arena` and `copy_to_pages` at its
+//! root.
+
+pub(crate) mod arena;
+pub(crate) mod mapping;
+pub(crate) mod pages;

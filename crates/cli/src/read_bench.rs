@@ -7,17 +7,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::run::BackendArg;
 use anyhow::{bail, Context};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use lobster_io::uring::{Backend, FileId, OpenOptions, PathRead, ReadRequest, Reader, Session};
 use rand::{rngs::StdRng, Rng, SeedableRng};
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum BackendArg {
-    Auto,
-    Uring,
-    Pread,
-}
 
 #[derive(Debug, Args)]
 pub struct ReadBenchArgs {
@@ -143,11 +137,7 @@ pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
     if args.threads == 0 {
         bail!("--threads must be at least 1");
     }
-    let backend = match args.backend {
-        BackendArg::Auto => Backend::Auto,
-        BackendArg::Uring => Backend::Uring,
-        BackendArg::Pread => Backend::Pread,
-    };
+    let backend = args.backend.backend();
     if args.by_path {
         let files = list_files(&args.file, args.bs)?;
         return run_sessions(args, backend, Targets::Paths(files));

@@ -9,7 +9,7 @@
 //! # Sharing
 //! Every process maps the same pages, so who may touch which range when is the slot
 //! protocol's business, not this type's: a range is written by one writer while no one reads
-//! it, and read only while no one writes it. `Arena::write_at` and `Arena::read_at` check
+//! it, and read only while no one writes it. `SharedArena::write_at` and `SharedArena::read_at` check
 //! bounds but cannot check that protocol.
 
 use std::ffi::CString;
@@ -22,7 +22,7 @@ use std::ptr::{self, NonNull};
 use crate::error::NodeError;
 
 /// A shared memory region made with `memfd_create`, mapped `MAP_SHARED`.
-pub struct Arena {
+pub struct SharedArena {
     fd: OwnedFd,
     base: NonNull<u8>,
     len: usize,
@@ -32,11 +32,11 @@ pub struct Arena {
 // SAFETY: the mapping is process-wide memory owned by the arena until it drops, not tied to
 // the thread that made it; which thread may touch which range is the slot protocol's
 // contract (see the module docs), the same across threads as across processes.
-unsafe impl Send for Arena {}
-// SAFETY: as above; `&Arena` gives only bounds-checked access to the mapping.
-unsafe impl Sync for Arena {}
+unsafe impl Send for SharedArena {}
+// SAFETY: as above; `&SharedArena` gives only bounds-checked access to the mapping.
+unsafe impl Sync for SharedArena {}
 
-impl Arena {
+impl SharedArena {
     /// Makes an arena of `bytes`, named `name` (it shows in `/proc/PID/fd` as `memfd:name`),
     /// closed on exec. Pages are not faulted in here: memory is used as batches land.
     ///
@@ -45,7 +45,7 @@ impl Arena {
     /// `InvalidInput`); `bytes` is over `MemAvailable` in `/proc/meminfo`
     /// ([`NodeError::ArenaTooLarge`]; not checked when that file cannot be read); a system
     /// call fails ([`NodeError::Os`]).
-    pub fn create(name: &str, bytes: u64) -> Result<Arena, NodeError> {
+    pub fn create(name: &str, bytes: u64) -> Result<SharedArena, NodeError> {
         let what = format!("arena {name:?} of {bytes} bytes");
         let len = checked_len(bytes, "mmap", &what)?;
         match mem_available_bytes() {
@@ -85,7 +85,7 @@ impl Arena {
             return Err(NodeError::last_os("fcntl(F_ADD_SEALS)", what));
         }
         let base = map(fd.as_fd(), len, &what)?;
-        Ok(Arena {
+        Ok(SharedArena {
             fd,
             base,
             len,
@@ -99,7 +99,7 @@ impl Arena {
     /// # Errors
     /// `bytes` is 0 or over `isize::MAX` (`InvalidInput`), the file is not `bytes` long
     /// (`InvalidData`), or a system call fails: all [`NodeError::Os`].
-    pub fn from_fd(fd: OwnedFd, bytes: u64) -> Result<Arena, NodeError> {
+    pub fn from_fd(fd: OwnedFd, bytes: u64) -> Result<SharedArena, NodeError> {
         let name = fd_name(fd.as_fd());
         let what = format!("arena {name:?} of {bytes} bytes");
         let len = checked_len(bytes, "mmap", &what)?;
@@ -121,7 +121,7 @@ impl Arena {
             });
         }
         let base = map(fd.as_fd(), len, &what)?;
-        Ok(Arena {
+        Ok(SharedArena {
             fd,
             base,
             len,
@@ -179,8 +179,8 @@ impl Arena {
     /// # Safety
     /// The caller may read and write `len` bytes from the pointer only:
     /// - while the slot protocol gives it the range alone: no other writer, and no reader
-    ///   (in this process or another) and no slice from `Arena::read_at` over the range;
-    /// - while this `Arena` lives: the pointer dangles once it drops.
+    ///   (in this process or another) and no slice from `SharedArena::read_at` over the range;
+    /// - while this `SharedArena` lives: the pointer dangles once it drops.
     ///
     /// # Panics
     /// The range is out of bounds.
@@ -204,7 +204,7 @@ impl Arena {
     }
 }
 
-impl Drop for Arena {
+impl Drop for SharedArena {
     fn drop(&mut self) {
         // SAFETY: the mapping is this arena's; slices from `read_at` borrow `self` so none
         // outlives it, and `range_ptr`'s contract forbids using its pointers after the drop.
@@ -219,9 +219,9 @@ impl Drop for Arena {
     }
 }
 
-impl fmt::Debug for Arena {
+impl fmt::Debug for SharedArena {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Arena")
+        f.debug_struct("SharedArena")
             .field("name", &self.name)
             .field("len", &self.len)
             .finish_non_exhaustive()
@@ -322,12 +322,12 @@ mod tests {
     #[test]
     fn arena_is_send_and_sync() {
         fn send_sync<T: Send + Sync>() {}
-        send_sync::<Arena>();
+        send_sync::<SharedArena>();
     }
 
     #[test]
     fn write_then_read_round_trips() {
-        let arena = Arena::create(&unique("round-trip"), 4 * PAGE_BYTES).unwrap();
+        let arena = SharedArena::create(&unique("round-trip"), 4 * PAGE_BYTES).unwrap();
         assert_eq!(arena.len(), 4 * PAGE_BYTES as usize);
         assert!(!arena.is_empty());
         assert_eq!(
@@ -347,7 +347,7 @@ mod tests {
 
     #[test]
     fn range_ptr_writes_land_in_the_arena() {
-        let arena = Arena::create(&unique("range-ptr"), PAGE_BYTES).unwrap();
+        let arena = SharedArena::create(&unique("range-ptr"), PAGE_BYTES).unwrap();
         // SAFETY: this test alone uses the arena, and no slice over the range is alive.
         unsafe {
             let ptr = arena.range_ptr(100, 4);
@@ -359,8 +359,8 @@ mod tests {
     #[test]
     fn a_second_mapping_shares_the_pages() {
         let bytes = 2 * PAGE_BYTES;
-        let first = Arena::create(&unique("shared"), bytes).unwrap();
-        let second = Arena::from_fd(first.fd().try_clone_to_owned().unwrap(), bytes).unwrap();
+        let first = SharedArena::create(&unique("shared"), bytes).unwrap();
+        let second = SharedArena::from_fd(first.fd().try_clone_to_owned().unwrap(), bytes).unwrap();
         assert_eq!(second.len(), first.len());
         assert_ne!(first.base, second.base, "two mappings, not one");
         first.write_at(5000, b"from the first");
@@ -372,16 +372,19 @@ mod tests {
         assert_eq!(second.read_at(5000, 14), b"from the first");
         assert_eq!(
             format!("{second:?}"),
-            format!("Arena {{ name: {:?}, len: 8192, .. }}", unique("shared"))
+            format!(
+                "SharedArena {{ name: {:?}, len: 8192, .. }}",
+                unique("shared")
+            )
         );
     }
 
     #[test]
     fn from_fd_refuses_the_wrong_size() {
-        let arena = Arena::create(&unique("wrong-size"), PAGE_BYTES).unwrap();
+        let arena = SharedArena::create(&unique("wrong-size"), PAGE_BYTES).unwrap();
         for bytes in [PAGE_BYTES + 1, PAGE_BYTES - 1] {
             let dup = arena.fd().try_clone_to_owned().unwrap();
-            let err = Arena::from_fd(dup, bytes).unwrap_err();
+            let err = SharedArena::from_fd(dup, bytes).unwrap_err();
             assert_eq!(os_kind(&err), io::ErrorKind::InvalidData, "{err}");
             let message = err.to_string();
             assert!(message.contains("fstat"), "{message}");
@@ -399,10 +402,10 @@ mod tests {
     #[test]
     fn sizes_out_of_range_are_refused() {
         for bytes in [0, isize::MAX as u64 + 1, u64::MAX] {
-            let err = Arena::create(&unique("bad-size"), bytes).unwrap_err();
+            let err = SharedArena::create(&unique("bad-size"), bytes).unwrap_err();
             assert_eq!(os_kind(&err), io::ErrorKind::InvalidInput, "{err}");
         }
-        let err = Arena::create("nul\0name", PAGE_BYTES).unwrap_err();
+        let err = SharedArena::create("nul\0name", PAGE_BYTES).unwrap_err();
         assert_eq!(os_kind(&err), io::ErrorKind::InvalidInput, "{err}");
     }
 
@@ -411,7 +414,7 @@ mod tests {
         let available = mem_available_bytes().expect("/proc/meminfo has MemAvailable");
         // Twice over, so memory freed meanwhile does not let it through.
         let bytes = available.saturating_mul(2).saturating_add(1 << 30);
-        match Arena::create(&unique("too-large"), bytes) {
+        match SharedArena::create(&unique("too-large"), bytes) {
             Err(NodeError::ArenaTooLarge {
                 bytes: asked,
                 available_bytes,
@@ -434,7 +437,7 @@ mod tests {
 
     #[test]
     fn size_is_sealed_and_fd_closes_on_exec() {
-        let arena = Arena::create(&unique("sealed"), PAGE_BYTES).unwrap();
+        let arena = SharedArena::create(&unique("sealed"), PAGE_BYTES).unwrap();
         assert_ne!(fd_flags(arena.fd()) & libc::FD_CLOEXEC, 0);
         // SAFETY: plain system call on an open descriptor.
         let rc = unsafe { libc::ftruncate(arena.fd().as_raw_fd(), 0) };
@@ -445,21 +448,21 @@ mod tests {
     #[test]
     #[should_panic(expected = "out of bounds")]
     fn read_past_the_end_panics() {
-        let arena = Arena::create(&unique("oob-read"), PAGE_BYTES).unwrap();
+        let arena = SharedArena::create(&unique("oob-read"), PAGE_BYTES).unwrap();
         arena.read_at(PAGE_BYTES as usize - 2, 4);
     }
 
     #[test]
     #[should_panic(expected = "out of bounds")]
     fn read_with_overflowing_range_panics() {
-        let arena = Arena::create(&unique("oob-overflow"), PAGE_BYTES).unwrap();
+        let arena = SharedArena::create(&unique("oob-overflow"), PAGE_BYTES).unwrap();
         arena.read_at(usize::MAX, 2);
     }
 
     #[test]
     #[should_panic(expected = "out of bounds")]
     fn write_past_the_end_panics() {
-        let arena = Arena::create(&unique("oob-write"), PAGE_BYTES).unwrap();
+        let arena = SharedArena::create(&unique("oob-write"), PAGE_BYTES).unwrap();
         arena.write_at(PAGE_BYTES as usize, b"x");
     }
 
@@ -484,7 +487,7 @@ mod tests {
     #[test]
     fn leaves_nothing_in_dev_shm_and_unmaps_on_drop() {
         let name = unique("no-trace");
-        let arena = Arena::create(&name, PAGE_BYTES).unwrap();
+        let arena = SharedArena::create(&name, PAGE_BYTES).unwrap();
         arena.write_at(0, b"x");
         // A memfd, named as asked, lives in no file system.
         let target = std::fs::read_link(format!("/proc/self/fd/{}", arena.fd().as_raw_fd()));

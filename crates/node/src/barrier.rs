@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::arena::Arena;
+use crate::arena::SharedArena;
 
 /// Bytes the header takes at the arena's start; slots follow.
 pub(crate) const HEADER_BYTES: u64 = 4096;
@@ -38,7 +38,7 @@ pub(crate) enum Broken {
 }
 
 /// The header of `arena`.
-fn header(arena: &Arena) -> &Header {
+fn header(arena: &SharedArena) -> &Header {
     const _: () = assert!(std::mem::size_of::<Header>() as u64 <= HEADER_BYTES);
     // SAFETY: the header's bytes lie in the mapping (checked by range_ptr), which is page
     // aligned (mmap), so aligned for the atomics; a memfd starts zeroed, which is a valid
@@ -52,12 +52,12 @@ fn header(arena: &Arena) -> &Header {
 }
 
 /// Readies a new arena's header (the host, before any rank attaches).
-pub(crate) fn init(arena: &Arena) {
+pub(crate) fn init(arena: &SharedArena) {
     header(arena).failed_step.store(u64::MAX, Ordering::Release);
 }
 
 /// Marks the job stopped and wakes every waiting rank (the host).
-pub(crate) fn stop(arena: &Arena) {
+pub(crate) fn stop(arena: &SharedArena) {
     let h = header(arena);
     h.stopped.store(1, Ordering::Release);
     // The generation stays: a barrier every rank completed is not undone by a later stop.
@@ -69,7 +69,7 @@ pub(crate) fn stop(arena: &Arena) {
 /// this rank. `Ok(true)` when some rank failed at or before `step`. `alive` is asked every
 /// [`POLL`] while waiting.
 pub(crate) fn wait(
-    arena: &Arena,
+    arena: &SharedArena,
     parties: u32,
     step: u64,
     failed: bool,
@@ -139,8 +139,8 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
-    fn arena() -> Arc<Arena> {
-        let a = Arena::create("barrier test", HEADER_BYTES).unwrap();
+    fn arena() -> Arc<SharedArena> {
+        let a = SharedArena::create("barrier test", HEADER_BYTES).unwrap();
         init(&a);
         Arc::new(a)
     }

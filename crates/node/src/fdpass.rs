@@ -183,7 +183,7 @@ fn message<const N: usize>(iov: &mut libc::iovec, control: &mut Control<N>) -> l
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Arena;
+    use crate::SharedArena;
     use std::io::Read;
     use std::os::fd::AsFd;
 
@@ -242,7 +242,7 @@ mod tests {
     fn an_arena_passed_over_a_socket_shows_the_senders_writes() {
         let (host, rank) = UnixStream::pair().unwrap();
         let bytes = 3 * 4096;
-        let arena = Arena::create("lobster-test-fdpass", bytes).unwrap();
+        let arena = SharedArena::create("lobster-test-fdpass", bytes).unwrap();
         arena.write_at(4097, b"batch 0");
         send_with_fd(&host, b"arena 12288", arena.fd()).unwrap();
 
@@ -252,7 +252,7 @@ mod tests {
         let fd = fd.expect("a descriptor came");
         assert_ne!(fd.as_raw_fd(), arena.fd().as_raw_fd(), "a new descriptor");
         assert!(cloexec(fd.as_fd()), "received with MSG_CMSG_CLOEXEC");
-        let mapped = Arena::from_fd(fd, bytes).unwrap();
+        let mapped = SharedArena::from_fd(fd, bytes).unwrap();
         assert_eq!(mapped.read_at(4097, 7), b"batch 0");
         // Later writes too: the same pages, not a copy.
         arena.write_at(0, b"batch 1");
@@ -282,7 +282,7 @@ mod tests {
     #[test]
     fn a_short_buffer_leaves_the_rest_for_ordinary_reads() {
         let (host, rank) = UnixStream::pair().unwrap();
-        let arena = Arena::create("lobster-test-fdpass-short", 4096).unwrap();
+        let arena = SharedArena::create("lobster-test-fdpass-short", 4096).unwrap();
         let payload: Vec<u8> = (0..MAX_PAYLOAD_BYTES).map(|i| (i % 251) as u8).collect();
         // The socket buffer may not hold 64 KiB at once: send from another thread.
         let fd = arena.fd().try_clone_to_owned().unwrap();
@@ -313,7 +313,7 @@ mod tests {
     fn extra_descriptors_are_refused_and_closed() {
         let name = "lobster-test-fdpass-extra";
         let (host, rank) = UnixStream::pair().unwrap();
-        let arena = Arena::create(name, 4096).unwrap();
+        let arena = SharedArena::create(name, 4096).unwrap();
         let raw = arena.fd().as_raw_fd();
         send_fds(&host, b"two", &[raw, raw]);
         assert_eq!(fds_on(name), 1);
@@ -327,7 +327,7 @@ mod tests {
     fn truncated_control_data_is_refused_and_closed() {
         let name = "lobster-test-fdpass-ctrunc";
         let (host, rank) = UnixStream::pair().unwrap();
-        let arena = Arena::create(name, 4096).unwrap();
+        let arena = SharedArena::create(name, 4096).unwrap();
         // More than the receive buffer has room for.
         send_fds(
             &host,

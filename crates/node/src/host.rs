@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use lobster_io::{Dataset, Loader, LoaderConfig, RankHandle, RunMetrics};
 
-use crate::arena::Arena;
+use crate::arena::SharedArena;
 use crate::barrier;
 use crate::error::{Failure, NodeError};
 use crate::fdpass::send_with_fd;
@@ -66,11 +66,11 @@ pub fn fingerprint(dataset: &Dataset, config: &LoaderConfig, seed: u64) -> Vec<(
 }
 
 /// The loader, whatever its sample type: what the host asks of it after start.
-trait Engine: Send {
+trait HostedLoader: Send {
     fn metrics(&self) -> RunMetrics;
 }
 
-impl<T: Send + 'static> Engine for Loader<T> {
+impl<T: Send + 'static> HostedLoader for Loader<T> {
     fn metrics(&self) -> RunMetrics {
         Loader::metrics(self)
     }
@@ -125,12 +125,12 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     changed: Condvar,
-    arena: Arena,
+    arena: SharedArena,
     options: HostOptions,
     config: Vec<(String, String)>,
     address: String,
     /// Dropped (its threads stopped) when the job stops early.
-    loader: Mutex<Option<Box<dyn Engine>>>,
+    loader: Mutex<Option<Box<dyn HostedLoader>>>,
 }
 
 impl Shared {
@@ -227,7 +227,7 @@ impl NodeHost {
                 reason: format!("{} bytes a slot overflow the arena", options.slot_bytes),
             })?;
         let address = env.address();
-        let arena = Arena::create(&format!("lobster-node {address}"), arena_bytes)?;
+        let arena = SharedArena::create(&format!("lobster-node {address}"), arena_bytes)?;
         barrier::init(&arena);
         let addr = SocketAddr::from_abstract_name(address.as_bytes())
             .map_err(|e| os("bind", &address, e))?;

@@ -70,7 +70,7 @@ mod launch;
 mod rank;
 mod wire;
 
-pub use arena::Arena;
+pub use arena::SharedArena;
 pub use error::{Failure, NodeError};
 pub use host::{fingerprint, HostOptions, NodeHost};
 pub use launch::NodeEnv;

@@ -8,7 +8,7 @@ use std::os::unix::net::{SocketAddr, UnixStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::arena::Arena;
+use crate::arena::SharedArena;
 use crate::barrier::{self, Broken};
 use crate::error::NodeError;
 use crate::fdpass::recv_with_fd;
@@ -16,7 +16,7 @@ use crate::launch::NodeEnv;
 use crate::wire::{read_body, read_frame, stop_error, Placed, ToHost, ToRank};
 
 struct Inner {
-    arena: Arena,
+    arena: SharedArena,
     /// For releases, which batches send from whichever thread drops them.
     writer: Mutex<UnixStream>,
 }
@@ -134,7 +134,7 @@ impl NodeRank {
         let fd = fd.ok_or_else(|| NodeError::Protocol {
             reason: "the welcome came without the arena".into(),
         })?;
-        let arena = Arena::from_fd(fd, arena_bytes)?;
+        let arena = SharedArena::from_fd(fd, arena_bytes)?;
         let writer = stream.try_clone().map_err(|e| NodeError::Os {
             call: "dup",
             what: address.clone(),

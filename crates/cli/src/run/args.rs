@@ -200,6 +200,16 @@ pub enum BackendArg {
     Pread,
 }
 
+impl BackendArg {
+    pub(crate) fn backend(self) -> Backend {
+        match self {
+            BackendArg::Auto => Backend::Auto,
+            BackendArg::Uring => Backend::Uring,
+            BackendArg::Pread => Backend::Pread,
+        }
+    }
+}
+
 /// What the cache keeps of a sample, as the CLI spells it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -374,11 +384,7 @@ impl RunArgs {
                     IoOrderArg::Deadline => IoOrder::Deadline,
                     IoOrderArg::Shares => IoOrder::Shares,
                 },
-                backend: match self.backend {
-                    BackendArg::Auto => Backend::Auto,
-                    BackendArg::Uring => Backend::Uring,
-                    BackendArg::Pread => Backend::Pread,
-                },
+                backend: self.backend.backend(),
                 direct: self.direct,
                 storage_emulation: (self.storage_mbps > 0.0).then_some(StorageEmulation {
                     bandwidth_bytes_per_s: self.storage_mbps * 1e6,

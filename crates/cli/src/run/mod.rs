@@ -17,6 +17,7 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use lobster_io::{Dataset, ErrorPolicy, LoaderBuilder, RunMetrics, SampleMeta};
 
+pub(crate) use args::BackendArg;
 use args::RanksAs;
 pub use args::RunArgs;
 pub(crate) use dataset::default_dataset;

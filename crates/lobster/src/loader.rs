@@ -518,8 +518,9 @@ fn pool_accesses(config: &LoaderConfig) -> usize {
 /// Correctness does not depend on it: blocks are held by reads in flight, completions the
 /// dispatcher has not taken yet, reads parked for emulated storage time, and samples awaiting
 /// decode. Decode workers always drain (they take no pool memory and wait on nothing that
-/// does), and the dispatcher never waits for pool memory (`Reader::submit` leaves a read that
-/// finds no free block waiting in the reader), so every block is eventually returned and
+/// does), and the dispatcher never waits for pool memory (its session refuses a read that
+/// finds no free block while others hold some, and the dispatcher tries it again when memory
+/// is back), so every block is eventually returned and
 /// coalesced and any budget of one largest block or more makes progress. A budget below
 /// the working set costs throughput (reads wait for memory), not a deadlock.
 fn pool_shape(config: &LoaderConfig, dataset: &Dataset) -> (u64, u64) {

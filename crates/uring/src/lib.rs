@@ -37,9 +37,10 @@
 //!   ring: same methods, limits, completions and errors (a read by path is opened, read and
 //!   closed on the worker). `LOBSTER_IO=pread|uring` or [`ReaderConfig::backend`] forces a
 //!   backend; [`Reader::backend`] says which runs and why.
-//! - **Besides reads**, the memory a node cache keeps samples in after their reads, apart
-//!   from the pool ([`Arena`], [`copy_to_pages`]: the `memory` module), and
-//!   [`run_as_batch`], the scheduling class of a loader's background threads.
+//! - **Besides reads**, in a room of their own (the `system` module, none of it io_uring's):
+//!   the memory a node cache keeps samples in after their reads, apart from the pool
+//!   ([`Arena`], [`copy_to_pages`]), and [`run_as_batch`], the scheduling class of a loader's
+//!   background threads.
 //! - **Drop.** A session waits for its reads in the kernel (or at the workers) and drops
 //!   those still queued; the reader joins its pread workers once the last session and
 //!   handle are gone.
@@ -78,7 +79,6 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
-mod background;
 mod classes;
 mod completion;
 mod direct;
@@ -86,7 +86,6 @@ mod error;
 mod file_ref;
 mod files;
 mod job;
-mod memory;
 mod pool;
 mod pread;
 mod reader;
@@ -94,20 +93,21 @@ mod resident;
 mod ring;
 mod session;
 mod state;
+mod system;
 mod types;
 mod uring;
 
-pub use background::run_as_batch;
 pub use completion::Completion;
 pub use direct::read_direct;
 pub use error::ReadError;
 pub use file_ref::{open_dir, open_files_limit, FileRef};
-pub use memory::arena::Arena;
-pub use memory::pages::copy_to_pages;
 pub use pool::block_bytes;
 pub use reader::{ActiveBackend, Backend, BackendInfo, Reader, ReaderBuilder, ReaderConfig};
 pub use resident::{read_resident, Resident};
 pub use session::Session;
+pub use system::arena::Arena;
+pub use system::pages::copy_to_pages;
+pub use system::threads::run_as_batch;
 pub use types::{
     ClassStats, FileId, IoEvent, IoEventKind, Observer, OpenOptions, PathRead, ReadRequest,
     ReaderStats,

@@ -22,7 +22,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use bytes::Bytes;
 
-use crate::memory::mapping::Mapping;
+use crate::system::mapping::Mapping;
 
 /// The allocation unit: blocks are whole pages.
 pub(crate) const PAGE_BYTES: usize = 4096;

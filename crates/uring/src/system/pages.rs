@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 
-use crate::memory::mapping::Mapping;
+use crate::system::mapping::Mapping;
 
 /// Copies `data` into a private anonymous mapping of whole pages and returns it as `Bytes`;
 /// the mapping is unmapped when the last clone drops. The copy costs at most one page over

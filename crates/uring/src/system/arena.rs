@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::Bytes;
 
 use crate::file_ref::FileRef;
-use crate::memory::mapping::Mapping;
 use crate::resident::{fill_nowait, Resident};
+use crate::system::mapping::Mapping;
 
 const PAGE_BYTES: usize = 4096;
 

@@ -31,131 +31,141 @@ pub struct RunArgs {
     /// ('shards/train-{000000..000127}.tar', a directory of .tar files, or a list file);
     /// without it the default dataset is generated once into the cache directory
     /// (~/.cache/lobster-io) and reused.
-    #[arg(long)]
+    #[arg(help_heading = "Job", long)]
     pub data: Option<PathBuf>,
     /// Samples of the generated default dataset.
-    #[arg(long, default_value_t = 4000)]
+    #[arg(help_heading = "Job", long, default_value_t = 4000)]
     pub samples: u32,
     /// Nodes in the job.
-    #[arg(long, default_value_t = 4)]
+    #[arg(help_heading = "Job", long, default_value_t = 4)]
     pub nodes: usize,
     /// This node's index.
-    #[arg(long, default_value_t = 0)]
+    #[arg(help_heading = "Job", long, default_value_t = 0)]
     pub node: usize,
     /// Ranks (GPUs) per node.
-    #[arg(long, default_value_t = 4)]
+    #[arg(help_heading = "Job", long, default_value_t = 4)]
     pub ranks_per_node: usize,
     /// Samples per batch per rank.
-    #[arg(long, visible_alias = "batch", default_value_t = 16)]
+    #[arg(
+        help_heading = "Job",
+        long,
+        visible_alias = "batch",
+        default_value_t = 16
+    )]
     pub batch_size: usize,
     /// Epochs.
-    #[arg(long, default_value_t = 8)]
+    #[arg(help_heading = "Job", long, default_value_t = 8)]
     pub epochs: u32,
     /// Sampler seed.
-    #[arg(long, default_value_t = 0)]
+    #[arg(help_heading = "Job", long, default_value_t = 0)]
     pub seed: u64,
     /// Node cache capacity in bytes (overrides --cache-frac).
-    #[arg(long)]
+    #[arg(help_heading = "Cache", long)]
     pub cache_bytes: Option<u64>,
     /// Node cache capacity as a fraction of the dataset's bytes.
-    #[arg(long, default_value_t = 0.2)]
+    #[arg(help_heading = "Cache", long, default_value_t = 0.2)]
     pub cache_frac: f64,
     /// `all`, or a comma-separated list of pytorch, nopfs, lobster, lobster-cache-only,
     /// lobster-alloc-only, run in that order.
-    #[arg(long, default_value = "all")]
+    #[arg(help_heading = "Job", long, default_value = "all")]
     pub policy: Strategies,
     /// Reads in flight the node's ranks share (Lobster's io_depth budget). The default is
     /// deep enough for a local NVMe device, whose small reads gain from depth to about 128.
-    #[arg(long, default_value_t = 128)]
+    #[arg(help_heading = "Budgets", long, default_value_t = 128)]
     pub io_depth: usize,
     /// Decode threads the node's ranks share, for the pipelined policies (lobster,
     /// lobster-alloc-only).
-    #[arg(long, default_value_t = 8)]
+    #[arg(help_heading = "Budgets", long, default_value_t = 8)]
     pub decode_threads: usize,
     /// Workers per rank of the read-then-decode policies (pytorch, nopfs,
     /// lobster-cache-only); each holds one read in flight [default: io_depth / ranks_per_node,
     /// at least 1: the reads in flight of the pipelined policies].
-    #[arg(long)]
+    #[arg(help_heading = "Budgets", long)]
     pub workers_per_rank: Option<usize>,
     /// Iterations the loader may run ahead of the slowest rank.
-    #[arg(long, visible_alias = "prefetch", default_value_t = 2)]
+    #[arg(
+        help_heading = "Budgets",
+        long,
+        visible_alias = "prefetch",
+        default_value_t = 2
+    )]
     pub prefetch_iterations: usize,
     /// How the pipelined policies split the budgets among ranks: `allocate` (lobster-sched,
     /// every window) or `equal` (a fixed equal split), for ablations.
-    #[arg(long, value_enum, default_value_t = ScheduleArg::Allocate)]
+    #[arg(help_heading = "Budgets", long, value_enum, default_value_t = ScheduleArg::Allocate)]
     pub schedule: ScheduleArg,
     /// Fraction of predicted time an allocation change must save.
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(help_heading = "Budgets", long, default_value_t = 0.05)]
     pub hysteresis: f64,
     /// The decoder [default: jpeg with --data, so that a user's corrupt file shows;
     /// synthetic on the generated built-in dataset, whose decode cost it models].
-    #[arg(long, value_enum)]
+    #[arg(help_heading = "Decode", long, value_enum)]
     pub decoder: Option<Decoder>,
     /// What the jpeg decoder does to each image: `train` (RandomResizedCrop and a flip,
     /// seeded by seed, epoch and sample), `eval` (Resize and CenterCrop) or `none`.
     /// Transformed images are collated per batch into one [B, H, W, 3] buffer.
-    #[arg(long, value_enum, default_value_t = TransformArg::None)]
+    #[arg(help_heading = "Decode", long, value_enum, default_value_t = TransformArg::None)]
     pub transform: TransformArg,
     /// The side of the transformed images, pixels.
-    #[arg(long, default_value_t = 224)]
+    #[arg(help_heading = "Decode", long, default_value_t = 224)]
     pub image_size: u32,
     /// CPU microseconds per KiB for the synthetic decoder.
-    #[arg(long, default_value_t = 4.0)]
+    #[arg(help_heading = "Decode", long, default_value_t = 4.0)]
     pub decode_us_per_kb: f64,
     /// Simulated compute per iteration, milliseconds.
-    #[arg(long, default_value_t = 25.0)]
+    #[arg(help_heading = "Job", long, default_value_t = 25.0)]
     pub compute_ms: f64,
     /// Emulated shared storage bandwidth, MB/s (0: no emulation).
-    #[arg(long, default_value_t = 120.0)]
+    #[arg(help_heading = "Reads", long, default_value_t = 120.0)]
     pub storage_mbps: f64,
     /// Emulated storage latency per request, microseconds.
-    #[arg(long, default_value_t = 8000)]
+    #[arg(help_heading = "Reads", long, default_value_t = 8000)]
     pub storage_latency_us: u64,
     /// I/O backend of the pipelined policies.
-    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    #[arg(help_heading = "Reads", long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
     /// How the kernel schedules lobster's planner and decode workers (the lobster policies;
     /// pytorch's and nopfs's workers run as normal threads, as theirs do): `batch`
     /// (SCHED_BATCH: their wake-ups do not preempt the ranks) or `normal`.
-    #[arg(long, value_enum, default_value_t = PipelineThreadsArg::Batch)]
+    #[arg(help_heading = "Budgets", long, value_enum, default_value_t = PipelineThreadsArg::Batch)]
     pub pipeline_threads: PipelineThreadsArg,
     /// What lobster's reuse cache keeps of a sample: `encoded` bytes, `decoded` images, or
     /// `auto` (either, per sample and use, by the cost model). Default: auto with the jpeg
     /// decoder, encoded otherwise; policies without the reuse cache keep encoded bytes.
-    #[arg(long, value_enum)]
+    #[arg(help_heading = "Cache", long, value_enum)]
     pub cache_forms: Option<CacheFormsArg>,
     /// Lossy, off by default: decoded images the cache keeps are first brought down to at
     /// most this many pixels a side, so that hits on them transform a smaller image.
-    #[arg(long)]
+    #[arg(help_heading = "Cache", long)]
     pub decoded_max_side: Option<u32>,
     /// How the pipelined policies order storage reads: `deadline` (one node-wide queue, each
     /// iteration's reads ending together for every rank) or `shares` (each rank held to the
     /// allocator's io_depth share, as the paper's per-rank I/O threads).
-    #[arg(long, value_enum, default_value_t = IoOrderArg::Deadline)]
+    #[arg(help_heading = "Reads", long, value_enum, default_value_t = IoOrderArg::Deadline)]
     pub io_order: IoOrderArg,
     /// Read with O_DIRECT, every policy (the read-then-decode workers too, so that all of
     /// them read from the device, not from pages an earlier epoch left in the page cache).
-    #[arg(long)]
+    #[arg(help_heading = "Reads", long)]
     pub direct: bool,
     /// Write the configuration and results as JSON to this file.
-    #[arg(long)]
+    #[arg(help_heading = "Output", long)]
     pub json: Option<PathBuf>,
     /// No progress bar.
-    #[arg(long)]
+    #[arg(help_heading = "Output", long)]
     pub quiet: bool,
     /// How the node's ranks run: as threads of this process, or as processes (this program
     /// run again once per local rank, each attached to one host in this process, as under
     /// torchrun: one cache and one set of budgets per node).
-    #[arg(long, value_enum, default_value_t = RanksAs::Threads)]
+    #[arg(help_heading = "Job", long, value_enum, default_value_t = RanksAs::Threads)]
     pub ranks_as: RanksAs,
     /// Run as one node of an MPI job (`mpirun -np NODES lobster run --mpi`): each node a
     /// process with its own emulated storage link, its ranks as threads, nodes in lock-step,
     /// and misses a peer's cache is planned to hold fetched from it; node 0 prints the
     /// job's table. Needs a build with `--features mpi`.
-    #[arg(long)]
+    #[arg(help_heading = "Job", long)]
     pub mpi: bool,
     /// With --mpi: no remote hits (nodes still train in lock-step), for comparison.
-    #[arg(long, requires = "mpi")]
+    #[arg(help_heading = "Job", long, requires = "mpi")]
     pub no_remote: bool,
     /// Internal: run as this local rank of a `--ranks-as processes` run.
     #[arg(long, hide = true, requires = "node_job")]
@@ -165,16 +175,16 @@ pub struct RunArgs {
     pub node_job: Option<String>,
     /// What a rank does with a sample that cannot be read or decoded: fail its batch, or skip
     /// the sample (the batch arrives short) within --max-failures per epoch.
-    #[arg(long, value_enum, default_value_t = OnError::Fail)]
+    #[arg(help_heading = "Decode", long, value_enum, default_value_t = OnError::Fail)]
     pub on_error: OnError,
     /// With --on-error skip: samples an epoch may skip on this node, a count N or a
     /// percentage P% of the epoch's accesses [default: 1%].
-    #[arg(long)]
+    #[arg(help_heading = "Decode", long)]
     pub max_failures: Option<FailureBudget>,
     /// Inject deterministic faults into storage reads:
     /// seed=S,eio=P,short=P,delay=P,corrupt=P[,delay_us=U] with P a probability per read.
     /// Corruption is caught only by a decoder that checks its input (--decoder jpeg).
-    #[arg(long)]
+    #[arg(help_heading = "Reads", long)]
     pub inject_faults: Option<FaultInjection>,
 }
 

@@ -21,21 +21,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
 done
 page_cache() {
     [[ -n $data ]] || return 0
-    python3 - "$mode" "$data" <<'PY'
-import os, sys
-mode, root = sys.argv[1], sys.argv[2]
-for d, _, files in os.walk(root):
-    for f in files:
-        fd = os.open(os.path.join(d, f), os.O_RDONLY)
-        try:
-            if mode == "warm":
-                while os.read(fd, 1 << 20):
-                    pass
-            else:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-PY
+    python3 "$(dirname "$0")/page_cache.py" "$mode" "$data"
 }
 direct=()
 [[ $mode == direct ]] && direct=(--direct)

@@ -47,21 +47,7 @@ samples_for() {
 
 # Reads every file of $2 (warm) or drops its pages from the page cache (direct).
 page_cache() {
-    python3 - "$1" "$2" <<'PY'
-import os, sys
-mode, root = sys.argv[1], sys.argv[2]
-for d, _, files in os.walk(root):
-    for f in files:
-        fd = os.open(os.path.join(d, f), os.O_RDONLY)
-        try:
-            if mode == "warm":
-                while os.read(fd, 1 << 20):
-                    pass
-            else:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-PY
+    python3 benches/page_cache.py "$1" "$2"
 }
 
 # run MODE DATA JSON POLICY [options...]: one policy in its own process.

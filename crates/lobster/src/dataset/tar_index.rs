@@ -44,7 +44,7 @@ pub(crate) fn members(file: &File, path: &Path) -> Result<Vec<Member>, Error> {
     let mut at = 0u64;
     let mut header = [0u8; BLOCK as usize];
     loop {
-        if at + BLOCK > len {
+        if at.checked_add(BLOCK).is_none_or(|end| end > len) {
             if at == len && pending.name.is_none() && pending.size.is_none() {
                 // No end-of-archive blocks: tolerated, as tar tools do.
                 return Ok(members);
@@ -96,7 +96,8 @@ pub(crate) fn members(file: &File, path: &Path) -> Result<Vec<Member>, Error> {
             b'0' | b'\0' | b'7' => pending.size.take().unwrap_or(size),
             _ => size,
         };
-        if data + size > len {
+        // Checked: a size near 2^64 must not wrap around to an offset inside the file.
+        if data.checked_add(size).is_none_or(|end| end > len) {
             let name = pending.name.as_deref().unwrap_or(&name);
             return Err(bad(
                 at,
@@ -130,7 +131,11 @@ pub(crate) fn members(file: &File, path: &Path) -> Result<Vec<Member>, Error> {
             // what an extension header said.
             _ => pending = Pending::default(),
         }
-        at = data + size.next_multiple_of(BLOCK);
+        // The member's end is within the file (checked above), so its padded end cannot
+        // overflow; and it is past this header, so indexing always moves forward.
+        let next = data + size.next_multiple_of(BLOCK);
+        debug_assert!(next > at, "indexing moves forward");
+        at = next;
     }
 }
 
@@ -227,6 +232,45 @@ mod tests {
         big[0] = 0x80;
         big[7] = 1;
         assert_eq!(number(&big), Some(1 << 32));
+    }
+
+    /// A ustar header for `name` whose size field holds `size` in base-256 (any u64).
+    fn header(name: &str, size: u64) -> [u8; BLOCK as usize] {
+        let mut h = [0u8; BLOCK as usize];
+        h[..name.len()].copy_from_slice(name.as_bytes());
+        h[100..108].copy_from_slice(b"0000644\0");
+        h[124] = 0x80;
+        h[128..136].copy_from_slice(&size.to_be_bytes());
+        h[156] = b'0';
+        h[257..263].copy_from_slice(b"ustar\0");
+        h[148..156].fill(b' ');
+        let sum: u64 = h.iter().map(|&b| u64::from(b)).sum();
+        h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        h
+    }
+
+    #[test]
+    fn a_member_size_near_2_pow_64_is_refused_not_wrapped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hostile.tar");
+        for size in [u64::MAX, u64::MAX - 511, u64::MAX - (1 << 20)] {
+            let mut bytes = header("a.jpg", size).to_vec();
+            bytes.extend_from_slice(&[0u8; 2 * BLOCK as usize]);
+            std::fs::write(&path, &bytes).unwrap();
+            let file = File::open(&path).unwrap();
+            let e = members(&file, &path).unwrap_err().to_string();
+            assert!(
+                e.contains("hostile.tar") && e.contains("truncated") && e.contains("a.jpg"),
+                "{e}"
+            );
+        }
+        // A sane member after the same header shape is indexed.
+        let mut bytes = header("b.jpg", 3).to_vec();
+        bytes.extend_from_slice(&[7u8; BLOCK as usize]);
+        bytes.extend_from_slice(&[0u8; 2 * BLOCK as usize]);
+        std::fs::write(&path, &bytes).unwrap();
+        let m = members(&File::open(&path).unwrap(), &path).unwrap();
+        assert_eq!((m.len(), m[0].offset, m[0].size), (1, BLOCK, 3));
     }
 
     #[test]

@@ -242,3 +242,58 @@ fn a_shard_written_just_now_keeps_no_index() {
     assert_eq!(table(&ds), listing("wds-0.tar"));
     assert!(!kept.exists() || indexes(&kept).is_empty());
 }
+
+/// A ustar archive of `members` (name, bytes), in order, with its end blocks.
+fn ustar(members: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, bytes) in members {
+        let mut h = [0u8; 512];
+        h[..name.len()].copy_from_slice(name.as_bytes());
+        h[100..108].copy_from_slice(b"0000644\0");
+        h[124..136].copy_from_slice(format!("{:011o}\0", bytes.len()).as_bytes());
+        h[156] = b'0';
+        h[257..263].copy_from_slice(b"ustar\0");
+        h[148..156].fill(b' ');
+        let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+        h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        out.extend_from_slice(&h);
+        out.extend_from_slice(bytes);
+        out.resize(out.len().next_multiple_of(512), 0);
+    }
+    out.resize(out.len() + 1024, 0);
+    out
+}
+
+#[test]
+fn a_label_past_the_class_bound_is_refused_naming_the_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    for label in [
+        "4000000000",
+        "4294967295",
+        &lobster_io::CLASSES_MAX.to_string(),
+    ] {
+        let shard = dir.path().join("labels.tar");
+        let archive = ustar(&[
+            ("k0.jpg", b"abc"),
+            ("k0.cls", b"1"),
+            ("k1.jpg", b"defg"),
+            ("k1.cls", label.as_bytes()),
+        ]);
+        std::fs::write(&shard, archive).unwrap();
+        let e = refused(shard.to_str().unwrap());
+        assert!(
+            e.contains("labels.tar") && e.contains("\"k1\"") && e.contains(label),
+            "{label}: {e}"
+        );
+    }
+    // The largest supported label opens, with a name for every class below it.
+    let shard = dir.path().join("ok.tar");
+    let largest = (lobster_io::CLASSES_MAX - 1).to_string();
+    std::fs::write(
+        &shard,
+        ustar(&[("k0.jpg", b"abc"), ("k0.cls", largest.as_bytes())]),
+    )
+    .unwrap();
+    let ds = open(shard.to_str().unwrap()).unwrap();
+    assert_eq!(ds.classes().len(), lobster_io::CLASSES_MAX as usize);
+}

@@ -77,7 +77,9 @@ pub use config::{
     BudgetConfig, CacheConfig, CachePolicy, Execution, IoOrder, JobConfig, LoaderConfig,
     PipelineThreads, ReadConfig, ResidentReads, Schedule,
 };
-pub use dataset::{Dataset, FolderOptions, SampleMeta, SampleRecord, IMAGE_EXTENSIONS};
+pub use dataset::{
+    Dataset, FolderOptions, SampleMeta, SampleRecord, CLASSES_MAX, IMAGE_EXTENSIONS,
+};
 pub use emulate::StorageEmulation;
 pub use error::{Cause, Error};
 pub use faults::{AttemptFaults, ErrorPolicy, FailureBudget, Fault, FaultInjection, READ_ATTEMPTS};

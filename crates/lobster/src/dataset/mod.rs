@@ -15,6 +15,10 @@ mod table_file;
 mod tar_index;
 
 pub use folder::FolderOptions;
+
+/// The most classes a dataset may have (labels `0..CLASSES_MAX`): ImageNet-22k has 21,841,
+/// and a label read from a shard names every class below it.
+pub const CLASSES_MAX: u32 = 1 << 20;
 pub use table::{Dataset, SampleMeta, SampleRecord, IMAGE_EXTENSIONS};
 impl Dataset {
     /// Opens what `spec` names: WebDataset shards (a brace pattern, a `.tar` file, a list
@@ -93,6 +97,8 @@ impl Dataset {
             }))
     }
 
+    /// Opens shards; a label of [`CLASSES_MAX`] or more is refused, since every class up to
+    /// the largest label gets a name.
     fn shards_from(spec: &str, index_dir: Option<&Path>, reuse: bool) -> Result<Self, Error> {
         let paths = shards::shard_paths(spec)?;
         let indexed = shards::indexed(&paths, index_dir, reuse)?;
@@ -103,6 +109,17 @@ impl Dataset {
             for x in list {
                 let id = range_id(samples.len(), x.size)
                     .map_err(|what| Error::dataset(shard, format!("sample {:?}: {what}", x.key)))?;
+                if x.label >= CLASSES_MAX {
+                    return Err(Error::dataset(
+                        shard,
+                        format!(
+                            "sample {:?}: label {} is past the largest supported, {}",
+                            x.key,
+                            x.label,
+                            CLASSES_MAX - 1
+                        ),
+                    ));
+                }
                 samples.push(SampleMeta {
                     id,
                     label: x.label,

@@ -83,7 +83,7 @@ pub(crate) enum Read {
     PageCacheHit,
 }
 
-/// A storage read's place in the dispatcher's order, and its attempts.
+/// A storage read's place in the dispatcher's order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct StorageRead {
     /// Iterations since the first epoch's first: the read's deadline.
@@ -92,21 +92,6 @@ pub(crate) struct StorageRead {
     pub(crate) finish_ppm: u32,
     /// The sample's size: of reads that end their batches together, the largest goes first.
     pub(crate) bytes: u64,
-    /// The attempt the dispatcher starts at (a worker may have tried before).
-    pub(crate) attempt: u32,
-}
-
-impl StorageRead {
-    /// A read due at `step`, first among its batch's reads (late already, or the first
-    /// attempt of a batch's order before its fractions are set).
-    pub(crate) fn new(step: u64, bytes: u64, attempt: u32) -> Self {
-        StorageRead {
-            step,
-            finish_ppm: 0,
-            bytes,
-            attempt,
-        }
-    }
 }
 
 impl Access {

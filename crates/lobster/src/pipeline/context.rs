@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::config::LoaderConfig;
 use crate::dataset::{Dataset, SampleMeta};
 use crate::error::Cause;
+use crate::pipeline::access::{Read, StorageRead};
 use crate::pipeline::io::attempt::Storage;
 use crate::pipeline::io::dirs::SampleDirs;
 use crate::pipeline::plan::layout::Layout;
@@ -53,5 +54,16 @@ pub(crate) struct DecodedTier<T> {
 impl<T> Context<T> {
     pub(crate) fn meta(&self, sample: u32) -> &SampleMeta {
         &self.dataset.samples()[sample as usize]
+    }
+
+    /// A storage read of `sample` for iteration `iteration` of `epoch`, due at its step and
+    /// first among its batch's reads until the planner spreads them (a peer's fallback is
+    /// late already).
+    pub(crate) fn storage_read(&self, epoch: u32, iteration: usize, sample: u32) -> Read {
+        Read::Storage(StorageRead {
+            step: self.layout.step(epoch, iteration),
+            finish_ppm: 0,
+            bytes: self.meta(sample).size_bytes,
+        })
     }
 }

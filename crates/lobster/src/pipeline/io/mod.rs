@@ -89,7 +89,7 @@ impl Reads {
     fn start(&mut self, access: Access) -> usize {
         self.in_flight[access.rank] += 1;
         self.slab.insert(InFlight {
-            attempt: access.storage().attempt,
+            attempt: 0,
             access,
             issued: Instant::now(),
             due: None,

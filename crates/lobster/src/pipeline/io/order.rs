@@ -94,7 +94,6 @@ mod tests {
                 step,
                 finish_ppm,
                 bytes,
-                attempt: 0,
             }),
             slot: Some(crate::pipeline::access::AccessSlot::new()),
         }

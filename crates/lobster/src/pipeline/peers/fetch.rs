@@ -10,7 +10,7 @@ use bytes::Bytes;
 use lobster_net::Answer;
 use lobster_sched::Tier;
 
-use crate::pipeline::access::{self, Access, Read, StorageRead};
+use crate::pipeline::access::{self, Access};
 use crate::pipeline::context::Context;
 use crate::pipeline::io::order::ToDispatcher;
 use crate::pipeline::io::slot::Origin;
@@ -59,9 +59,7 @@ fn answered<T>(
         }
         None => {
             state.read_path.dispatched.fetch_add(1, Ordering::Relaxed);
-            let step = ctx.layout.step(access.epoch, access.iteration as usize);
-            let bytes = ctx.meta(access.sample).size_bytes;
-            access.read = Read::Storage(StorageRead::new(step, bytes, 0));
+            access.read = ctx.storage_read(access.epoch, access.iteration as usize, access.sample);
             let tx = state.to_dispatcher.as_ref().expect("pipelined");
             // Fails only once the pipeline stops, which then ends the sample anyway.
             let _ = tx.send(ToDispatcher::Reads(vec![access]));

@@ -18,7 +18,7 @@ use lobster_sched::{AllocConfig, Allocator, Budgets};
 use crate::config::{IoOrder, Schedule};
 use crate::error::Error;
 use crate::metrics::IterationMetrics;
-use crate::pipeline::access::{Access, AccessSlot, Cached, Read, Ready, StorageRead};
+use crate::pipeline::access::{Access, AccessSlot, Cached, Read, Ready};
 use crate::pipeline::context::Context;
 use crate::pipeline::deliver::reorder::PendingBatch;
 use crate::pipeline::io::order::{set_read_fractions, ToDispatcher};
@@ -222,8 +222,7 @@ pub(crate) fn planner<T: Send + 'static>(
                 let read = if cached.hit() {
                     Read::Cached
                 } else {
-                    let bytes = ctx.meta(sample).size_bytes;
-                    Read::Storage(StorageRead::new(layout.step(epoch, iteration), bytes, 0))
+                    ctx.storage_read(epoch, iteration, sample)
                 };
                 window.push(Access {
                     seq,

@@ -2,10 +2,10 @@
 # Alternating runs of `lobster run` settings on one dataset, each run its own process with the
 # page cache warmed before it; prints each setting's median samples/s, range and CPU.
 #
-# Usage: [N=5] [DATA=dir] benches/alternate.sh "label|policy and options" ...
-# e.g.   benches/alternate.sh "lobster|--policy lobster" \
-#            "lobster-normal|--policy lobster --pipeline-threads normal" \
-#            "pytorch-4|--policy pytorch --workers-per-rank 4"
+# Usage: [N=5] [DATA=dir] benches/alternate.sh "label|strategy and options" ...
+# e.g.   benches/alternate.sh "lobster|--strategy lobster" \
+#            "lobster-normal|--strategy lobster --pipeline-threads normal" \
+#            "pytorch-4|--strategy pytorch --workers-per-rank 4"
 # Every run adds RUN_OPTS (default: the 2 KiB overhead point's options). DATA defaults to
 # the 2 KiB set benches/overhead.sh generates.
 set -euo pipefail

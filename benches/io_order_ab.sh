@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B of the pipelined read order and schedule on the main job: runs `lobster run --policy
+# A/B of the pipelined read order and schedule on the main job: runs `lobster run --strategy
 # lobster` in four settings, interleaved RUNS times (the machine is shared and noisy; each
 # repetition starts one setting further along, so none always runs first), and
 # prints per setting the median figures and the ratio against the paper's mechanism (per-rank
@@ -17,7 +17,7 @@ settings=("shares allocate" "shares equal" "deadline allocate" "deadline equal")
 for i in $(seq 1 "$runs"); do
     for k in "${!settings[@]}"; do
         read -r order schedule <<<"${settings[$(((k + i) % ${#settings[@]}))]}"
-        "$bin" run --quiet --policy lobster --io-order "$order" \
+        "$bin" run --quiet --strategy lobster --io-order "$order" \
             --schedule "$schedule" --json "$out/$order-$schedule-$i.json" "$@" >/dev/null
     done
 done

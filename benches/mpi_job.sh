@@ -22,7 +22,7 @@ for ((i = 1; i <= runs; i++)); do
     for setting in "${order[@]}"; do
         extra=()
         [[ $setting == local ]] && extra=(--no-remote)
-        "${mpi[@]}" "$bin" run --mpi --quiet --nodes "$np" --policy nopfs,lobster \
+        "${mpi[@]}" "$bin" run --mpi --quiet --nodes "$np" --strategy nopfs,lobster \
             --json "$out/$setting-$i.json" "${extra[@]}" "$@" >/dev/null
     done
 done
@@ -30,21 +30,21 @@ python3 - "$out" "$runs" <<'PY'
 import json, statistics, sys
 out, runs = sys.argv[1], int(sys.argv[2])
 print(f"medians of {runs} runs; figures of the job (sums over nodes; samples/s: the job's samples over its slowest node's time)")
-print("| policy | remote hits | job samples/s | local hit ratio (mean of nodes) | remote hits | planned remote hits | remote misses |")
+print("| strategy | remote hits | job samples/s | local hit ratio (mean of nodes) | remote hits | planned remote hits | remote misses |")
 print("|---|---|---|---|---|---|---|")
-for policy in ("nopfs", "lobster"):
+for strategy in ("nopfs", "lobster"):
     for setting in ("local", "remote"):
         rows = []
         for i in range(1, runs + 1):
             nodes = json.load(open(f"{out}/{setting}-{i}.json"))["nodes"]
-            rs = [next(r for r in n if r["policy"] == policy) for n in nodes]
+            rs = [next(r for r in n if r["strategy"] == strategy) for n in nodes]
             samples = sum(r["samples"] for r in rs)
             slowest = max(r["samples"] / r["samples_per_second"] for r in rs)
             rows.append((samples / slowest, statistics.mean(r["hit_ratio"] for r in rs),
                          sum(r["remote_hits"] for r in rs), sum(r["planned_remote_hits"] for r in rs),
                          sum(r["remote_misses"] for r in rs)))
         med = [statistics.median(c) for c in zip(*rows)]
-        print("| %s | %s | %.0f | %.3f | %d | %d | %d |" % (policy, "yes" if setting == "remote" else "no", *med))
-    per_run = {s: [round(json.load(open(f"{out}/{s}-{i}.json"))["nodes"][0][[r["policy"] for r in json.load(open(f"{out}/{s}-{i}.json"))["nodes"][0]].index(policy)]["samples_per_second"]) for i in range(1, runs + 1)] for s in ("local", "remote")}
-    print(f"{policy}: node 0's samples/s per run: {per_run}")
+        print("| %s | %s | %.0f | %.3f | %d | %d | %d |" % (strategy, "yes" if setting == "remote" else "no", *med))
+    per_run = {s: [round(json.load(open(f"{out}/{s}-{i}.json"))["nodes"][0][[r["strategy"] for r in json.load(open(f"{out}/{s}-{i}.json"))["nodes"][0]].index(strategy)]["samples_per_second"]) for i in range(1, runs + 1)] for s in ("local", "remote")}
+    print(f"{strategy}: node 0's samples/s per run: {per_run}")
 PY

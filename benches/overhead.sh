@@ -9,7 +9,7 @@
 #
 # warm: every dataset file is read once before each run.
 # direct: before each run the dataset's pages are dropped from the page cache
-# (posix_fadvise DONTNEED, no root needed) and every policy reads with O_DIRECT (pytorch's
+# (posix_fadvise DONTNEED, no root needed) and every strategy reads with O_DIRECT (pytorch's
 # read-then-decode workers too), so both read every epoch from the device.
 #
 # Usage: [RUNS=3] [SIZES="2 16 128 1024"] [WORKERS="1 2 4 8 16"] [SAMPLES=N] [MODES="warm direct"]
@@ -50,14 +50,14 @@ page_cache() {
     python3 benches/page_cache.py "$1" "$2"
 }
 
-# run MODE DATA JSON POLICY [options...]: one policy in its own process.
+# run MODE DATA JSON STRATEGY [options...]: one strategy in its own process.
 run() {
-    local mode=$1 data=$2 json=$3 policy=$4
+    local mode=$1 data=$2 json=$3 strategy=$4
     shift 4
     local direct=()
     [[ $mode == direct ]] && direct=(--direct)
     page_cache "$mode" "$data"
-    "$bin" run --quiet --data "$data" --json "$json" --policy "$policy" "${direct[@]}" \
+    "$bin" run --quiet --data "$data" --json "$json" --strategy "$strategy" "${direct[@]}" \
         "${run_opts[@]}" "$@" "${extra[@]}" >/dev/null
 }
 extra=("$@")
@@ -108,10 +108,10 @@ for point in points:
     kb, mode = point.split("-")
     best = open(f"{out}/{point}-best").read().strip()
     med = {}
-    for policy in ("pytorch", "lobster"):
-        reports = [json.load(open(f"{out}/{point}-{policy}-{i}.json")) for i in range(1, runs + 1)]
+    for strategy in ("pytorch", "lobster"):
+        reports = [json.load(open(f"{out}/{point}-{strategy}-{i}.json")) for i in range(1, runs + 1)]
         results = [r["results"][0] for r in reports]
-        med[policy] = (
+        med[strategy] = (
             statistics.median(r["samples_per_second"] for r in results),
             statistics.median(1000 * r["cpu_seconds"] / max(r["samples"], 1) for r in results),
             [statistics.median(r["epoch_seconds"][e] for r in results)

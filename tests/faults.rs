@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use lobster_io::uring::Backend;
 use lobster_io::{
-    AttemptFaults, CachePolicy, Dataset, Error, ErrorPolicy, Execution, FailureBudget, Fault,
-    FaultInjection, Loader, LoaderBuilder, READ_ATTEMPTS,
+    AttemptFaults, CachePolicy, Dataset, Error, Execution, FailureBudget, Fault, FaultInjection,
+    Loader, LoaderBuilder, OnError, READ_ATTEMPTS,
 };
 
 // Datasets here have one class, so a sample's id is its generator index (see `content`).
@@ -60,14 +60,14 @@ fn setups(cache: CachePolicy) -> Vec<Setup> {
 }
 
 /// A decoder that checks the content, so corrupted bytes fail to decode.
-fn build(ds: &Arc<Dataset>, s: Setup, policy: ErrorPolicy, f: FaultInjection) -> Loader<Vec<u8>> {
+fn build(ds: &Arc<Dataset>, s: Setup, policy: OnError, f: FaultInjection) -> Loader<Vec<u8>> {
     build_with_threads(ds, s, policy, f, 3)
 }
 
 fn build_with_threads(
     ds: &Arc<Dataset>,
     s: Setup,
-    policy: ErrorPolicy,
+    policy: OnError,
     f: FaultInjection,
     decode_threads: usize,
 ) -> Loader<Vec<u8>> {
@@ -104,7 +104,7 @@ const SHAPE: Shape = Shape {
 };
 
 /// Skip every failed access: the tests compare what was skipped against a model.
-const SKIP_ALL: ErrorPolicy = ErrorPolicy::Skip {
+const SKIP_ALL: OnError = OnError::Skip {
     max_failures: FailureBudget::Count(u64::MAX),
 };
 
@@ -148,7 +148,7 @@ fn skip_delivers_every_sample_not_injected_and_skips_exactly_the_injected() {
     let dir = tempfile::tempdir().unwrap();
     let ds = make_dataset(dir.path(), SAMPLES, 1);
     let f = faults(SEED);
-    let skip = ErrorPolicy::Skip {
+    let skip = OnError::Skip {
         max_failures: FailureBudget::Fraction(1.0),
     };
     let plan = plan(&ds);
@@ -262,7 +262,7 @@ fn with_fail_each_fault_surfaces_on_its_rank_naming_its_sample() {
     let f = faults(SEED + 2);
     let plan = plan(&ds);
     for setup in setups(CachePolicy::None) {
-        let mut loader = build(&ds, setup, ErrorPolicy::Fail, f);
+        let mut loader = build(&ds, setup, OnError::Fail, f);
         let got = run_ranks(&mut loader);
         let mut errors = 0;
         for (rank, results) in got.into_iter().enumerate() {
@@ -330,7 +330,7 @@ fn going_over_the_budget_fails_every_rank_with_a_summary_and_ends_it() {
         let mut loader = build(
             &ds,
             setup,
-            ErrorPolicy::Skip {
+            OnError::Skip {
                 max_failures: FailureBudget::Count(allowed),
             },
             f,
@@ -380,7 +380,7 @@ fn dropping_the_loader_while_faults_are_retried_returns_and_stops_the_ranks() {
         delay_us: 20_000,
         ..FaultInjection::default()
     };
-    let skip = ErrorPolicy::Skip {
+    let skip = OnError::Skip {
         max_failures: FailureBudget::Fraction(1.0),
     };
     for setup in setups(CachePolicy::Reuse) {

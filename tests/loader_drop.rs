@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::{content, fds, guarded, make_dataset, threads, Watchdog};
 use lobster_io::uring::Backend;
 use lobster_io::{
-    Dataset, Error, ErrorPolicy, Execution, FailureBudget, FaultInjection, Loader, LoaderBuilder,
+    Dataset, Error, Execution, FailureBudget, FaultInjection, Loader, LoaderBuilder, OnError,
     StorageEmulation,
 };
 
@@ -87,7 +87,7 @@ fn build(ds: &Arc<Dataset>, setup: Setup, situation: Situation) -> Loader<Vec<u8
         Situation::RankBlocked => builder.storage_emulation(Some(SLOWEST)),
         Situation::FaultsRetried => builder
             .storage_emulation(Some(SLOWEST))
-            .on_error(ErrorPolicy::Skip {
+            .on_error(OnError::Skip {
                 max_failures: FailureBudget::Fraction(1.0),
             })
             .inject_faults(Some(FaultInjection {

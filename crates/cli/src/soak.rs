@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use lobster_io::{
-    BudgetConfig, Dataset, DistributedSampler, EpochOrder, ErrorPolicy, FailureBudget,
-    FaultInjection, JobConfig, LoaderBuilder, LoaderConfig, ReadConfig, SampleMeta, Schedule,
+    BudgetConfig, Dataset, DistributedSampler, EpochOrder, FailureBudget, FaultInjection,
+    JobConfig, LoaderBuilder, LoaderConfig, OnError, ReadConfig, SampleMeta, Schedule,
 };
 use serde::Serialize;
 
@@ -39,9 +39,9 @@ pub struct SoakArgs {
     /// Samples per batch per rank.
     #[arg(long, visible_alias = "batch", default_value_t = 16)]
     pub batch_size: usize,
-    /// The loading policy (one of those of `lobster run`).
-    #[arg(long, default_value = "lobster")]
-    pub policy: Strategies,
+    /// The loading strategy (one of those of `lobster run`).
+    #[arg(long, alias = "policy", default_value = "lobster")]
+    pub strategy: Strategies,
     /// Node cache capacity as a fraction of the dataset's bytes.
     #[arg(long, default_value_t = 0.2)]
     pub cache_frac: f64,
@@ -67,7 +67,7 @@ pub struct SoakArgs {
 
 #[derive(Debug, Serialize)]
 struct SoakReport {
-    policy: Strategy,
+    strategy: Strategy,
     epochs: u32,
     samples_planned: u64,
     samples_delivered: u64,
@@ -100,8 +100,8 @@ pub fn run(args: &SoakArgs) -> Result<()> {
     if !(args.cache_frac.is_finite() && (0.0..=1.0).contains(&args.cache_frac)) {
         bail!("--cache-frac = {}: allowed 0 to 1", args.cache_frac);
     }
-    let &[strategy] = args.policy.0.as_slice() else {
-        bail!("--policy: soak runs one policy at a time");
+    let &[strategy] = args.strategy.0.as_slice() else {
+        bail!("--strategy: soak runs one strategy at a time");
     };
     let (data, _generated) = match &args.data {
         Some(d) => (d.clone(), None),
@@ -122,7 +122,7 @@ pub fn run(args: &SoakArgs) -> Result<()> {
     );
     let report = soak(args, strategy, &dataset)?;
     println!(
-        "{} epochs of {}: {} samples planned, {} delivered, {} skipped by policy, {} lost",
+        "{} epochs of {}: {} samples planned, {} delivered, {} skipped by --on-error, {} lost",
         report.epochs,
         strategy,
         report.samples_planned,
@@ -214,7 +214,7 @@ fn soak(args: &SoakArgs, strategy: Strategy, dataset: &Arc<Dataset>) -> Result<S
             inject_faults: Some(args.inject_faults),
             ..ReadConfig::default()
         },
-        on_error: ErrorPolicy::Skip {
+        on_error: OnError::Skip {
             max_failures: args.max_failures,
         },
         ..LoaderConfig::default()
@@ -283,7 +283,7 @@ fn soak(args: &SoakArgs, strategy: Strategy, dataset: &Arc<Dataset>) -> Result<S
         );
     }
     Ok(SoakReport {
-        policy: strategy,
+        strategy,
         epochs: args.epochs,
         samples_planned,
         samples_delivered: delivered,

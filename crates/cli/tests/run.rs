@@ -65,7 +65,7 @@ fn gen(dir: &std::path::Path, samples: u32) {
 }
 
 #[test]
-fn run_writes_every_policy_with_the_documented_keys() {
+fn run_writes_every_strategy_with_the_documented_keys() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     gen(&data, 64);
@@ -88,12 +88,12 @@ fn run_writes_every_policy_with_the_documented_keys() {
     assert_eq!(report["config"]["ranks_per_node"], 2);
     assert_eq!(report["config"]["workers_per_rank"], 3);
     let results = report["results"].as_array().unwrap();
-    let policies: Vec<&str> = results
+    let strategies: Vec<&str> = results
         .iter()
-        .map(|r| r["policy"].as_str().unwrap())
+        .map(|r| r["strategy"].as_str().unwrap())
         .collect();
     assert_eq!(
-        policies,
+        strategies,
         [
             "pytorch",
             "nopfs",
@@ -203,7 +203,7 @@ fn workers_per_rank_defaults_to_the_io_depth_share() {
         dir.path(),
         &data,
         &[
-            "--policy",
+            "--strategy",
             "pytorch",
             "--epochs",
             "1",
@@ -297,7 +297,7 @@ fn ranks_as_processes_make_the_same_decisions_as_threads_with_faults_skipped_ali
         "3",
         "--nodes",
         "2",
-        "--policy",
+        "--strategy",
         "pytorch,lobster",
         "--decoder",
         "raw",
@@ -320,8 +320,8 @@ fn ranks_as_processes_make_the_same_decisions_as_threads_with_faults_skipped_ali
     );
     assert_eq!(t.len(), 2);
     for (t, p) in t.iter().zip(p) {
-        for key in ["policy", "hits", "accesses", "samples", "skipped"] {
-            assert_eq!(t[key], p[key], "{key} of {}", t["policy"]);
+        for key in ["strategy", "hits", "accesses", "samples", "skipped"] {
+            assert_eq!(t[key], p[key], "{key} of {}", t["strategy"]);
         }
         // The same samples skipped; ranks record theirs in whichever order they get there.
         let sorted = |r: &serde_json::Value| {
@@ -334,7 +334,7 @@ fn ranks_as_processes_make_the_same_decisions_as_threads_with_faults_skipped_ali
             v.sort();
             v
         };
-        assert_eq!(sorted(t), sorted(p), "skipped samples of {}", t["policy"]);
+        assert_eq!(sorted(t), sorted(p), "skipped samples of {}", t["strategy"]);
         assert!(t["skipped"].as_u64().unwrap() > 0, "faults were injected");
         assert!(p["memory"].as_str().unwrap().contains("PSS"));
         assert!(p["peak_rss_bytes"].as_u64().unwrap() > 0);
@@ -353,7 +353,7 @@ fn a_failed_read_in_a_rank_process_fails_the_run_naming_the_sample() {
             "2",
             "--batch",
             "4",
-            "--policy",
+            "--strategy",
             "lobster",
         ])
         .args(["--ranks-as", "processes", "--decoder", "raw"])
@@ -379,7 +379,7 @@ fn the_built_in_dataset_keeps_the_synthetic_decoder_in_both_rank_modes() {
         let json = dir.path().join(format!("{ranks_as}.json"));
         let mut cmd = lobster();
         cmd.env("XDG_CACHE_HOME", dir.path());
-        let args = ["--samples", "64", "--epochs", "1", "--policy", "lobster"];
+        let args = ["--samples", "64", "--epochs", "1", "--strategy", "lobster"];
         let mut all: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
         all.extend(["--ranks-as", ranks_as].map(std::ffi::OsStr::new));
         let (_, report) = run_json(cmd, &json, &all);
@@ -389,7 +389,7 @@ fn the_built_in_dataset_keeps_the_synthetic_decoder_in_both_rank_modes() {
 }
 
 #[test]
-fn cache_forms_are_reported_per_policy() {
+fn cache_forms_are_reported_per_strategy() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     gen(&data, 48);
@@ -402,7 +402,7 @@ fn cache_forms_are_reported_per_policy() {
         "8",
         "--epochs",
         "3",
-        "--policy",
+        "--strategy",
         "lobster,nopfs",
         "--cache-forms",
         "decoded",
@@ -412,7 +412,7 @@ fn cache_forms_are_reported_per_policy() {
     let (stdout, report) = run_ok(dir.path(), &data, &args);
     let results = report["results"].as_array().unwrap();
     let lobster = &results[0];
-    assert_eq!(lobster["policy"], "lobster");
+    assert_eq!(lobster["strategy"], "lobster");
     assert_eq!(lobster["cache_forms"]["mode"], "decoded");
     assert!(lobster["cache_forms"]["reason"].is_null(), "{lobster}");
     assert!(lobster["hits_decoded"].as_u64().unwrap() > 0, "{lobster}");

@@ -78,15 +78,15 @@ fn resident_memory_stops_growing_after_the_first_epoch() {
     }
     let json = dir.path().join("soak.json");
     // The pipelined and the read-then-decode executions.
-    for policy in ["lobster", "pytorch"] {
+    for strategy in ["lobster", "pytorch"] {
         let report = soak(
             &[
                 "--data",
                 data.to_str().unwrap(),
                 "--decoder",
                 "raw",
-                "--policy",
-                policy,
+                "--strategy",
+                strategy,
                 "--epochs",
                 "8",
                 "--ranks-per-node",
@@ -122,7 +122,7 @@ fn resident_memory_stops_growing_after_the_first_epoch() {
         let growth = rss[1..].iter().max().unwrap().saturating_sub(rss[0]);
         assert!(
             growth <= allowed,
-            "{policy}: resident memory grew {growth} bytes after epoch 1, allowed {allowed}: \
+            "{strategy}: resident memory grew {growth} bytes after epoch 1, allowed {allowed}: \
              {rss:?}"
         );
     }

@@ -19,10 +19,10 @@ pub struct Batch<T> {
     /// The iteration within the epoch.
     pub iteration: u32,
     /// The samples, in the order the sampler gave them to this rank. With
-    /// [`ErrorPolicy::Skip`](crate::ErrorPolicy::Skip) a batch is delivered short: samples that failed are left out
+    /// [`OnError::Skip`](crate::OnError::Skip) a batch is delivered short: samples that failed are left out
     /// (the others keep their order) and listed in `skipped`; it is not refilled, so every
     /// rank gets the same number of batches and steps stay in lockstep.
     pub samples: Vec<Sample<T>>,
-    /// Ids of the samples left out of this batch by [`ErrorPolicy::Skip`](crate::ErrorPolicy::Skip), in plan order.
+    /// Ids of the samples left out of this batch by [`OnError::Skip`](crate::OnError::Skip), in plan order.
     pub skipped: Vec<u32>,
 }

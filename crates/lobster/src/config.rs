@@ -7,7 +7,7 @@ use lobster_cache::{FormChoice, FormCosts};
 
 use crate::emulate::StorageEmulation;
 use crate::error::Error;
-use crate::faults::{ErrorPolicy, FailureBudget, FaultInjection};
+use crate::faults::{FailureBudget, FaultInjection, OnError};
 
 /// Which cache the planner runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,7 +171,7 @@ pub struct LoaderConfig {
     /// How and where storage is read.
     pub reads: ReadConfig,
     /// What a rank's iterator does with a sample that cannot be read or decoded.
-    pub on_error: ErrorPolicy,
+    pub on_error: OnError,
     /// How a sample is loaded: the pipeline, or the read-then-decode baselines.
     pub execution: Execution,
 }
@@ -431,7 +431,7 @@ impl LoaderConfig {
             }
             range("storage latency_us", e.latency_us as usize, 0, 10_000_000)?;
         }
-        if let ErrorPolicy::Skip {
+        if let OnError::Skip {
             max_failures: FailureBudget::Fraction(f),
         } = self.on_error
         {

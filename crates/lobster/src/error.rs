@@ -63,7 +63,7 @@ pub enum Error {
         /// Why.
         reason: String,
     },
-    /// With [`ErrorPolicy::Skip`](crate::ErrorPolicy::Skip), an epoch skipped more samples
+    /// With [`OnError::Skip`](crate::OnError::Skip), an epoch skipped more samples
     /// than its budget allows.
     TooManyFailures {
         /// The epoch.

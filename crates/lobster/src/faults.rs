@@ -62,7 +62,7 @@ impl FromStr for FailureBudget {
 
 /// What a rank's iterator does with a sample that could not be read or decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
-pub enum ErrorPolicy {
+pub enum OnError {
     /// The batch holding the sample is an error naming the sample id, path, offset and cause.
     #[default]
     Fail,

@@ -254,7 +254,7 @@ pub struct ImageBatch {
     pub iteration: u32,
     /// The samples' ids, in the batch's order (the images' order).
     pub ids: Vec<u32>,
-    /// Samples left out by [`crate::ErrorPolicy::Skip`].
+    /// Samples left out by [`crate::OnError::Skip`].
     pub skipped: Vec<u32>,
     collator: Option<Collator>,
     home: Slots,

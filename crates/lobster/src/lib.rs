@@ -82,7 +82,7 @@ pub use dataset::{
 };
 pub use emulate::StorageEmulation;
 pub use error::{Cause, Error};
-pub use faults::{AttemptFaults, ErrorPolicy, FailureBudget, Fault, FaultInjection, READ_ATTEMPTS};
+pub use faults::{AttemptFaults, FailureBudget, Fault, FaultInjection, OnError, READ_ATTEMPTS};
 pub use loader::{Loader, LoaderBuilder, RankHandle, RankStream};
 pub use lobster_cache::{Form, FormChoice, FormCosts};
 pub use metrics::{

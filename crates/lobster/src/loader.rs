@@ -7,7 +7,7 @@ use crate::config::{CachePolicy, Execution, IoOrder, LoaderConfig, PipelineThrea
 use crate::dataset::{Dataset, SampleMeta};
 use crate::emulate::StorageEmulation;
 use crate::error::{Cause, Error};
-use crate::faults::{ErrorPolicy, FaultInjection};
+use crate::faults::{FaultInjection, OnError};
 use crate::metrics::{CacheForms, CacheStore, Mode, ReadPath, RunMetrics, ThreadClass};
 use crate::pipeline::{self, Context, DecodeFn, Layout, Pipeline, PipelineState};
 use crate::sampler::{DistributedSampler, EpochOrder};
@@ -141,8 +141,8 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         /// none.
         inject_faults => reads.inject_faults: Option<FaultInjection>,
         /// What a rank's iterator does with a sample that cannot be read or decoded:
-        /// [`ErrorPolicy::Fail`] (the default) or skip it within a per-epoch budget.
-        on_error => on_error: ErrorPolicy,
+        /// [`OnError::Fail`] (the default) or skip it within a per-epoch budget.
+        on_error => on_error: OnError,
         /// Pipelined (io_uring reads, separate decode) or read-then-decode workers.
         execution => execution: Execution,
     }

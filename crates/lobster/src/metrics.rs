@@ -49,7 +49,7 @@ pub struct AllocationRecord {
     pub predicted_imbalance: f64,
 }
 
-/// A sample left out of its batch under [`ErrorPolicy::Skip`](crate::ErrorPolicy::Skip).
+/// A sample left out of its batch under [`OnError::Skip`](crate::OnError::Skip).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SkippedSample {
     /// Epoch of the access.

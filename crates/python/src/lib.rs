@@ -6,6 +6,7 @@
 
 mod batch;
 mod errors;
+mod groups;
 mod loader;
 mod params;
 

@@ -25,7 +25,8 @@ use pyo3::types::{PyBytes, PyDict};
 
 use crate::batch::{Batch, Holder, Images, Made, Span, HEADER_BYTES};
 use crate::errors::{loader_error, node_error, DecodeError, Error, StoppedError};
-use crate::params::{self, Given, Output};
+use crate::groups;
+use crate::params::{self, Output};
 
 /// How long a waiting iteration sleeps between looks for Ctrl-C.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
@@ -59,35 +60,26 @@ impl<T: Send + 'static> Metered for lobster_io::Loader<T> {
     }
 }
 
-/// Loader(data, batch_size, *, epochs=1, seed=0, cache_bytes=None, cache_frac=0.2,
-///        policy="lobster", image_size=224, transform="train", drop_last=False,
-///        on_error="fail", max_failures=None, decode_threads=2, io_depth=128,
-///        channels_first=False, slots=2, decode=None, rank=None, world_size=None,
-///        local_rank=None, local_world_size=None, job_id=None, slot_bytes=None,
-///        cache_forms=None, decoded_max_side=None)
+/// Loader(data, batch_size, *, epochs=1, seed=0, drop_last=False, transform="train",
+///        image_size=224, channels_first=False, on_error="fail", max_failures=None,
+///        decode=None, cache=Cache(), budgets=Budgets(), launch=Launch())
 ///
 /// One rank's batches of the image folder (or packed dataset) `data`: `len(loader)`
 /// batches an epoch, `epochs` epochs, in `DistributedSampler(shuffle=True, seed=seed)`
-/// order. The cache holds `cache_bytes` (else `cache_frac` of the dataset) under `policy`
-/// ("lobster": evict the sample needed farthest ahead; "nopfs", "lru", "none").
-/// `cache_forms` is what the lobster cache keeps of an image: "encoded" bytes, "decoded"
-/// pixels (a hit skips the decode; about 3 to 10 times the bytes), or "auto" (either, per
-/// image, by the cost model: the default for "train" and "eval"). The batches are the same
-/// bit for bit whatever it keeps, unless `decoded_max_side` (lossy, off by default) brings
-/// the images the cache keeps down to that many pixels a side.
-/// `transform` is "train" (RandomResizedCrop to `image_size` and a flip, seeded by seed,
-/// epoch and sample), "eval" (resize and centre crop) or "none" (each image at its own
+/// order. `transform` is "train" (RandomResizedCrop to `image_size` and a flip, seeded by
+/// seed, epoch and sample), "eval" (resize and centre crop) or "none" (each image at its own
 /// size; with `decode`, a callable `decode(bytes) -> array` run per sample in this
 /// process: the slow path). `on_error="skip"` leaves out samples that fail, up to
-/// `max_failures` (a count, or a fraction of the epoch). `decode_threads` and `io_depth`
-/// are the node's budgets, balanced across its ranks every iteration. `slots` is how many
-/// batches the caller may hold at once.
+/// `max_failures` (a count, or a fraction of the epoch).
 ///
-/// The position (rank, world, local rank and size, job id) comes from the arguments, else
-/// the launcher's variables (torchrun, Open MPI, Slurm, LOBSTER_*), else one process alone.
-/// With several ranks a node, local rank 0 hosts the node's engine; `slot_bytes` sizes
-/// each batch's slot of the shared arena when the default (a batch of transformed images,
-/// or of 4 Mpixel images for "none") does not fit.
+/// The rest is grouped: `cache=lobster_io.Cache(bytes, frac, policy, forms,
+/// decoded_max_side)`, what the node's cache keeps; `budgets=lobster_io.Budgets(io_depth,
+/// decode_threads, slots, slot_bytes)`, what the node's ranks share, balanced across them
+/// every iteration; `launch=lobster_io.Launch(rank, world_size, local_rank,
+/// local_world_size, job_id)`, where this process stands when no launcher's variables
+/// (torchrun, Open MPI, Slurm, LOBSTER_*) say; without either, one process alone. With
+/// several ranks a node, local rank 0 hosts the node's engine. `help(lobster_io.Cache)` and
+/// the others say what each field does.
 #[pyclass(frozen, module = "lobster_io")]
 pub(crate) struct Loader {
     engine: Mutex<Option<Engine>>,
@@ -119,7 +111,7 @@ struct Settings {
     decoded_max_side: Option<u32>,
     output: Output,
     drop_last: bool,
-    errors: lobster_io::ErrorPolicy,
+    errors: lobster_io::OnError,
     decode_threads: usize,
     io_depth: usize,
     slots: usize,
@@ -494,12 +486,9 @@ fn take_rank<T: Send + 'static>(loader: &mut lobster_io::Loader<T>) -> PyResult<
 impl Loader {
     #[new]
     #[pyo3(signature = (
-        data, batch_size, *, epochs = 1, seed = 0, cache_bytes = None, cache_frac = 0.2,
-        policy = "lobster", image_size = 224, transform = "train", drop_last = false,
-        on_error = "fail", max_failures = None, decode_threads = 2, io_depth = 128,
-        channels_first = false, slots = 2, decode = None, rank = None, world_size = None,
-        local_rank = None, local_world_size = None, job_id = None, slot_bytes = None,
-        cache_forms = None, decoded_max_side = None
+        data, batch_size, *, epochs = 1, seed = 0, drop_last = false, transform = "train",
+        image_size = 224, channels_first = false, on_error = "fail", max_failures = None,
+        decode = None, cache = None, budgets = None, launch = None, **moved
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -508,41 +497,24 @@ impl Loader {
         batch_size: usize,
         epochs: u32,
         seed: u64,
-        cache_bytes: Option<u64>,
-        cache_frac: f64,
-        policy: &str,
-        image_size: u32,
-        transform: &str,
         drop_last: bool,
+        transform: &str,
+        image_size: u32,
+        channels_first: bool,
         on_error: &str,
         max_failures: Option<f64>,
-        decode_threads: usize,
-        io_depth: usize,
-        channels_first: bool,
-        slots: usize,
         decode: Option<Py<PyAny>>,
-        rank: Option<usize>,
-        world_size: Option<usize>,
-        local_rank: Option<usize>,
-        local_world_size: Option<usize>,
-        job_id: Option<String>,
-        slot_bytes: Option<u64>,
-        cache_forms: Option<&str>,
-        decoded_max_side: Option<u32>,
+        cache: Option<Bound<'_, PyAny>>,
+        budgets: Option<Bound<'_, PyAny>>,
+        launch: Option<Bound<'_, PyAny>>,
+        moved: Option<Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        if !(0.0..=1.0).contains(&cache_frac) {
-            return Err(PyValueError::new_err(format!(
-                "cache_frac = {cache_frac}: allowed 0 to 1"
-            )));
-        }
-        if slots == 0 {
-            return Err(PyValueError::new_err("slots = 0: at least 1"));
-        }
+        groups::refuse_unknown(moved.as_ref())?;
+        let cache = groups::cache(py, cache)?;
+        let budgets = groups::budgets(py, budgets)?;
+        let given = groups::launch(py, launch)?;
         if batch_size == 0 {
             return Err(PyValueError::new_err("batch_size = 0: at least 1"));
-        }
-        if slot_bytes == Some(0) {
-            return Err(PyValueError::new_err("slot_bytes = 0: at least 1"));
         }
         if let Some(f) = &decode {
             if !f.bind(py).is_callable() {
@@ -551,30 +523,24 @@ impl Loader {
                 ));
             }
         }
-        let env = params::place(&Given {
-            rank,
-            world_size,
-            local_rank,
-            local_world_size,
-            job_id,
-        })?;
+        let env = params::place(&given)?;
         let settings = Settings {
             data: data.to_owned(),
             batch_size,
             epochs,
             seed,
-            cache_bytes,
-            cache_frac,
-            policy: params::cache_policy(policy)?,
-            cache_forms: params::cache_forms(cache_forms)?,
-            decoded_max_side,
+            cache_bytes: cache.bytes,
+            cache_frac: cache.frac,
+            policy: params::cache_policy(&cache.policy)?,
+            cache_forms: params::cache_forms(cache.forms.as_deref())?,
+            decoded_max_side: cache.decoded_max_side,
             output: params::output(transform, image_size, decode.is_some())?,
             drop_last,
-            errors: params::error_policy(on_error, max_failures)?,
-            decode_threads,
-            io_depth,
-            slots,
-            slot_bytes,
+            errors: params::on_error_rule(on_error, max_failures)?,
+            decode_threads: budgets.decode_threads,
+            io_depth: budgets.io_depth,
+            slots: budgets.slots,
+            slot_bytes: budgets.slot_bytes,
             decode,
         };
         let started_env = env.clone();

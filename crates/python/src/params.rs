@@ -1,7 +1,7 @@
 //! Python's keyword arguments as the Rust crates' settings, each refused with its name.
 
 use lobster_io::image::Transform;
-use lobster_io::{CachePolicy, ErrorPolicy, FailureBudget};
+use lobster_io::{CachePolicy, FailureBudget, OnError};
 use lobster_node::NodeEnv;
 use pyo3::exceptions::PyValueError;
 use pyo3::PyResult;
@@ -65,7 +65,7 @@ pub(crate) fn cache_policy(name: &str) -> PyResult<CachePolicy> {
         "lru" => Ok(CachePolicy::Lru),
         "none" => Ok(CachePolicy::None),
         other => Err(PyValueError::new_err(format!(
-            "policy = {other:?}: one of \"lobster\", \"nopfs\", \"lru\", \"none\""
+            "cache.policy = {other:?}: one of \"lobster\", \"nopfs\", \"lru\", \"none\""
         ))),
     }
 }
@@ -75,16 +75,16 @@ pub(crate) fn cache_forms(name: Option<&str>) -> PyResult<Option<lobster_io::For
     name.map(|n| {
         n.parse().map_err(|_| {
             PyValueError::new_err(format!(
-                "cache_forms = {n:?}: one of \"encoded\", \"decoded\", \"auto\""
+                "cache.forms = {n:?}: one of \"encoded\", \"decoded\", \"auto\""
             ))
         })
     })
     .transpose()
 }
 
-pub(crate) fn error_policy(on_error: &str, max_failures: Option<f64>) -> PyResult<ErrorPolicy> {
+pub(crate) fn on_error_rule(on_error: &str, max_failures: Option<f64>) -> PyResult<OnError> {
     match (on_error, max_failures) {
-        ("fail", None) => Ok(ErrorPolicy::Fail),
+        ("fail", None) => Ok(OnError::Fail),
         ("fail", Some(_)) => Err(PyValueError::new_err(
             "max_failures is for on_error=\"skip\"",
         )),
@@ -99,7 +99,7 @@ pub(crate) fn error_policy(on_error: &str, max_failures: Option<f64>) -> PyResul
                     )))
                 }
             };
-            Ok(ErrorPolicy::Skip { max_failures })
+            Ok(OnError::Skip { max_failures })
         }
         (other, _) => Err(PyValueError::new_err(format!(
             "on_error = {other:?}: \"fail\" or \"skip\""
@@ -137,14 +137,14 @@ pub(crate) fn place(given: &Given) -> PyResult<NodeEnv> {
     if parts.iter().any(Option::is_some) {
         let [Some(rank), Some(world_size), Some(local_rank), Some(local_world_size)] = parts else {
             return Err(PyValueError::new_err(
-                "rank, world_size, local_rank, local_world_size: give all four or none (none: \
-                 the launcher's environment says)",
+                "launch.rank, world_size, local_rank, local_world_size: give all four or none \
+                 (none: the launcher's environment says)",
             ));
         };
         if local_world_size == 0 || world_size % local_world_size != 0 {
             return Err(PyValueError::new_err(format!(
-                "local_world_size = {local_world_size}: every node runs as many ranks, so it \
-                 must divide world_size = {world_size}"
+                "launch.local_world_size = {local_world_size}: every node runs as many ranks, \
+                 so it must divide launch.world_size = {world_size}"
             )));
         }
         let job_id =
@@ -152,8 +152,8 @@ pub(crate) fn place(given: &Given) -> PyResult<NodeEnv> {
                 (Some(id), _) | (None, Some(id)) => id,
                 (None, None) if local_world_size == 1 => "single".into(),
                 (None, None) => return Err(PyValueError::new_err(
-                    "job_id: needed (or LOBSTER_JOB_ID) when several local ranks meet, so that \
-                     two jobs on one machine never do",
+                    "launch.job_id: needed (or LOBSTER_JOB_ID) when several local ranks meet, so \
+                     that two jobs on one machine never do",
                 )),
             };
         return NodeEnv::new(

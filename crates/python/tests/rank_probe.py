@@ -25,7 +25,8 @@ def main():
 
 
 def iterate(data, batch_size, epochs):
-    loader = lobster_io.Loader(data, batch_size, epochs=epochs, seed=11, image_size=16, slots=2)
+    loader = lobster_io.Loader(data, batch_size, epochs=epochs, seed=11, image_size=16,
+                               budgets=lobster_io.Budgets(slots=2))
     seen = {"rank": loader.rank, "arena": loader.arena, "epochs": [], "addresses": [],
             "outside": 0, "batches": 0}
     settled = None

@@ -70,7 +70,8 @@ def rss_bytes():
 def test_batches_are_views_of_a_bounded_set_of_buffers_and_memory_stays_flat(tmp_path):
     make_folder(tmp_path / "data", 40, 2)
     loader = lobster_io.Loader(
-        str(tmp_path / "data"), 8, epochs=40, image_size=64, slots=2, decode_threads=2
+        str(tmp_path / "data"), 8, epochs=40, image_size=64,
+        budgets=lobster_io.Budgets(slots=2, decode_threads=2),
     )
     addresses = set()
     seen = 0
@@ -119,12 +120,40 @@ def test_errors_name_the_sample_the_file_and_the_parameter(tmp_path):
     assert bad.name in str(e.value) and "sample 5" in str(e.value), str(e.value)
     assert isinstance(e.value, lobster_io.Error)
 
-    with pytest.raises(ValueError, match="cache_frac"):
-        lobster_io.Loader(str(tmp_path / "data"), 4, cache_frac=2.0)
+    with pytest.raises(ValueError, match="cache.frac"):
+        lobster_io.Loader(str(tmp_path / "data"), 4, cache=lobster_io.Cache(frac=2.0))
     with pytest.raises(ValueError, match="transform"):
         lobster_io.Loader(str(tmp_path / "data"), 4, transform="sideways")
     with pytest.raises(lobster_io.DatasetError, match="missing"):
         lobster_io.Loader(str(tmp_path / "missing"), 4)
+
+
+def test_settings_are_grouped_and_a_moved_keyword_says_where_it_went(tmp_path):
+    make_folder(tmp_path / "data", 8, 2)
+    data = str(tmp_path / "data")
+    with pytest.raises(TypeError, match=r"cache_frac= is now cache=lobster_io\.Cache\(frac="):
+        lobster_io.Loader(data, 4, cache_frac=0.5)
+    with pytest.raises(TypeError, match=r"io_depth= is now budgets=lobster_io\.Budgets"):
+        lobster_io.Loader(data, 4, io_depth=8)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nonsense'"):
+        lobster_io.Loader(data, 4, nonsense=1)
+    with pytest.raises(TypeError, match=r"cache= takes a lobster_io\.Cache"):
+        lobster_io.Loader(data, 4, cache={"frac": 0.5})
+    with pytest.raises(ValueError, match="budgets.io_depth = 'deep'"):
+        lobster_io.Loader(data, 4, budgets=lobster_io.Budgets(io_depth="deep"))
+    with pytest.raises(ValueError, match="budgets.slots = 0"):
+        lobster_io.Loader(data, 4, budgets=lobster_io.Budgets(slots=0))
+    with pytest.raises(ValueError, match='cache.policy = "belady"'):
+        lobster_io.Loader(data, 4, cache=lobster_io.Cache(policy="belady"))
+    # The groups' defaults are the loader's: both loaders give the same batches.
+    plain = lobster_io.Loader(data, 4, seed=5, image_size=8)
+    grouped = lobster_io.Loader(data, 4, seed=5, image_size=8, cache=lobster_io.Cache(),
+                                budgets=lobster_io.Budgets(), launch=lobster_io.Launch())
+    for a, b in zip(plain, grouped):
+        assert a.ids.tolist() == b.ids.tolist()
+        assert (a.images == b.images).all()
+    plain.close()
+    grouped.close()
 
 
 def test_skip_reports_the_skipped_sample_on_its_batch(tmp_path):
@@ -184,7 +213,7 @@ def test_ctrl_c_interrupts_a_waiting_iteration_without_losing_its_batch(tmp_path
 
     loader = lobster_io.Loader(
         str(tmp_path / "data"), 8, epochs=2, transform="none", decode=held_decode,
-        decode_threads=1, cache_frac=0.0,
+        budgets=lobster_io.Budgets(decode_threads=1), cache=lobster_io.Cache(frac=0.0),
     )
     it = iter(loader)
     # Python leaves SIGINT ignored when it starts ignored (a job started in the background
@@ -276,19 +305,21 @@ def test_a_decode_callable_gets_each_sample_and_its_errors_name_the_sample(tmp_p
 def test_a_position_is_given_whole_or_not_at_all(tmp_path):
     make_folder(tmp_path / "data", 8, 2)
     with pytest.raises(ValueError, match="all four"):
-        lobster_io.Loader(str(tmp_path / "data"), 4, rank=0, world_size=2)
+        lobster_io.Loader(str(tmp_path / "data"), 4, launch=lobster_io.Launch(rank=0, world_size=2))
     with pytest.raises(ValueError, match="local_world_size"):
         lobster_io.Loader(
-            str(tmp_path / "data"), 4, rank=0, world_size=3, local_rank=0, local_world_size=2
+            str(tmp_path / "data"), 4,
+            launch=lobster_io.Launch(rank=0, world_size=3, local_rank=0, local_world_size=2),
         )
     with pytest.raises(ValueError, match="job_id"):
         lobster_io.Loader(
-            str(tmp_path / "data"), 4, rank=0, world_size=2, local_rank=0, local_world_size=2
+            str(tmp_path / "data"), 4,
+            launch=lobster_io.Launch(rank=0, world_size=2, local_rank=0, local_world_size=2),
         )
     # One rank a node: rank 1 of 2 loads in this process, the second half of the shuffle.
     loader = lobster_io.Loader(
-        str(tmp_path / "data"), 4, image_size=8, rank=1, world_size=2, local_rank=0,
-        local_world_size=1,
+        str(tmp_path / "data"), 4, image_size=8,
+        launch=lobster_io.Launch(rank=1, world_size=2, local_rank=0, local_world_size=1),
     )
     assert (loader.rank, loader.world_size, loader.local_world_size) == (1, 2, 1)
     assert loader.arena is None and len(loader) == 1
@@ -299,8 +330,8 @@ def test_decoded_images_in_the_cache_give_the_same_batches(tmp_path):
 
     def run(forms):
         loader = lobster_io.Loader(
-            str(tmp_path / "data"), 8, epochs=3, seed=3, image_size=16, cache_frac=1.0,
-            cache_forms=forms,
+            str(tmp_path / "data"), 8, epochs=3, seed=3, image_size=16,
+            cache=lobster_io.Cache(frac=1.0, forms=forms),
         )
         out = []
         for epoch in range(loader.epochs):
@@ -326,5 +357,5 @@ def test_decoded_images_in_the_cache_give_the_same_batches(tmp_path):
             # A hit whose image was still being made decodes again, and says so.
             assert m["decoded_hits_served"] + m["decoded_again"] == m["hits_decoded"]
     assert m_enc["hits_decoded"] == 0 and m_enc["hits_encoded"] > 0
-    with pytest.raises(ValueError, match="cache_forms"):
-        lobster_io.Loader(str(tmp_path / "data"), 8, cache_forms="pixels")
+    with pytest.raises(ValueError, match="cache.forms"):
+        lobster_io.Loader(str(tmp_path / "data"), 8, cache=lobster_io.Cache(forms="pixels"))

@@ -67,7 +67,8 @@ def test_each_rank_of_a_node_gets_distributed_sampler_share_over_image_folder(tm
     shares, _ = sampler_shares(tmp_path / "data", 3, 0, 11, 4)
     for rank in range(3):
         loader = lobster_io.Loader(str(tmp_path / "data"), 4, seed=11, image_size=16,
-                                   rank=rank, world_size=3, local_rank=0, local_world_size=1)
+                                   launch=lobster_io.Launch(rank=rank, world_size=3, local_rank=0,
+                                                            local_world_size=1))
         assert [i for b in loader for i in b.ids.tolist()] == shares[rank][0]
 
 

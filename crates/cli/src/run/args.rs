@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use lobster_io::uring::Backend;
 use lobster_io::{
-    BudgetConfig, CacheConfig, ErrorPolicy, FailureBudget, FaultInjection, IoOrder, JobConfig,
-    LoaderConfig, PipelineThreads, ReadConfig, Schedule, StorageEmulation,
+    BudgetConfig, CacheConfig, FailureBudget, FaultInjection, IoOrder, JobConfig, LoaderConfig,
+    OnError, PipelineThreads, ReadConfig, Schedule, StorageEmulation,
 };
 use serde::Serialize;
 
@@ -67,19 +67,19 @@ pub struct RunArgs {
     pub cache_frac: f64,
     /// `all`, or a comma-separated list of pytorch, nopfs, lobster, lobster-cache-only,
     /// lobster-alloc-only, run in that order.
-    #[arg(help_heading = "Job", long, default_value = "all")]
-    pub policy: Strategies,
+    #[arg(help_heading = "Job", long, alias = "policy", default_value = "all")]
+    pub strategy: Strategies,
     /// Reads in flight the node's ranks share (Lobster's io_depth budget). The default is
     /// deep enough for a local NVMe device, whose small reads gain from depth to about 128.
     #[arg(help_heading = "Budgets", long, default_value_t = 128)]
     pub io_depth: usize,
-    /// Decode threads the node's ranks share, for the pipelined policies (lobster,
+    /// Decode threads the node's ranks share, for the pipelined strategies (lobster,
     /// lobster-alloc-only).
     #[arg(help_heading = "Budgets", long, default_value_t = 8)]
     pub decode_threads: usize,
-    /// Workers per rank of the read-then-decode policies (pytorch, nopfs,
+    /// Workers per rank of the read-then-decode strategies (pytorch, nopfs,
     /// lobster-cache-only); each holds one read in flight [default: io_depth / ranks_per_node,
-    /// at least 1: the reads in flight of the pipelined policies].
+    /// at least 1: the reads in flight of the pipelined strategies].
     #[arg(help_heading = "Budgets", long)]
     pub workers_per_rank: Option<usize>,
     /// Iterations the loader may run ahead of the slowest rank.
@@ -90,7 +90,7 @@ pub struct RunArgs {
         default_value_t = 2
     )]
     pub prefetch_iterations: usize,
-    /// How the pipelined policies split the budgets among ranks: `allocate` (lobster-sched,
+    /// How the pipelined strategies split the budgets among ranks: `allocate` (lobster-sched,
     /// every window) or `equal` (a fixed equal split), for ablations.
     #[arg(help_heading = "Budgets", long, value_enum, default_value_t = ScheduleArg::Allocate)]
     pub schedule: ScheduleArg,
@@ -121,29 +121,29 @@ pub struct RunArgs {
     /// Emulated storage latency per request, microseconds.
     #[arg(help_heading = "Reads", long, default_value_t = 8000)]
     pub storage_latency_us: u64,
-    /// I/O backend of the pipelined policies.
+    /// I/O backend of the pipelined strategies.
     #[arg(help_heading = "Reads", long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
-    /// How the kernel schedules lobster's planner and decode workers (the lobster policies;
+    /// How the kernel schedules lobster's planner and decode workers (the lobster strategies;
     /// pytorch's and nopfs's workers run as normal threads, as theirs do): `batch`
     /// (SCHED_BATCH: their wake-ups do not preempt the ranks) or `normal`.
     #[arg(help_heading = "Budgets", long, value_enum, default_value_t = PipelineThreadsArg::Batch)]
     pub pipeline_threads: PipelineThreadsArg,
     /// What lobster's reuse cache keeps of a sample: `encoded` bytes, `decoded` images, or
     /// `auto` (either, per sample and use, by the cost model). Default: auto with the jpeg
-    /// decoder, encoded otherwise; policies without the reuse cache keep encoded bytes.
+    /// decoder, encoded otherwise; strategies without the reuse cache keep encoded bytes.
     #[arg(help_heading = "Cache", long, value_enum)]
     pub cache_forms: Option<CacheFormsArg>,
     /// Lossy, off by default: decoded images the cache keeps are first brought down to at
     /// most this many pixels a side, so that hits on them transform a smaller image.
     #[arg(help_heading = "Cache", long)]
     pub decoded_max_side: Option<u32>,
-    /// How the pipelined policies order storage reads: `deadline` (one node-wide queue, each
+    /// How the pipelined strategies order storage reads: `deadline` (one node-wide queue, each
     /// iteration's reads ending together for every rank) or `shares` (each rank held to the
     /// allocator's io_depth share, as the paper's per-rank I/O threads).
     #[arg(help_heading = "Reads", long, value_enum, default_value_t = IoOrderArg::Deadline)]
     pub io_order: IoOrderArg,
-    /// Read with O_DIRECT, every policy (the read-then-decode workers too, so that all of
+    /// Read with O_DIRECT, every strategy (the read-then-decode workers too, so that all of
     /// them read from the device, not from pages an earlier epoch left in the page cache).
     #[arg(help_heading = "Reads", long)]
     pub direct: bool,
@@ -175,8 +175,8 @@ pub struct RunArgs {
     pub node_job: Option<String>,
     /// What a rank does with a sample that cannot be read or decoded: fail its batch, or skip
     /// the sample (the batch arrives short) within --max-failures per epoch.
-    #[arg(help_heading = "Decode", long, value_enum, default_value_t = OnError::Fail)]
-    pub on_error: OnError,
+    #[arg(help_heading = "Decode", long, value_enum, default_value_t = OnErrorArg::Fail)]
+    pub on_error: OnErrorArg,
     /// With --on-error skip: samples an epoch may skip on this node, a count N or a
     /// percentage P% of the epoch's accesses [default: 1%].
     #[arg(help_heading = "Decode", long)]
@@ -191,7 +191,7 @@ pub struct RunArgs {
 /// What a rank does with a sample that fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum OnError {
+pub enum OnErrorArg {
     /// The batch is an error naming the sample, its file and the cause; the run stops.
     Fail,
     /// The sample is left out of its batch and reported.
@@ -248,11 +248,11 @@ impl CacheFormsArg {
 pub enum PipelineThreadsArg {
     /// SCHED_BATCH.
     Batch,
-    /// The default policy.
+    /// The kernel's default scheduling.
     Normal,
 }
 
-/// The pipelined policies' schedule, as the CLI spells it.
+/// The pipelined strategies' schedule, as the CLI spells it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ScheduleArg {
@@ -323,22 +323,22 @@ impl RunArgs {
             bail!("--mpi runs a node's ranks as threads: drop --ranks-as processes");
         }
         self.workers_per_rank()?;
-        self.error_policy()?;
+        self.on_error_rule()?;
         Ok(())
     }
 
-    pub(crate) fn error_policy(&self) -> Result<ErrorPolicy> {
+    pub(crate) fn on_error_rule(&self) -> Result<OnError> {
         match (self.on_error, self.max_failures) {
-            (OnError::Fail, Some(_)) => bail!("--max-failures needs --on-error skip"),
-            (OnError::Fail, None) => Ok(ErrorPolicy::Fail),
-            (OnError::Skip, budget) => Ok(ErrorPolicy::Skip {
+            (OnErrorArg::Fail, Some(_)) => bail!("--max-failures needs --on-error skip"),
+            (OnErrorArg::Fail, None) => Ok(OnError::Fail),
+            (OnErrorArg::Skip, budget) => Ok(OnError::Skip {
                 max_failures: budget.unwrap_or(DEFAULT_MAX_FAILURES),
             }),
         }
     }
 
-    /// The read-then-decode policies' workers per rank: given, or as many reads in flight as
-    /// the pipelined policies' io_depth budget.
+    /// The read-then-decode strategies' workers per rank: given, or as many reads in flight as
+    /// the pipelined strategies' io_depth budget.
     pub(crate) fn workers_per_rank(&self) -> Result<usize> {
         match self.workers_per_rank {
             Some(0) => bail!("--workers-per-rank = 0: allowed 1 or more"),
@@ -403,7 +403,7 @@ impl RunArgs {
                 inject_faults: self.inject_faults,
                 ..ReadConfig::default()
             },
-            on_error: self.error_policy()?,
+            on_error: self.on_error_rule()?,
             ..LoaderConfig::default()
         })
     }
@@ -439,8 +439,8 @@ pub(super) mod tests {
         ])
         .unwrap();
         assert_eq!(
-            args.error_policy().unwrap(),
-            ErrorPolicy::Skip {
+            args.on_error_rule().unwrap(),
+            OnError::Skip {
                 max_failures: FailureBudget::Fraction(0.025)
             }
         );
@@ -452,9 +452,9 @@ pub(super) mod tests {
         assert_eq!(
             parse(&["--on-error", "skip"])
                 .unwrap()
-                .error_policy()
+                .on_error_rule()
                 .unwrap(),
-            ErrorPolicy::Skip {
+            OnError::Skip {
                 max_failures: DEFAULT_MAX_FAILURES
             }
         );
@@ -471,7 +471,7 @@ pub(super) mod tests {
         }
         let e = parse(&["--max-failures", "3"])
             .unwrap()
-            .error_policy()
+            .on_error_rule()
             .unwrap_err();
         assert!(e.to_string().contains("--on-error skip"), "{e}");
     }

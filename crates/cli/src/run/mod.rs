@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use lobster_io::{Dataset, ErrorPolicy, LoaderBuilder, RunMetrics, SampleMeta};
+use lobster_io::{Dataset, LoaderBuilder, OnError, RunMetrics, SampleMeta};
 
 pub(crate) use args::BackendArg;
 use args::RanksAs;
@@ -96,8 +96,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
         direct: args.direct,
         ranks_as: args.ranks_as,
         on_error: args.on_error,
-        max_failures: match args.error_policy()? {
-            ErrorPolicy::Skip { max_failures } => Some(max_failures.to_string()),
+        max_failures: match args.on_error_rule()? {
+            OnError::Skip { max_failures } => Some(max_failures.to_string()),
             _ => None,
         },
         inject_faults: args.inject_faults.map(|f| {
@@ -115,8 +115,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if lead {
         report::print_header(&config);
     }
-    let mut results = Vec::with_capacity(args.policy.0.len());
-    for &strategy in &args.policy.0 {
+    let mut results = Vec::with_capacity(args.strategy.0.len());
+    for &strategy in &args.strategy.0 {
         let (metrics, measured) =
             run_strategy(args, &dataset, cache_bytes, strategy, cluster.as_ref())?;
         results.push(StrategyResult::new(strategy, metrics, measured));
@@ -312,7 +312,7 @@ mod tests {
         let (args, json) = small_run(
             dir.path(),
             &[
-                "--policy",
+                "--strategy",
                 "nopfs,lobster-alloc-only",
                 "--on-error",
                 "skip",
@@ -366,7 +366,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let all = "pytorch,nopfs,lobster-cache-only,lobster-alloc-only,lobster";
         let crcs = |extra: &[&str]| -> Vec<serde_json::Value> {
-            let mut with = vec!["--policy", all];
+            let mut with = vec!["--strategy", all];
             with.extend_from_slice(extra);
             let (args, json) = small_run(dir.path(), &with);
             run(&args).unwrap();
@@ -400,7 +400,7 @@ mod tests {
         let (args, _) = small_run(
             dir.path(),
             &[
-                "--policy",
+                "--strategy",
                 "lobster,pytorch",
                 "--inject-faults",
                 "seed=4,eio=0.2",
@@ -421,7 +421,7 @@ mod tests {
             let (args, json) = small_run(
                 dir.path(),
                 &[
-                    "--policy",
+                    "--strategy",
                     "lobster,pytorch",
                     "--transform",
                     transform,
@@ -454,7 +454,7 @@ mod tests {
     #[test]
     fn a_truncated_jpeg_in_a_users_folder_fails_by_default_naming_its_file() {
         let dir = tempfile::tempdir().unwrap();
-        let (args, _) = small_run(dir.path(), &["--policy", "lobster"]);
+        let (args, _) = small_run(dir.path(), &["--strategy", "lobster"]);
         let data = dir.path().join("data");
         let first = |dir: &Path| {
             std::fs::read_dir(dir)

@@ -57,7 +57,8 @@ fn sample_bytes(args: &RunArgs) -> u64 {
 /// This program's arguments for rank process `local_rank` of `strategy`: the run's own,
 /// without the options only the host acts on.
 fn rank_argv(args: &RunArgs, strategy: Strategy, job: &str, local_rank: usize) -> Vec<OsString> {
-    const HOST_ONLY: [&str; 4] = ["--json", "--ranks-as", "--policy", "--data"];
+    // `--policy` is `--strategy`'s old name.
+    const HOST_ONLY: [&str; 5] = ["--json", "--ranks-as", "--strategy", "--policy", "--data"];
     let mut out = Vec::new();
     let mut skip_value = false;
     for a in std::env::args_os().skip(1) {
@@ -81,7 +82,7 @@ fn rank_argv(args: &RunArgs, strategy: Strategy, job: &str, local_rank: usize) -
     }
     let data = args.data.clone().expect("the host resolves --data first");
     out.extend::<[OsString; 9]>([
-        "--policy".into(),
+        "--strategy".into(),
         strategy.name().into(),
         "--data".into(),
         data.into_os_string(),
@@ -190,8 +191,8 @@ const ANOTHER_RANK: &str = "another rank failed";
 /// A rank process: attach to the host, then train as a rank thread of `--ranks-as threads`
 /// does: per batch consume it, compute, and meet the other ranks.
 pub(crate) fn rank_process(args: &RunArgs, local_rank: usize, job: &str) -> Result<()> {
-    let [strategy] = args.policy.0[..] else {
-        bail!("a rank process runs one policy");
+    let [strategy] = args.strategy.0[..] else {
+        bail!("a rank process runs one strategy");
     };
     let data = args.data.as_ref().context("a rank process needs --data")?;
     // The sample table is the host's: a rank opens it only to say which configuration it

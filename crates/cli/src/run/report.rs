@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use lobster_io::{AllocationRecord, RunMetrics};
 use serde::Serialize;
 
-use super::args::{BackendArg, CacheFormsArg, IoOrderArg, OnError, RanksAs, ScheduleArg};
+use super::args::{BackendArg, CacheFormsArg, IoOrderArg, OnErrorArg, RanksAs, ScheduleArg};
 use super::decode::{Decoder, TransformArg};
 use super::strategy::Strategy;
 
@@ -44,7 +44,7 @@ pub(crate) struct RunConfig {
     pub decoded_max_side: Option<u32>,
     pub direct: bool,
     pub ranks_as: RanksAs,
-    pub on_error: OnError,
+    pub on_error: OnErrorArg,
     pub max_failures: Option<String>,
     pub inject_faults: Option<String>,
     /// One process per node over MPI, and whether misses are fetched from peers' caches.
@@ -71,7 +71,6 @@ pub(crate) struct Measured {
 /// One strategy's figures, an entry of the JSON's `results`.
 #[derive(Debug, Serialize)]
 pub(crate) struct StrategyResult {
-    #[serde(rename = "policy")]
     pub strategy: Strategy,
     /// The loader's own figures, at the top level of the result as they are named there.
     #[serde(flatten)]
@@ -159,7 +158,7 @@ pub(crate) fn print_header(config: &RunConfig) {
 pub(crate) fn print_table(results: &[StrategyResult]) {
     println!(
         "\n{:<20} {:>12} {:>11} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9}",
-        "policy",
+        "strategy",
         "epoch s",
         "samples/s",
         "stall %",
@@ -271,22 +270,22 @@ pub(crate) fn plan_fields(config: &RunConfig) -> Result<Vec<(String, String)>> {
         .collect())
 }
 
-/// Every node's figures of an MPI job, a line per node and policy, and the job's totals
+/// Every node's figures of an MPI job, a line per node and strategy, and the job's totals
 /// (samples summed; samples/s of the job: its samples over the slowest node's time).
 pub(crate) fn print_nodes(nodes: &[serde_json::Value]) {
     let num = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap_or(f64::NAN);
     println!();
     println!(
         "{:>4} {:>20} {:>12} {:>8} {:>10} {:>10} {:>10} {:>10}",
-        "node", "policy", "samples/s", "hit", "remote", "planned", "r-misses", "timeouts"
+        "node", "strategy", "samples/s", "hit", "remote", "planned", "r-misses", "timeouts"
     );
-    let policies = nodes.first().and_then(|n| n.as_array()).map_or(0, Vec::len);
-    for p in 0..policies {
+    let strategies = nodes.first().and_then(|n| n.as_array()).map_or(0, Vec::len);
+    for p in 0..strategies {
         let (mut samples, mut slowest_s, mut remote, mut planned) = (0.0, 0.0f64, 0.0, 0.0);
         let mut name = String::new();
         for (n, results) in nodes.iter().enumerate() {
             let r = &results[p];
-            name = r["policy"].as_str().unwrap_or("?").to_owned();
+            name = r["strategy"].as_str().unwrap_or("?").to_owned();
             println!(
                 "{n:>4} {name:>20} {:>12.0} {:>8.3} {:>10} {:>10} {:>10} {:>10}",
                 num(r, "samples_per_second"),

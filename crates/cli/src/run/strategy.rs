@@ -7,7 +7,7 @@ use lobster_io::{CachePolicy, Execution, LoaderConfig, PipelineThreads, Schedule
 use serde::Serialize;
 
 /// A loading strategy; all of them run on the same loader, with different settings. The
-/// command line and the JSON call it a policy.
+/// command line and the JSON call it `strategy`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Strategy {
@@ -31,7 +31,7 @@ pub(crate) struct Budgets {
     pub decode_threads: usize,
     pub workers_per_rank: usize,
     pub cache_bytes: u64,
-    /// For lobster's own policies; the baselines' workers are normal threads, as theirs are.
+    /// For lobster's own strategies; the baselines' workers are normal threads, as theirs are.
     pub pipeline_threads: PipelineThreads,
 }
 
@@ -111,7 +111,7 @@ impl fmt::Display for Strategy {
     }
 }
 
-/// `all` or a comma-separated list of strategies (the `--policy` flag), run in that order.
+/// `all` or a comma-separated list of strategies (the `--strategy` flag), run in that order.
 #[derive(Clone, Debug)]
 pub struct Strategies(pub(crate) Vec<Strategy>);
 
@@ -128,7 +128,7 @@ impl FromStr for Strategies {
                 .find(|p| p.name() == name.trim())
                 .ok_or_else(|| {
                     format!(
-                        "unknown policy {name:?}: expected all, or a list of pytorch, nopfs, \
+                        "unknown strategy {name:?}: expected all, or a list of pytorch, nopfs, \
                          lobster, lobster-cache-only, lobster-alloc-only"
                     )
                 })?;

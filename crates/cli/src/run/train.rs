@@ -13,7 +13,7 @@ use lobster_io::RankHandle;
 pub(crate) struct RankTotals {
     /// Samples delivered in its batches.
     pub delivered: u64,
-    /// Samples left out of its batches by the skip policy.
+    /// Samples left out of its batches by `--on-error skip`.
     pub skipped: u64,
     /// CRC-32 of its batches in delivery order: each sample's id, label and decoded bytes,
     /// then the ids skipped. Equal across runs, strategies and I/O paths that deliver the
@@ -118,12 +118,12 @@ pub(crate) fn train<T: Send + AsRef<[u8]>, C: Default>(
 mod tests {
     use std::sync::Mutex;
 
-    use lobster_io::{CachePolicy, Dataset, ErrorPolicy, FailureBudget, LoaderBuilder};
+    use lobster_io::{CachePolicy, Dataset, FailureBudget, LoaderBuilder, OnError};
 
     use super::*;
 
     /// 24 samples of 64 bytes in 3 classes; sample i's bytes are all i.
-    fn loader(dir: &std::path::Path, error_policy: ErrorPolicy) -> lobster_io::Loader<Vec<u8>> {
+    fn loader(dir: &std::path::Path, on_error: OnError) -> lobster_io::Loader<Vec<u8>> {
         for i in 0..24u32 {
             let class = dir.join(format!("class{}", i % 3));
             std::fs::create_dir_all(&class).unwrap();
@@ -135,7 +135,7 @@ mod tests {
             .batch_size(4)
             .epochs(3)
             .cache(CachePolicy::Reuse, 1 << 20)
-            .on_error(error_policy)
+            .on_error(on_error)
             .decode(|bytes: &[u8], _meta| {
                 // Sample 5 cannot be decoded: a failure the error policy decides about.
                 if bytes[0] == 5 {
@@ -151,7 +151,7 @@ mod tests {
     #[test]
     fn every_step_ends_once_for_all_ranks_and_totals_match_the_loader() {
         let dir = tempfile::tempdir().unwrap();
-        let skip = ErrorPolicy::Skip {
+        let skip = OnError::Skip {
             max_failures: FailureBudget::Count(1),
         };
         let mut loader = loader(dir.path(), skip);
@@ -179,7 +179,7 @@ mod tests {
     #[test]
     fn a_failed_batch_stops_every_rank_and_names_the_rank() {
         let dir = tempfile::tempdir().unwrap();
-        let mut loader = loader(dir.path(), ErrorPolicy::Fail);
+        let mut loader = loader(dir.path(), OnError::Fail);
         let steps = Mutex::new(Vec::new());
         let e = train(
             loader.ranks().unwrap(),
@@ -202,7 +202,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut l = loader(
             dir.path(),
-            ErrorPolicy::Skip {
+            OnError::Skip {
                 max_failures: FailureBudget::Count(3),
             },
         );
@@ -224,7 +224,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut l = loader(
             dir.path(),
-            ErrorPolicy::Skip {
+            OnError::Skip {
                 max_failures: FailureBudget::Count(3),
             },
         );

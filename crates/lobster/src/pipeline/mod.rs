@@ -96,7 +96,7 @@ impl<T: Send + 'static> Pipeline<T> {
             collector: Mutex::new(Collector::new(ranks, ctx.layout.epochs)),
             model: Mutex::new(CostModel::new()),
             failure: Mutex::new(None),
-            error_policy: config.on_error,
+            on_error: config.on_error,
             epoch_accesses: (ctx.layout.per_rank * ranks) as u64,
             budget_failure: Mutex::new(None),
             // Peers are served from the cache's own copies.

@@ -8,7 +8,7 @@ use lobster_sched::CostModel;
 
 use crate::config::PipelineThreads;
 use crate::error::Error;
-use crate::faults::ErrorPolicy;
+use crate::faults::OnError;
 use crate::metrics::Collector;
 use crate::pipeline::access::Ready;
 use crate::pipeline::decode::forms::FormCounters;
@@ -31,7 +31,7 @@ pub(crate) struct PipelineState<T> {
     pub(crate) model: Mutex<CostModel>,
     /// A failure that ends the pipeline (planner or dispatcher error).
     pub(crate) failure: Mutex<Option<Error>>,
-    pub(crate) error_policy: ErrorPolicy,
+    pub(crate) on_error: OnError,
     /// The node's accesses per epoch, the base of a fractional failure budget.
     pub(crate) epoch_accesses: u64,
     /// An epoch went over its failure budget: every rank's next batch reports it.

@@ -7,7 +7,15 @@ without a copy: the batch returns its buffer when it and every view of it are go
 
 Errors are ``lobster_io.Error`` and its subclasses, naming the sample, its file and the
 cause; nonsense parameters are ``ValueError`` naming the parameter.
+
+``Loader`` takes the job's settings as keywords and the rest in three groups, as the Rust
+crate's ``LoaderConfig`` groups them by stage: ``cache=Cache(...)`` (what the node's cache
+keeps), ``budgets=Budgets(...)`` (what the node's ranks share) and ``launch=Launch(...)``
+(where this process stands, when no launcher's variables say).
 """
+
+from dataclasses import dataclass
+from typing import Optional
 
 from ._lobster_io import (
     Batch,
@@ -22,11 +30,61 @@ from ._lobster_io import (
     decode_image,
 )
 
+
+
+@dataclass(frozen=True)
+class Cache:
+    """The node's cache: ``bytes`` of it (else ``frac`` of the dataset's bytes) under
+    ``policy`` ("lobster": evict the sample needed farthest ahead; "nopfs", "lru", "none").
+    ``forms`` is what the lobster cache keeps of an image: "encoded" bytes, "decoded" pixels
+    (a hit skips the decode; about 3 to 10 times the bytes) or "auto" (either, per image, by
+    the cost model; ``None``: auto for "train" and "eval", encoded otherwise). Batches are the
+    same bit for bit whatever it keeps, unless ``decoded_max_side`` (lossy, off by default)
+    brings the images it keeps down to that many pixels a side."""
+
+    bytes: Optional[int] = None
+    frac: float = 0.2
+    policy: str = "lobster"
+    forms: Optional[str] = None
+    decoded_max_side: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """What the node's ranks share: ``io_depth`` reads in flight and ``decode_threads``,
+    balanced across its ranks every iteration; ``slots``, the batches a caller may hold at
+    once; ``slot_bytes``, each batch's share of the node's shared arena with several ranks a
+    node (``None``: a batch of transformed images, or of 4 Mpixel images for "none")."""
+
+    io_depth: int = 128
+    decode_threads: int = 2
+    slots: int = 2
+    slot_bytes: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Where this process stands, for launchers whose variables lobster_io does not read
+    (torchrun's, Open MPI's, Slurm's and ``LOBSTER_*`` are read without it): all four of
+    ``rank``, ``world_size``, ``local_rank``, ``local_world_size``, or none. ``job_id`` keeps
+    two jobs on one machine apart (needed with several ranks a node, unless
+    ``LOBSTER_JOB_ID`` or the launcher gives one)."""
+
+    rank: Optional[int] = None
+    world_size: Optional[int] = None
+    local_rank: Optional[int] = None
+    local_world_size: Optional[int] = None
+    job_id: Optional[str] = None
+
+
 __all__ = [
     "Batch",
+    "Budgets",
+    "Cache",
     "DatasetError",
     "DecodeError",
     "Error",
+    "Launch",
     "Loader",
     "NodeError",
     "ReadError",

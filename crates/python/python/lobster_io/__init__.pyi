@@ -32,6 +32,49 @@ class Batch:
     def __len__(self) -> int: ...
     def __repr__(self) -> str: ...
 
+class Cache:
+    bytes: Optional[int]
+    frac: float
+    policy: str
+    forms: Optional[str]
+    decoded_max_side: Optional[int]
+    def __init__(
+        self,
+        bytes: Optional[int] = None,
+        frac: float = 0.2,
+        policy: str = "lobster",
+        forms: Optional[str] = None,
+        decoded_max_side: Optional[int] = None,
+    ) -> None: ...
+
+class Budgets:
+    io_depth: int
+    decode_threads: int
+    slots: int
+    slot_bytes: Optional[int]
+    def __init__(
+        self,
+        io_depth: int = 128,
+        decode_threads: int = 2,
+        slots: int = 2,
+        slot_bytes: Optional[int] = None,
+    ) -> None: ...
+
+class Launch:
+    rank: Optional[int]
+    world_size: Optional[int]
+    local_rank: Optional[int]
+    local_world_size: Optional[int]
+    job_id: Optional[str]
+    def __init__(
+        self,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        local_rank: Optional[int] = None,
+        local_world_size: Optional[int] = None,
+        job_id: Optional[str] = None,
+    ) -> None: ...
+
 class Loader:
     def __init__(
         self,
@@ -40,27 +83,16 @@ class Loader:
         *,
         epochs: int = 1,
         seed: int = 0,
-        cache_bytes: Optional[int] = None,
-        cache_frac: float = 0.2,
-        policy: str = "lobster",
-        image_size: int = 224,
-        transform: str = "train",
         drop_last: bool = False,
+        transform: str = "train",
+        image_size: int = 224,
+        channels_first: bool = False,
         on_error: str = "fail",
         max_failures: Optional[float] = None,
-        decode_threads: int = 2,
-        io_depth: int = 128,
-        channels_first: bool = False,
-        slots: int = 2,
         decode: Optional[Callable[[bytes], Any]] = None,
-        rank: Optional[int] = None,
-        world_size: Optional[int] = None,
-        local_rank: Optional[int] = None,
-        local_world_size: Optional[int] = None,
-        job_id: Optional[str] = None,
-        slot_bytes: Optional[int] = None,
-        cache_forms: Optional[str] = None,
-        decoded_max_side: Optional[int] = None,
+        cache: Optional[Cache] = None,
+        budgets: Optional[Budgets] = None,
+        launch: Optional[Launch] = None,
     ) -> None: ...
     def __len__(self) -> int: ...
     @property

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::batch::Batch;
 use crate::error::Error;
-use crate::faults::ErrorPolicy;
+use crate::faults::OnError;
 use crate::metrics::SkippedSample;
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::{lock, stopped};
@@ -66,7 +66,7 @@ fn finish<T>(
     let mut items = Vec::with_capacity(len);
     let mut first_error = None;
     let mut failed = Vec::new();
-    let skip = matches!(state.error_policy, ErrorPolicy::Skip { .. });
+    let skip = matches!(state.on_error, OnError::Skip { .. });
     for item in batch.items {
         match item.expect("a complete batch has every item") {
             Ok(s) => items.push(s),
@@ -80,7 +80,7 @@ fn finish<T>(
     let mut collector = lock(&state.collector);
     collector.batch_taken(metrics, len - failed.len(), last_of_epoch);
     let mut skipped = Vec::with_capacity(failed.len());
-    if let ErrorPolicy::Skip { max_failures } = state.error_policy {
+    if let OnError::Skip { max_failures } = state.on_error {
         let allowed = max_failures.allowed(state.epoch_accesses);
         for e in failed {
             let sample = e.sample().unwrap_or(u32::MAX);

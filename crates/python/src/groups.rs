@@ -1,0 +1,145 @@
+//! `Loader`'s grouped settings: `cache=lobster_io.Cache(...)`, `budgets=lobster_io.Budgets(...)`
+//! and `launch=lobster_io.Launch(...)`, as the facade groups `LoaderConfig` by stage. The
+//! classes and their defaults live once, in Python (`lobster_io/__init__.py`); this reads
+//! their fields, each refused by its dotted name.
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::params::Given;
+
+/// What `cache=` says.
+#[derive(Debug)]
+pub(crate) struct CacheGroup {
+    pub bytes: Option<u64>,
+    pub frac: f64,
+    pub policy: String,
+    pub forms: Option<String>,
+    pub decoded_max_side: Option<u32>,
+}
+
+/// What `budgets=` says.
+#[derive(Debug)]
+pub(crate) struct BudgetGroup {
+    pub io_depth: usize,
+    pub decode_threads: usize,
+    pub slots: usize,
+    pub slot_bytes: Option<u64>,
+}
+
+/// The group `group` was given as, or the class's defaults; anything else is a `TypeError`.
+fn group<'py>(
+    py: Python<'py>,
+    given: Option<Bound<'py, PyAny>>,
+    keyword: &str,
+    class: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    let class = py.import("lobster_io")?.getattr(class)?;
+    match given {
+        None => class.call0(),
+        Some(g) if g.is_instance(&class)? => Ok(g),
+        Some(g) => Err(PyTypeError::new_err(format!(
+            "{keyword}= takes a lobster_io.{}(...), not {}",
+            class.getattr("__name__")?,
+            g.get_type().name()?
+        ))),
+    }
+}
+
+/// Field `name` of group `keyword`, as `T`; a value of another type is refused by its dotted
+/// name, with Python's reason.
+fn field<'py, T: FromPyObjectOwned<'py>>(
+    g: &Bound<'py, PyAny>,
+    keyword: &str,
+    name: &str,
+) -> PyResult<T> {
+    let v = g.getattr(name)?;
+    v.extract::<T>().map_err(|e| {
+        let e: PyErr = e.into();
+        let shown = v.repr().map_or_else(|_| "?".into(), |r| r.to_string());
+        PyValueError::new_err(format!("{keyword}.{name} = {shown}: {e}"))
+    })
+}
+
+pub(crate) fn cache(py: Python<'_>, given: Option<Bound<'_, PyAny>>) -> PyResult<CacheGroup> {
+    let g = group(py, given, "cache", "Cache")?;
+    let c = CacheGroup {
+        bytes: field(&g, "cache", "bytes")?,
+        frac: field(&g, "cache", "frac")?,
+        policy: field(&g, "cache", "policy")?,
+        forms: field(&g, "cache", "forms")?,
+        decoded_max_side: field(&g, "cache", "decoded_max_side")?,
+    };
+    if !(0.0..=1.0).contains(&c.frac) {
+        return Err(PyValueError::new_err(format!(
+            "cache.frac = {}: allowed 0 to 1",
+            c.frac
+        )));
+    }
+    Ok(c)
+}
+
+pub(crate) fn budgets(py: Python<'_>, given: Option<Bound<'_, PyAny>>) -> PyResult<BudgetGroup> {
+    let g = group(py, given, "budgets", "Budgets")?;
+    let b = BudgetGroup {
+        io_depth: field(&g, "budgets", "io_depth")?,
+        decode_threads: field(&g, "budgets", "decode_threads")?,
+        slots: field(&g, "budgets", "slots")?,
+        slot_bytes: field(&g, "budgets", "slot_bytes")?,
+    };
+    if b.slots == 0 {
+        return Err(PyValueError::new_err("budgets.slots = 0: at least 1"));
+    }
+    if b.slot_bytes == Some(0) {
+        return Err(PyValueError::new_err("budgets.slot_bytes = 0: at least 1"));
+    }
+    Ok(b)
+}
+
+pub(crate) fn launch(py: Python<'_>, given: Option<Bound<'_, PyAny>>) -> PyResult<Given> {
+    let g = group(py, given, "launch", "Launch")?;
+    Ok(Given {
+        rank: field(&g, "launch", "rank")?,
+        world_size: field(&g, "launch", "world_size")?,
+        local_rank: field(&g, "launch", "local_rank")?,
+        local_world_size: field(&g, "launch", "local_world_size")?,
+        job_id: field(&g, "launch", "job_id")?,
+    })
+}
+
+/// Keywords `Loader` took before its settings were grouped, and where each went.
+const MOVED: [(&str, &str, &str); 14] = [
+    ("cache_bytes", "cache", "Cache(bytes=...)"),
+    ("cache_frac", "cache", "Cache(frac=...)"),
+    ("policy", "cache", "Cache(policy=...)"),
+    ("cache_forms", "cache", "Cache(forms=...)"),
+    ("decoded_max_side", "cache", "Cache(decoded_max_side=...)"),
+    ("io_depth", "budgets", "Budgets(io_depth=...)"),
+    ("decode_threads", "budgets", "Budgets(decode_threads=...)"),
+    ("slots", "budgets", "Budgets(slots=...)"),
+    ("slot_bytes", "budgets", "Budgets(slot_bytes=...)"),
+    ("rank", "launch", "Launch(rank=...)"),
+    ("world_size", "launch", "Launch(world_size=...)"),
+    ("local_rank", "launch", "Launch(local_rank=...)"),
+    ("local_world_size", "launch", "Launch(local_world_size=...)"),
+    ("job_id", "launch", "Launch(job_id=...)"),
+];
+
+/// Refuses keywords `Loader` does not take, saying where a moved one went.
+pub(crate) fn refuse_unknown(extra: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    let Some(extra) = extra else { return Ok(()) };
+    let Some((key, _)) = extra.iter().next() else {
+        return Ok(());
+    };
+    let key = key.to_string();
+    Err(PyTypeError::new_err(
+        match MOVED.iter().find(|(old, _, _)| *old == key) {
+            Some((old, keyword, new)) => format!(
+                "Loader(): {old}= is now {keyword}=lobster_io.{new} (settings are grouped: \
+                 cache=, budgets=, launch=)"
+            ),
+            None => format!("Loader() got an unexpected keyword argument '{key}'"),
+        },
+    ))
+}

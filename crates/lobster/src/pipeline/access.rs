@@ -8,10 +8,10 @@ use bytes::Bytes;
 use lobster_cache::Form;
 use lobster_uring::Arena;
 
-use crate::pipeline::io::slot::{Found, Loaded, Origin, Slot};
+use crate::pipeline::io::landing::{Found, Landing, Loaded, Origin};
 
-/// The slot an access's bytes appear in, which its planned hits wait on.
-pub(crate) type AccessSlot = Slot<Access>;
+/// The landing an access's bytes appear in, which its planned hits wait on.
+pub(crate) type AccessLanding = Landing<Access>;
 
 /// One access on its way to a rank's batch.
 #[derive(Debug)]
@@ -26,10 +26,10 @@ pub(crate) struct Access {
     pub(crate) sample: u32,
     pub(crate) cached: Cached,
     pub(crate) read: Read,
-    /// The slot where the sample's bytes appear. `None` while the access waits in that
-    /// slot's list: a waiting access holding its slot would make a reference cycle, leaked
-    /// when the loader stops before the slot is filled.
-    pub(crate) slot: Option<Arc<AccessSlot>>,
+    /// The landing where the sample's bytes appear. `None` while the access waits in that
+    /// landing's list: a waiting access holding its landing would make a reference cycle, leaked
+    /// when the loader stops before the landing is filled.
+    pub(crate) landing: Option<Arc<AccessLanding>>,
 }
 
 /// What the cache decided for an access: the form it finds the sample in (a hit), and the
@@ -46,14 +46,14 @@ impl Cached {
         self.found.is_some()
     }
 
-    /// A miss whose encoded bytes the cache keeps: the slot stores a right-sized copy, not a
+    /// A miss whose encoded bytes the cache keeps: the landing stores a right-sized copy, not a
     /// pool buffer.
     pub(crate) fn admitted(self) -> bool {
         self.found.is_none() && self.kept == Some(Form::Encoded)
     }
 
     /// The cache keeps the sample decoded after this access, and its image is still to
-    /// make: the decode puts it in the slot.
+    /// make: the decode puts it in the landing.
     pub(crate) fn keep_decoded(self) -> bool {
         self.kept == Some(Form::Decoded) && self.found != Some(Form::Decoded)
     }
@@ -95,21 +95,21 @@ pub(crate) struct StorageRead {
 }
 
 impl Access {
-    /// Waits on `slot` until it is filled, or is ready now if it is.
-    pub(crate) fn wait_on(self, slot: &Arc<AccessSlot>) -> Option<Ready> {
-        let (access, found) = slot.wait(self)?;
-        Some(access.released(slot, found))
+    /// Waits on `landing` until it is filled, or is ready now if it is.
+    pub(crate) fn wait_on(self, landing: &Arc<AccessLanding>) -> Option<Ready> {
+        let (access, found) = landing.wait(self)?;
+        Some(access.released(landing, found))
     }
 
-    /// This access, released from `slot` with what it found there.
-    fn released(mut self, slot: &Arc<AccessSlot>, found: Found) -> Ready {
+    /// This access, released from `landing` with what it found there.
+    fn released(mut self, landing: &Arc<AccessLanding>, found: Found) -> Ready {
         let bytes = match found {
             Found::Bytes(bytes) => bytes,
-            // A worker reads it from the page cache; it keeps its slot only to put the
+            // A worker reads it from the page cache; it keeps its landing only to put the
             // sample's decoded image there.
             Found::InPageCache => {
                 self.read = Read::PageCacheHit;
-                self.slot = self.cached.keep_decoded().then(|| slot.clone());
+                self.landing = self.cached.keep_decoded().then(|| landing.clone());
                 return Ready {
                     access: self,
                     bytes: Ok(Bytes::new()),
@@ -117,7 +117,7 @@ impl Access {
             }
             Found::Decoded => Ok(Bytes::new()),
         };
-        self.slot = Some(slot.clone());
+        self.landing = Some(landing.clone());
         Ready {
             access: self,
             bytes,
@@ -147,21 +147,25 @@ pub(crate) struct Ready {
     pub(crate) bytes: Loaded,
 }
 
-/// Fills `slot` with a read's bytes and adds the accesses that waited on it to `released`;
-/// returns the bytes as the slot keeps them (see [`Slot::fill`]).
+/// Fills `landing` with a read's bytes and adds the accesses that waited on it to `released`;
+/// returns the bytes as the landing keeps them (see [`Landing::fill`]).
 pub(crate) fn fill(
-    slot: &Arc<AccessSlot>,
+    landing: &Arc<AccessLanding>,
     loaded: Loaded,
     admitted: bool,
     (origin, arena): (Origin, Option<&Arena>),
     released: &mut Vec<Ready>,
 ) -> Loaded {
-    let (waiters, found, kept) = slot.fill(loaded, admitted, origin, arena);
-    released.extend(waiters.into_iter().map(|a| a.released(slot, found.clone())));
+    let (waiters, found, kept) = landing.fill(loaded, admitted, origin, arena);
+    released.extend(
+        waiters
+            .into_iter()
+            .map(|a| a.released(landing, found.clone())),
+    );
     kept
 }
 
-/// Fills the slot of `access`, which holds it and read its bytes (the dispatcher, a peer's
+/// Fills the landing of `access`, which holds it and read its bytes (the dispatcher, a peer's
 /// answer): the access joins the ones released, with the bytes as kept.
 pub(crate) fn fill_for(
     access: Access,
@@ -169,12 +173,12 @@ pub(crate) fn fill_for(
     (origin, arena): (Origin, Option<&Arena>),
     released: &mut Vec<Ready>,
 ) {
-    let slot = access
-        .slot
+    let landing = access
+        .landing
         .as_ref()
-        .expect("the reading access holds its slot");
+        .expect("the reading access holds its landing");
     let bytes = fill(
-        slot,
+        landing,
         loaded,
         access.cached.admitted(),
         (origin, arena),

@@ -5,7 +5,7 @@
 //!    function of the inputs; it opens the window's batches, runs the allocator, stays within
 //!    the prefetch distance of the slowest rank, and says who reads each miss.
 //! 2. [`io`]: the dispatcher issues the window's reads in deadline order within the io_depth
-//!    budget and fills each sample's [`io::slot`] when its read completes; every read
+//!    budget and fills each sample's [`io::landing`] when its read completes; every read
 //!    attempt's fate (emulated tier, injected fault, retry, error) is decided in
 //!    [`io::attempt`], for the reads made on worker threads too.
 //! 3. [`decode`]: decode workers take accesses whose bytes are known, run the user's

@@ -16,8 +16,8 @@ use lobster_sched::CostParams;
 use crate::dataset::{Dataset, SampleMeta};
 use crate::emulate::StorageEmulation;
 use crate::error::Cause;
-use crate::pipeline::access::AccessSlot;
-use crate::pipeline::io::slot::DecodedImage;
+use crate::pipeline::access::AccessLanding;
+use crate::pipeline::io::landing::DecodedImage;
 
 /// The first stage: a sample's bytes to its full-resolution image.
 pub(crate) type StageDecode = Arc<dyn Fn(&[u8], &SampleMeta) -> Result<Image, Cause> + Send + Sync>;
@@ -54,15 +54,15 @@ pub(crate) struct FormCounters {
     pub(crate) decoded_again: AtomicU64,
 }
 
-/// Where a decoded image is to be kept: its slot, the cache's arena, and the longest side
+/// Where a decoded image is to be kept: its landing, the cache's arena, and the longest side
 /// it is kept at (lossy; `None`: as decoded).
 pub(crate) struct Keep<'a> {
-    pub(crate) slot: &'a AccessSlot,
+    pub(crate) landing: &'a AccessLanding,
     pub(crate) arena: Option<&'a lobster_uring::Arena>,
     pub(crate) max_side: Option<u32>,
 }
 
-/// Runs both stages on `bytes`; with `keep`, the image goes into that slot for later hits.
+/// Runs both stages on `bytes`; with `keep`, the image goes into that landing for later hits.
 /// `as_kept`: a planned hit on a decoded image that was not there (not yet made, or its
 /// decode failed) is transformed from the image as the cache would have kept it, brought
 /// down to that side, so that its pixels do not depend on timing.
@@ -94,7 +94,7 @@ pub(crate) fn decode_in_stages<T>(
             None => Some(image),
         };
         if let Some(image) = image {
-            if k.slot
+            if k.landing
                 .keep_decoded(DecodedImage::new(image, decode, k.arena))
             {
                 counters.images_kept.fetch_add(1, Ordering::Relaxed);

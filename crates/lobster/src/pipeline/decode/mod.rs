@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use crate::batch::Sample;
 use crate::dataset::SampleMeta;
 use crate::error::{Cause, Error};
-use crate::pipeline::access::{self, Access, AccessSlot, Read, Ready};
+use crate::pipeline::access::{self, Access, AccessLanding, Read, Ready};
 use crate::pipeline::context::Context;
 use crate::pipeline::io::blocking::{blocking_read, resident_read, OnWorker};
-use crate::pipeline::io::slot::{Loaded, Origin};
+use crate::pipeline::io::landing::{Loaded, Origin};
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::lock;
 use forms::{decode_in_stages, finish_cached, Keep};
@@ -44,7 +44,7 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
         let meta = ctx.meta(access.sample);
         if let Some(tier) = ctx.forms.as_ref().filter(|_| access.cached.hit_decoded()) {
             // A hit on a decoded image runs the second stage only.
-            if let Some(image) = access.slot.as_ref().and_then(|s| s.decoded()) {
+            if let Some(image) = access.landing.as_ref().and_then(|s| s.decoded()) {
                 let started = Instant::now();
                 let item = decode_step(meta, || {
                     finish_cached(&tier.staged, &image, meta, access.epoch, &state.forms)
@@ -63,7 +63,7 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
         }
         // A planned hit that had to read storage after all (counted as the miss it is).
         let mut reread = false;
-        // What the worker read itself fills the sample's slot (`Some`: where the bytes live).
+        // What the worker read itself fills the sample's landing (`Some`: where the bytes live).
         let (bytes, read_here) = match access.read {
             Read::Blocking { peer } => {
                 let from_peer = peer.and_then(|p| {
@@ -113,7 +113,7 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
             Read::Cached if matches!(bytes, Err(Error::Read { .. } | Error::Decode { .. })) => {
                 // The read that admitted this sample failed, or its bytes failed to decode:
                 // read it again for this access rather than fail every later hit on it. The
-                // slot keeps the failure, so each such hit reads for itself and its outcome
+                // landing keeps the failure, so each such hit reads for itself and its outcome
                 // depends only on its own epoch, not on timing.
                 reread = true;
                 (blocking_read(ctx, state, meta, access.epoch, 0), None)
@@ -124,7 +124,7 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
             fill(state, ctx, &access, bytes.clone(), origin, &mut released);
         }
         let keep = access
-            .slot
+            .landing
             .as_ref()
             .filter(|_| access.cached.keep_decoded());
         let stages = (keep, access.cached.hit_decoded());
@@ -148,8 +148,8 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
         }
         // Bytes the cache keeps (or keeps until their image is made) that fail to decode.
         if access.cached.admitted() || access.cached.keep_decoded() {
-            if let (Err(e @ Error::Decode { .. }), Some(slot)) = (&item, &access.slot) {
-                slot.spoil(e.clone());
+            if let (Err(e @ Error::Decode { .. }), Some(landing)) = (&item, &access.landing) {
+                landing.spoil(e.clone());
             }
         }
         let reread = reread.then_some(meta.size_bytes);
@@ -223,7 +223,7 @@ impl DecodeObservations {
     }
 }
 
-/// Fills the slot of a read the worker made and queues the hits waiting on it.
+/// Fills the landing of a read the worker made and queues the hits waiting on it.
 fn fill<T>(
     state: &PipelineState<T>,
     ctx: &Context<T>,
@@ -232,13 +232,13 @@ fn fill<T>(
     origin: Origin,
     released: &mut Vec<Ready>,
 ) {
-    let slot = access
-        .slot
+    let landing = access
+        .landing
         .as_ref()
         .expect("an access read on its worker never waited");
-    // The worker decodes the bytes it read; the slot keeps its own copy where it makes one.
+    // The worker decodes the bytes it read; the landing keeps its own copy where it makes one.
     let _kept = access::fill(
-        slot,
+        landing,
         loaded,
         access.cached.admitted(),
         (origin, ctx.arena.as_ref()),
@@ -248,7 +248,7 @@ fn fill<T>(
 }
 
 /// Checks a sample's length and runs the user's decode function on it; with `keep`, the
-/// decoded image goes into that slot, and a planned decoded hit (`hit_decoded`) is decoded
+/// decoded image goes into that landing, and a planned decoded hit (`hit_decoded`) is decoded
 /// as the cache keeps images.
 fn decode_sample<T>(
     ctx: &Context<T>,
@@ -256,7 +256,7 @@ fn decode_sample<T>(
     meta: &SampleMeta,
     epoch: u32,
     bytes: Loaded,
-    (keep, hit_decoded): (Option<&Arc<AccessSlot>>, bool),
+    (keep, hit_decoded): (Option<&Arc<AccessLanding>>, bool),
     observed: &mut DecodeObservations,
 ) -> (Result<Sample<T>, Error>, Duration) {
     let started = Instant::now();
@@ -271,8 +271,8 @@ fn decode_sample<T>(
         }
         decode_step(meta, || match &ctx.forms {
             Some(tier) => {
-                let keep = keep.map(|slot| Keep {
-                    slot,
+                let keep = keep.map(|landing| Keep {
+                    landing,
                     arena: ctx.arena.as_ref(),
                     max_side: tier.max_side,
                 });

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::slot::Loaded;
+use super::landing::Loaded;
 use crate::dataset::SampleMeta;
 use crate::emulate::{Device, StorageEmulation};
 use crate::error::{Cause, Error};

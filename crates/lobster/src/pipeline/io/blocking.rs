@@ -10,7 +10,7 @@ use bytes::Bytes;
 use lobster_uring::Resident;
 
 use super::attempt::{Attempt, Fate, ReadFailure};
-use super::slot::{Loaded, LARGE_FROM_BYTES};
+use super::landing::{Loaded, LARGE_FROM_BYTES};
 use crate::dataset::SampleMeta;
 use crate::pipeline::context::Context;
 use crate::pipeline::state::PipelineState;

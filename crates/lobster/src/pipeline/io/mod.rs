@@ -1,6 +1,6 @@
 //! The I/O dispatcher: issues the node's storage reads in [`IoOrder`] within the io_depth
 //! budget, holds each attempt until the emulated tier answers it, retries transient failures,
-//! and fills the slots the decode tasks wait on.
+//! and fills the landings the decode tasks wait on.
 //!
 //! The dispatcher drives a [`Session`] of its own and reads by path on every backend: on
 //! io_uring with direct descriptors a read is one linked open, read and close in its ring,
@@ -11,8 +11,8 @@
 pub(super) mod attempt;
 pub(super) mod blocking;
 pub(super) mod dirs;
+pub(super) mod landing;
 pub(super) mod order;
-pub(super) mod slot;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -31,8 +31,8 @@ use crate::pipeline::plan::allocate::equal_split;
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::{lock, stopped};
 use attempt::{Attempt, Fate, ReadFailure};
+use landing::{Loaded, Origin};
 use order::{next_read, ToDispatcher};
-use slot::{Loaded, Origin};
 
 /// The longest the dispatcher sleeps without looking at its queue and the stop flag.
 const IDLE_WAIT: Duration = Duration::from_millis(100);
@@ -45,7 +45,7 @@ const THROUGHPUT_READS: u32 = 64;
 #[derive(Debug)]
 struct InFlight {
     access: Access,
-    /// 0 for the first attempt; a retry waiting for its backoff keeps its io_depth slot.
+    /// 0 for the first attempt; a retry waiting for its backoff keeps its io_depth unit.
     attempt: u32,
     issued: Instant,
     /// When the emulated tier answers this attempt, reserved at submission.
@@ -54,7 +54,7 @@ struct InFlight {
     parked: Option<Loaded>,
 }
 
-/// The dispatcher's reads between submission and delivery, and the io_depth slot (counted
+/// The dispatcher's reads between submission and delivery, and the io_depth unit (counted
 /// per rank) each holds.
 #[derive(Debug)]
 struct Reads {
@@ -64,7 +64,7 @@ struct Reads {
     in_reader: usize,
     /// Emulated answers and retry backoffs, by due time.
     timers: BinaryHeap<Reverse<(Instant, usize)>>,
-    /// Accesses released by filled slots, queued for decode together.
+    /// Accesses released by filled landings, queued for decode together.
     released: Vec<Ready>,
     /// Where the cache keeps its copies of large samples.
     arena: Option<lobster_uring::Arena>,
@@ -85,7 +85,7 @@ impl Reads {
         }
     }
 
-    /// Takes a read that holds an io_depth slot.
+    /// Takes a read that holds an io_depth unit.
     fn start(&mut self, access: Access) -> usize {
         self.in_flight[access.rank] += 1;
         self.slab.insert(InFlight {
@@ -97,7 +97,7 @@ impl Reads {
         })
     }
 
-    /// Ends read `key`, giving back its io_depth slot.
+    /// Ends read `key`, giving back its io_depth unit.
     fn retire(&mut self, key: usize) -> InFlight {
         let done = self.slab.remove(key);
         self.in_flight[done.access.rank] -= 1;
@@ -111,7 +111,7 @@ impl Reads {
         }
     }
 
-    /// Fills the access's slot; it and the accesses waiting there go to decode with the
+    /// Fills the access's landing; it and the accesses waiting there go to decode with the
     /// others released since the last hand-off.
     fn fill(&mut self, access: Access, loaded: Loaded) {
         let arena = self.arena.as_ref();
@@ -219,7 +219,7 @@ pub(crate) fn dispatcher<T>(
         {
             let access = pending[r].pop_front().expect("front checked");
             if !access.cached.admitted() && state.ranks[access.rank].is_detached() {
-                // No other access waits on this slot.
+                // No other access waits on this landing.
                 reads.fill(access, Err(stopped()));
                 continue;
             }
@@ -320,7 +320,7 @@ fn take(
 
 /// Hands read `key` (a first attempt or a retry) to the session; a refused submission fails
 /// the sample. `false`: the session has no pool memory for it while its other reads hold
-/// some; it keeps its io_depth slot and goes again when memory is back.
+/// some; it keeps its io_depth unit and goes again when memory is back.
 fn submit<T>(
     ctx: &Context<T>,
     state: &PipelineState<T>,
@@ -398,7 +398,7 @@ fn on_completion<T>(
         .fate(attempt, c.result.map_err(ReadFailure::from));
     match outcome {
         Fate::Retry { at } => {
-            // Keeps its io_depth slot.
+            // Keeps its io_depth unit.
             reads.slab[key].attempt += 1;
             reads.timers.push(Reverse((at, key)));
         }
@@ -416,7 +416,7 @@ fn on_completion<T>(
     }
 }
 
-/// A read is over: teach the cost model, and fill its slot.
+/// A read is over: teach the cost model, and fill its landing.
 fn finish<T>(
     ctx: &Context<T>,
     state: &PipelineState<T>,

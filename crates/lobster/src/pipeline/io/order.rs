@@ -95,7 +95,7 @@ mod tests {
                 finish_ppm,
                 bytes,
             }),
-            slot: Some(crate::pipeline::access::AccessSlot::new()),
+            landing: Some(crate::pipeline::access::AccessLanding::new()),
         }
     }
 

@@ -1,4 +1,4 @@
-//! Fetching a planned miss from the peer that holds it: the answer fills the sample's slot,
+//! Fetching a planned miss from the peer that holds it: the answer fills the sample's landing,
 //! or, when the peer answers "miss" or not in time, the read goes to storage after all,
 //! counted as a remote miss.
 
@@ -12,12 +12,12 @@ use lobster_sched::Tier;
 
 use crate::pipeline::access::{self, Access};
 use crate::pipeline::context::Context;
+use crate::pipeline::io::landing::Origin;
 use crate::pipeline::io::order::ToDispatcher;
-use crate::pipeline::io::slot::Origin;
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::lock;
 
-/// Fetches `access`'s sample from `peer`; the answer fills its slot, or sends the read to
+/// Fetches `access`'s sample from `peer`; the answer fills its landing, or sends the read to
 /// the dispatcher.
 pub(crate) fn start<T: Send + 'static>(
     ctx: &Arc<Context<T>>,

@@ -1,6 +1,6 @@
 //! Peer nodes' caches: which peer a miss may come from ([`PeerPlan`], priced by the cost
 //! model), what the peers did for this node, and this node's cache as its peers see it (the
-//! slots the planner keeps). The fetches themselves are in [`fetch`].
+//! landings the planner keeps). The fetches themselves are in [`fetch`].
 
 pub(super) mod fetch;
 pub mod plan;
@@ -13,7 +13,7 @@ use bytes::Bytes;
 use lobster_net::{Served, Transport};
 use lobster_sched::{CostParams, Tier};
 
-use crate::pipeline::access::AccessSlot;
+use crate::pipeline::access::AccessLanding;
 use crate::pipeline::sync::lock;
 use plan::PeerPlan;
 
@@ -21,7 +21,7 @@ use plan::PeerPlan;
 pub(crate) struct Peers {
     pub(crate) transport: Arc<dyn Transport>,
     pub(crate) plan: PeerPlan,
-    pub(crate) served: Arc<ServedSlots>,
+    pub(crate) served: Arc<ServedLandings>,
     pub(crate) counters: PeerCounters,
 }
 
@@ -50,32 +50,32 @@ impl Peers {
     }
 }
 
-/// The cached samples' slots by sample, as peers see them: a sample whose read has not
+/// The cached samples' landings by sample, as peers see them: a sample whose read has not
 /// completed, or that failed, is a miss.
 #[derive(Debug, Default)]
-pub(crate) struct ServedSlots {
-    slots: Mutex<HashMap<u32, Arc<AccessSlot>>>,
+pub(crate) struct ServedLandings {
+    landings: Mutex<HashMap<u32, Arc<AccessLanding>>>,
 }
 
-impl ServedSlots {
-    pub(crate) fn insert(&self, sample: u32, slot: Arc<AccessSlot>) {
-        lock(&self.slots).insert(sample, slot);
+impl ServedLandings {
+    pub(crate) fn insert(&self, sample: u32, landing: Arc<AccessLanding>) {
+        lock(&self.landings).insert(sample, landing);
     }
 
     pub(crate) fn remove_all(&self, samples: &[u32]) {
         if samples.is_empty() {
             return;
         }
-        let mut slots = lock(&self.slots);
+        let mut landings = lock(&self.landings);
         for s in samples {
-            slots.remove(s);
+            landings.remove(s);
         }
     }
 }
 
-impl Served for ServedSlots {
+impl Served for ServedLandings {
     fn get(&self, sample: u32) -> Option<Bytes> {
-        let slot = lock(&self.slots).get(&sample).cloned()?;
-        slot.bytes()
+        let landing = lock(&self.landings).get(&sample).cloned()?;
+        landing.bytes()
     }
 }

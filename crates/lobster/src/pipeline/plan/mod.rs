@@ -18,12 +18,12 @@ use lobster_sched::{AllocConfig, Allocator, Budgets};
 use crate::config::{IoOrder, Schedule};
 use crate::error::Error;
 use crate::metrics::IterationMetrics;
-use crate::pipeline::access::{Access, AccessSlot, Cached, Read, Ready};
+use crate::pipeline::access::{Access, AccessLanding, Cached, Read, Ready};
 use crate::pipeline::context::Context;
 use crate::pipeline::deliver::reorder::PendingBatch;
 use crate::pipeline::io::order::{set_read_fractions, ToDispatcher};
 use crate::pipeline::peers::fetch;
-use crate::pipeline::peers::ServedSlots;
+use crate::pipeline::peers::ServedLandings;
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::lock;
 use allocate::{allocate, spread, AccessLoad};
@@ -35,13 +35,13 @@ enum Decider {
     Forms(Box<FormPlanner<layout::Layout>>),
 }
 
-/// The cache decisions and what the cache holds: the slot of every sample the policy keeps.
+/// The cache decisions and what the cache holds: the landing of every sample the policy keeps.
 struct Cache {
     decider: Decider,
-    slots: Store<Arc<AccessSlot>>,
+    landings: Store<Arc<AccessLanding>>,
     evicted: Vec<u32>,
-    /// The same slots as peers see them, where there are peers.
-    served: Option<Arc<ServedSlots>>,
+    /// The same landings as peers see them, where there are peers.
+    served: Option<Arc<ServedLandings>>,
 }
 
 impl Cache {
@@ -75,15 +75,15 @@ impl Cache {
         };
         Ok(Some(Cache {
             decider,
-            slots: Store::new(config.cache.capacity_bytes),
+            landings: Store::new(config.cache.capacity_bytes),
             evicted: Vec::new(),
             served: ctx.peers.as_ref().map(|p| p.served.clone()),
         }))
     }
 
     /// Decides the next access of the stream, which must be `sample`: what the cache does,
-    /// and the slot the access's bytes appear in.
-    fn decide(&mut self, sample: u32) -> Result<(Cached, Arc<AccessSlot>), Error> {
+    /// and the landing the access's bytes appear in.
+    fn decide(&mut self, sample: u32) -> Result<(Cached, Arc<AccessLanding>), Error> {
         let engine = |e| Error::engine("cache planner", e);
         let stopped = || Error::Stopped {
             reason: "cache planner ended early".into(),
@@ -121,10 +121,10 @@ impl Cache {
             decided, sample,
             "the planner and the node stream disagree at {position}"
         );
-        let slot = if hit_form.is_some() {
-            self.slots.get(sample).cloned().expect("a hit is cached")
+        let landing = if hit_form.is_some() {
+            self.landings.get(sample).cloned().expect("a hit is cached")
         } else {
-            AccessSlot::new()
+            AccessLanding::new()
         };
         if let Some(served) = &self.served {
             served.remove_all(&self.evicted);
@@ -132,17 +132,17 @@ impl Cache {
         // A hit kept in another form is stored again at its new size.
         let changed = hit_form.is_some() && kept.is_some() && kept != hit_form;
         if changed {
-            self.slots.remove(sample);
+            self.landings.remove(sample);
         }
         for e in self.evicted.drain(..) {
-            self.slots.remove(e);
+            self.landings.remove(e);
         }
         if kept.is_some() && (hit_form.is_none() || changed) {
-            self.slots
-                .insert(sample, kept_bytes, slot.clone())
+            self.landings
+                .insert(sample, kept_bytes, landing.clone())
                 .map_err(|e| Error::engine("cache store", e))?;
             if let Some(served) = &self.served {
-                served.insert(sample, slot.clone());
+                served.insert(sample, landing.clone());
             }
         }
         Ok((
@@ -150,7 +150,7 @@ impl Cache {
                 found: hit_form,
                 kept,
             },
-            slot,
+            landing,
         ))
     }
 
@@ -214,8 +214,8 @@ pub(crate) fn planner<T: Send + 'static>(
                 let (iteration, rank, pos, sample) = accesses[next];
                 next += 1;
                 seq += 1;
-                let (cached, slot) = match cache.as_mut() {
-                    None => (Cached::default(), AccessSlot::new()),
+                let (cached, landing) = match cache.as_mut() {
+                    None => (Cached::default(), AccessLanding::new()),
                     Some(c) => c.decide(sample)?,
                 };
                 // A miss is read from storage unless the hand-out below finds it a cheaper way.
@@ -233,7 +233,7 @@ pub(crate) fn planner<T: Send + 'static>(
                     sample,
                     cached,
                     read,
-                    slot: Some(slot),
+                    landing: Some(landing),
                 });
             }
             let issued = Instant::now();
@@ -288,8 +288,8 @@ pub(crate) fn planner<T: Send + 'static>(
                 }
                 match a.read {
                     Read::Cached => {
-                        let slot = a.slot.take().expect("planned with its slot");
-                        if let Some(r) = a.wait_on(&slot) {
+                        let landing = a.landing.take().expect("planned with its landing");
+                        if let Some(r) = a.wait_on(&landing) {
                             ready.push(r);
                         }
                     }
@@ -300,7 +300,7 @@ pub(crate) fn planner<T: Send + 'static>(
                         bytes: Ok(bytes::Bytes::new()),
                     }),
                     Read::PageCacheHit => {
-                        unreachable!("a slot, not the plan, makes page-cache hits")
+                        unreachable!("a landing, not the plan, makes page-cache hits")
                     }
                 }
             }
@@ -321,7 +321,7 @@ pub(crate) fn planner<T: Send + 'static>(
                     });
                 }
             }
-            // After the window's hits wait on their slots: an answer may come at once.
+            // After the window's hits wait on their landings: an answer may come at once.
             for (access, peer) in remote {
                 fetch::start(ctx, state, access, peer);
             }

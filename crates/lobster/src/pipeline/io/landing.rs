@@ -1,10 +1,10 @@
-//! Where a sample's bytes appear: the slot every access to one read waits on.
+//! Where a sample's bytes appear: the landing every access to one read waits on.
 //!
-//! A miss creates a slot; the hits the cache plans on that sample share it. Whoever fills the
-//! slot (the dispatcher, a worker, a peer's answer) releases every waiter, each with what it
+//! A miss creates a landing; the hits the cache plans on that sample share it. Whoever fills the
+//! landing (the dispatcher, a worker, a peer's answer) releases every waiter, each with what it
 //! finds there, and the caller hands them to the decode queues in one go. A sample the cache
-//! keeps that the page cache already holds settles the slot without bytes: its hits read it
-//! there. The slot knows its waiters only as `W` (accesses, in `pipeline/access.rs`).
+//! keeps that the page cache already holds settles the landing without bytes: its hits read it
+//! there. The landing knows its waiters only as `W` (accesses, in `pipeline/access.rs`).
 
 use std::sync::{Arc, Mutex};
 
@@ -19,11 +19,11 @@ pub(crate) type Loaded = Result<Bytes, Error>;
 
 /// The bytes of one read, once they are known, and who waits for them until then.
 #[derive(Debug)]
-pub(crate) struct Slot<W> {
-    state: Mutex<SlotState<W>>,
+pub(crate) struct Landing<W> {
+    state: Mutex<LandingState<W>>,
 }
 
-/// What a waiter finds when the slot is filled.
+/// What a waiter finds when the landing is filled.
 #[derive(Clone, Debug)]
 pub(crate) enum Found {
     /// The bytes, or why they could not be had.
@@ -35,7 +35,7 @@ pub(crate) enum Found {
 }
 
 #[derive(Debug)]
-enum SlotState<W> {
+enum LandingState<W> {
     Pending(Vec<W>),
     Ready(Loaded),
     /// A cached sample the page cache held when it was read: the cache keeps no copy, and
@@ -121,50 +121,52 @@ fn cache_copy(b: &Bytes, arena: Option<&Arena>) -> Bytes {
         .unwrap_or_else(|| Bytes::copy_from_slice(b))
 }
 
-impl<W> Slot<W> {
+impl<W> Landing<W> {
     pub(crate) fn new() -> Arc<Self> {
-        Arc::new(Slot {
-            state: Mutex::new(SlotState::Pending(Vec::new())),
+        Arc::new(Landing {
+            state: Mutex::new(LandingState::Pending(Vec::new())),
         })
     }
 
-    /// Parks `waiter` until the slot is filled, or gives it back with what it finds if it is.
+    /// Parks `waiter` until the landing is filled, or gives it back with what it finds if it is.
     pub(crate) fn wait(&self, waiter: W) -> Option<(W, Found)> {
         let mut state = lock(&self.state);
         let found = match &mut *state {
-            SlotState::Pending(waiters) => {
+            LandingState::Pending(waiters) => {
                 waiters.push(waiter);
                 return None;
             }
-            SlotState::Ready(loaded) => Found::Bytes(loaded.clone()),
-            SlotState::InPageCache => Found::InPageCache,
-            SlotState::Decoded(_) => Found::Decoded,
+            LandingState::Ready(loaded) => Found::Bytes(loaded.clone()),
+            LandingState::InPageCache => Found::InPageCache,
+            LandingState::Decoded(_) => Found::Decoded,
         };
         Some((waiter, found))
     }
 
-    /// Puts the sample's decoded image in place of its bytes; `false` if the slot holds no
+    /// Puts the sample's decoded image in place of its bytes; `false` if the landing holds no
     /// good bytes to replace (its read or decode failed, or an image is there already).
     pub(crate) fn keep_decoded(&self, image: DecodedImage) -> bool {
         let mut state = lock(&self.state);
         match &*state {
-            SlotState::Ready(Ok(_)) | SlotState::InPageCache => {
-                *state = SlotState::Decoded(Arc::new(image));
+            LandingState::Ready(Ok(_)) | LandingState::InPageCache => {
+                *state = LandingState::Decoded(Arc::new(image));
                 true
             }
-            SlotState::Pending(_) | SlotState::Ready(Err(_)) | SlotState::Decoded(_) => false,
+            LandingState::Pending(_) | LandingState::Ready(Err(_)) | LandingState::Decoded(_) => {
+                false
+            }
         }
     }
 
     /// The decoded image, if the cache keeps the sample decoded and it has been made.
     pub(crate) fn decoded(&self) -> Option<Arc<DecodedImage>> {
         match &*lock(&self.state) {
-            SlotState::Decoded(image) => Some(image.clone()),
+            LandingState::Decoded(image) => Some(image.clone()),
             _ => None,
         }
     }
 
-    /// Fills the slot: the waiters, what they find, and the bytes as the slot keeps them. A
+    /// Fills the landing: the waiters, what they find, and the bytes as the landing keeps them. A
     /// sample the cache keeps (`admitted`) whose bytes hold a pool block is copied out of the
     /// pool first; one the page cache holds is not kept at all, and its hits are sent to read
     /// it there.
@@ -176,24 +178,24 @@ impl<W> Slot<W> {
         arena: Option<&Arena>,
     ) -> (Vec<W>, Found, Loaded) {
         if admitted && origin == Origin::PageCache && loaded.is_ok() {
-            let waiters = self.settle(SlotState::InPageCache);
+            let waiters = self.settle(LandingState::InPageCache);
             return (waiters, Found::InPageCache, loaded);
         }
         let loaded = match loaded {
             Ok(b) if admitted && origin == Origin::Pool => Ok(cache_copy(&b, arena)),
             other => other,
         };
-        let waiters = self.settle(SlotState::Ready(loaded.clone()));
+        let waiters = self.settle(LandingState::Ready(loaded.clone()));
         (waiters, Found::Bytes(loaded.clone()), loaded)
     }
 
-    /// Moves a pending slot to `settled`, returning the accesses that waited on it.
-    fn settle(&self, settled: SlotState<W>) -> Vec<W> {
+    /// Moves a pending landing to `settled`, returning the accesses that waited on it.
+    fn settle(&self, settled: LandingState<W>) -> Vec<W> {
         let mut state = lock(&self.state);
         match std::mem::replace(&mut *state, settled) {
-            SlotState::Pending(waiters) => waiters,
-            SlotState::Ready(_) | SlotState::InPageCache | SlotState::Decoded(_) => {
-                unreachable!("a slot is filled once")
+            LandingState::Pending(waiters) => waiters,
+            LandingState::Ready(_) | LandingState::InPageCache | LandingState::Decoded(_) => {
+                unreachable!("a landing is filled once")
             }
         }
     }
@@ -201,7 +203,7 @@ impl<W> Slot<W> {
     /// The bytes, once read and if the read succeeded (what a peer's fetch is served).
     pub(crate) fn bytes(&self) -> Option<Bytes> {
         match &*lock(&self.state) {
-            SlotState::Ready(Ok(b)) => Some(b.clone()),
+            LandingState::Ready(Ok(b)) => Some(b.clone()),
             _ => None,
         }
     }
@@ -210,7 +212,7 @@ impl<W> Slot<W> {
     /// or bad on disk): later hits read storage instead, and the cached copy is freed.
     pub(crate) fn spoil(&self, error: Error) {
         let mut state = lock(&self.state);
-        if let SlotState::Ready(loaded @ Ok(_)) = &mut *state {
+        if let LandingState::Ready(loaded @ Ok(_)) = &mut *state {
             *loaded = Err(error);
         }
     }

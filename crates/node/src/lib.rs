@@ -63,6 +63,7 @@
 
 mod arena;
 mod barrier;
+mod cred;
 mod error;
 mod fdpass;
 mod host;
@@ -76,3 +77,12 @@ pub use host::{fingerprint, HostOptions, NodeHost};
 pub use launch::NodeEnv;
 pub use rank::{NodeBatch, NodeRank};
 pub use wire::Placed;
+
+/// Checker run by the fuzz target `node_wire`: arbitrary bytes through the decoders of the
+/// hello, welcome, refusal and rank messages, and through the frame reader, never panic,
+/// never allocate past a bounded multiple of the input, and what decodes encodes back the
+/// same.
+#[cfg(fuzzing)]
+pub fn fuzz_check_wire(data: &[u8]) {
+    wire::fuzz_check(data);
+}

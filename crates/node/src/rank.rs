@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::arena::SharedArena;
 use crate::barrier::{self, Broken};
+use crate::cred;
 use crate::error::NodeError;
 use crate::fdpass::recv_with_fd;
 use crate::launch::NodeEnv;
@@ -49,9 +50,16 @@ impl NodeRank {
     /// presenting `config` (see [`crate::fingerprint`]); waits up to `timeout` for the host
     /// to come up, logging what it waits for.
     ///
+    /// The process listening at the address must run as this process's user or as root, and
+    /// the arena it passes must be a memfd sealed against resizing; the welcome must come
+    /// within `timeout` of connecting.
+    ///
     /// # Errors
-    /// No host within `timeout`, a refused configuration (naming the field), or a host that
-    /// went away while attaching.
+    /// No host within `timeout`, a listener of another user ([`NodeError::Untrusted`], told
+    /// nothing), a host that refuses this user ([`NodeError::NotAllowed`]) or this
+    /// configuration ([`NodeError::Mismatch`], naming the field), no welcome in time
+    /// ([`NodeError::NoWelcome`]), an arena without the host's seals, or a host that went
+    /// away while attaching.
     pub fn attach(
         env: &NodeEnv,
         config: Vec<(String, String)>,
@@ -92,10 +100,38 @@ impl NodeRank {
                 }
             }
         };
+        // Before saying anything: the listener must be this user's or root's, or it is a
+        // squatter on the job's name.
+        let host = cred::peer(&stream).map_err(|e| NodeError::Os {
+            call: "getsockopt(SO_PEERCRED)",
+            what: address.clone(),
+            source: e,
+        })?;
+        if !host.trusted() {
+            return Err(NodeError::Untrusted {
+                address,
+                pid: host.pid,
+                uid: host.uid,
+                our_uid: cred::our_uid(),
+            });
+        }
         let gone = |reason: String| NodeError::HostGone {
             address: address.clone(),
-            pid: 0,
+            pid: host.pid,
             reason,
+        };
+        // The welcome has as long as the host had to come up, from now.
+        let connected = Instant::now();
+        let welcome_by = connected + timeout;
+        let no_welcome = || NodeError::NoWelcome {
+            address: address.clone(),
+            pid: host.pid,
+            waited_s: connected.elapsed().as_secs_f64(),
+        };
+        let left = |stream: &UnixStream| {
+            let left = welcome_by.saturating_duration_since(Instant::now());
+            let left = left.max(Duration::from_millis(1));
+            stream.set_read_timeout(Some(left))
         };
         let hello = ToHost::Hello {
             local_rank: env.local_rank as u32,
@@ -103,25 +139,43 @@ impl NodeRank {
             config,
         };
         stream
-            .write_all(&hello.encode())
-            .map_err(|e| gone(format!("sending the hello: {e}")))?;
+            .set_write_timeout(Some(timeout.max(Duration::from_millis(1))))
+            .map_err(|e| gone(format!("setting a write timeout: {e}")))?;
+        // A host that refuses closes without reading: its refusal is still there to read.
+        let sent = stream.write_all(&hello.encode());
         // The length prefix first, with the arena's descriptor riding on its first byte.
         let mut len = [0u8; 4];
-        let (n, fd) =
-            recv_with_fd(&stream, &mut len).map_err(|e| gone(format!("awaiting welcome: {e}")))?;
+        let waited = |e: std::io::Error| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => no_welcome(),
+            _ => gone(format!("awaiting welcome: {e}")),
+        };
+        left(&stream).map_err(waited)?;
+        let (n, fd) = match recv_with_fd(&stream, &mut len) {
+            Ok(got) => got,
+            Err(e) => {
+                sent.map_err(|e| gone(format!("sending the hello: {e}")))?;
+                return Err(waited(e));
+            }
+        };
         if n == 0 {
+            sent.map_err(|e| gone(format!("sending the hello: {e}")))?;
             return Err(gone("closed the connection before answering".into()));
         }
-        stream
-            .read_exact(&mut len[n..])
-            .map_err(|e| gone(format!("awaiting welcome: {e}")))?;
+        left(&stream).map_err(waited)?;
+        stream.read_exact(&mut len[n..]).map_err(waited)?;
         let mut buf = Vec::new();
-        read_body(&mut stream, u32::from_le_bytes(len), &mut buf)
-            .map_err(|e| gone(format!("awaiting welcome: {e}")))?;
+        left(&stream).map_err(waited)?;
+        read_body(&mut stream, u32::from_le_bytes(len), &mut buf).map_err(waited)?;
         let (host_pid, arena_bytes) = match ToRank::decode(&buf)? {
             ToRank::Welcome {
                 pid, arena_bytes, ..
             } => (pid, arena_bytes),
+            ToRank::Refused { field, .. } if field.is_empty() => {
+                return Err(NodeError::NotAllowed {
+                    address,
+                    our_uid: cred::our_uid(),
+                })
+            }
             ToRank::Refused { field, host, rank } => {
                 return Err(NodeError::Mismatch { field, host, rank })
             }
@@ -131,6 +185,12 @@ impl NodeRank {
                 })
             }
         };
+        sent.map_err(|e| gone(format!("sending the hello: {e}")))?;
+        // Attached: reads and writes wait as long as training does.
+        stream
+            .set_read_timeout(None)
+            .and_then(|()| stream.set_write_timeout(None))
+            .map_err(|e| gone(format!("clearing the timeouts: {e}")))?;
         let fd = fd.ok_or_else(|| NodeError::Protocol {
             reason: "the welcome came without the arena".into(),
         })?;

@@ -438,3 +438,89 @@ impl Drop for NodeBatch {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+    use std::os::unix::net::UnixListener;
+    use std::sync::mpsc;
+
+    use crate::fdpass::send_with_fd;
+
+    /// A squatter of this user on the name of job `tag`, answering the first connection with
+    /// `answer`, and the local rank 1 env that connects to it.
+    fn squat(tag: &str, answer: impl FnOnce(UnixStream) + Send + 'static) -> NodeEnv {
+        let env = NodeEnv::new(
+            1,
+            2,
+            1,
+            2,
+            0,
+            1,
+            format!("unit-{}-{tag}", std::process::id()),
+        )
+        .unwrap();
+        let addr = SocketAddr::from_abstract_name(env.address().as_bytes()).unwrap();
+        let listener = UnixListener::bind_addr(&addr).unwrap();
+        std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            answer(stream);
+        });
+        env
+    }
+
+    /// Attaches on a thread: a hang fails the test instead of stalling it.
+    fn attach_within(env: NodeEnv, timeout: Duration) -> Result<NodeRank, NodeError> {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(NodeRank::attach(&env, vec![], timeout));
+        });
+        rx.recv_timeout(Duration::from_secs(60))
+            .expect("attach hung past its timeout")
+    }
+
+    #[test]
+    fn an_unsealed_arena_from_a_squatter_is_refused() {
+        let bytes = 2 * 4096u64;
+        let env = squat("unsealed", move |mut stream| {
+            let mut buf = Vec::new();
+            assert!(read_frame(&mut stream, &mut buf).unwrap(), "a hello came");
+            // SAFETY: a NUL-terminated literal; the descriptor is owned at once below.
+            let raw = unsafe { libc::memfd_create(c"lobster-test-squat".as_ptr(), 0) };
+            assert!(raw >= 0);
+            // SAFETY: memfd_create just returned it, owned by nothing else.
+            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+            // SAFETY: plain system call on a descriptor we own.
+            assert_eq!(unsafe { libc::ftruncate(raw, bytes as libc::off_t) }, 0);
+            let welcome = ToRank::Welcome {
+                pid: 1,
+                arena_bytes: bytes,
+                slots: 1,
+            };
+            send_with_fd(&stream, &welcome.encode(), fd.as_fd()).unwrap();
+            // Held open until the rank has looked at it.
+            let _ = stream.read(&mut [0u8; 1]);
+        });
+        let e = attach_within(env, Duration::from_secs(10)).unwrap_err();
+        assert!(e.to_string().contains("F_GET_SEALS"), "{e}");
+    }
+
+    #[test]
+    fn a_host_that_never_welcomes_is_given_up_naming_it() {
+        let (hold, held) = mpsc::channel::<()>();
+        let env = squat("no-welcome", move |stream| {
+            // Reads nothing, answers nothing, until the rank gave up.
+            let _ = held.recv();
+            drop(stream);
+        });
+        let address = env.address();
+        let e = attach_within(env, Duration::from_millis(300)).unwrap_err();
+        drop(hold);
+        assert!(
+            matches!(&e, NodeError::NoWelcome { address: a, pid, .. }
+                if *a == address && *pid == std::process::id()),
+            "{e}"
+        );
+    }
+}

@@ -1,9 +1,11 @@
 //! The node's host: the in-process loader for every local rank, on local rank 0's threads,
 //! delivering each rank's batches into that rank's slots of the shared arena.
 //!
-//! Threads: one accepts the ranks' connections (checking each configuration), one per rank
-//! reads its releases, one per rank feeds it (takes its batches from the loader, waits for a
-//! free slot, copies the samples into the slot, sends the placements). A rank whose socket
+//! Threads: one accepts the ranks' connections (refusing at once, with nothing said, a peer of
+//! another user than the host's, root excepted), one per trusted connection reads its hello
+//! under one deadline and checks its configuration (at most [`HELLOS_MAX`] at once), one per
+//! rank reads its releases, one per rank feeds it (takes its batches from the loader, waits for
+//! a free slot, copies the samples into the slot, sends the placements). A rank whose socket
 //! closes before its last batch stops the job: the loader is dropped (its threads stop), and
 //! every other rank is told why.
 
@@ -335,11 +337,12 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>
 /// bytes, or says nothing, is dropped then.
 const HELLO_DEADLINE: Duration = Duration::from_secs(10);
 
-/// Hellos read at once, each on its own thread. Past this the accept thread waits for one to
-/// end (at most [`HELLO_DEADLINE`]) before accepting more; connections wait meanwhile in the
-/// kernel's backlog. Only peers of this user or root take a place: others are refused at
-/// once on the accept thread.
-const HELLOS_MAX: usize = 16;
+/// Hellos a host reads at once, each on a thread of its own (`lobster-host-hello`). Past this
+/// the host accepts no more until one ends (within 10 s, the deadline of a whole hello);
+/// connections wait meanwhile in the kernel's backlog, and a rank's wait for its welcome is
+/// its attach timeout. Only peers of the host's user or root take a place: others are
+/// refused at once.
+pub const HELLOS_MAX: usize = 16;
 
 /// The longest hello read: a fingerprint is a few hundred bytes.
 const HELLO_MAX_BYTES: usize = 64 << 10;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lobster_io::{CachePolicy, Dataset, Loader, LoaderBuilder, LoaderConfig};
-use lobster_node::{fingerprint, HostOptions, NodeEnv, NodeError, NodeHost, NodeRank};
+use lobster_node::{fingerprint, HostOptions, NodeEnv, NodeError, NodeHost, NodeRank, HELLOS_MAX};
 
 const RANKS: usize = 4;
 const BATCH: usize = 4;
@@ -832,6 +832,55 @@ fn a_squatter_on_the_hosts_name_is_detected() {
             "a_squatter_on_the_hosts_name_is_detected: a squatter of another user not tried: \
              that needs root (setuid); a squatter of this user is this user's own process"
         ),
+    }
+    fixture.clean.check(fixture.dir.path());
+}
+
+/// This process's threads reading a hello (their names cut to 15 bytes by the kernel).
+fn hello_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim_end() == "lobster-host-he")
+        .count()
+}
+
+#[test]
+fn hellos_in_progress_are_capped_and_the_rest_wait_their_turn() {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixStream};
+    let fixture = setup();
+    let job = job("hellos-cap");
+    let seed = 2;
+    let host = host(&fixture.ds, &job, seed, options());
+    let addr = SocketAddr::from_abstract_name(env(&job, 0).address().as_bytes()).unwrap();
+    // More silent connections than the cap: the host reads the cap's worth, no more.
+    let silent: Vec<UnixStream> = (0..HELLOS_MAX + 8)
+        .map(|_| UnixStream::connect_addr(&addr).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while hello_threads() < HELLOS_MAX {
+        assert!(
+            Instant::now() < deadline,
+            "{} hello threads",
+            hello_threads()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(hello_threads(), HELLOS_MAX, "hellos past the cap");
+    // Ranks queue behind them; once the silent ones close, every rank attaches.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let children: Vec<Child> = (0..RANKS)
+        .map(|r| spawn("rank", &job, r, &fixture.data, seed, 0))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(silent);
+    let seen: Vec<(Seen, Option<i32>)> =
+        children.into_iter().map(|c| collect(c, deadline)).collect();
+    host.wait().unwrap();
+    for (r, (s, code)) in seen.iter().enumerate() {
+        assert_eq!((s.end.as_str(), *code), ("end", Some(0)), "rank {r}");
     }
     fixture.clean.check(fixture.dir.path());
 }

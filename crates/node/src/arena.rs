@@ -21,6 +21,9 @@ use std::ptr::{self, NonNull};
 
 use crate::error::NodeError;
 
+/// The seals every arena carries: its size fixed for good. A rank maps nothing without them.
+const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
 /// A shared memory region made with `memfd_create`, mapped `MAP_SHARED`.
 pub struct SharedArena {
     fd: OwnedFd,
@@ -79,9 +82,8 @@ impl SharedArena {
             return Err(NodeError::last_os("ftruncate", what));
         }
         // A shrunk file would make every process's reads past the end SIGBUS: fix the size.
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
         // SAFETY: plain system call on a descriptor we own.
-        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } != 0 {
             return Err(NodeError::last_os("fcntl(F_ADD_SEALS)", what));
         }
         let base = map(fd.as_fd(), len, &what)?;
@@ -93,16 +95,36 @@ impl SharedArena {
         })
     }
 
-    /// Maps an arena received from the host, after checking with `fstat` that its file is
-    /// `bytes` long. The file need not be a memfd.
+    /// Maps an arena received from the host, after checking that its file is a memfd sealed
+    /// as [`SharedArena::create`] seals it (its size can never change, so no read of the
+    /// mapping can fault past the end) and, with `fstat`, that it is `bytes` long.
     ///
     /// # Errors
-    /// `bytes` is 0 or over `isize::MAX` (`InvalidInput`), the file is not `bytes` long
-    /// (`InvalidData`), or a system call fails: all [`NodeError::Os`].
+    /// `bytes` is 0 or over `isize::MAX` (`InvalidInput`); the file is not a memfd or lacks a
+    /// seal (`PermissionDenied`: whoever passed it is not a host of this crate); the file is
+    /// not `bytes` long (`InvalidData`); or a system call fails: all [`NodeError::Os`].
     pub fn from_fd(fd: OwnedFd, bytes: u64) -> Result<SharedArena, NodeError> {
         let name = fd_name(fd.as_fd());
         let what = format!("arena {name:?} of {bytes} bytes");
         let len = checked_len(bytes, "mmap", &what)?;
+        // SAFETY: plain system call on an open descriptor.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & SEALS != SEALS {
+            let found = match seals < 0 {
+                true => format!("no seals ({})", io::Error::last_os_error()),
+                false => format!("seals {seals:#x}"),
+            };
+            return Err(NodeError::Os {
+                call: "fcntl(F_GET_SEALS)",
+                what,
+                source: io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "the file has {found}, not the host's {SEALS:#x} (shrink, grow, seal):                          not an arena from a lobster-node host"
+                    ),
+                ),
+            });
+        }
         let mut stat = MaybeUninit::<libc::stat>::uninit();
         // SAFETY: `stat` is writable and sized for a `struct stat`; the descriptor is open.
         if unsafe { libc::fstat(fd.as_raw_fd(), stat.as_mut_ptr()) } != 0 {
@@ -443,6 +465,39 @@ mod tests {
         let rc = unsafe { libc::ftruncate(arena.fd().as_raw_fd(), 0) };
         assert_eq!(rc, -1, "a sealed arena cannot shrink");
         assert_eq!(io::Error::last_os_error().raw_os_error(), Some(libc::EPERM));
+    }
+
+    #[test]
+    fn from_fd_refuses_an_unsealed_memfd_or_another_file() {
+        // SAFETY: a NUL-terminated literal; the descriptor returned is owned at once.
+        let raw = unsafe { libc::memfd_create(c"lobster-test-unsealed".as_ptr(), 0) };
+        assert!(raw >= 0, "{}", io::Error::last_os_error());
+        // SAFETY: memfd_create just returned it, owned by nothing else.
+        let unsealed = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: plain system call on a descriptor we own.
+        assert_eq!(
+            unsafe { libc::ftruncate(raw, PAGE_BYTES as libc::off_t) },
+            0
+        );
+        // Sealable but sealed against shrinking only: it could still grow.
+        // SAFETY: as above.
+        let raw =
+            unsafe { libc::memfd_create(c"lobster-test-half".as_ptr(), libc::MFD_ALLOW_SEALING) };
+        assert!(raw >= 0, "{}", io::Error::last_os_error());
+        // SAFETY: as above.
+        let half = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: as above.
+        unsafe {
+            assert_eq!(libc::ftruncate(raw, PAGE_BYTES as libc::off_t), 0);
+            assert_eq!(libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
+        }
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(PAGE_BYTES).unwrap();
+        for fd in [unsealed, half, OwnedFd::from(file)] {
+            let err = SharedArena::from_fd(fd, PAGE_BYTES).unwrap_err();
+            assert_eq!(os_kind(&err), io::ErrorKind::PermissionDenied, "{err}");
+            assert!(err.to_string().contains("F_GET_SEALS"), "{err}");
+        }
     }
 
     #[test]

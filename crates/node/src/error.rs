@@ -25,6 +25,25 @@ pub enum NodeError {
     },
     /// No host answered in time.
     NoHost { address: String, waited_s: f64 },
+    /// The host's name is held by another process (a host of the same job id and node still
+    /// running, or a squatter), so this host cannot listen.
+    AddressTaken { address: String },
+    /// The process listening at the host's name runs as another user (and not root): a
+    /// squatter, refused before this rank says anything.
+    Untrusted {
+        address: String,
+        pid: u32,
+        uid: u32,
+        our_uid: u32,
+    },
+    /// The host refused this process's user; it says nothing more to another user.
+    NotAllowed { address: String, our_uid: u32 },
+    /// The host accepted the connection but sent no welcome in time.
+    NoWelcome {
+        address: String,
+        pid: u32,
+        waited_s: f64,
+    },
     /// The host went away (closed its socket, died): named by its address and pid.
     HostGone {
         address: String,
@@ -64,6 +83,36 @@ impl fmt::Display for NodeError {
                 f,
                 "no host answered at {address} after {waited_s:.1} s (is local rank 0 running \
                  with the same job id?)"
+            ),
+            NodeError::AddressTaken { address } => write!(
+                f,
+                "the host's socket @{address} is held by another process: a host of the same \
+                 job id and node still running (a stale job?) or a squatter; end it or choose \
+                 another job id (LOBSTER_JOB_ID)"
+            ),
+            NodeError::Untrusted {
+                address,
+                pid,
+                uid,
+                our_uid,
+            } => write!(
+                f,
+                "the process listening at @{address} (pid {pid}) runs as uid {uid}, neither \
+                 this process's uid {our_uid} nor root: refusing it as the host (a squatter on \
+                 the job's name?)"
+            ),
+            NodeError::NotAllowed { address, our_uid } => write!(
+                f,
+                "the host at @{address} refused this process (uid {our_uid}): only the host's \
+                 own user or root may attach"
+            ),
+            NodeError::NoWelcome {
+                address,
+                pid,
+                waited_s,
+            } => write!(
+                f,
+                "the host at @{address} (pid {pid}) sent no welcome within {waited_s:.1} s"
             ),
             NodeError::HostGone {
                 address,

@@ -1,16 +1,19 @@
 //! The node's host: the in-process loader for every local rank, on local rank 0's threads,
 //! delivering each rank's batches into that rank's slots of the shared arena.
 //!
-//! Threads: one accepts the ranks' connections (checking each configuration), one per rank
-//! reads its releases, one per rank feeds it (takes its batches from the loader, waits for a
-//! free slot, copies the samples into the slot, sends the placements). A rank whose socket
+//! Threads: one accepts the ranks' connections (refusing at once, with nothing said, a peer of
+//! another user than the host's, root excepted), one per trusted connection reads its hello
+//! under one deadline and checks its configuration (at most [`HELLOS_MAX`] at once), one per
+//! rank reads its releases, one per rank feeds it (takes its batches from the loader, waits for
+//! a free slot, copies the samples into the slot, sends the placements). A rank whose socket
 //! closes before its last batch stops the job: the loader is dropped (its threads stop), and
 //! every other rank is told why.
 
 use std::collections::VecDeque;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -19,6 +22,7 @@ use lobster_io::{Dataset, Loader, LoaderConfig, RankHandle, RunMetrics};
 
 use crate::arena::SharedArena;
 use crate::barrier;
+use crate::cred::{self, Peer};
 use crate::error::{Failure, NodeError};
 use crate::fdpass::send_with_fd;
 use crate::launch::NodeEnv;
@@ -110,6 +114,8 @@ struct RankState {
     stream: Option<UnixStream>,
     /// Its slots not lent out.
     free: VecDeque<u32>,
+    /// A connection's hello passed and its welcome is being sent: no other may take the rank.
+    attaching: bool,
     /// Its last batch was sent: a close after this is not a failure.
     ended: bool,
     /// Batches it asked for and has not been sent.
@@ -129,6 +135,8 @@ struct Shared {
     options: HostOptions,
     config: Vec<(String, String)>,
     address: String,
+    /// Hellos being read, each on its own thread (at most [`HELLOS_MAX`]).
+    hellos: AtomicUsize,
     /// Dropped (its threads stopped) when the job stops early.
     loader: Mutex<Option<Box<dyn HostedLoader>>>,
 }
@@ -189,8 +197,8 @@ impl NodeHost {
     /// (see [`fingerprint`]).
     ///
     /// # Errors
-    /// Bad options, an arena larger than the memory available, or an address already in use
-    /// (another host of the same job and node).
+    /// Bad options, an arena larger than the memory available, or an address held by another
+    /// process ([`NodeError::AddressTaken`]: a host of the same job and node, or a squatter).
     pub fn start<T>(
         env: &NodeEnv,
         mut loader: Loader<T>,
@@ -227,11 +235,16 @@ impl NodeHost {
                 reason: format!("{} bytes a slot overflow the arena", options.slot_bytes),
             })?;
         let address = env.address();
-        let arena = SharedArena::create(&format!("lobster-node {address}"), arena_bytes)?;
-        barrier::init(&arena);
         let addr = SocketAddr::from_abstract_name(address.as_bytes())
             .map_err(|e| os("bind", &address, e))?;
-        let listener = UnixListener::bind_addr(&addr).map_err(|e| os("bind", &address, e))?;
+        let listener = UnixListener::bind_addr(&addr).map_err(|e| match e.kind() {
+            std::io::ErrorKind::AddrInUse => NodeError::AddressTaken {
+                address: address.clone(),
+            },
+            _ => os("bind", &address, e),
+        })?;
+        let arena = SharedArena::create(&format!("lobster-node {address}"), arena_bytes)?;
+        barrier::init(&arena);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 ranks: (0..ranks)
@@ -248,6 +261,7 @@ impl NodeHost {
             options,
             config,
             address,
+            hellos: AtomicUsize::new(0),
             loader: Mutex::new(Some(Box::new(loader))),
         });
         let mut threads = Vec::with_capacity(1 + ranks);
@@ -319,7 +333,25 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>
         .map_err(|e| os("spawn", name, e))
 }
 
-/// Accepts ranks until all attached, the job stopped, or the attach timeout passed.
+/// How long a connection has, from its accept, to send its whole hello: a peer that trickles
+/// bytes, or says nothing, is dropped then.
+const HELLO_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Hellos a host reads at once, each on a thread of its own (`lobster-host-hello`). Past this
+/// the host accepts no more until one ends (within 10 s, the deadline of a whole hello);
+/// connections wait meanwhile in the kernel's backlog, and a rank's wait for its welcome is
+/// its attach timeout. Only peers of the host's user or root take a place: others are
+/// refused at once.
+pub const HELLOS_MAX: usize = 16;
+
+/// The longest hello read: a fingerprint is a few hundred bytes.
+const HELLO_MAX_BYTES: usize = 64 << 10;
+
+/// How long a write of the hello's answer may block: a peer that never reads is dropped.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Accepts ranks until all attached, the job stopped, or the attach timeout passed. Each
+/// connection's user is checked here; its hello is read on a thread of its own.
 fn accept(shared: &Arc<Shared>, listener: UnixListener) {
     let ranks = shared.lock().ranks.len();
     let deadline = Instant::now() + shared.options.attach_timeout;
@@ -337,15 +369,13 @@ fn accept(shared: &Arc<Shared>, listener: UnixListener) {
                 return;
             }
         }
-        match listener.accept() {
-            Ok((stream, _)) => {
-                if let Err(e) = welcome(shared, stream) {
-                    log::warn!(
-                        "lobster-node host {}: a rank not attached: {e}",
-                        shared.address
-                    );
-                }
-            }
+        let busy = shared.hellos.load(Ordering::Acquire) >= HELLOS_MAX;
+        let accepted = match busy {
+            true => Err(std::io::ErrorKind::WouldBlock.into()),
+            false => listener.accept(),
+        };
+        match accepted {
+            Ok((stream, _)) => admit(shared, stream),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
                     let s = shared.lock();
@@ -372,24 +402,143 @@ fn accept(shared: &Arc<Shared>, listener: UnixListener) {
     }
 }
 
-/// Reads a connection's hello; refuses it or attaches it and starts its reader.
-fn welcome(shared: &Arc<Shared>, mut stream: UnixStream) -> Result<(), NodeError> {
+/// Counts a hello in progress until dropped (with its thread, or with the closure a failed
+/// spawn drops).
+struct HelloPlace(Arc<Shared>);
+
+impl Drop for HelloPlace {
+    fn drop(&mut self) {
+        self.0.hellos.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Checks a new connection's user: another user (not root) is refused at once, learning
+/// nothing; a trusted peer's hello is read on a thread of its own.
+fn admit(shared: &Arc<Shared>, stream: UnixStream) {
+    let peer = match cred::peer(&stream) {
+        Ok(p) => p,
+        Err(e) => {
+            log::warn!(
+                "lobster-node host {}: a connection's credentials: {e}",
+                shared.address
+            );
+            return;
+        }
+    };
+    if !peer.trusted() {
+        log::warn!(
+            "lobster-node host {}: refused pid {} of uid {}: only uid {} or root may attach",
+            shared.address,
+            peer.pid,
+            peer.uid,
+            cred::our_uid()
+        );
+        refuse_bare(stream);
+        return;
+    }
+    shared.hellos.fetch_add(1, Ordering::AcqRel);
+    let place = HelloPlace(Arc::clone(shared));
+    let s = Arc::clone(shared);
+    let spawned = spawn("lobster-host-hello", move || {
+        let _place = place;
+        if let Err(e) = welcome(&s, stream, peer) {
+            log::warn!(
+                "lobster-node host {}: pid {} not attached: {e}",
+                s.address,
+                peer.pid
+            );
+        }
+    });
+    if let Err(e) = spawned {
+        log::warn!(
+            "lobster-node host {}: pid {} not attached: {e}",
+            shared.address,
+            peer.pid
+        );
+    }
+}
+
+/// Refuses a peer of another user with an empty refusal (no field, no value), never blocking,
+/// and closes the connection without reading what it sent.
+fn refuse_bare(mut stream: UnixStream) {
+    let bare = ToRank::Refused {
+        field: String::new(),
+        host: String::new(),
+        rank: String::new(),
+    };
+    if stream.set_nonblocking(true).is_ok() {
+        let _ = stream.write_all(&bare.encode());
+    }
+}
+
+/// Reads `out.len()` bytes by `deadline`, whatever the pace of the peer.
+fn read_by(stream: &mut UnixStream, mut out: &mut [u8], deadline: Instant) -> std::io::Result<()> {
+    while !out.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "no whole hello within {:.0} s",
+                    HELLO_DEADLINE.as_secs_f64()
+                ),
+            ));
+        }
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(out) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => out = &mut out[n..],
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::Interrupted
+                        | std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Reads a hello's frame body into `buf`, all of it by `deadline`.
+fn read_hello(
+    stream: &mut UnixStream,
+    buf: &mut Vec<u8>,
+    deadline: Instant,
+) -> std::io::Result<()> {
+    let mut len = [0u8; 4];
+    read_by(stream, &mut len, deadline)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > HELLO_MAX_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a hello of {len} bytes, more than {HELLO_MAX_BYTES}"),
+        ));
+    }
+    buf.resize(len, 0);
+    read_by(stream, buf, deadline)
+}
+
+/// Reads a trusted connection's hello; refuses it (naming the field that differs) or attaches
+/// it and starts its reader.
+fn welcome(shared: &Arc<Shared>, mut stream: UnixStream, peer: Peer) -> Result<(), NodeError> {
+    let deadline = Instant::now() + HELLO_DEADLINE;
     let io = |e: std::io::Error| os("attach", &shared.address, e);
     stream.set_nonblocking(false).map_err(io)?;
-    // A peer that connects and says nothing does not hold up the others for long.
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(io)?;
+    stream.set_write_timeout(Some(WRITE_TIMEOUT)).map_err(io)?;
     let mut buf = Vec::new();
-    if !read_frame(&mut stream, &mut buf).map_err(io)? {
-        return Err(NodeError::Protocol {
-            reason: "a connection closed before its hello".into(),
-        });
+    match read_hello(&mut stream, &mut buf, deadline) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Err(NodeError::Protocol {
+                reason: "a connection closed before its hello".into(),
+            })
+        }
+        Err(e) => return Err(io(e)),
     }
     let ToHost::Hello {
-        local_rank,
-        pid,
-        config,
+        local_rank, config, ..
     } = ToHost::decode(&buf)?
     else {
         return Err(NodeError::Protocol {
@@ -432,9 +581,10 @@ fn welcome(shared: &Arc<Shared>, mut stream: UnixStream) -> Result<(), NodeError
         }
     }
     let reader = stream.try_clone().map_err(io)?;
+    // The rank's place is held while the welcome is sent, outside the lock.
     {
         let mut s = shared.lock();
-        if s.ranks[r].stream.is_some() {
+        if s.ranks[r].stream.is_some() || s.ranks[r].attaching {
             drop(s);
             return refuse(
                 stream,
@@ -443,16 +593,27 @@ fn welcome(shared: &Arc<Shared>, mut stream: UnixStream) -> Result<(), NodeError
                 r.to_string(),
             );
         }
-        let welcome = ToRank::Welcome {
-            pid: std::process::id(),
-            arena_bytes: shared.arena.len() as u64,
-            slots: shared.options.slots_per_rank as u32,
-        };
-        send_with_fd(&stream, &welcome.encode(), shared.arena.fd()).map_err(io)?;
-        s.ranks[r].stream = Some(stream);
-        s.attached += 1;
+        s.ranks[r].attaching = true;
     }
+    let welcome = ToRank::Welcome {
+        pid: std::process::id(),
+        arena_bytes: shared.arena.len() as u64,
+        slots: shared.options.slots_per_rank as u32,
+    };
+    // Attached from here on, the rank's writes are the feeder's, bounded by its slots.
+    let sent = send_with_fd(&stream, &welcome.encode(), shared.arena.fd())
+        .and_then(|()| stream.set_write_timeout(None));
+    {
+        let mut s = shared.lock();
+        s.ranks[r].attaching = false;
+        if sent.is_ok() {
+            s.ranks[r].stream = Some(stream);
+            s.attached += 1;
+        }
+    }
+    sent.map_err(io)?;
     shared.changed.notify_all();
+    let pid = peer.pid;
     log::debug!(
         "lobster-node host {}: local rank {r} (pid {pid}) attached",
         shared.address

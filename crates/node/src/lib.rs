@@ -7,6 +7,14 @@
 //! Batches land in a shared arena made with `memfd_create` and passed to each rank with
 //! `SCM_RIGHTS`: nothing is left in `/dev/shm` or on disk whatever way a process ends.
 //!
+//! The socket's name (`lobster-io/<job>/node-<n>`) is visible to every user of the machine,
+//! so each side checks the other's user with `SO_PEERCRED`: the host takes ranks of its own
+//! user or root only, telling anyone else nothing (not even which field of the configuration
+//! differs), and a rank says nothing to a listener of another user (a squatter on the name)
+//! and maps only an arena sealed as the host seals it. A host whose name is already held
+//! fails saying so ([`NodeError::AddressTaken`]). Each hello is read on its own thread under
+//! one deadline, so a connection that trickles its bytes or says nothing holds up no rank.
+//!
 //! Local rank 0 hosts, on its own threads, rather than starting a separate `lobster host`
 //! process: the host lives and dies with a process the launcher already supervises, so no
 //! orphan can outlive the job, and a host that dies takes down the rank the launcher
@@ -63,6 +71,7 @@
 
 mod arena;
 mod barrier;
+mod cred;
 mod error;
 mod fdpass;
 mod host;
@@ -72,7 +81,16 @@ mod wire;
 
 pub use arena::SharedArena;
 pub use error::{Failure, NodeError};
-pub use host::{fingerprint, HostOptions, NodeHost};
+pub use host::{fingerprint, HostOptions, NodeHost, HELLOS_MAX};
 pub use launch::NodeEnv;
 pub use rank::{NodeBatch, NodeRank};
 pub use wire::Placed;
+
+/// Checker run by the fuzz target `node_wire`: arbitrary bytes through the decoders of the
+/// hello, welcome, refusal and rank messages, and through the frame reader, never panic,
+/// never allocate past a bounded multiple of the input, and what decodes encodes back the
+/// same.
+#[cfg(fuzzing)]
+pub fn fuzz_check_wire(data: &[u8]) {
+    wire::fuzz_check(data);
+}

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::arena::SharedArena;
 use crate::barrier::{self, Broken};
+use crate::cred;
 use crate::error::NodeError;
 use crate::fdpass::recv_with_fd;
 use crate::launch::NodeEnv;
@@ -49,9 +50,16 @@ impl NodeRank {
     /// presenting `config` (see [`crate::fingerprint`]); waits up to `timeout` for the host
     /// to come up, logging what it waits for.
     ///
+    /// The process listening at the address must run as this process's user or as root, and
+    /// the arena it passes must be a memfd sealed against resizing; the welcome must come
+    /// within `timeout` of connecting.
+    ///
     /// # Errors
-    /// No host within `timeout`, a refused configuration (naming the field), or a host that
-    /// went away while attaching.
+    /// No host within `timeout`, a listener of another user ([`NodeError::Untrusted`], told
+    /// nothing), a host that refuses this user ([`NodeError::NotAllowed`]) or this
+    /// configuration ([`NodeError::Mismatch`], naming the field), no welcome in time
+    /// ([`NodeError::NoWelcome`]), an arena without the host's seals, or a host that went
+    /// away while attaching.
     pub fn attach(
         env: &NodeEnv,
         config: Vec<(String, String)>,
@@ -92,10 +100,38 @@ impl NodeRank {
                 }
             }
         };
+        // Before saying anything: the listener must be this user's or root's, or it is a
+        // squatter on the job's name.
+        let host = cred::peer(&stream).map_err(|e| NodeError::Os {
+            call: "getsockopt(SO_PEERCRED)",
+            what: address.clone(),
+            source: e,
+        })?;
+        if !host.trusted() {
+            return Err(NodeError::Untrusted {
+                address,
+                pid: host.pid,
+                uid: host.uid,
+                our_uid: cred::our_uid(),
+            });
+        }
         let gone = |reason: String| NodeError::HostGone {
             address: address.clone(),
-            pid: 0,
+            pid: host.pid,
             reason,
+        };
+        // The welcome has as long as the host had to come up, from now.
+        let connected = Instant::now();
+        let welcome_by = connected + timeout;
+        let no_welcome = || NodeError::NoWelcome {
+            address: address.clone(),
+            pid: host.pid,
+            waited_s: connected.elapsed().as_secs_f64(),
+        };
+        let left = |stream: &UnixStream| {
+            let left = welcome_by.saturating_duration_since(Instant::now());
+            let left = left.max(Duration::from_millis(1));
+            stream.set_read_timeout(Some(left))
         };
         let hello = ToHost::Hello {
             local_rank: env.local_rank as u32,
@@ -103,25 +139,43 @@ impl NodeRank {
             config,
         };
         stream
-            .write_all(&hello.encode())
-            .map_err(|e| gone(format!("sending the hello: {e}")))?;
+            .set_write_timeout(Some(timeout.max(Duration::from_millis(1))))
+            .map_err(|e| gone(format!("setting a write timeout: {e}")))?;
+        // A host that refuses closes without reading: its refusal is still there to read.
+        let sent = stream.write_all(&hello.encode());
         // The length prefix first, with the arena's descriptor riding on its first byte.
         let mut len = [0u8; 4];
-        let (n, fd) =
-            recv_with_fd(&stream, &mut len).map_err(|e| gone(format!("awaiting welcome: {e}")))?;
+        let waited = |e: std::io::Error| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => no_welcome(),
+            _ => gone(format!("awaiting welcome: {e}")),
+        };
+        left(&stream).map_err(waited)?;
+        let (n, fd) = match recv_with_fd(&stream, &mut len) {
+            Ok(got) => got,
+            Err(e) => {
+                sent.map_err(|e| gone(format!("sending the hello: {e}")))?;
+                return Err(waited(e));
+            }
+        };
         if n == 0 {
+            sent.map_err(|e| gone(format!("sending the hello: {e}")))?;
             return Err(gone("closed the connection before answering".into()));
         }
-        stream
-            .read_exact(&mut len[n..])
-            .map_err(|e| gone(format!("awaiting welcome: {e}")))?;
+        left(&stream).map_err(waited)?;
+        stream.read_exact(&mut len[n..]).map_err(waited)?;
         let mut buf = Vec::new();
-        read_body(&mut stream, u32::from_le_bytes(len), &mut buf)
-            .map_err(|e| gone(format!("awaiting welcome: {e}")))?;
+        left(&stream).map_err(waited)?;
+        read_body(&mut stream, u32::from_le_bytes(len), &mut buf).map_err(waited)?;
         let (host_pid, arena_bytes) = match ToRank::decode(&buf)? {
             ToRank::Welcome {
                 pid, arena_bytes, ..
             } => (pid, arena_bytes),
+            ToRank::Refused { field, .. } if field.is_empty() => {
+                return Err(NodeError::NotAllowed {
+                    address,
+                    our_uid: cred::our_uid(),
+                })
+            }
             ToRank::Refused { field, host, rank } => {
                 return Err(NodeError::Mismatch { field, host, rank })
             }
@@ -131,6 +185,12 @@ impl NodeRank {
                 })
             }
         };
+        sent.map_err(|e| gone(format!("sending the hello: {e}")))?;
+        // Attached: reads and writes wait as long as training does.
+        stream
+            .set_read_timeout(None)
+            .and_then(|()| stream.set_write_timeout(None))
+            .map_err(|e| gone(format!("clearing the timeouts: {e}")))?;
         let fd = fd.ok_or_else(|| NodeError::Protocol {
             reason: "the welcome came without the arena".into(),
         })?;
@@ -376,5 +436,91 @@ impl Drop for NodeBatch {
         if let Ok(mut w) = self.inner.writer.lock() {
             let _ = w.write_all(&ToHost::Release { slot: self.slot }.encode());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+    use std::os::unix::net::UnixListener;
+    use std::sync::mpsc;
+
+    use crate::fdpass::send_with_fd;
+
+    /// A squatter of this user on the name of job `tag`, answering the first connection with
+    /// `answer`, and the local rank 1 env that connects to it.
+    fn squat(tag: &str, answer: impl FnOnce(UnixStream) + Send + 'static) -> NodeEnv {
+        let env = NodeEnv::new(
+            1,
+            2,
+            1,
+            2,
+            0,
+            1,
+            format!("unit-{}-{tag}", std::process::id()),
+        )
+        .unwrap();
+        let addr = SocketAddr::from_abstract_name(env.address().as_bytes()).unwrap();
+        let listener = UnixListener::bind_addr(&addr).unwrap();
+        std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            answer(stream);
+        });
+        env
+    }
+
+    /// Attaches on a thread: a hang fails the test instead of stalling it.
+    fn attach_within(env: NodeEnv, timeout: Duration) -> Result<NodeRank, NodeError> {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(NodeRank::attach(&env, vec![], timeout));
+        });
+        rx.recv_timeout(Duration::from_secs(60))
+            .expect("attach hung past its timeout")
+    }
+
+    #[test]
+    fn an_unsealed_arena_from_a_squatter_is_refused() {
+        let bytes = 2 * 4096u64;
+        let env = squat("unsealed", move |mut stream| {
+            let mut buf = Vec::new();
+            assert!(read_frame(&mut stream, &mut buf).unwrap(), "a hello came");
+            // SAFETY: a NUL-terminated literal; the descriptor is owned at once below.
+            let raw = unsafe { libc::memfd_create(c"lobster-test-squat".as_ptr(), 0) };
+            assert!(raw >= 0);
+            // SAFETY: memfd_create just returned it, owned by nothing else.
+            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+            // SAFETY: plain system call on a descriptor we own.
+            assert_eq!(unsafe { libc::ftruncate(raw, bytes as libc::off_t) }, 0);
+            let welcome = ToRank::Welcome {
+                pid: 1,
+                arena_bytes: bytes,
+                slots: 1,
+            };
+            send_with_fd(&stream, &welcome.encode(), fd.as_fd()).unwrap();
+            // Held open until the rank has looked at it.
+            let _ = stream.read(&mut [0u8; 1]);
+        });
+        let e = attach_within(env, Duration::from_secs(10)).unwrap_err();
+        assert!(e.to_string().contains("F_GET_SEALS"), "{e}");
+    }
+
+    #[test]
+    fn a_host_that_never_welcomes_is_given_up_naming_it() {
+        let (hold, held) = mpsc::channel::<()>();
+        let env = squat("no-welcome", move |stream| {
+            // Reads nothing, answers nothing, until the rank gave up.
+            let _ = held.recv();
+            drop(stream);
+        });
+        let address = env.address();
+        let e = attach_within(env, Duration::from_millis(300)).unwrap_err();
+        drop(hold);
+        assert!(
+            matches!(&e, NodeError::NoWelcome { address: a, pid, .. }
+                if *a == address && *pid == std::process::id()),
+            "{e}"
+        );
     }
 }

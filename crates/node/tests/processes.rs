@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lobster_io::{CachePolicy, Dataset, Loader, LoaderBuilder, LoaderConfig};
-use lobster_node::{fingerprint, HostOptions, NodeEnv, NodeError, NodeHost, NodeRank};
+use lobster_node::{fingerprint, HostOptions, NodeEnv, NodeError, NodeHost, NodeRank, HELLOS_MAX};
 
 const RANKS: usize = 4;
 const BATCH: usize = 4;
@@ -152,6 +152,8 @@ fn setup() -> Setup {
 struct Seen {
     batches: Vec<Vec<u32>>,
     end: String,
+    /// Every other line it printed for the parent.
+    lines: Vec<String>,
 }
 
 /// Runs as a child when the role is set; a plain no-op test otherwise.
@@ -163,6 +165,12 @@ fn child() {
     let var = |k: &str| std::env::var(k).unwrap();
     let job = var("LOBSTER_JOB_ID");
     let local_rank: usize = var("LOBSTER_LOCAL_RANK").parse().unwrap();
+    // These two may run as another user, who cannot read the test's dataset.
+    match role.as_str() {
+        "stranger" => stranger(&job, local_rank),
+        "squatter" => squatter(&job),
+        _ => {}
+    }
     let seed: u64 = var("LOBSTER_TEST_SEED").parse().unwrap();
     let slow = Duration::from_millis(var("LOBSTER_TEST_SLOW_MS").parse().unwrap());
     let ds = open(Path::new(&var("LOBSTER_TEST_DATA")));
@@ -186,6 +194,70 @@ fn child() {
         let _ = h.wait();
     }
     std::process::exit(if out == "end" { 0 } else { 3 });
+}
+
+/// Another user's process: tries to attach as `local_rank` with the host's own configuration
+/// (from `LOBSTER_TEST_CONFIG`), then with a wrong seed; prints how each went.
+fn stranger(job: &str, local_rank: usize) -> ! {
+    let config: Vec<(String, String)> = std::env::var("LOBSTER_TEST_CONFIG")
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (k, v) = l.split_once('\t').unwrap();
+            (k.to_owned(), v.to_owned())
+        })
+        .collect();
+    let mut wrong = config.clone();
+    for (k, v) in &mut wrong {
+        if k == "seed" {
+            v.push('1');
+        }
+    }
+    let env = env(job, local_rank);
+    for (attempt, config) in [("first", config), ("second", wrong)] {
+        match NodeRank::attach(&env, config, Duration::from_secs(20)) {
+            Ok(rank) => {
+                println!("{MARK}{attempt} attached to host pid {}", rank.host_pid());
+                // Holds its place a moment, as an intruder would.
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => println!("{MARK}{attempt} refused: {e}"),
+        }
+    }
+    std::process::exit(0);
+}
+
+/// A process holding the host's name first: prints when it listens, then how many bytes the
+/// first connection sent it before closing.
+fn squatter(job: &str) -> ! {
+    use std::io::Read;
+    use std::os::linux::net::SocketAddrExt;
+    let address = env(job, 0).address();
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(address.as_bytes()).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    println!("{MARK}listening");
+    listener.set_nonblocking(true).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut got = 0;
+    loop {
+        match listener.accept() {
+            Ok((mut stream, _)) => {
+                stream.set_nonblocking(false).unwrap();
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(3)))
+                    .unwrap();
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = stream.read(&mut buf) {
+                    got += n;
+                }
+                break;
+            }
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => panic!("no connection came: {e}"),
+        }
+    }
+    println!("{MARK}got {got}");
+    std::process::exit(0);
 }
 
 /// Takes every batch, checking each sample's bytes; prints a line per batch.
@@ -265,6 +337,36 @@ fn spawn_child(
         .unwrap()
 }
 
+/// Runs this binary's `child` test in `role`, as user and group `uid` when given.
+fn spawn_as(
+    role: &str,
+    job: &str,
+    local_rank: usize,
+    uid: Option<u32>,
+    vars: &[(&str, &str)],
+) -> Child {
+    use std::os::unix::process::CommandExt;
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args(["child", "--exact", "--nocapture", "--test-threads", "1"])
+        .env("LOBSTER_NODE_TEST_ROLE", role)
+        .env("LOBSTER_JOB_ID", job)
+        .env("LOBSTER_LOCAL_RANK", local_rank.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for (k, v) in vars {
+        c.env(k, v);
+    }
+    if let Some(uid) = uid {
+        c.uid(uid).gid(uid);
+    }
+    let child = c.spawn().unwrap();
+    UNREAPED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(child.id());
+    child
+}
+
 /// Reads a child's lines until it exits (or `deadline`, then kills it and fails).
 fn collect(mut child: Child, deadline: Instant) -> (Seen, Option<i32>) {
     let out = child.stdout.take().unwrap();
@@ -284,6 +386,8 @@ fn collect(mut child: Child, deadline: Instant) -> (Seen, Option<i32>) {
                 );
             } else if line == "end" || line.starts_with("error ") {
                 seen.end = line.to_owned();
+            } else {
+                seen.lines.push(line.to_owned());
             }
         }
         seen
@@ -550,6 +654,234 @@ fn ranks_started_before_the_host_wait_for_it_and_give_up_naming_it() {
     host.wait().unwrap();
     for (s, code) in &seen {
         assert_eq!((s.end.as_str(), *code), ("end", Some(0)));
+    }
+    fixture.clean.check(fixture.dir.path());
+}
+
+/// The unprivileged user the tests run strangers and squatters as.
+const NOBODY: u32 = 65534;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[test]
+fn another_user_is_refused_and_learns_nothing() {
+    if !is_root() {
+        eprintln!(
+            "another_user_is_refused_and_learns_nothing: skipped: running a process as another \
+             user needs root (setuid), and this test runs as uid {}",
+            // SAFETY: as in is_root.
+            unsafe { libc::geteuid() }
+        );
+        return;
+    }
+    let fixture = setup();
+    let job = job("stranger");
+    let seed = 9;
+    let host = host(&fixture.ds, &job, seed, options());
+    let (cfg, _) = config(seed);
+    let fp = fingerprint(&fixture.ds, &cfg, seed);
+    let lines: Vec<String> = fp.iter().map(|(k, v)| format!("{k}\t{v}")).collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    // Another user, with the right configuration, as a rank not yet attached.
+    let stranger = spawn_as(
+        "stranger",
+        &job,
+        RANKS - 1,
+        Some(NOBODY),
+        &[("LOBSTER_TEST_CONFIG", &lines.join("\n"))],
+    );
+    let (seen, code) = collect(stranger, deadline);
+    assert_eq!(code, Some(0), "{seen:?}");
+    assert_eq!(seen.lines.len(), 2, "{seen:?}");
+    for line in &seen.lines {
+        assert!(
+            line.contains("refused") && line.contains("only the host's own user or root"),
+            "{line}"
+        );
+        // Not one of the host's fields or values (the address aside: it holds the job id).
+        let said = line.replace(&env(&job, 0).address(), "");
+        for (k, v) in &fp {
+            assert!(!said.contains(&format!(" {k}")), "{k} in {line}");
+            assert!(!said.contains(v.as_str()) || v.len() < 3, "{v} in {line}");
+        }
+    }
+    // The real ranks, the stranger's rank among them, all attach and run to the end.
+    let children: Vec<Child> = (0..RANKS)
+        .map(|r| spawn("rank", &job, r, &fixture.data, seed, 0))
+        .collect();
+    let seen: Vec<(Seen, Option<i32>)> =
+        children.into_iter().map(|c| collect(c, deadline)).collect();
+    host.wait().unwrap();
+    for (r, (s, code)) in seen.iter().enumerate() {
+        assert_eq!((s.end.as_str(), *code), ("end", Some(0)), "rank {r}");
+    }
+    fixture.clean.check(fixture.dir.path());
+}
+
+#[test]
+fn a_trickling_or_silent_connection_does_not_hold_up_the_ranks() {
+    use std::io::{Read, Write};
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixStream};
+    let fixture = setup();
+    let job = job("slow-loris");
+    let seed = 4;
+    let host = host(&fixture.ds, &job, seed, options());
+    let addr = SocketAddr::from_abstract_name(env(&job, 0).address().as_bytes()).unwrap();
+    // One says a frame of 200 bytes is coming, then sends a byte every 200 ms; one says
+    // nothing and reads nothing. Both connect before any rank.
+    let mut trickler = UnixStream::connect_addr(&addr).unwrap();
+    let mut silent = UnixStream::connect_addr(&addr).unwrap();
+    let guard = Duration::from_secs(60);
+    let trickling = std::thread::spawn(move || {
+        let started = Instant::now();
+        let mut bytes = 200u32.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&[7; 200]);
+        for b in bytes {
+            if trickler.write_all(&[b]).is_err() {
+                return true; // the host cut it off
+            }
+            if started.elapsed() > guard {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        false
+    });
+    let deadline = Instant::now() + Duration::from_secs(45);
+    let children: Vec<Child> = (0..RANKS)
+        .map(|r| spawn("rank", &job, r, &fixture.data, seed, 0))
+        .collect();
+    let seen: Vec<(Seen, Option<i32>)> =
+        children.into_iter().map(|c| collect(c, deadline)).collect();
+    host.wait().unwrap();
+    for (r, (s, code)) in seen.iter().enumerate() {
+        assert_eq!((s.end.as_str(), *code), ("end", Some(0)), "rank {r}");
+    }
+    // Both are dropped by the host in the end, not served forever.
+    assert!(
+        trickling.join().unwrap(),
+        "the trickling hello was never cut off"
+    );
+    silent.set_read_timeout(Some(guard)).unwrap();
+    let mut buf = [0u8; 64];
+    assert_eq!(
+        silent.read(&mut buf).unwrap(),
+        0,
+        "the silent connection was never closed"
+    );
+    drop(silent);
+    fixture.clean.check(fixture.dir.path());
+}
+
+#[test]
+fn a_squatter_on_the_hosts_name_is_detected() {
+    let fixture = setup();
+    let job = job("squatter");
+    let address = env(&job, 0).address();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // Another user when root can make one; this user otherwise.
+    let uid = is_root().then_some(NOBODY);
+    let squatter = spawn_as("squatter", &job, 0, uid, &[]);
+    // Its name shows in /proc/net/unix, as anyone's does.
+    let listed = format!("@{address}");
+    while !std::fs::read_to_string("/proc/net/unix")
+        .unwrap()
+        .lines()
+        .any(|l| l.ends_with(&listed))
+    {
+        assert!(Instant::now() < deadline, "the squatter never listened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // A host cannot listen, and says why.
+    let (cfg, seed) = config(3);
+    let e = NodeHost::start(
+        &env(&job, 0),
+        loader(&fixture.ds, seed),
+        fingerprint(&fixture.ds, &cfg, seed),
+        options(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains(&address) && e.contains("held by another process"),
+        "{e}"
+    );
+    // A rank says nothing to a squatter of another user, and names it.
+    let e = NodeRank::attach(
+        &env(&job, 1),
+        fingerprint(&fixture.ds, &cfg, seed),
+        Duration::from_secs(10),
+    )
+    .unwrap_err()
+    .to_string();
+    let (seen, code) = collect(squatter, deadline);
+    assert_eq!(code, Some(0), "{seen:?}");
+    match uid {
+        Some(uid) => {
+            assert!(e.contains(&format!("runs as uid {uid}")), "{e}");
+            assert_eq!(
+                seen.lines,
+                ["listening", "got 0"],
+                "the squatter heard the hello"
+            );
+        }
+        None => eprintln!(
+            "a_squatter_on_the_hosts_name_is_detected: a squatter of another user not tried: \
+             that needs root (setuid); a squatter of this user is this user's own process"
+        ),
+    }
+    fixture.clean.check(fixture.dir.path());
+}
+
+/// This process's threads reading a hello (their names cut to 15 bytes by the kernel).
+fn hello_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim_end() == "lobster-host-he")
+        .count()
+}
+
+#[test]
+fn hellos_in_progress_are_capped_and_the_rest_wait_their_turn() {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixStream};
+    let fixture = setup();
+    let job = job("hellos-cap");
+    let seed = 2;
+    let host = host(&fixture.ds, &job, seed, options());
+    let addr = SocketAddr::from_abstract_name(env(&job, 0).address().as_bytes()).unwrap();
+    // More silent connections than the cap: the host reads the cap's worth, no more.
+    let silent: Vec<UnixStream> = (0..HELLOS_MAX + 8)
+        .map(|_| UnixStream::connect_addr(&addr).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while hello_threads() < HELLOS_MAX {
+        assert!(
+            Instant::now() < deadline,
+            "{} hello threads",
+            hello_threads()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(hello_threads(), HELLOS_MAX, "hellos past the cap");
+    // Ranks queue behind them; once the silent ones close, every rank attaches.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let children: Vec<Child> = (0..RANKS)
+        .map(|r| spawn("rank", &job, r, &fixture.data, seed, 0))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(silent);
+    let seen: Vec<(Seen, Option<i32>)> =
+        children.into_iter().map(|c| collect(c, deadline)).collect();
+    host.wait().unwrap();
+    for (r, (s, code)) in seen.iter().enumerate() {
+        assert_eq!((s.end.as_str(), *code), ("end", Some(0)), "rank {r}");
     }
     fixture.clean.check(fixture.dir.path());
 }

@@ -25,6 +25,9 @@ mod error;
 mod transform;
 
 pub use collate::Collator;
-pub use decode::{decode, dimensions, Image, ImageRef};
+pub use decode::{
+    check_pixels, decode, decode_within, dimensions, Image, ImageRef, PIXELS_MAX_DEFAULT,
+    PIXELS_MAX_LIMIT,
+};
 pub use error::ImageError;
 pub use transform::{downscale, downscaled_shape, Transform, Transformer};

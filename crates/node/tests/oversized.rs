@@ -32,7 +32,6 @@ fn dataset(dir: &Path) -> Arc<Dataset> {
     let options = lobster_io::FolderOptions {
         table_dir: None,
         extensions: vec!["bin".into()],
-        ..Default::default()
     };
     Arc::new(Dataset::open_folder(dir, &options).unwrap())
 }
@@ -85,9 +84,9 @@ fn run_node(ds: &Arc<Dataset>, on_error: ErrorPolicy, job: &str) -> Vec<Seen> {
         .map(|r| {
             let (env, agreed, ds) = (env(r), agreed.clone(), ds.clone());
             std::thread::spawn(move || {
-                let mut rank = NodeRank::attach(&env, agreed, Duration::from_secs(30)).unwrap();
+                let rank = NodeRank::attach(&env, agreed, Duration::from_secs(30)).unwrap();
                 let mut batches = Vec::new();
-                while let Some(b) = rank.next() {
+                for b in rank {
                     match b {
                         Ok(b) => {
                             for (i, p) in b.samples.iter().enumerate() {

@@ -19,6 +19,8 @@
 
 #![forbid(unsafe_code)]
 
+#[cfg(any(test, fuzzing))]
+mod check;
 mod collate;
 mod decode;
 mod error;
@@ -31,3 +33,12 @@ pub use decode::{
 };
 pub use error::ImageError;
 pub use transform::{downscale, downscaled_shape, Transform, Transformer};
+
+/// Checker run by the image header fuzz target: arbitrary bytes (or a decode fixture with
+/// arbitrary edits) through the header probe and both decoders under a low pixel bound;
+/// panics if either panics, if an image decodes past the bound or to other than its size,
+/// or if the decoder lets through what the probe found too large.
+#[cfg(fuzzing)]
+pub fn fuzz_check_header(data: &[u8]) {
+    check::check_bytes(data);
+}

@@ -236,11 +236,13 @@ fn jpeg(bytes: &[u8], pixels_max: u64) -> Result<Image, ImageError> {
         .set_max_width(side_max(pixels_max))
         .set_max_height(side_max(pixels_max));
     let mut d = zune_jpeg::JpegDecoder::new_with_options(bytes, options);
-    d.decode_headers().map_err(|e| fail(format!("{e:?}")))?;
+    guarded(fail, || {
+        d.decode_headers().map_err(|e| fail(format!("{e:?}")))
+    })?;
     let info = d.info().ok_or_else(|| fail("no header".into()))?;
     let (width, height) = (u32::from(info.width), u32::from(info.height));
     check_pixels(width, height, pixels_max)?;
-    let pixels = d.decode().map_err(|e| fail(format!("{e:?}")))?;
+    let pixels = guarded(fail, || d.decode().map_err(|e| fail(format!("{e:?}"))))?;
     if d.info().map(|i| (u32::from(i.width), u32::from(i.height))) != Some((width, height)) {
         return Err(fail("a second frame header of other dimensions".into()));
     }
@@ -262,12 +264,14 @@ fn png(bytes: &[u8], pixels_max: u64) -> Result<Image, ImageError> {
         .set_max_width(side_max(pixels_max))
         .set_max_height(side_max(pixels_max));
     let mut d = zune_png::PngDecoder::new_with_options(bytes, options);
-    d.decode_headers().map_err(|e| fail(format!("{e:?}")))?;
+    guarded(fail, || {
+        d.decode_headers().map_err(|e| fail(format!("{e:?}")))
+    })?;
     let (width, height) = d.get_dimensions().ok_or_else(|| fail("no header".into()))?;
     let side = |s: usize| u32::try_from(s).map_err(|_| fail(format!("a side of {s} pixels")));
     let (width, height) = (side(width)?, side(height)?);
     check_pixels(width, height, pixels_max)?;
-    let decoded = d.decode().map_err(|e| fail(format!("{e:?}")))?;
+    let decoded = guarded(fail, || d.decode().map_err(|e| fail(format!("{e:?}"))))?;
     let color = d
         .get_colorspace()
         .ok_or_else(|| fail("no colour type".into()))?;
@@ -291,6 +295,58 @@ fn png(bytes: &[u8], pixels_max: u64) -> Result<Image, ImageError> {
         other => return Err(fail(format!("colour space {other:?}"))),
     };
     Image::new(width, height, pixels)
+}
+
+/// Runs a decoder's step, a panic in it made `fail`'s error: zune-jpeg's bit reader asserts,
+/// in builds with debug assertions, what a hostile scan breaks (in others it saturates).
+fn guarded<R>(
+    fail: impl Fn(String) -> ImageError,
+    step: impl FnOnce() -> Result<R, ImageError>,
+) -> Result<R, ImageError> {
+    #[cfg(fuzzing)]
+    let _guard = fuzz_hook::Guarded::enter();
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)).unwrap_or_else(|panic| {
+        let text = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-string panic".into());
+        Err(fail(format!("the decoder panicked: {text}")))
+    })
+}
+
+/// The fuzzer aborts on any panic, before unwinding; a panic inside [`guarded`] is the
+/// decoder's, which the library turns into an error, so it must unwind to it there too.
+#[cfg(fuzzing)]
+mod fuzz_hook {
+    use std::cell::Cell;
+
+    thread_local! {
+        static GUARDED: Cell<bool> = const { Cell::new(false) };
+    }
+
+    pub(super) struct Guarded(bool);
+
+    impl Guarded {
+        pub(super) fn enter() -> Self {
+            static HOOK: std::sync::Once = std::sync::Once::new();
+            HOOK.call_once(|| {
+                let fuzzer = std::panic::take_hook();
+                std::panic::set_hook(Box::new(move |info| {
+                    if !GUARDED.with(Cell::get) {
+                        fuzzer(info);
+                    }
+                }));
+            });
+            Guarded(GUARDED.with(|g| g.replace(true)))
+        }
+    }
+
+    impl Drop for Guarded {
+        fn drop(&mut self) {
+            GUARDED.with(|g| g.set(self.0));
+        }
+    }
 }
 
 #[cfg(test)]

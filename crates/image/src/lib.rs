@@ -1,7 +1,9 @@
 //! Image samples for lobster-io, with no I/O: decoding (JPEG and PNG, to 8-bit RGB), the
 //! transforms training expects (RandomResizedCrop with a horizontal flip, seeded per seed,
 //! epoch and sample so a run repeats; Resize and CenterCrop for evaluation), and batches
-//! collated into one `[B, H, W, 3]` buffer reused from batch to batch.
+//! collated into one `[B, H, W, 3]` buffer reused from batch to batch. Decoding refuses an
+//! image whose header claims more than a pixel bound ([`PIXELS_MAX_DEFAULT`], or
+//! [`decode_within`]'s) before allocating anything of its size.
 //!
 //! ```
 //! use lobster_image::{Collator, Transform, Transformer};

@@ -239,6 +239,7 @@ fn soak(args: &SoakArgs, strategy: Strategy, dataset: &Arc<Dataset>) -> Result<S
                 decoder,
                 1.0,
                 lobster_image::Transform::None,
+                lobster_image::PIXELS_MAX_DEFAULT,
                 (0, epoch),
                 bytes,
                 meta,

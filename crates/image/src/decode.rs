@@ -139,17 +139,47 @@ pub fn dimensions(bytes: &[u8]) -> Option<(u32, u32)> {
     }
 }
 
+/// Pixels an image may have unless told otherwise: 2^26 (64 Mi, 8192 x 8192). Above every
+/// photo of ImageNet and Open Images and any camera's up to 61 megapixels, and far below a
+/// decompression bomb's 16384 x 16384 or 65535 x 65535 claims. What a pixel costs while it
+/// decodes, per decode thread: 3 bytes of RGB out, plus the decoder's own buffers, about
+/// 4 to 8 bytes for a JPEG (its component planes, 4 channels for CMYK) and up to 16 for a
+/// PNG (its inflated rows and samples at 8 bytes a pixel for 16-bit RGBA), so at most
+/// about 1.2 GiB for the largest image let through.
+pub const PIXELS_MAX_DEFAULT: u64 = 1 << 26;
+
 /// Decodes a JPEG (any of its colour spaces: YCbCr, grayscale, CMYK, YCCK) or a PNG (any
-/// colour type and depth; alpha dropped, 16 bits to 8) to RGB. The format is told by the
-/// bytes, not a name.
+/// colour type and depth; alpha dropped, 16 bits to 8) to RGB, refusing an image of more
+/// than [`PIXELS_MAX_DEFAULT`] pixels. The format is told by the bytes, not a name.
 ///
 /// # Errors
-/// Neither format, a file the decoder refuses, or a JPEG cut short (no end-of-image marker
-/// after its last scan: the decoder would fill the missing rows with grey).
+/// Neither format, a file the decoder refuses, a JPEG cut short (no end-of-image marker
+/// after its last scan: the decoder would fill the missing rows with grey), or
+/// [`ImageError::TooManyPixels`].
 pub fn decode(bytes: &[u8]) -> Result<Image, ImageError> {
+    decode_within(bytes, PIXELS_MAX_DEFAULT)
+}
+
+/// The most pixels any bound lets through, 2^32: about a 65535 x 65535 JPEG, the largest
+/// its header can claim. A bound above it is taken as it, so that no header can ask the
+/// decoders for a buffer past what a `usize` of a 64-bit machine holds.
+pub const PIXELS_MAX_LIMIT: u64 = 1 << 32;
+
+/// [`decode`], refusing an image whose header claims more than `pixels_max` pixels (at most
+/// [`PIXELS_MAX_LIMIT`]) before the decoder allocates anything of its size.
+///
+/// # Errors
+/// As [`decode`]; [`ImageError::TooManyPixels`] names the header's dimensions and the bound.
+pub fn decode_within(bytes: &[u8], pixels_max: u64) -> Result<Image, ImageError> {
+    let pixels_max = pixels_max.min(PIXELS_MAX_LIMIT);
+    // The probe refuses before any decoder exists; each decoder checks its own reading of
+    // the header again before it decodes, in case the two read it differently.
+    if let Some((width, height)) = dimensions(bytes) {
+        check_pixels(width, height, pixels_max)?;
+    }
     match bytes {
-        [0xFF, 0xD8, 0xFF, ..] => jpeg(bytes),
-        [0x89, b'P', b'N', b'G', ..] => png(bytes),
+        [0xFF, 0xD8, 0xFF, ..] => jpeg(bytes, pixels_max),
+        [0x89, b'P', b'N', b'G', ..] => png(bytes, pixels_max),
         _ => Err(ImageError::UnknownFormat {
             magic: bytes
                 .iter()
@@ -159,6 +189,26 @@ pub fn decode(bytes: &[u8]) -> Result<Image, ImageError> {
                 .join(" "),
         }),
     }
+}
+
+/// Whether a `width` x `height` image is within `pixels_max` pixels.
+///
+/// # Errors
+/// [`ImageError::TooManyPixels`] naming both.
+pub fn check_pixels(width: u32, height: u32, pixels_max: u64) -> Result<(), ImageError> {
+    if u64::from(width) * u64::from(height) > pixels_max {
+        return Err(ImageError::TooManyPixels {
+            width,
+            height,
+            pixels_max,
+        });
+    }
+    Ok(())
+}
+
+/// A side no image within `pixels_max` can exceed: the decoders' own limit, a second guard.
+fn side_max(pixels_max: u64) -> usize {
+    usize::try_from(pixels_max).unwrap_or(usize::MAX)
 }
 
 /// Whether a JPEG's end-of-image marker follows its last start-of-scan: inside entropy-
@@ -174,7 +224,7 @@ pub(crate) fn jpeg_is_whole(bytes: &[u8]) -> bool {
     has(&bytes[..eoi]) && !has(&bytes[eoi..])
 }
 
-fn jpeg(bytes: &[u8]) -> Result<Image, ImageError> {
+fn jpeg(bytes: &[u8], pixels_max: u64) -> Result<Image, ImageError> {
     let fail = |reason: String| ImageError::Jpeg { reason };
     if !jpeg_is_whole(bytes) {
         return Err(fail(
@@ -182,11 +232,20 @@ fn jpeg(bytes: &[u8]) -> Result<Image, ImageError> {
         ));
     }
     let options = zune_jpeg::zune_core::options::DecoderOptions::default()
-        .jpeg_set_out_colorspace(JpegColor::RGB);
+        .jpeg_set_out_colorspace(JpegColor::RGB)
+        .set_max_width(side_max(pixels_max))
+        .set_max_height(side_max(pixels_max));
     let mut d = zune_jpeg::JpegDecoder::new_with_options(bytes, options);
-    let pixels = d.decode().map_err(|e| fail(format!("{e:?}")))?;
+    guarded(fail, || {
+        d.decode_headers().map_err(|e| fail(format!("{e:?}")))
+    })?;
     let info = d.info().ok_or_else(|| fail("no header".into()))?;
     let (width, height) = (u32::from(info.width), u32::from(info.height));
+    check_pixels(width, height, pixels_max)?;
+    let pixels = guarded(fail, || d.decode().map_err(|e| fail(format!("{e:?}"))))?;
+    if d.info().map(|i| (u32::from(i.width), u32::from(i.height))) != Some((width, height)) {
+        return Err(fail("a second frame header of other dimensions".into()));
+    }
     // A grayscale JPEG comes out as one channel whatever colour space is asked for.
     let pixels = match pixels.len() / (width as usize * height as usize).max(1) {
         1 => pixels.iter().flat_map(|&l| [l, l, l]).collect(),
@@ -199,11 +258,20 @@ fn jpeg(bytes: &[u8]) -> Result<Image, ImageError> {
     Image::new(width, height, pixels)
 }
 
-fn png(bytes: &[u8]) -> Result<Image, ImageError> {
+fn png(bytes: &[u8], pixels_max: u64) -> Result<Image, ImageError> {
     let fail = |reason: String| ImageError::Png { reason };
-    let mut d = zune_png::PngDecoder::new(bytes);
-    let decoded = d.decode().map_err(|e| fail(format!("{e:?}")))?;
+    let options = zune_png::zune_core::options::DecoderOptions::default()
+        .set_max_width(side_max(pixels_max))
+        .set_max_height(side_max(pixels_max));
+    let mut d = zune_png::PngDecoder::new_with_options(bytes, options);
+    guarded(fail, || {
+        d.decode_headers().map_err(|e| fail(format!("{e:?}")))
+    })?;
     let (width, height) = d.get_dimensions().ok_or_else(|| fail("no header".into()))?;
+    let side = |s: usize| u32::try_from(s).map_err(|_| fail(format!("a side of {s} pixels")));
+    let (width, height) = (side(width)?, side(height)?);
+    check_pixels(width, height, pixels_max)?;
+    let decoded = guarded(fail, || d.decode().map_err(|e| fail(format!("{e:?}"))))?;
     let color = d
         .get_colorspace()
         .ok_or_else(|| fail("no colour type".into()))?;
@@ -226,7 +294,59 @@ fn png(bytes: &[u8]) -> Result<Image, ImageError> {
             .collect(),
         other => return Err(fail(format!("colour space {other:?}"))),
     };
-    Image::new(width as u32, height as u32, pixels)
+    Image::new(width, height, pixels)
+}
+
+/// Runs a decoder's step, a panic in it made `fail`'s error: zune-jpeg's bit reader asserts,
+/// in builds with debug assertions, what a hostile scan breaks (in others it saturates).
+fn guarded<R>(
+    fail: impl Fn(String) -> ImageError,
+    step: impl FnOnce() -> Result<R, ImageError>,
+) -> Result<R, ImageError> {
+    #[cfg(fuzzing)]
+    let _guard = fuzz_hook::Guarded::enter();
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)).unwrap_or_else(|panic| {
+        let text = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-string panic".into());
+        Err(fail(format!("the decoder panicked: {text}")))
+    })
+}
+
+/// The fuzzer aborts on any panic, before unwinding; a panic inside [`guarded`] is the
+/// decoder's, which the library turns into an error, so it must unwind to it there too.
+#[cfg(fuzzing)]
+mod fuzz_hook {
+    use std::cell::Cell;
+
+    thread_local! {
+        static GUARDED: Cell<bool> = const { Cell::new(false) };
+    }
+
+    pub(super) struct Guarded(bool);
+
+    impl Guarded {
+        pub(super) fn enter() -> Self {
+            static HOOK: std::sync::Once = std::sync::Once::new();
+            HOOK.call_once(|| {
+                let fuzzer = std::panic::take_hook();
+                std::panic::set_hook(Box::new(move |info| {
+                    if !GUARDED.with(Cell::get) {
+                        fuzzer(info);
+                    }
+                }));
+            });
+            Guarded(GUARDED.with(|g| g.replace(true)))
+        }
+    }
+
+    impl Drop for Guarded {
+        fn drop(&mut self) {
+            GUARDED.with(|g| g.set(self.0));
+        }
+    }
 }
 
 #[cfg(test)]

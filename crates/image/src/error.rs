@@ -18,6 +18,12 @@ pub enum ImageError {
         height: u32,
         bytes: usize,
     },
+    /// An image whose header claims more pixels than the bound: refused before decoding.
+    TooManyPixels {
+        width: u32,
+        height: u32,
+        pixels_max: u64,
+    },
     /// A transform's or a batch's buffer of the wrong size.
     Buffer { expected: usize, actual: usize },
     /// A batch already holding all its images.
@@ -39,6 +45,16 @@ impl fmt::Display for ImageError {
                 height,
                 bytes,
             } => write!(f, "{bytes} bytes are not a {width}x{height} RGB image"),
+            ImageError::TooManyPixels {
+                width,
+                height,
+                pixels_max,
+            } => write!(
+                f,
+                "{width}x{height} is {} pixels, more than the bound of {pixels_max} \
+                 (pixels_max)",
+                u64::from(*width) * u64::from(*height)
+            ),
             ImageError::Buffer { expected, actual } => {
                 write!(f, "a buffer of {actual} bytes where {expected} are needed")
             }

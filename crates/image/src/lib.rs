@@ -1,7 +1,9 @@
 //! Image samples for lobster-io, with no I/O: decoding (JPEG and PNG, to 8-bit RGB), the
 //! transforms training expects (RandomResizedCrop with a horizontal flip, seeded per seed,
 //! epoch and sample so a run repeats; Resize and CenterCrop for evaluation), and batches
-//! collated into one `[B, H, W, 3]` buffer reused from batch to batch.
+//! collated into one `[B, H, W, 3]` buffer reused from batch to batch. Decoding refuses an
+//! image whose header claims more than a pixel bound ([`PIXELS_MAX_DEFAULT`], or
+//! [`decode_within`]'s) before allocating anything of its size.
 //!
 //! ```
 //! use lobster_image::{Collator, Transform, Transformer};
@@ -19,12 +21,26 @@
 
 #![forbid(unsafe_code)]
 
+#[cfg(any(test, fuzzing))]
+mod check;
 mod collate;
 mod decode;
 mod error;
 mod transform;
 
 pub use collate::Collator;
-pub use decode::{decode, dimensions, Image, ImageRef};
+pub use decode::{
+    check_pixels, decode, decode_within, dimensions, Image, ImageRef, PIXELS_MAX_DEFAULT,
+    PIXELS_MAX_LIMIT,
+};
 pub use error::ImageError;
 pub use transform::{downscale, downscaled_shape, Transform, Transformer};
+
+/// Checker run by the image header fuzz target: arbitrary bytes (or a decode fixture with
+/// arbitrary edits) through the header probe and both decoders under a low pixel bound;
+/// panics if either panics, if an image decodes past the bound or to other than its size,
+/// or if the decoder lets through what the probe found too large.
+#[cfg(fuzzing)]
+pub fn fuzz_check_header(data: &[u8]) {
+    check::check_bytes(data);
+}

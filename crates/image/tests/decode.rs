@@ -57,3 +57,14 @@ fn a_truncated_jpeg_and_a_damaged_png_are_errors() {
         decode(&png)
     );
 }
+
+#[test]
+fn a_scan_that_breaks_the_jpeg_bit_reader_is_an_error_not_a_panic() {
+    // Found by the image_header fuzz target: one byte of the progressive fixture's scan
+    // flipped makes zune-jpeg's bit reader assert (with debug assertions, as tests build).
+    let mut bytes = data("progressive.jpg");
+    let at = 0xFF75 % bytes.len();
+    bytes[at] ^= 0xFF;
+    let e = decode(&bytes).unwrap_err();
+    assert!(matches!(e, ImageError::Jpeg { .. }), "{e}");
+}

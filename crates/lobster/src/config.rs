@@ -174,6 +174,35 @@ pub struct LoaderConfig {
     pub on_error: OnError,
     /// How a sample is loaded: the pipeline, or the read-then-decode baselines.
     pub execution: Execution,
+    /// What one sample may cost to decode; past it the sample fails, under `on_error`.
+    pub limits: SampleLimits,
+}
+
+/// What one sample may cost to decode. A sample past a bound fails as a corrupt one does
+/// ([`Error::Decode`] naming it and its file), so `on_error` decides: skip it within the
+/// budget, or fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampleLimits {
+    /// Pixels an image may have ([`LoaderBuilder::decode_images`](crate::LoaderBuilder::decode_images)):
+    /// one whose header claims more is refused before it is decoded. Default
+    /// [`lobster_image::PIXELS_MAX_DEFAULT`] (2^26, 8192 x 8192; a pixel costs 3 bytes of
+    /// RGB and up to about 16 more while decoding), at most
+    /// [`lobster_image::PIXELS_MAX_LIMIT`].
+    pub image_pixels_max: u64,
+    /// Bytes a decoded sample may have (`None`: no bound), set with
+    /// [`LoaderBuilder::decoded_sample_bytes_max`](crate::LoaderBuilder::decoded_sample_bytes_max)
+    /// for samples of bytes. A node's host gives each rank slots of `batch_size` samples:
+    /// its share, `slot_bytes / batch_size`, is this bound.
+    pub decoded_sample_bytes_max: Option<u64>,
+}
+
+impl Default for SampleLimits {
+    fn default() -> Self {
+        SampleLimits {
+            image_pixels_max: lobster_image::PIXELS_MAX_DEFAULT,
+            decoded_sample_bytes_max: None,
+        }
+    }
 }
 
 /// The job's shape as this loader sees it.
@@ -390,6 +419,14 @@ impl LoaderConfig {
         if let Some(side) = self.cache.decoded_max_side {
             range("decoded_max_side", side as usize, 1, 1 << 16)?;
         }
+        let pixels = self.limits.image_pixels_max;
+        if !(1..=lobster_image::PIXELS_MAX_LIMIT).contains(&pixels) {
+            let allowed = format!("1..={}", lobster_image::PIXELS_MAX_LIMIT);
+            return Err(Error::invalid("image_pixels_max", pixels, allowed));
+        }
+        if self.limits.decoded_sample_bytes_max == Some(0) {
+            return Err(Error::invalid("decoded_sample_bytes_max", 0, "at least 1"));
+        }
         if let Some(c) = self.cache.form_costs {
             c.validate()
                 .map_err(|e| Error::invalid("form_costs", format!("{c:?}"), e.to_string()))?;
@@ -474,6 +511,15 @@ mod tests {
                 "prefetch_iterations",
             ),
             (with(&|c| c.job.epochs = 0), "epochs"),
+            (with(&|c| c.limits.image_pixels_max = 0), "image_pixels_max"),
+            (
+                with(&|c| c.limits.image_pixels_max = (1 << 32) + 1),
+                "image_pixels_max",
+            ),
+            (
+                with(&|c| c.limits.decoded_sample_bytes_max = Some(0)),
+                "decoded_sample_bytes_max",
+            ),
         ];
         for (config, parameter) in cases {
             let err = config.validate(1000).unwrap_err();

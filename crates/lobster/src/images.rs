@@ -62,8 +62,8 @@ thread_local! {
 /// `epoch`, the sample's id) so that a run repeats exactly.
 ///
 /// # Errors
-/// A format other than JPEG or PNG, a truncated or corrupt image, naming the sample's
-/// file and key.
+/// A format other than JPEG or PNG, a truncated or corrupt image, or one of more than
+/// [`lobster_image::PIXELS_MAX_DEFAULT`] pixels.
 pub fn decode_pixels(
     transform: Transform,
     seed: u64,
@@ -123,16 +123,22 @@ impl LoaderBuilder<Pixels> {
     /// Decodes samples as images with [`decode_pixels`], `transform` seeded by the run's
     /// shuffle seed (0 for other orders), the epoch and the sample id. The cache may keep
     /// decoded images ([`LoaderBuilder::cache_forms`]; auto by default): a hit on one runs
-    /// only the transform, and the pixels are the same either way.
+    /// only the transform, and the pixels are the same either way. An image whose header
+    /// claims more than [`LoaderBuilder::image_pixels_max`] pixels fails, naming its size and
+    /// the bound, before it is decoded.
     pub fn decode_images(self, transform: Transform) -> Self {
-        self.decode_staged_seeded(move |seed| Staged {
-            decode: Arc::new(|bytes: &[u8], meta: &SampleMeta| {
-                lobster_image::decode(bytes).map_err(|e| image_cause(meta, e))
-            }),
-            finish: Arc::new(move |image: ImageRef<'_>, meta: &SampleMeta, epoch: u32| {
-                transform_pixels(transform, seed, epoch, image, meta)
-                    .map_err(|e| image_cause(meta, e))
-            }),
+        self.decode_staged_seeded(move |seed, config| {
+            let pixels_max = config.limits.image_pixels_max;
+            Staged {
+                decode: Arc::new(move |bytes: &[u8], meta: &SampleMeta| {
+                    lobster_image::decode_within(bytes, pixels_max)
+                        .map_err(|e| image_cause(meta, e))
+                }),
+                finish: Arc::new(move |image: ImageRef<'_>, meta: &SampleMeta, epoch: u32| {
+                    transform_pixels(transform, seed, epoch, image, meta)
+                        .map_err(|e| image_cause(meta, e))
+                }),
+            }
         })
     }
 }

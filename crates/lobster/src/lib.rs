@@ -75,7 +75,7 @@ mod sampler;
 pub use batch::{Batch, Sample};
 pub use config::{
     BudgetConfig, CacheConfig, CachePolicy, Execution, IoOrder, JobConfig, LoaderConfig,
-    PipelineThreads, ReadConfig, ResidentReads, Schedule,
+    PipelineThreads, ReadConfig, ResidentReads, SampleLimits, Schedule,
 };
 pub use dataset::{
     Dataset, FolderOptions, SampleMeta, SampleRecord, CLASSES_MAX, IMAGE_EXTENSIONS,

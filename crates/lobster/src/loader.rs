@@ -24,11 +24,39 @@ pub struct LoaderBuilder<T> {
     /// The decoder in two stages, where it has them (images): what a decoded tier needs.
     staged: Option<MakeStaged<T>>,
     peers: Option<Arc<dyn lobster_net::Transport>>,
+    /// A decoded sample's size in bytes, where `T` has one: what
+    /// [`LoaderBuilder::decoded_sample_bytes_max`] bounds.
+    measure: Option<fn(&T) -> u64>,
 }
 
-/// Makes the two-stage decoder once the run's seed is known (at `build`), so that a decoder
-/// seeding augmentation need not be given the seed twice.
-pub(crate) type MakeStaged<T> = Box<dyn FnOnce(u64) -> pipeline::Staged<T> + Send>;
+impl<T: AsRef<[u8]> + Send + 'static> LoaderBuilder<T> {
+    /// Bytes a decoded sample may have: a sample that decodes to more fails, naming itself
+    /// and its file, and `on_error` decides (skip within the budget, or fail). A node's host
+    /// sets each rank's share of a slot, `slot_bytes / batch_size`, so that one large sample
+    /// is one bad sample instead of a job stopped.
+    pub fn decoded_sample_bytes_max(mut self, bytes: u64) -> Self {
+        self.config.limits.decoded_sample_bytes_max = Some(bytes);
+        self.measure = Some(|value: &T| value.as_ref().len() as u64);
+        self
+    }
+}
+
+/// `value`, or the cause that fails its sample when it is larger than the bound.
+fn within<T>((bytes_max, measure): (u64, fn(&T) -> u64), value: T) -> Result<T, Cause> {
+    let bytes = measure(&value);
+    if bytes > bytes_max {
+        return Err(Cause::from(
+            Box::<dyn std::error::Error + Send + Sync>::from(format!(
+                "decoded to {bytes} bytes, more than decoded_sample_bytes_max ({bytes_max})"
+            )),
+        ));
+    }
+    Ok(value)
+}
+
+/// Makes the two-stage decoder once the run's seed and configuration are known (at
+/// `build`), so that a decoder seeding augmentation need not be given the seed twice.
+pub(crate) type MakeStaged<T> = Box<dyn FnOnce(u64, &LoaderConfig) -> pipeline::Staged<T> + Send>;
 
 impl<T> std::fmt::Debug for LoaderBuilder<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -62,6 +90,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             decode: None,
             staged: None,
             peers: None,
+            measure: None,
         }
     }
 
@@ -145,6 +174,10 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         on_error => on_error: OnError,
         /// Pipelined (io_uring reads, separate decode) or read-then-decode workers.
         execution => execution: Execution,
+        /// Pixels an image sample may have ([`LoaderBuilder::decode_images`]); one whose
+        /// header claims more fails before it is decoded (see
+        /// [`SampleLimits::image_pixels_max`](crate::SampleLimits::image_pixels_max)).
+        image_pixels_max => limits.image_pixels_max: u64,
     }
 
     /// The function that turns a sample's bytes into `T`, run on the decode threads.
@@ -214,14 +247,14 @@ impl<T: Send + 'static> LoaderBuilder<T> {
                 },
             ),
         };
-        self.decode_staged_seeded(move |_| staged)
+        self.decode_staged_seeded(move |_, _| staged)
     }
 
     /// Decodes in two stages (an image decoder and the transform after it) made from the
     /// run's seed; without a decoded tier the two run in turn.
     pub(crate) fn decode_staged_seeded(
         mut self,
-        make: impl FnOnce(u64) -> pipeline::Staged<T> + Send + 'static,
+        make: impl FnOnce(u64, &LoaderConfig) -> pipeline::Staged<T> + Send + 'static,
     ) -> Self {
         self.staged = Some(Box::new(make));
         self.decode = None;
@@ -237,9 +270,40 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             EpochOrder::Shuffle { seed } => seed,
             EpochOrder::Sequential | EpochOrder::Explicit(_) => 0,
         };
-        let staged = self.staged.map(|make| make(seed));
+        let staged = self.staged.map(|make| make(seed, &config));
+        let bound = config.limits.decoded_sample_bytes_max;
+        let bound =
+            match (bound, self.measure) {
+                (Some(bytes_max), Some(measure)) => Some((bytes_max, measure)),
+                (Some(bytes_max), None) => return Err(Error::invalid(
+                    "decoded_sample_bytes_max",
+                    bytes_max,
+                    "only through LoaderBuilder::decoded_sample_bytes_max, for samples of bytes",
+                )),
+                (None, _) => None,
+            };
+        // Both the whole decode and a decoded hit's second stage end in `T`: both are bounded.
+        let staged = staged.map(|s| pipeline::Staged {
+            finish: match bound {
+                Some(bound) => {
+                    let finish = s.finish;
+                    Arc::new(
+                        move |image: lobster_image::ImageRef<'_>, meta: &SampleMeta, epoch| {
+                            within(bound, finish(image, meta, epoch)?)
+                        },
+                    )
+                }
+                None => s.finish,
+            },
+            decode: s.decode,
+        });
         let decode: DecodeFn<T> = match (self.decode, &staged) {
-            (Some(decode), _) => decode,
+            (Some(decode), _) => match bound {
+                Some(bound) => Arc::new(move |bytes: &[u8], meta: &SampleMeta, epoch: u32| {
+                    within(bound, decode(bytes, meta, epoch)?)
+                }),
+                None => decode,
+            },
             (None, Some(stages)) => {
                 let stages = stages.clone();
                 Arc::new(move |bytes: &[u8], meta: &SampleMeta, epoch: u32| {

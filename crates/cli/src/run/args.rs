@@ -138,6 +138,11 @@ pub struct RunArgs {
     /// most this many pixels a side, so that hits on them transform a smaller image.
     #[arg(help_heading = "Cache", long)]
     pub decoded_max_side: Option<u32>,
+    /// Pixels a JPEG or PNG sample may have: one whose header claims more fails as a bad
+    /// sample (see --on-error) before it is decoded. A pixel costs 3 bytes of RGB and up to
+    /// about 16 more while decoding. Default 2^26 (8192 x 8192); at most 2^32.
+    #[arg(help_heading = "Decode", long, default_value_t = lobster_io::image::PIXELS_MAX_DEFAULT)]
+    pub image_pixels_max: u64,
     /// How the pipelined strategies order storage reads: `deadline` (one node-wide queue, each
     /// iteration's reads ending together for every rank) or `shares` (each rank held to the
     /// allocator's io_depth share, as the paper's per-rank I/O threads).
@@ -404,6 +409,10 @@ impl RunArgs {
                 ..ReadConfig::default()
             },
             on_error: self.on_error_rule()?,
+            limits: lobster_io::SampleLimits {
+                image_pixels_max: self.image_pixels_max,
+                ..Default::default()
+            },
             ..LoaderConfig::default()
         })
     }
@@ -425,6 +434,17 @@ pub(super) mod tests {
         Cli::try_parse_from(std::iter::once("lobster").chain(args.iter().copied()))
             .map(|c| c.run)
             .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_pixel_bound_flag_reaches_the_loader_config() {
+        let default = parse(&[]).unwrap().loader_config().unwrap();
+        assert_eq!(
+            default.limits.image_pixels_max,
+            lobster_io::image::PIXELS_MAX_DEFAULT
+        );
+        let set = parse(&["--image-pixels-max", "1000"]).unwrap();
+        assert_eq!(set.loader_config().unwrap().limits.image_pixels_max, 1000);
     }
 
     #[test]

@@ -87,6 +87,7 @@ pub(crate) fn decode(
     decoder: Decoder,
     us_per_kb: f64,
     transform: Transform,
+    pixels_max: u64,
     (seed, epoch): (u64, u32),
     bytes: &[u8],
     meta: &SampleMeta,
@@ -94,7 +95,7 @@ pub(crate) fn decode(
     match decoder {
         Decoder::Raw => Ok(Decoded::digest(bytes.len() as u64)),
         Decoder::Jpeg => {
-            let image = decode_image(bytes, meta)?;
+            let image = decode_image(bytes, meta, pixels_max)?;
             finish_image(transform, (seed, epoch), (&image).into(), meta)
         }
         Decoder::Synthetic => {
@@ -121,12 +122,14 @@ fn image_error(meta: &SampleMeta, e: lobster_image::ImageError) -> DecodeError {
     DecodeError(format!("image of {}: {e}", meta.path.display()))
 }
 
-/// The jpeg decoder's first stage: the sample's full-resolution image.
+/// The jpeg decoder's first stage: the sample's full-resolution image, refused above
+/// `pixels_max` pixels (`--image-pixels-max`).
 pub(crate) fn decode_image(
     bytes: &[u8],
     meta: &SampleMeta,
+    pixels_max: u64,
 ) -> Result<lobster_image::Image, DecodeError> {
-    lobster_image::decode(bytes).map_err(|e| image_error(meta, e))
+    lobster_image::decode_within(bytes, pixels_max).map_err(|e| image_error(meta, e))
 }
 
 /// The jpeg decoder's second stage: `transform`, or with none a digest of the pixels.

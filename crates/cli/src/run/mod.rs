@@ -162,20 +162,33 @@ fn run_strategy(
     let cache_capacity_bytes = config.cache.capacity_bytes;
     let loader_config = config.clone();
     let (decoder, us_per_kb, seed) = (args.decoder(), args.decode_us_per_kb, args.seed);
+    let pixels_max = args.image_pixels_max;
     let transform = args.transform.transform(args.image_size);
     let builder = LoaderBuilder::new(dataset.clone())
         .config(config)
         .seed(seed);
     let mut builder = match decoder {
         // Real images decode in two stages, so that the cache may keep the first's image.
-        Decoder::Jpeg => builder
-            .decode_in_two_stages(decode::decode_image, move |image, meta, epoch| {
-                decode::finish_image(transform, (seed, epoch), image, meta)
-            }),
+        Decoder::Jpeg => builder.decode_in_two_stages(
+            move |bytes: &[u8], meta: &SampleMeta| decode::decode_image(bytes, meta, pixels_max),
+            move |image, meta, epoch| decode::finish_image(transform, (seed, epoch), image, meta),
+        ),
         _ => builder.decode_in_epoch(move |bytes: &[u8], meta: &SampleMeta, epoch| {
-            decode(decoder, us_per_kb, transform, (seed, epoch), bytes, meta)
+            decode(
+                decoder,
+                us_per_kb,
+                transform,
+                pixels_max,
+                (seed, epoch),
+                bytes,
+                meta,
+            )
         }),
     };
+    if args.ranks_as == RanksAs::Processes {
+        // A rank's slot holds batch_size samples of this: a larger one is a bad sample.
+        builder = builder.decoded_sample_bytes_max(processes::sample_bytes(args));
+    }
     if let Some(peers) = cluster.and_then(cluster::Cluster::peers) {
         builder = builder.peers(peers);
     }

@@ -45,7 +45,7 @@ fn node_env(args: &RunArgs, job: &str, local_rank: usize) -> Result<NodeEnv> {
 }
 
 /// Bytes of one decoded sample as the host places it.
-fn sample_bytes(args: &RunArgs) -> u64 {
+pub(super) fn sample_bytes(args: &RunArgs) -> u64 {
     match (args.decoder(), args.transform) {
         (Decoder::Jpeg, t) if t != TransformArg::None => {
             u64::from(args.image_size) * u64::from(args.image_size) * 3

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use lobster_io::image::Transform;
 use lobster_io::images::Pixels;
-use lobster_io::{Batch, Dataset, Error, OnError, FailureBudget, LoaderBuilder};
+use lobster_io::{Batch, Dataset, Error, FailureBudget, LoaderBuilder, OnError};
 
 const BATCH: usize = 4;
 const SAMPLES: u16 = 12;
@@ -161,11 +161,7 @@ fn a_pixel_bound_past_the_limit_is_refused_at_build() {
 }
 
 /// A loader of each sample's bytes, bounded at `bytes_max` a decoded sample.
-fn bytes_loader(
-    ds: &Arc<Dataset>,
-    policy: OnError,
-    bytes_max: u64,
-) -> lobster_io::Loader<Vec<u8>> {
+fn bytes_loader(ds: &Arc<Dataset>, policy: OnError, bytes_max: u64) -> lobster_io::Loader<Vec<u8>> {
     LoaderBuilder::<Vec<u8>>::new(ds.clone())
         .batch_size(BATCH)
         .epochs(2)

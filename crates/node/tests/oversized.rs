@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lobster_io::{CachePolicy, Dataset, OnError, FailureBudget, LoaderBuilder, LoaderConfig};
+use lobster_io::{CachePolicy, Dataset, FailureBudget, LoaderBuilder, LoaderConfig, OnError};
 use lobster_node::{fingerprint, HostOptions, NodeEnv, NodeHost, NodeRank};
 
 const RANKS: usize = 2;

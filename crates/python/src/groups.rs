@@ -1,5 +1,5 @@
-//! `Loader`'s grouped settings: `cache=lobster_io.Cache(...)`, `budgets=lobster_io.Budgets(...)`
-//! and `launch=lobster_io.Launch(...)`, as the facade groups `LoaderConfig` by stage. The
+//! `Loader`'s grouped settings: `cache=lobster_io.Cache(...)`, `budgets=lobster_io.Budgets(...)`,
+//! `launch=lobster_io.Launch(...)` and `limits=lobster_io.Limits(...)`, as the facade groups `LoaderConfig` by stage. The
 //! classes and their defaults live once, in Python (`lobster_io/__init__.py`); this reads
 //! their fields, each refused by its dotted name.
 
@@ -108,6 +108,19 @@ pub(crate) fn launch(py: Python<'_>, given: Option<Bound<'_, PyAny>>) -> PyResul
     })
 }
 
+/// The pixel bound `limits=` says (`None`: lobster-image's default).
+pub(crate) fn limits(py: Python<'_>, given: Option<Bound<'_, PyAny>>) -> PyResult<u64> {
+    let g = group(py, given, "limits", "Limits")?;
+    let pixels_max: Option<u64> = field(&g, "limits", "image_pixels_max")?;
+    match pixels_max {
+        Some(0) => Err(PyValueError::new_err(
+            "limits.image_pixels_max = 0: at least 1",
+        )),
+        Some(p) => Ok(p),
+        None => Ok(lobster_io::image::PIXELS_MAX_DEFAULT),
+    }
+}
+
 /// Keywords `Loader` took before its settings were grouped, and where each went.
 const MOVED: [(&str, &str, &str); 14] = [
     ("cache_bytes", "cache", "Cache(bytes=...)"),
@@ -137,7 +150,7 @@ pub(crate) fn refuse_unknown(extra: Option<&Bound<'_, PyDict>>) -> PyResult<()> 
         match MOVED.iter().find(|(old, _, _)| *old == key) {
             Some((old, keyword, new)) => format!(
                 "Loader(): {old}= is now {keyword}=lobster_io.{new} (settings are grouped: \
-                 cache=, budgets=, launch=)"
+                 cache=, budgets=, launch=, limits=)"
             ),
             None => format!("Loader() got an unexpected keyword argument '{key}'"),
         },

@@ -16,7 +16,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use lobster_io::images::{ImageBatches, Pixels};
 use lobster_io::{
     BudgetConfig, CacheConfig, CachePolicy, Dataset, DistributedSampler, EpochOrder, JobConfig,
-    LoaderBuilder, LoaderConfig, RankHandle, RunMetrics, SampleMeta,
+    LoaderBuilder, LoaderConfig, RankHandle, RunMetrics, SampleLimits, SampleMeta,
 };
 use lobster_node::{fingerprint, HostOptions, NodeBatch, NodeEnv, NodeHost, NodeRank};
 use pyo3::exceptions::PyValueError;
@@ -62,7 +62,7 @@ impl<T: Send + 'static> Metered for lobster_io::Loader<T> {
 
 /// Loader(data, batch_size, *, epochs=1, seed=0, drop_last=False, transform="train",
 ///        image_size=224, channels_first=False, on_error="fail", max_failures=None,
-///        decode=None, cache=Cache(), budgets=Budgets(), launch=Launch())
+///        decode=None, cache=Cache(), budgets=Budgets(), launch=Launch(), limits=Limits())
 ///
 /// One rank's batches of the image folder (or packed dataset) `data`: `len(loader)`
 /// batches an epoch, `epochs` epochs, in `DistributedSampler(shuffle=True, seed=seed)`
@@ -77,7 +77,8 @@ impl<T: Send + 'static> Metered for lobster_io::Loader<T> {
 /// decode_threads, slots, slot_bytes)`, what the node's ranks share, balanced across them
 /// every iteration; `launch=lobster_io.Launch(rank, world_size, local_rank,
 /// local_world_size, job_id)`, where this process stands when no launcher's variables
-/// (torchrun, Open MPI, Slurm, LOBSTER_*) say; without either, one process alone. With
+/// (torchrun, Open MPI, Slurm, LOBSTER_*) say, else one process alone;
+/// `limits=lobster_io.Limits(image_pixels_max)`, what a sample may cost. With
 /// several ranks a node, local rank 0 hosts the node's engine. `help(lobster_io.Cache)` and
 /// the others say what each field does.
 #[pyclass(frozen, module = "lobster_io")]
@@ -116,6 +117,7 @@ struct Settings {
     io_depth: usize,
     slots: usize,
     slot_bytes: Option<u64>,
+    image_pixels_max: u64,
     decode: Option<Py<PyAny>>,
 }
 
@@ -151,6 +153,10 @@ impl Settings {
                 ..BudgetConfig::default()
             },
             on_error: self.errors,
+            limits: SampleLimits {
+                image_pixels_max: self.image_pixels_max,
+                ..SampleLimits::default()
+            },
             ..LoaderConfig::default()
         }
     }
@@ -163,10 +169,14 @@ impl Settings {
 }
 
 /// Raw bytes for a decode callable; width, height and pixels for `transform="none"`.
-fn decode_bytes(output: Output) -> impl Fn(&[u8], &SampleMeta) -> Result<Vec<u8>, String> {
+fn decode_bytes(
+    output: Output,
+    pixels_max: u64,
+) -> impl Fn(&[u8], &SampleMeta) -> Result<Vec<u8>, String> {
     move |bytes, _meta| match output {
         Output::Decoded => {
-            let image = lobster_io::image::decode(bytes).map_err(|e| e.to_string())?;
+            let image =
+                lobster_io::image::decode_within(bytes, pixels_max).map_err(|e| e.to_string())?;
             let mut v = Vec::with_capacity(HEADER_BYTES + image.pixels().len());
             v.extend_from_slice(&image.width().to_le_bytes());
             v.extend_from_slice(&image.height().to_le_bytes());
@@ -418,7 +428,7 @@ fn start(s: Settings, env: &NodeEnv) -> PyResult<Started> {
         LoaderBuilder::<Vec<u8>>::new(Arc::clone(&dataset))
             .config(config.clone())
             .seed(s.seed)
-            .decode(decode_bytes(s.output))
+            .decode(decode_bytes(s.output, s.image_pixels_max))
     };
     if env.local_world_size == 1 {
         let engine: Box<dyn Metered> = match s.output {
@@ -445,9 +455,20 @@ fn start(s: Settings, env: &NodeEnv) -> PyResult<Started> {
             (None, Output::Raw) => dataset.max_sample_bytes(),
             (None, _) => HEADER_BYTES as u64 + 3 * NONE_MAX_PIXELS,
         };
+        let slot_bytes = s.slot_bytes.unwrap_or(sample_bytes * s.batch_size as u64);
+        // A sample larger than its share of a slot is a bad sample (on_error), not a
+        // stopped node.
+        let share_bytes = slot_bytes / s.batch_size as u64;
+        if share_bytes == 0 {
+            return Err(PyValueError::new_err(format!(
+                "budgets.slot_bytes = {slot_bytes}: a slot holds a batch, so at least \
+                 batch_size = {}",
+                s.batch_size
+            )));
+        }
         let options = HostOptions {
             slots_per_rank: buffers,
-            slot_bytes: s.slot_bytes.unwrap_or(sample_bytes * s.batch_size as u64),
+            slot_bytes,
             attach_timeout: ATTACH_TIMEOUT,
         };
         let host = match s.output {
@@ -456,7 +477,10 @@ fn start(s: Settings, env: &NodeEnv) -> PyResult<Started> {
                 NodeHost::start(env, loader, attaching.clone(), options)
             }
             _ => {
-                let loader = builder_bytes().build().map_err(loader_error)?;
+                let loader = builder_bytes()
+                    .decoded_sample_bytes_max(share_bytes)
+                    .build()
+                    .map_err(loader_error)?;
                 NodeHost::start(env, loader, attaching.clone(), options)
             }
         }
@@ -488,7 +512,7 @@ impl Loader {
     #[pyo3(signature = (
         data, batch_size, *, epochs = 1, seed = 0, drop_last = false, transform = "train",
         image_size = 224, channels_first = false, on_error = "fail", max_failures = None,
-        decode = None, cache = None, budgets = None, launch = None, **moved
+        decode = None, cache = None, budgets = None, launch = None, limits = None, **moved
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -507,12 +531,14 @@ impl Loader {
         cache: Option<Bound<'_, PyAny>>,
         budgets: Option<Bound<'_, PyAny>>,
         launch: Option<Bound<'_, PyAny>>,
+        limits: Option<Bound<'_, PyAny>>,
         moved: Option<Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         groups::refuse_unknown(moved.as_ref())?;
         let cache = groups::cache(py, cache)?;
         let budgets = groups::budgets(py, budgets)?;
         let given = groups::launch(py, launch)?;
+        let image_pixels_max = groups::limits(py, limits)?;
         if batch_size == 0 {
             return Err(PyValueError::new_err("batch_size = 0: at least 1"));
         }
@@ -541,6 +567,7 @@ impl Loader {
             io_depth: budgets.io_depth,
             slots: budgets.slots,
             slot_bytes: budgets.slot_bytes,
+            image_pixels_max,
             decode,
         };
         let started_env = env.clone();

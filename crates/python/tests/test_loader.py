@@ -359,3 +359,68 @@ def test_decoded_images_in_the_cache_give_the_same_batches(tmp_path):
     assert m_enc["hits_decoded"] == 0 and m_enc["hits_encoded"] > 0
     with pytest.raises(ValueError, match="cache.forms"):
         lobster_io.Loader(str(tmp_path / "data"), 8, cache=lobster_io.Cache(forms="pixels"))
+
+
+def test_an_image_over_the_pixel_bound_is_a_bad_sample_naming_its_file(tmp_path):
+    files, _ = make_folder(tmp_path / "data", 8, 2)
+    big = files[3]
+    Image.fromarray(np.zeros((200, 300, 3), dtype=np.uint8)).save(big, quality=90)
+    data = str(tmp_path / "data")
+    # 40 x 30 = 1,200 pixels pass a bound of 10,000; 300 x 200 do not.
+    limits = lobster_io.Limits(image_pixels_max=10_000)
+    loader = lobster_io.Loader(data, 4, image_size=8, on_error="skip", max_failures=1,
+                               limits=limits)
+    skipped = [i for b in loader for i in b.skipped]
+    assert skipped == [3], skipped
+    loader = lobster_io.Loader(data, 4, transform="none", limits=limits)
+    with pytest.raises(lobster_io.DecodeError) as e:
+        for _ in loader:
+            pass
+    assert big.name in str(e.value) and "300x200" in str(e.value), str(e.value)
+    with pytest.raises(ValueError, match="limits.image_pixels_max = 0"):
+        lobster_io.Loader(data, 4, limits=lobster_io.Limits(image_pixels_max=0))
+
+
+OVERSIZED_RANK = """
+import json, sys
+import lobster_io
+data, out = sys.argv[1], sys.argv[2]
+loader = lobster_io.Loader(data, 2, transform="none", on_error="skip", max_failures=1,
+                           budgets=lobster_io.Budgets(slot_bytes=2 * 8192))
+seen = {"ids": [], "skipped": []}
+try:
+    for b in loader:
+        seen["ids"] += b.ids.tolist()
+        seen["skipped"] += b.skipped
+    loader.close()
+except lobster_io.Error as e:
+    seen["error"] = str(e)
+json.dump(seen, open(out, "w"))
+"""
+
+
+def test_one_oversized_image_on_a_node_is_one_bad_sample_not_a_stopped_node(tmp_path):
+    import subprocess
+    import sys
+
+    files, _ = make_folder(tmp_path / "data", 8, 2)
+    # 40 x 30 x 3 bytes fit a rank's 8 KiB share of a slot; 100 x 100 x 3 do not.
+    Image.fromarray(np.zeros((100, 100, 3), dtype=np.uint8)).save(files[5], quality=90)
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, LOBSTER_RANK=str(r), LOBSTER_WORLD_SIZE="2",
+                   LOBSTER_LOCAL_RANK=str(r), LOBSTER_LOCAL_WORLD_SIZE="2",
+                   LOBSTER_NODE="0", LOBSTER_NODES="1",
+                   LOBSTER_JOB_ID=f"pytest-{os.getpid()}-oversized")
+        out = tmp_path / f"rank{r}.json"
+        cmd = [sys.executable, "-c", OVERSIZED_RANK, str(tmp_path / "data"), str(out)]
+        procs.append((subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True), out))
+    seen = []
+    for p, out in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        seen.append(json.loads(out.read_text()))
+    for s in seen:
+        assert "error" not in s, s
+    assert sorted(i for s in seen for i in s["skipped"]) == [5], seen
+    assert sorted(i for s in seen for i in s["ids"]) == [0, 1, 2, 3, 4, 6, 7], seen

@@ -10,8 +10,9 @@ cause; nonsense parameters are ``ValueError`` naming the parameter.
 
 ``Loader`` takes the job's settings as keywords and the rest in three groups, as the Rust
 crate's ``LoaderConfig`` groups them by stage: ``cache=Cache(...)`` (what the node's cache
-keeps), ``budgets=Budgets(...)`` (what the node's ranks share) and ``launch=Launch(...)``
-(where this process stands, when no launcher's variables say).
+keeps), ``budgets=Budgets(...)`` (what the node's ranks share), ``launch=Launch(...)``
+(where this process stands, when no launcher's variables say) and ``limits=Limits(...)``
+(what one sample may cost).
 """
 
 from dataclasses import dataclass
@@ -77,6 +78,16 @@ class Launch:
     job_id: Optional[str] = None
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What one sample may cost: ``image_pixels_max`` pixels a JPEG or PNG may claim in its
+    header (``None``: 2**26, 8192 x 8192); a larger one fails as a bad sample (see
+    ``on_error``) before it is decoded. A pixel costs 3 bytes of RGB and up to about 16 more
+    while decoding."""
+
+    image_pixels_max: Optional[int] = None
+
+
 __all__ = [
     "Batch",
     "Budgets",
@@ -85,6 +96,7 @@ __all__ = [
     "DecodeError",
     "Error",
     "Launch",
+    "Limits",
     "Loader",
     "NodeError",
     "ReadError",

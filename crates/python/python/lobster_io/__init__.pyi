@@ -75,6 +75,10 @@ class Launch:
         job_id: Optional[str] = None,
     ) -> None: ...
 
+class Limits:
+    image_pixels_max: Optional[int]
+    def __init__(self, image_pixels_max: Optional[int] = None) -> None: ...
+
 class Loader:
     def __init__(
         self,
@@ -93,6 +97,7 @@ class Loader:
         cache: Optional[Cache] = None,
         budgets: Optional[Budgets] = None,
         launch: Optional[Launch] = None,
+        limits: Optional[Limits] = None,
     ) -> None: ...
     def __len__(self) -> int: ...
     @property

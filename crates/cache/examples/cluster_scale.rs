@@ -1,13 +1,15 @@
 //! The cluster plan at ImageNet scale: steady-state storage reads against the floor, beside
 //! per-node Belady, with the plan's build time and memory.
 //!
-//! `cargo run --release -p lobster-cache --example cluster_scale -- [RUNS_1K] [RANKS] [BATCH]`
+//! `cargo run --release -p lobster-cache --example cluster_scale -- [RUNS_1K] [RANKS] [BATCH]
+//! [EPOCHS] [SETS]`
 //!
-//! Each case runs in a child process of its own (`--case SET NODES FRACTION MODE RANKS BATCH`),
-//! so its peak RSS is its own. The job: a seeded permutation of the dataset per epoch (3
-//! epochs), split over `nodes * RANKS` ranks as PyTorch's `DistributedSampler` (the loader's
+//! Each case runs in a child process of its own (`--case SET NODES FRACTION MODE RANKS BATCH
+//! EPOCHS`), so its peak RSS is its own. The job: a seeded permutation of the dataset per
+//! epoch (default 3 epochs), split over `nodes * RANKS` ranks as PyTorch's `DistributedSampler` (the loader's
 //! sampler lives in the facade, which this crate cannot use), batches of `BATCH`; log-normal
-//! sizes of mean about 110 KB. Steady state is epochs 1 and 2 (epoch 0 starts cold).
+//! sizes of mean about 110 KB. Steady state is every epoch after the first (which starts
+//! cold). `SETS`: `1k,22k` by default.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -19,7 +21,6 @@ use lobster_cache::{
     VecSource,
 };
 
-const EPOCHS: u32 = 3;
 /// Median of the log-normal sizes; with sigma 0.5 the mean is 1.133 times it: 110 KB.
 const MEDIAN_BYTES: f64 = 97_100.0;
 const SIGMA: f64 = 0.5;
@@ -65,21 +66,29 @@ fn peak_rss_bytes() -> u64 {
 }
 
 /// One case, printed as one tab-separated line for the parent.
-fn run_case(set: &str, nodes: usize, fraction: f64, mode: &str, ranks: usize, batch: usize) {
+fn run_case(
+    set: &str,
+    nodes: usize,
+    fraction: f64,
+    mode: &str,
+    ranks: usize,
+    batch: usize,
+    epochs: u32,
+) {
     let n = samples_of(set);
     let sizes: Arc<[u32]> = lognormal_sizes(n as usize, MEDIAN_BYTES, SIGMA, 2022).into();
     let dataset: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
     let capacity = (dataset as f64 * fraction) as u64;
     let shuffle = ShuffledStream {
         num_samples: n,
-        epochs: EPOCHS,
+        epochs,
         nodes: 1,
         node: 0,
         seed: 7,
     };
     // The orders drawn once and held, as the loader's peer plan does (4 bytes per sample per
     // epoch).
-    let orders: Vec<Vec<u32>> = (0..EPOCHS)
+    let orders: Vec<Vec<u32>> = (0..epochs)
         .map(|e| {
             let mut v = Vec::new();
             shuffle.fill_epoch(e, &mut v);
@@ -110,7 +119,7 @@ fn run_case(set: &str, nodes: usize, fraction: f64, mode: &str, ranks: usize, ba
 
     let steady = stats.since(1);
     let steady_bytes = steady.bytes() as f64;
-    let floor = stats.floor_bytes_per_epoch() as f64 * f64::from(EPOCHS - 1);
+    let floor = stats.floor_bytes_per_epoch() as f64 * f64::from(epochs - 1);
 
     // Per-node Belady alone: each node's own planner, one after another, no peers.
     let (cpu1, wall1) = (thread_cpu(), Instant::now());
@@ -179,14 +188,17 @@ fn main() {
             &a[3],
             a[4].parse().expect("RANKS"),
             a[5].parse().expect("BATCH"),
+            a[6].parse().expect("EPOCHS"),
         );
         return;
     }
     let runs_1k: usize = args.first().map_or(3, |s| s.parse().expect("RUNS_1K"));
     let ranks: usize = args.get(1).map_or(8, |s| s.parse().expect("RANKS"));
     let batch: usize = args.get(2).map_or(32, |s| s.parse().expect("BATCH"));
+    let epochs: u32 = args.get(3).map_or(3, |s| s.parse().expect("EPOCHS"));
+    let sets = args.get(4).map_or("1k,22k", String::as_str);
     let mut cases = Vec::new();
-    for set in ["1k", "22k"] {
+    for set in sets.split(',') {
         for nodes in [4usize, 16, 64] {
             cases.push((set, nodes, 0.15, "auto"));
         }
@@ -196,10 +208,10 @@ fn main() {
     }
     let exe = std::env::current_exe().expect("own path");
     println!(
-        "cluster plan, {EPOCHS} epochs, {ranks} ranks per node, batch {batch}; steady state = \
+        "cluster plan, {epochs} epochs, {ranks} ranks per node, batch {batch}; steady state = \
          epochs 1-{}; fractions of the bytes accessed; times are CPU seconds of the plan's \
          thread (median of the runs; the machine is shared)",
-        EPOCHS - 1
+        epochs - 1
     );
     println!(
         "| dataset | nodes | cache/node | mode | storage | floor | storage/floor | local hits | \
@@ -220,6 +232,7 @@ fn main() {
                     mode,
                     &ranks.to_string(),
                     &batch.to_string(),
+                    &epochs.to_string(),
                 ])
                 .output()
                 .expect("run a case");

@@ -52,7 +52,7 @@
 //!
 //! # Memory (cluster mode)
 //! The index over the global stream (as [`Planner`]'s: about 6 bytes per sample + 8 per access
-//! of its batch + 4 per access of an epoch), 2 bytes per sample of holder table, 1 bit per
+//! of its batch, by default one epoch, + 4 per access of an epoch), 2 bytes per sample of holder table, 1 bit per
 //! sample per node (each policy's cached bits), and each policy's heap (at most `1.25 *
 //! cached + 1024` entries of 16 bytes). [`ClusterPlanner::memory_bytes`] reports it.
 
@@ -490,8 +490,9 @@ impl ClusterStats {
 pub struct ClusterConfig {
     /// `None`: [`Mode::auto`]; otherwise the mode to use whatever the sizes.
     pub mode: Option<Mode>,
-    /// Accesses per batch of the global index (8 bytes each; at least one epoch). `None`: 2.5
-    /// per sample. In local mode each node's index takes this divided by the nodes.
+    /// Accesses per batch of the global index (8 bytes each; at least one epoch). `None`: one
+    /// epoch in cluster mode; 2.5 per sample in local mode, where each node's index takes this
+    /// divided by the nodes.
     pub batch_accesses_max: Option<usize>,
 }
 
@@ -562,9 +563,12 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
         let mode = config
             .mode
             .unwrap_or_else(|| Mode::auto(dataset_bytes, nodes, capacity_bytes));
-        let batch = config
-            .batch_accesses_max
-            .unwrap_or(DEFAULT_BATCH_PER_SAMPLE_X2 * n / 2);
+        let batch = config.batch_accesses_max.unwrap_or(match mode {
+            // Every sample of a shuffled global epoch comes back in the next one, so a batch of
+            // one epoch finds every next use in the near look-ahead.
+            Mode::Cluster => layout.epoch_accesses() as usize,
+            Mode::Local => DEFAULT_BATCH_PER_SAMPLE_X2 * n / 2,
+        });
         let engine = match mode {
             Mode::Cluster => Engine::Cluster {
                 index: Box::new(NextUseIndex::new(layout.global(), n, true, batch)),

@@ -8,6 +8,7 @@
 //! - [`Planner`] drives a policy over a multi-epoch [`StreamSource`] in stream order, one
 //!   [`Decision`] per access, holding only a batch of epochs ([`NextUseIndex`]).
 //! - [`Store`] holds what the cache keeps of each sample, never over capacity.
+//! - [`ClusterPlanner`] plans the nodes' caches of a multi-node job as one (see [`Mode`]).
 //! - [`trace`] parses and replays `SAMPLE_ID SIZE_BYTES` traces (the `lobster replay`
 //!   command); [`gen`] makes shuffled multi-epoch streams for benches and tests.
 //!

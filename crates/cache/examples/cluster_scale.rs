@@ -10,6 +10,9 @@
 //! sampler lives in the facade, which this crate cannot use), batches of `BATCH`; log-normal
 //! sizes of mean about 110 KB. Steady state is every epoch after the first (which starts
 //! cold). `SETS`: `1k,22k` by default.
+//!
+//! `cluster_scale --margin SET NODES FRACTION MARGIN_STEPS [RANKS] [BATCH]`: how many remote
+//! hits a loader whose nodes drift up to `MARGIN_STEPS` apart could not serve as planned.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -172,6 +175,64 @@ fn run_case(
     );
 }
 
+/// Remote hits a loader can serve when nodes drift up to `margin` steps apart: the holder
+/// admitted the sample more than `margin` steps before the access and drops it more than
+/// `margin` steps after (the latest remote hit of each sample is checked at its eviction).
+fn run_margin(set: &str, nodes: usize, fraction: f64, margin: u64, ranks: usize, batch: usize) {
+    let n = samples_of(set);
+    let sizes: Arc<[u32]> = lognormal_sizes(n as usize, MEDIAN_BYTES, SIGMA, 2022).into();
+    let dataset: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
+    let shuffle = ShuffledStream {
+        num_samples: n,
+        epochs: 3,
+        nodes: 1,
+        node: 0,
+        seed: 7,
+    };
+    let layout = ClusterLayout::new(shuffle, n as usize, nodes, ranks, batch).expect("layout");
+    let config = ClusterConfig {
+        mode: Some(Mode::Cluster),
+        batch_accesses_max: None,
+    };
+    let capacity = (dataset as f64 * fraction) as u64;
+    let mut planner =
+        ClusterPlanner::with_config(layout.clone(), sizes, capacity, config).expect("plan");
+    let mut since = vec![u64::MAX; n as usize];
+    let mut last_remote: Vec<(u64, u32)> = vec![(u64::MAX, 0); n as usize];
+    let (mut remote, mut late_start, mut early_end) = (0u64, 0u64, 0u64);
+    let mut evicted = Vec::new();
+    while let Some(d) = planner.next(&mut evicted).expect("plan") {
+        let step = layout.step_at(d.position);
+        let s = d.sample as usize;
+        if let lobster_cache::Served::Remote(_) = d.served {
+            remote += u64::from(d.size_bytes);
+            if since[s] + margin >= step {
+                late_start += u64::from(d.size_bytes);
+            } else {
+                last_remote[s] = (step, d.size_bytes);
+            }
+        }
+        for &(e, _) in &evicted {
+            let (t, b) = last_remote[e as usize];
+            if e != d.sample && t != u64::MAX && t + margin >= step {
+                early_end += u64::from(b);
+            }
+            last_remote[e as usize] = (u64::MAX, 0);
+            since[e as usize] = u64::MAX;
+        }
+        if d.served == lobster_cache::Served::Storage && d.kept_at.is_some() {
+            since[s] = step;
+        }
+    }
+    println!(
+        "| {set} | {nodes} | {:.0}% | {margin} | {:.4} | {:.5} | {:.5} |",
+        fraction * 100.0,
+        remote as f64 / planner.stats().total().bytes() as f64,
+        late_start as f64 / remote.max(1) as f64,
+        early_end as f64 / remote.max(1) as f64,
+    );
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -189,6 +250,20 @@ fn main() {
             a[4].parse().expect("RANKS"),
             a[5].parse().expect("BATCH"),
             a[6].parse().expect("EPOCHS"),
+        );
+        return;
+    }
+    if args.first().map(String::as_str) == Some("--margin") {
+        let a = &args[1..];
+        println!("| dataset | nodes | cache/node | margin steps | remote hits (of all bytes) | holder admitted within the margin before | holder drops within the margin after |");
+        println!("|---|---|---|---|---|---|---|");
+        run_margin(
+            &a[0],
+            a[1].parse().expect("NODES"),
+            a[2].parse().expect("FRACTION"),
+            a[3].parse().expect("MARGIN"),
+            a.get(4).map_or(8, |s| s.parse().expect("RANKS")),
+            a.get(5).map_or(32, |s| s.parse().expect("BATCH")),
         );
         return;
     }

@@ -72,6 +72,9 @@ const NONE: u16 = u16::MAX;
 /// Default batch of the global index: 2.5 accesses per sample, as [`Planner`]'s.
 const DEFAULT_BATCH_PER_SAMPLE_X2: usize = 5;
 
+/// Decisions between two loads of the upcoming accesses' table entries.
+const WARM_AHEAD: usize = 16;
+
 /// Why a cluster plan could not be built.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -232,6 +235,16 @@ impl<O: StreamSource> ClusterLayout<O> {
         (within / per_node) as u16
     }
 
+    /// The step (iteration since the first epoch's first) of the access at `position` of the
+    /// global stream.
+    pub fn step_at(&self, position: u64) -> u64 {
+        let per_epoch = self.epoch_accesses();
+        let block = (self.nodes * self.ranks_per_node * self.batch_size) as u64;
+        let iterations = self.iterations() as u64;
+        let (epoch, index) = (position / per_epoch, position % per_epoch);
+        epoch * iterations + (index / block).min(iterations - 1)
+    }
+
     /// The global stream: every node's accesses in canonical order.
     pub fn global(&self) -> ClusterView<O>
     where
@@ -275,8 +288,14 @@ impl<O: StreamSource> ClusterLayout<O> {
             for a in nodes.clone() {
                 for rank in a * self.ranks_per_node..(a + 1) * self.ranks_per_node {
                     for pos in 0..self.batch_len(iteration) {
-                        let k = iteration * self.batch_size + pos;
-                        out.push(order[(rank + k * world) % self.order_len]);
+                        let i = rank + (iteration * self.batch_size + pos) * world;
+                        // Past the order: the padding repeats its head.
+                        let i = if i < self.order_len {
+                            i
+                        } else {
+                            i % self.order_len
+                        };
+                        out.push(order[i]);
                     }
                 }
             }
@@ -504,6 +523,7 @@ enum Engine<O> {
         policies: Vec<ReusePolicy>,
         holder: Vec<u16>,
         scratch: Vec<SampleId>,
+        until_warm: usize,
     },
     Local {
         planners: Vec<Planner<ClusterView<O>>>,
@@ -577,6 +597,7 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
                     .collect(),
                 holder: vec![NONE; n],
                 scratch: Vec::new(),
+                until_warm: 0,
             },
             Mode::Local => {
                 let planner_config = PlannerConfig {
@@ -650,7 +671,23 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
                 policies,
                 holder,
                 scratch,
+                until_warm,
             } => {
+                if *until_warm == 0 {
+                    // Load the holder and size entries of the group after next all at once, so
+                    // their cache misses overlap instead of stalling one decision each.
+                    *until_warm = WARM_AHEAD;
+                    let upcoming = index.upcoming(2 * WARM_AHEAD);
+                    let acc = upcoming.get(WARM_AHEAD..).unwrap_or_default().iter().fold(
+                        0u32,
+                        |acc, &s| {
+                            acc.wrapping_add(u32::from(holder[s as usize]))
+                                .wrapping_add(self.sizes[s as usize])
+                        },
+                    );
+                    std::hint::black_box(acc);
+                }
+                *until_warm -= 1;
                 let Some(a) = index.next_access()? else {
                     return Ok(None);
                 };
@@ -782,6 +819,7 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
                 policies,
                 holder,
                 scratch,
+                ..
             } => {
                 index.memory_bytes()
                     + policies.iter().map(|p| p.memory_bytes()).sum::<usize>()
@@ -886,6 +924,8 @@ mod tests {
         assert_eq!(layout.epoch_accesses(), 12);
         let nodes: Vec<u16> = (0..12).map(|i| layout.node_at(i)).collect();
         assert_eq!(nodes, [0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2]);
+        let steps: Vec<u64> = (0..14).map(|p| layout.step_at(p)).collect();
+        assert_eq!(steps, [0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2]);
         let mut ids = Vec::new();
         layout.global().fill_epoch(0, &mut ids);
         let mut distinct = ids.clone();

@@ -8,6 +8,7 @@
 //! - [`Planner`] drives a policy over a multi-epoch [`StreamSource`] in stream order, one
 //!   [`Decision`] per access, holding only a batch of epochs ([`NextUseIndex`]).
 //! - [`Store`] holds what the cache keeps of each sample, never over capacity.
+//! - [`ClusterPlanner`] plans the nodes' caches of a multi-node job as one (see [`Mode`]).
 //! - [`trace`] parses and replays `SAMPLE_ID SIZE_BYTES` traces (the `lobster replay`
 //!   command); [`gen`] makes shuffled multi-epoch streams for benches and tests.
 //!
@@ -34,6 +35,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod cluster;
 mod error;
 mod forms;
 mod heap;
@@ -45,6 +47,7 @@ mod reuse;
 mod static_;
 mod store;
 
+pub mod cluster_optimum;
 pub mod forms_optimum;
 pub mod gen;
 pub mod trace;
@@ -52,6 +55,10 @@ pub mod trace;
 #[cfg(any(test, fuzzing))]
 mod check;
 
+pub use cluster::{
+    ClusterConfig, ClusterCounts, ClusterDecision, ClusterError, ClusterLayout, ClusterPlanner,
+    ClusterStats, ClusterView, Mode, Served,
+};
 pub use error::{CacheError, StoreError, TraceError};
 pub use forms::{
     Form, FormChoice, FormCosts, FormDecision, FormOutcome, FormPlanner, FormPolicy, FormStats,
@@ -78,6 +85,14 @@ pub fn fuzz_check(data: &[u8]) {
 #[cfg(fuzzing)]
 pub fn fuzz_check_forms(data: &[u8]) {
     forms_optimum::check_form_bytes(data);
+}
+
+/// Checker run by the cluster fuzz target: arbitrary bytes as a small multi-node job; panics
+/// if the cluster plan breaks an invariant, differs from its naive model, or reads less than
+/// the exhaustive optimum.
+#[cfg(fuzzing)]
+pub fn fuzz_check_cluster(data: &[u8]) {
+    cluster_optimum::check_cluster_bytes(data);
 }
 
 /// Checker run by the trace fuzz target: arbitrary bytes parsed as a trace never panic, and a

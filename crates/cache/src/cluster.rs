@@ -1,0 +1,969 @@
+//! The nodes' caches as one cluster cache: a plan every node computes from the shared inputs
+//! (orders, sizes, shape, capacity), without traffic, saying which node keeps which sample
+//! over which interval and where each access is served from (its own cache, a peer's, or
+//! storage).
+//!
+//! # The global stream
+//! All nodes' accesses in canonical order (epoch, iteration, node, local rank, position in
+//! batch), laid out by [`ClusterLayout`] from one order per epoch split over the ranks as
+//! PyTorch's `DistributedSampler` does (padded by repeating the head; no `drop_last`). One
+//! [`NextUseIndex`] over it gives each access its global next use.
+//!
+//! # Cluster mode
+//! One [`ReusePolicy`] of `capacity_bytes` per node, all driven with global positions and
+//! global next uses, and a holder per sample (the node keeping it, or none). For the access at
+//! position `t` by node `a` of sample `s` with next use `n`:
+//! - nobody holds `s`: `a` reads it from storage, and `a`'s policy decides whether `a` keeps
+//!   it (a miss there, Belady with "do no harm" among `a`'s samples); its evictions leave the
+//!   cluster;
+//! - node `h` holds `s` (`h == a`: a local hit; otherwise a remote hit served by `h`): `s`
+//!   stays where it is and `h`'s policy takes the hit (its next use becomes `n`, or it leaves
+//!   at [`NEVER`](crate::NEVER)).
+//!
+//! A policy's entry goes stale exactly at its next use, and every next use is an access that
+//! reaches the holder's policy, so each node's bytes are exact and never over capacity.
+//!
+//! What is optimal and what is a heuristic:
+//! - Each node's policy is Belady over the accesses routed to it (its storage reads and every
+//!   access of what it holds): for unit sizes, optimal for that node's cache over that routed
+//!   subsequence.
+//! - The routing is the heuristic: a sample is kept only by the node that read it from storage,
+//!   and a node's choice changes which node reads a sample next, so per-node Belady is not
+//!   optimal for the cluster, even for unit sizes (the test
+//!   `per_node_belady_is_not_the_holder_model_optimum` shows a stream where evicting a sample
+//!   needed sooner lets another node keep it, and saves a read). Byte sizes make every
+//!   per-node choice a heuristic too (Belady ranks by next use only).
+//! - Bounds: no plan reads less than the pooled optimum (one cache of `nodes *
+//!   capacity_bytes`, any sample anywhere), which reads at least the floor: in each epoch, the
+//!   first access of each distinct sample hits only if the sample was held when the epoch
+//!   began, so the epoch reads at least `max(0, F - nodes * capacity_bytes)` where `F` is the
+//!   bytes of its distinct samples. [`cluster_optimum`](crate::cluster_optimum) finds both
+//!   optima by exhaustive search on small cases, and the tests compare.
+//!
+//! # Local mode
+//! Where `capacity_bytes * nodes^2 <= F` (`F` the bytes of the size table) the cluster gains
+//! little (per-node Belady already reads about the floor), so the plan is today's: each node
+//! runs [`Planner`] with [`PolicyKind::Reuse`] on its own stream (local next uses), and a
+//! local miss is served by a peer that holds the sample at that moment, if any (the first
+//! holder after the accessing node, in node order), else by storage. Its decisions are exactly
+//! those of `nodes` independent planners (tested). It needs one next-use index per node, so
+//! its memory grows with the nodes (about `6 * nodes` bytes per sample); a loader in local mode
+//! runs only its own node's planner and finds holders by replaying peers, as it does today.
+//!
+//! # Memory (cluster mode)
+//! The index over the global stream (as [`Planner`]'s: about 6 bytes per sample + 8 per access
+//! of its batch, by default one epoch, + 4 per access of an epoch), 2 bytes per sample of holder table, 1 bit per
+//! sample per node (each policy's cached bits), and each policy's heap (at most `1.25 *
+//! cached + 1024` entries of 16 bytes). [`ClusterPlanner::memory_bytes`] reports it.
+
+use std::fmt;
+use std::mem::size_of;
+use std::sync::Arc;
+
+use crate::index::{NextUseIndex, StreamSource};
+use crate::planner::{Planner, PlannerConfig};
+use crate::policy::{Policy, PolicyKind};
+use crate::reuse::ReusePolicy;
+use crate::{CacheError, SampleId};
+
+/// No node holds the sample.
+const NONE: u16 = u16::MAX;
+
+/// Default batch of the global index: 2.5 accesses per sample, as [`Planner`]'s.
+const DEFAULT_BATCH_PER_SAMPLE_X2: usize = 5;
+
+/// Decisions between two loads of the upcoming accesses' table entries.
+const WARM_AHEAD: usize = 16;
+
+/// Why a cluster plan could not be built.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// A parameter of the job's shape is out of range.
+    Shape {
+        /// The parameter.
+        parameter: &'static str,
+        /// Its value.
+        value: u64,
+        /// What it must be.
+        expected: &'static str,
+    },
+    /// The stream or the size table was refused by the cache planner.
+    Cache(CacheError),
+}
+
+impl fmt::Display for ClusterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClusterError::Shape {
+                parameter,
+                value,
+                expected,
+            } => write!(f, "cluster plan: {parameter} = {value}: must be {expected}"),
+            ClusterError::Cache(e) => write!(f, "cluster plan: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ClusterError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ClusterError::Cache(e) => Some(e),
+            ClusterError::Shape { .. } => None,
+        }
+    }
+}
+
+impl From<CacheError> for ClusterError {
+    fn from(e: CacheError) -> Self {
+        ClusterError::Cache(e)
+    }
+}
+
+fn shape_error(parameter: &'static str, value: usize, expected: &'static str) -> ClusterError {
+    ClusterError::Shape {
+        parameter,
+        value: value as u64,
+        expected,
+    }
+}
+
+/// The job's shape over one order per epoch: which node makes each access of the global
+/// stream.
+///
+/// Each epoch's order (from `orders`, a [`StreamSource`] whose every epoch has `order_len`
+/// entries, e.g. a seeded permutation of the dataset) is padded by repeating its head to
+/// `per_rank * world` entries (`world = nodes * ranks_per_node`, `per_rank =
+/// ceil(order_len / world)`), and rank `r` takes entries `r, r + world, ...`, as PyTorch's
+/// `DistributedSampler` without `drop_last`. Node `a` has ranks `a * ranks_per_node ..`.
+/// Iteration `i` of an epoch is a block of every node's batch `i`, node after node; every
+/// iteration but the last holds `batch_size` accesses per rank.
+#[derive(Debug, Clone)]
+pub struct ClusterLayout<O> {
+    orders: O,
+    order_len: usize,
+    nodes: usize,
+    ranks_per_node: usize,
+    batch_size: usize,
+    per_rank: usize,
+}
+
+impl<O: StreamSource> ClusterLayout<O> {
+    /// The layout of `nodes` nodes of `ranks_per_node` ranks with batches of `batch_size`
+    /// over `orders`, each epoch of which has `order_len` samples.
+    ///
+    /// # Errors
+    /// [`ClusterError::Shape`] naming a zero parameter, more than 65,535 nodes, or an epoch of
+    /// `u32::MAX` accesses or more.
+    pub fn new(
+        orders: O,
+        order_len: usize,
+        nodes: usize,
+        ranks_per_node: usize,
+        batch_size: usize,
+    ) -> Result<Self, ClusterError> {
+        if nodes == 0 || nodes > usize::from(NONE) {
+            return Err(shape_error("nodes", nodes, "1 to 65535"));
+        }
+        for (parameter, value) in [
+            ("ranks_per_node", ranks_per_node),
+            ("batch_size", batch_size),
+            ("order_len", order_len),
+        ] {
+            if value == 0 {
+                return Err(shape_error(parameter, value, "at least 1"));
+            }
+        }
+        let world = nodes.checked_mul(ranks_per_node).ok_or_else(|| {
+            shape_error(
+                "ranks_per_node",
+                ranks_per_node,
+                "nodes x ranks_per_node below 2^32",
+            )
+        })?;
+        let per_rank = order_len.div_ceil(world);
+        if per_rank
+            .checked_mul(world)
+            .is_none_or(|n| n >= u32::MAX as usize - 1)
+        {
+            return Err(shape_error(
+                "order_len",
+                order_len,
+                "padded to the world, below 2^32 - 2 accesses per epoch",
+            ));
+        }
+        Ok(ClusterLayout {
+            orders,
+            order_len,
+            nodes,
+            ranks_per_node,
+            batch_size,
+            per_rank,
+        })
+    }
+
+    /// Nodes in the job.
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+
+    /// Accesses of every epoch of the global stream.
+    pub fn epoch_accesses(&self) -> u64 {
+        (self.per_rank * self.nodes * self.ranks_per_node) as u64
+    }
+
+    /// Epochs of the stream.
+    pub fn epochs(&self) -> u32 {
+        self.orders.epochs()
+    }
+
+    fn iterations(&self) -> usize {
+        self.per_rank.div_ceil(self.batch_size)
+    }
+
+    fn batch_len(&self, iteration: usize) -> usize {
+        self.batch_size
+            .min(self.per_rank - iteration * self.batch_size)
+    }
+
+    /// The node making the access at `index` of an epoch of the global stream.
+    pub fn node_at(&self, index: u64) -> u16 {
+        let block = (self.nodes * self.ranks_per_node * self.batch_size) as u64;
+        let iteration = (index / block).min(self.iterations() as u64 - 1);
+        let within = index - iteration * block;
+        let per_node = (self.ranks_per_node * self.batch_len(iteration as usize)) as u64;
+        (within / per_node) as u16
+    }
+
+    /// The step (iteration since the first epoch's first) of the access at `position` of the
+    /// global stream.
+    pub fn step_at(&self, position: u64) -> u64 {
+        let per_epoch = self.epoch_accesses();
+        let block = (self.nodes * self.ranks_per_node * self.batch_size) as u64;
+        let iterations = self.iterations() as u64;
+        let (epoch, index) = (position / per_epoch, position % per_epoch);
+        epoch * iterations + (index / block).min(iterations - 1)
+    }
+
+    /// The global stream: every node's accesses in canonical order.
+    pub fn global(&self) -> ClusterView<O>
+    where
+        O: Clone,
+    {
+        ClusterView {
+            layout: self.clone(),
+            node: None,
+        }
+    }
+
+    /// Node `node`'s own stream, in canonical order (a subsequence of the global one).
+    ///
+    /// # Panics
+    /// If `node` is not below [`nodes`](ClusterLayout::nodes).
+    pub fn node(&self, node: usize) -> ClusterView<O>
+    where
+        O: Clone,
+    {
+        assert!(node < self.nodes, "node {node} of {}", self.nodes);
+        ClusterView {
+            layout: self.clone(),
+            node: Some(node),
+        }
+    }
+
+    fn fill(&self, epoch: u32, node: Option<usize>, out: &mut Vec<SampleId>) {
+        let mut order = Vec::with_capacity(self.order_len);
+        self.orders.fill_epoch(epoch, &mut order);
+        assert_eq!(
+            order.len(),
+            self.order_len,
+            "epoch {epoch}'s order has {} samples, the layout {}",
+            order.len(),
+            self.order_len
+        );
+        let world = self.nodes * self.ranks_per_node;
+        let nodes = node.map_or(0..self.nodes, |a| a..a + 1);
+        out.reserve(self.per_rank * self.ranks_per_node * nodes.len());
+        for iteration in 0..self.iterations() {
+            for a in nodes.clone() {
+                for rank in a * self.ranks_per_node..(a + 1) * self.ranks_per_node {
+                    for pos in 0..self.batch_len(iteration) {
+                        let i = rank + (iteration * self.batch_size + pos) * world;
+                        // Past the order: the padding repeats its head.
+                        let i = if i < self.order_len {
+                            i
+                        } else {
+                            i % self.order_len
+                        };
+                        out.push(order[i]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The global stream of a [`ClusterLayout`], or one node's.
+#[derive(Debug, Clone)]
+pub struct ClusterView<O> {
+    layout: ClusterLayout<O>,
+    node: Option<usize>,
+}
+
+impl<O: StreamSource> StreamSource for ClusterView<O> {
+    fn epochs(&self) -> u32 {
+        self.layout.epochs()
+    }
+
+    fn fill_epoch(&self, epoch: u32, out: &mut Vec<SampleId>) {
+        self.layout.fill(epoch, self.node, out);
+    }
+}
+
+/// Whether the plan treats the caches as one or runs each node's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Each node runs Belady on its own stream; peers serve what they happen to hold.
+    Local,
+    /// One plan over the global stream (see the module docs).
+    Cluster,
+}
+
+impl Mode {
+    /// The mode rule: local where `capacity_bytes * nodes^2 <= dataset_bytes`, where per-node
+    /// Belady already reaches about the floor, cluster otherwise.
+    pub fn auto(dataset_bytes: u64, nodes: usize, capacity_bytes: u64) -> Mode {
+        let n2 = (nodes as u128) * (nodes as u128);
+        if u128::from(capacity_bytes) * n2 <= u128::from(dataset_bytes) {
+            Mode::Local
+        } else {
+            Mode::Cluster
+        }
+    }
+}
+
+/// Where an access's bytes come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// The accessing node's own cache.
+    Local,
+    /// Another node's cache: this node.
+    Remote(u16),
+    /// Storage, read by the accessing node.
+    Storage,
+}
+
+/// One decision of the cluster plan, for the access at `position` of the global stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterDecision {
+    /// 0-based position in the global stream.
+    pub position: u64,
+    /// Epoch of the access.
+    pub epoch: u32,
+    /// The node making the access.
+    pub node: u16,
+    /// The sample accessed.
+    pub sample: SampleId,
+    /// Its size.
+    pub size_bytes: u32,
+    /// Where its bytes come from.
+    pub served: Served,
+    /// The node keeping it after this access (in local mode, the accessing node, if it keeps
+    /// it; another node may hold a copy too).
+    pub kept_at: Option<u16>,
+}
+
+/// Counts and bytes of the accesses of one node (or of all) in one epoch (or in all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClusterCounts {
+    /// Accesses served by the accessing node's cache.
+    pub local_hits: u64,
+    /// Their bytes.
+    pub local_hit_bytes: u64,
+    /// Accesses served by another node's cache.
+    pub remote_hits: u64,
+    /// Their bytes.
+    pub remote_hit_bytes: u64,
+    /// Accesses read from storage.
+    pub storage_reads: u64,
+    /// Their bytes.
+    pub storage_bytes: u64,
+}
+
+impl ClusterCounts {
+    fn record(&mut self, served: Served, size_bytes: u32) {
+        let b = u64::from(size_bytes);
+        match served {
+            Served::Local => {
+                self.local_hits += 1;
+                self.local_hit_bytes += b;
+            }
+            Served::Remote(_) => {
+                self.remote_hits += 1;
+                self.remote_hit_bytes += b;
+            }
+            Served::Storage => {
+                self.storage_reads += 1;
+                self.storage_bytes += b;
+            }
+        }
+    }
+
+    fn add(&mut self, o: &ClusterCounts) {
+        self.local_hits += o.local_hits;
+        self.local_hit_bytes += o.local_hit_bytes;
+        self.remote_hits += o.remote_hits;
+        self.remote_hit_bytes += o.remote_hit_bytes;
+        self.storage_reads += o.storage_reads;
+        self.storage_bytes += o.storage_bytes;
+    }
+
+    /// Accesses counted.
+    pub fn accesses(&self) -> u64 {
+        self.local_hits + self.remote_hits + self.storage_reads
+    }
+
+    /// Bytes of the accesses counted.
+    pub fn bytes(&self) -> u64 {
+        self.local_hit_bytes + self.remote_hit_bytes + self.storage_bytes
+    }
+}
+
+/// Counters of a cluster plan, per epoch and node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterStats {
+    nodes: usize,
+    /// Epoch-major: `counts[epoch * nodes + node]`.
+    counts: Vec<ClusterCounts>,
+    dataset_bytes: u64,
+    capacity_bytes: u64,
+}
+
+impl ClusterStats {
+    fn new(nodes: usize, epochs: u32, dataset_bytes: u64, capacity_bytes: u64) -> Self {
+        ClusterStats {
+            nodes,
+            counts: vec![ClusterCounts::default(); nodes * epochs as usize],
+            dataset_bytes,
+            capacity_bytes,
+        }
+    }
+
+    /// Epochs counted.
+    pub fn epochs(&self) -> u32 {
+        (self.counts.len() / self.nodes) as u32
+    }
+
+    /// Node `node`'s accesses in `epoch`.
+    pub fn of(&self, epoch: u32, node: usize) -> ClusterCounts {
+        self.counts[epoch as usize * self.nodes + node]
+    }
+
+    /// Every node's accesses in `epoch`.
+    pub fn epoch(&self, epoch: u32) -> ClusterCounts {
+        let mut c = ClusterCounts::default();
+        for n in 0..self.nodes {
+            c.add(&self.of(epoch, n));
+        }
+        c
+    }
+
+    /// Node `node`'s accesses in every epoch.
+    pub fn node(&self, node: usize) -> ClusterCounts {
+        let mut c = ClusterCounts::default();
+        for e in 0..self.epochs() {
+            c.add(&self.of(e, node));
+        }
+        c
+    }
+
+    /// Every access of epochs `from..`.
+    pub fn since(&self, from: u32) -> ClusterCounts {
+        let mut c = ClusterCounts::default();
+        for e in from..self.epochs() {
+            c.add(&self.epoch(e));
+        }
+        c
+    }
+
+    /// Every access.
+    pub fn total(&self) -> ClusterCounts {
+        self.since(0)
+    }
+
+    /// Bytes of the size table (`F`).
+    pub fn dataset_bytes(&self) -> u64 {
+        self.dataset_bytes
+    }
+
+    /// The floor of storage bytes in an epoch that accesses every sample of the size table:
+    /// `max(0, F - nodes * capacity_bytes)` (see the module docs).
+    pub fn floor_bytes_per_epoch(&self) -> u64 {
+        self.dataset_bytes
+            .saturating_sub((self.nodes as u64).saturating_mul(self.capacity_bytes))
+    }
+}
+
+/// Tuning of the cluster plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClusterConfig {
+    /// `None`: [`Mode::auto`]; otherwise the mode to use whatever the sizes.
+    pub mode: Option<Mode>,
+    /// Accesses per batch of the global index (8 bytes each; at least one epoch). `None`: one
+    /// epoch in cluster mode; 2.5 per sample in local mode, where each node's index takes this
+    /// divided by the nodes.
+    pub batch_accesses_max: Option<usize>,
+}
+
+#[derive(Debug)]
+enum Engine<O> {
+    Cluster {
+        /// Boxed: the index is much larger than the local engine's handles.
+        index: Box<NextUseIndex<ClusterView<O>>>,
+        policies: Vec<ReusePolicy>,
+        holder: Vec<u16>,
+        scratch: Vec<SampleId>,
+        until_warm: usize,
+    },
+    Local {
+        planners: Vec<Planner<ClusterView<O>>>,
+        /// Nodes holding each sample.
+        holders: Vec<u16>,
+        scratch: Vec<SampleId>,
+        position: u64,
+        end: u64,
+    },
+}
+
+/// The cluster plan: every decision of every node, in global canonical order, without
+/// allocating per call. See the module docs.
+#[derive(Debug)]
+pub struct ClusterPlanner<O> {
+    layout: ClusterLayout<O>,
+    sizes: Arc<[u32]>,
+    capacity_bytes: u64,
+    mode: Mode,
+    engine: Engine<O>,
+    stats: ClusterStats,
+    peak_memory_bytes: usize,
+}
+
+impl<O: StreamSource + Clone> ClusterPlanner<O> {
+    /// A plan over `layout`'s global stream with a cache of `capacity_bytes` per node, over
+    /// samples sized by `sizes`, in the mode [`Mode::auto`] picks.
+    ///
+    /// # Errors
+    /// As [`with_config`](ClusterPlanner::with_config).
+    pub fn new(
+        layout: ClusterLayout<O>,
+        sizes: Arc<[u32]>,
+        capacity_bytes: u64,
+    ) -> Result<Self, ClusterError> {
+        Self::with_config(layout, sizes, capacity_bytes, ClusterConfig::default())
+    }
+
+    /// [`new`](ClusterPlanner::new) with explicit tuning.
+    ///
+    /// # Errors
+    /// [`CacheError::TooManySamples`] (as [`ClusterError::Cache`]) if `sizes` has more than
+    /// `u32::MAX` entries; a sample without a size is reported by
+    /// [`next`](ClusterPlanner::next).
+    pub fn with_config(
+        layout: ClusterLayout<O>,
+        sizes: Arc<[u32]>,
+        capacity_bytes: u64,
+        config: ClusterConfig,
+    ) -> Result<Self, ClusterError> {
+        let n = sizes.len();
+        if u32::try_from(n).is_err() {
+            return Err(CacheError::TooManySamples { num_samples: n }.into());
+        }
+        let nodes = layout.nodes();
+        let dataset_bytes: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
+        let mode = config
+            .mode
+            .unwrap_or_else(|| Mode::auto(dataset_bytes, nodes, capacity_bytes));
+        let batch = config.batch_accesses_max.unwrap_or(match mode {
+            // Every sample of a shuffled global epoch comes back in the next one, so a batch of
+            // one epoch finds every next use in the near look-ahead.
+            Mode::Cluster => layout.epoch_accesses() as usize,
+            Mode::Local => DEFAULT_BATCH_PER_SAMPLE_X2 * n / 2,
+        });
+        let engine = match mode {
+            Mode::Cluster => Engine::Cluster {
+                index: Box::new(NextUseIndex::new(layout.global(), n, true, batch)),
+                policies: (0..nodes)
+                    .map(|_| ReusePolicy::new(sizes.clone(), capacity_bytes))
+                    .collect(),
+                holder: vec![NONE; n],
+                scratch: Vec::new(),
+                until_warm: 0,
+            },
+            Mode::Local => {
+                let planner_config = PlannerConfig {
+                    batch_accesses_max: Some(batch / nodes),
+                };
+                let planners = (0..nodes)
+                    .map(|a| {
+                        Planner::with_config(
+                            layout.node(a),
+                            sizes.clone(),
+                            capacity_bytes,
+                            PolicyKind::Reuse,
+                            planner_config,
+                        )
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Engine::Local {
+                    planners,
+                    holders: vec![0; n],
+                    scratch: Vec::new(),
+                    position: 0,
+                    end: layout.epoch_accesses() * u64::from(layout.epochs()),
+                }
+            }
+        };
+        let stats = ClusterStats::new(nodes, layout.epochs(), dataset_bytes, capacity_bytes);
+        Ok(ClusterPlanner {
+            layout,
+            sizes,
+            capacity_bytes,
+            mode,
+            engine,
+            stats,
+            peak_memory_bytes: 0,
+        })
+    }
+
+    /// The mode of the plan.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Each node's cache capacity.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.capacity_bytes
+    }
+
+    /// The layout planned.
+    pub fn layout(&self) -> &ClusterLayout<O> {
+        &self.layout
+    }
+
+    /// Decides the next access of the global stream; `None` at its end.
+    ///
+    /// `evicted` is cleared, then receives the (sample, node) pairs leaving a node's cache, in
+    /// order (possibly the accessed sample itself, on a hit with no next use: serve the hit
+    /// before dropping). After the decision no node holds more than `capacity_bytes`.
+    ///
+    /// # Errors
+    /// [`CacheError::SampleOutOfRange`] (as [`ClusterError::Cache`]) if the stream names a
+    /// sample without a size.
+    pub fn next(
+        &mut self,
+        evicted: &mut Vec<(SampleId, u16)>,
+    ) -> Result<Option<ClusterDecision>, ClusterError> {
+        evicted.clear();
+        let epoch_accesses = self.layout.epoch_accesses();
+        let d = match &mut self.engine {
+            Engine::Cluster {
+                index,
+                policies,
+                holder,
+                scratch,
+                until_warm,
+            } => {
+                if *until_warm == 0 {
+                    // Load the holder and size entries of the group after next all at once, so
+                    // their cache misses overlap instead of stalling one decision each.
+                    *until_warm = WARM_AHEAD;
+                    let upcoming = index.upcoming(2 * WARM_AHEAD);
+                    let acc = upcoming.get(WARM_AHEAD..).unwrap_or_default().iter().fold(
+                        0u32,
+                        |acc, &s| {
+                            acc.wrapping_add(u32::from(holder[s as usize]))
+                                .wrapping_add(self.sizes[s as usize])
+                        },
+                    );
+                    std::hint::black_box(acc);
+                }
+                *until_warm -= 1;
+                let Some(a) = index.next_access()? else {
+                    return Ok(None);
+                };
+                let node = self.layout.node_at(a.position % epoch_accesses);
+                let s = a.sample;
+                let h = holder[s as usize];
+                scratch.clear();
+                let (served, keeper) = if h == NONE {
+                    (Served::Storage, node)
+                } else if h == node {
+                    (Served::Local, h)
+                } else {
+                    (Served::Remote(h), h)
+                };
+                let out = policies[usize::from(keeper)].access(s, a.position, a.next_use, scratch);
+                debug_assert_eq!(out.hit, h != NONE);
+                if out.admitted {
+                    holder[s as usize] = keeper;
+                }
+                for &e in scratch.iter() {
+                    holder[e as usize] = NONE;
+                    evicted.push((e, keeper));
+                }
+                let kept_at = (holder[s as usize] != NONE).then_some(keeper);
+                ClusterDecision {
+                    position: a.position,
+                    epoch: a.epoch,
+                    node,
+                    sample: s,
+                    size_bytes: self.sizes[s as usize],
+                    served,
+                    kept_at,
+                }
+            }
+            Engine::Local {
+                planners,
+                holders,
+                scratch,
+                position,
+                end,
+            } => {
+                if *position == *end {
+                    return Ok(None);
+                }
+                let p = *position;
+                *position += 1;
+                let node = self.layout.node_at(p % epoch_accesses);
+                let a = usize::from(node);
+                let d = planners[a]
+                    .next(scratch)?
+                    .expect("a node's stream is its share of the global one");
+                let s = d.sample;
+                let served = if d.hit {
+                    Served::Local
+                } else if holders[s as usize] > 0 {
+                    let nodes = planners.len();
+                    let h = (1..nodes)
+                        .map(|i| (a + i) % nodes)
+                        .find(|&h| planners[h].policy().contains(s))
+                        .expect("a counted holder holds the sample");
+                    Served::Remote(h as u16)
+                } else {
+                    Served::Storage
+                };
+                if d.admitted {
+                    holders[s as usize] += 1;
+                }
+                for &e in scratch.iter() {
+                    holders[e as usize] -= 1;
+                    evicted.push((e, node));
+                }
+                let kept_at = planners[a].policy().contains(s).then_some(node);
+                ClusterDecision {
+                    position: p,
+                    epoch: d.epoch,
+                    node,
+                    sample: s,
+                    size_bytes: d.size_bytes,
+                    served,
+                    kept_at,
+                }
+            }
+        };
+        self.stats.counts[d.epoch as usize * self.layout.nodes + usize::from(d.node)]
+            .record(d.served, d.size_bytes);
+        if d.position % 65_536 == 0 {
+            self.peak_memory_bytes = self.peak_memory_bytes.max(self.memory_bytes());
+        }
+        Ok(Some(d))
+    }
+
+    /// Runs the stream to its end and returns the counters.
+    ///
+    /// # Errors
+    /// As [`next`](ClusterPlanner::next).
+    pub fn run_to_end(&mut self) -> Result<ClusterStats, ClusterError> {
+        let mut evicted = Vec::new();
+        while self.next(&mut evicted)?.is_some() {}
+        self.peak_memory_bytes = self.peak_memory_bytes.max(self.memory_bytes());
+        Ok(self.stats.clone())
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> &ClusterStats {
+        &self.stats
+    }
+
+    /// Whether node `node` holds `sample` now.
+    pub fn holds(&self, node: usize, sample: SampleId) -> bool {
+        match &self.engine {
+            Engine::Cluster { holder, .. } => holder[sample as usize] == node as u16,
+            Engine::Local { planners, .. } => planners[node].policy().contains(sample),
+        }
+    }
+
+    /// Bytes node `node` holds now.
+    pub fn used_bytes(&self, node: usize) -> u64 {
+        match &self.engine {
+            Engine::Cluster { policies, .. } => policies[node].used_bytes(),
+            Engine::Local { planners, .. } => planners[node].policy().used_bytes(),
+        }
+    }
+
+    /// Heap bytes held by the plan now, excluding the shared size table and the orders.
+    pub fn memory_bytes(&self) -> usize {
+        let engine = match &self.engine {
+            Engine::Cluster {
+                index,
+                policies,
+                holder,
+                scratch,
+                ..
+            } => {
+                index.memory_bytes()
+                    + policies.iter().map(|p| p.memory_bytes()).sum::<usize>()
+                    + policies.capacity() * size_of::<ReusePolicy>()
+                    + holder.capacity() * size_of::<u16>()
+                    + scratch.capacity() * size_of::<SampleId>()
+            }
+            Engine::Local {
+                planners,
+                holders,
+                scratch,
+                ..
+            } => {
+                planners.iter().map(|p| p.memory_bytes()).sum::<usize>()
+                    + holders.capacity() * size_of::<u16>()
+                    + scratch.capacity() * size_of::<SampleId>()
+            }
+        };
+        engine + self.stats.counts.capacity() * size_of::<ClusterCounts>() + size_of::<Self>()
+    }
+
+    /// The most [`memory_bytes`](ClusterPlanner::memory_bytes) seen so far (sampled every
+    /// 65,536 decisions and at the end of [`run_to_end`](ClusterPlanner::run_to_end)).
+    pub fn peak_memory_bytes(&self) -> usize {
+        self.peak_memory_bytes.max(self.memory_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gen::{lognormal_sizes, ShuffledStream};
+    use crate::VecSource;
+
+    fn shuffled(samples: u32, epochs: u32, seed: u64) -> ShuffledStream {
+        ShuffledStream {
+            num_samples: samples,
+            epochs,
+            nodes: 1,
+            node: 0,
+            seed,
+        }
+    }
+
+    #[test]
+    fn mode_rule_is_local_up_to_capacity_times_nodes_squared_equal_to_the_dataset() {
+        assert_eq!(Mode::auto(1600, 4, 100), Mode::Local);
+        assert_eq!(Mode::auto(1600, 4, 101), Mode::Cluster);
+        assert_eq!(Mode::auto(1600, 1, 1600), Mode::Local);
+        assert_eq!(Mode::auto(u64::MAX, 65_535, u64::MAX), Mode::Cluster);
+        let layout = ClusterLayout::new(shuffled(10, 2, 1), 10, 2, 1, 2).unwrap();
+        let sizes: Arc<[u32]> = vec![10; 10].into();
+        let small = ClusterPlanner::new(layout.clone(), sizes.clone(), 25).unwrap();
+        assert_eq!(small.mode(), Mode::Local);
+        let large = ClusterPlanner::new(layout, sizes, 26).unwrap();
+        assert_eq!(large.mode(), Mode::Cluster);
+    }
+
+    #[test]
+    fn shapes_out_of_range_are_refused_naming_the_parameter() {
+        let o = || shuffled(10, 1, 1);
+        for (nodes, ranks, batch, len, parameter) in [
+            (0, 1, 1, 10, "nodes"),
+            (65_536, 1, 1, 10, "nodes"),
+            (2, 0, 1, 10, "ranks_per_node"),
+            (2, 1, 0, 10, "batch_size"),
+            (2, 1, 1, 0, "order_len"),
+            (2, 1, 1, u32::MAX as usize, "order_len"),
+        ] {
+            match ClusterLayout::new(o(), len, nodes, ranks, batch) {
+                Err(e @ ClusterError::Shape { parameter: p, .. }) if p == parameter => {
+                    assert!(e.to_string().contains(parameter), "{e}");
+                }
+                other => panic!("{parameter}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn sample_without_a_size_is_an_error_in_both_modes() {
+        for mode in [Mode::Local, Mode::Cluster] {
+            let layout =
+                ClusterLayout::new(VecSource::new(vec![vec![0, 1], vec![1, 5]]), 2, 2, 1, 1)
+                    .unwrap();
+            let config = ClusterConfig {
+                mode: Some(mode),
+                batch_accesses_max: None,
+            };
+            let sizes: Arc<[u32]> = vec![1; 3].into();
+            let mut planner = ClusterPlanner::with_config(layout, sizes, 1, config).unwrap();
+            match planner.run_to_end() {
+                Err(ClusterError::Cache(CacheError::SampleOutOfRange { sample: 5, .. })) => {}
+                other => panic!("{mode:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn uneven_shares_pad_and_every_node_makes_its_share() {
+        // 11 samples over 3 nodes of 2 ranks, batch 1: per rank 2, the head padded.
+        let layout = ClusterLayout::new(shuffled(11, 1, 3), 11, 3, 2, 1).unwrap();
+        assert_eq!(layout.epoch_accesses(), 12);
+        let nodes: Vec<u16> = (0..12).map(|i| layout.node_at(i)).collect();
+        assert_eq!(nodes, [0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2]);
+        let steps: Vec<u64> = (0..14).map(|p| layout.step_at(p)).collect();
+        assert_eq!(steps, [0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2]);
+        let mut ids = Vec::new();
+        layout.global().fill_epoch(0, &mut ids);
+        let mut distinct = ids.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct, (0..11).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn cluster_mode_reaches_the_floor_where_per_node_belady_does_not() {
+        // 4 nodes of 20% each: the floor is 20% of the dataset per epoch.
+        let n = 4000;
+        let sizes: Arc<[u32]> = lognormal_sizes(n as usize, 110_000.0, 0.5, 5).into();
+        let total: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
+        let layout = ClusterLayout::new(shuffled(n, 4, 9), n as usize, 4, 2, 8).unwrap();
+        let capacity = total / 5;
+        let run = |mode| {
+            let config = ClusterConfig {
+                mode: Some(mode),
+                batch_accesses_max: None,
+            };
+            ClusterPlanner::with_config(layout.clone(), sizes.clone(), capacity, config)
+                .unwrap()
+                .run_to_end()
+                .unwrap()
+        };
+        let (cluster, local) = (run(Mode::Cluster), run(Mode::Local));
+        let floor = cluster.floor_bytes_per_epoch();
+        assert_eq!(floor, total - 4 * capacity);
+        for e in 1..4 {
+            let c = cluster.epoch(e).storage_bytes;
+            assert!(c >= floor, "epoch {e}: below the floor");
+            assert!(
+                (c as f64) < 1.1 * floor as f64,
+                "epoch {e}: {c} vs floor {floor}"
+            );
+            assert!(local.epoch(e).storage_bytes as f64 > 1.3 * floor as f64);
+        }
+        assert_eq!(cluster.epoch(0).storage_bytes, total);
+    }
+}

@@ -78,7 +78,7 @@ pub use config::{
     PipelineThreads, ReadConfig, ResidentReads, Schedule,
 };
 pub use dataset::{
-    Dataset, FolderOptions, SampleMeta, SampleRecord, CLASSES_MAX, IMAGE_EXTENSIONS,
+    Dataset, FolderOptions, Probe, SampleMeta, SampleRecord, CLASSES_MAX, IMAGE_EXTENSIONS,
 };
 pub use emulate::StorageEmulation;
 pub use error::{Cause, Error};

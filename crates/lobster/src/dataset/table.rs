@@ -97,6 +97,101 @@ pub struct Dataset {
     pub(super) samples: Vec<SampleMeta>,
     /// The sample table it was read from, if it was not scanned.
     pub(super) table: Option<PathBuf>,
+    /// What each sample's header said when it was last probed, as its table or index
+    /// keeps it (empty: none kept).
+    pub(super) probes: Vec<Probe>,
+    /// The tables and indexes this dataset was read from or wrote, where probes are kept.
+    pub(super) kept: Vec<Kept>,
+    /// Every sample's probe, once asked for ([`Dataset::image_probes`]).
+    pub(super) probed: std::sync::OnceLock<Arc<[Probe]>>,
+}
+
+/// What a sample's header says of its image, probed once and kept in its dataset's table
+/// or shard index so that a second open reads no image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// Not probed yet.
+    Unprobed,
+    /// Neither a JPEG nor a PNG header could be read or parsed.
+    NoHeader,
+    /// A JPEG.
+    Jpeg {
+        /// Pixels across.
+        width: u32,
+        /// Pixels down.
+        height: u32,
+    },
+    /// A PNG.
+    Png {
+        /// Pixels across.
+        width: u32,
+        /// Pixels down.
+        height: u32,
+    },
+}
+
+impl Probe {
+    /// Width and height, if the header was read.
+    pub fn dimensions(self) -> Option<(u32, u32)> {
+        match self {
+            Probe::Jpeg { width, height } | Probe::Png { width, height } => Some((width, height)),
+            Probe::Unprobed | Probe::NoHeader => None,
+        }
+    }
+
+    /// The field a table or index keeps: `?` unprobed, `-` no header, `j<w>x<h>`, `p<w>x<h>`.
+    pub(super) fn write(self, out: &mut Vec<u8>) {
+        use std::io::Write;
+        let _ = match self {
+            Probe::Unprobed => write!(out, "?"),
+            Probe::NoHeader => write!(out, "-"),
+            Probe::Jpeg { width, height } => write!(out, "j{width}x{height}"),
+            Probe::Png { width, height } => write!(out, "p{width}x{height}"),
+        };
+    }
+
+    /// The probe [`Probe::write`] wrote, if `field` is one.
+    pub(super) fn parse(field: &[u8]) -> Option<Probe> {
+        let side = |digits: &[u8]| -> Option<u32> {
+            if digits.is_empty() || digits.len() > 10 || !digits.iter().all(u8::is_ascii_digit) {
+                return None;
+            }
+            let n = digits.iter().fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
+            u32::try_from(n).ok().filter(|&n| n > 0)
+        };
+        let sides = |rest: &[u8]| -> Option<(u32, u32)> {
+            let x = rest.iter().position(|&b| b == b'x')?;
+            Some((side(&rest[..x])?, side(&rest[x + 1..])?))
+        };
+        match field {
+            b"?" => Some(Probe::Unprobed),
+            b"-" => Some(Probe::NoHeader),
+            [b'j', rest @ ..] => sides(rest).map(|(width, height)| Probe::Jpeg { width, height }),
+            [b'p', rest @ ..] => sides(rest).map(|(width, height)| Probe::Png { width, height }),
+            _ => None,
+        }
+    }
+}
+
+/// A table or shard index on disk holding samples `samples` of a dataset, as written or
+/// read (its check line's value), so that probes can be added to it later unless it was
+/// replaced since.
+#[derive(Clone, Debug)]
+pub(super) struct Kept {
+    pub(super) path: PathBuf,
+    pub(super) check: u64,
+    pub(super) samples: std::ops::Range<usize>,
+    /// Where its sample lines start: after the first line holding this, or after `skip`
+    /// lines.
+    pub(super) lines_from: LinesFrom,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) enum LinesFrom {
+    /// The first line starting `s\t` (a folder's table).
+    FirstSample,
+    /// After this many lines (a shard's index: its shard line).
+    Skip(usize),
 }
 
 /// One sample of a table a caller builds from its own format's index: a byte range of a
@@ -169,6 +264,9 @@ impl Dataset {
             classes,
             samples,
             table: None,
+            probes: Vec::new(),
+            kept: Vec::new(),
+            probed: Default::default(),
         })
     }
 

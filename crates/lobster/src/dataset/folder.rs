@@ -27,7 +27,7 @@ use crate::error::Error;
 const TABLES_MAX: usize = 64;
 /// Version 2 added each sample's image probe; a table of version 1 is scanned over and
 /// made again.
-const MAGIC: &[u8] = b"lobster-folder-table 2";
+pub(super) const MAGIC: &[u8] = b"lobster-folder-table 2";
 
 /// Which files of a folder are samples, and where its table is kept.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -330,6 +330,17 @@ fn load(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::dataset(path, format!("sample table: {e}"))),
     };
+    from_file(bytes, path, root, options, parallel_from_bytes)
+}
+
+/// [`load`] on the bytes of the table at `path`.
+pub(super) fn from_file(
+    bytes: Vec<u8>,
+    path: &Path,
+    root: &Path,
+    options: &FolderOptions,
+    parallel_from_bytes: usize,
+) -> Result<Option<Dataset>, Error> {
     from_bytes(bytes, path, root, options, parallel_from_bytes)
         .map_err(|e| Error::dataset(path, format!("sample table: {e}")))
 }
@@ -460,7 +471,7 @@ fn from_bytes(
 }
 
 /// A table with this many bytes of sample lines or more is read in two threads.
-const PARALLEL_FROM_BYTES: usize = 1 << 20;
+pub(super) const PARALLEL_FROM_BYTES: usize = 1 << 20;
 
 /// Appends the samples of a table's sample `lines`, the first of them numbered `first_id`.
 fn read_samples(
@@ -655,6 +666,29 @@ mod tests {
         fs::write(&path, &text[..text.len() - 3]).unwrap();
         let ds = open(&root, &o).unwrap();
         assert!(ds.table().is_none());
+        assert_eq!(ds.len(), 1);
+    }
+
+    #[test]
+    fn a_time_of_writing_near_the_smallest_i128_is_not_trusted_and_does_not_overflow() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, tables) = (dir.path().join("data"), dir.path().join("tables"));
+        write(&root.join("a/0.jpg"), b"1");
+        age(&root);
+        let o = options(&tables);
+        open(&root, &o).unwrap();
+        let path = table_path(&tables, &root, &o);
+        let text = String::from_utf8(fs::read(&path).unwrap()).unwrap();
+        let body = &text[..text.rfind("end\t").unwrap()];
+        let written = body.lines().find(|l| l.starts_with("written\t")).unwrap();
+        let mut out = body
+            .replace(written, &format!("written\t{}", i128::MIN))
+            .into_bytes();
+        seal(&mut out);
+        fs::write(&path, &out).unwrap();
+        // `written - 2 s` overflowed (a panic in a debug build) before it saturated.
+        let ds = open(&root, &o).unwrap();
+        assert!(ds.table().is_none(), "scanned, not trusted");
         assert_eq!(ds.len(), 1);
     }
 

@@ -9,6 +9,8 @@ use table::{range_id, Key};
 use crate::error::Error;
 
 mod folder;
+#[cfg(any(test, fuzzing))]
+pub(crate) mod fuzz;
 mod probe;
 mod shards;
 mod table;

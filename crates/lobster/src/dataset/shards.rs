@@ -49,7 +49,7 @@ const LABEL_MAX_BYTES: u64 = 64;
 const JSON_MAX_BYTES: u64 = 64 << 10;
 /// Shard indexes kept in one directory, the least recently written removed first.
 const INDEXES_MAX: usize = 1 << 16;
-const MAGIC: &[u8] = b"lobster-shard-index 2";
+pub(super) const MAGIC: &[u8] = b"lobster-shard-index 2";
 
 /// The shards a specification names: `dir/train-{000000..000127}.tar` (brace ranges, zero
 /// padding kept), a directory (its `.tar` files, sorted), one `.tar` file, or a list file
@@ -145,7 +145,7 @@ struct Parts {
 }
 
 /// A shard's samples before they are judged: keys in order, with their members.
-struct Grouped {
+pub(super) struct Grouped {
     order: Vec<String>,
     parts: HashMap<String, Parts>,
 }
@@ -191,7 +191,7 @@ pub(super) fn indexed(
         let index = index_dir.filter(|_| reuse).map(|d| index_path(d, shard));
         let kept = match &index {
             Some(at) => load_index(at, shard, &meta).unwrap_or_else(|e| {
-                log::warn!("lobster-io: ignoring the shard index {}: {e}", at.display());
+                log::warn!("lobster-io: ignoring a shard index: {e}");
                 None
             }),
             None => None,
@@ -268,7 +268,7 @@ pub(super) fn indexed(
 
 /// A shard's members grouped into samples by key, with the labels read; `file` is the
 /// shard at `shard`.
-fn group(file: &(impl ReadAt + ?Sized), shard: &Path) -> Result<Grouped, Error> {
+pub(super) fn group(file: &(impl ReadAt + ?Sized), shard: &Path) -> Result<Grouped, Error> {
     let bad = |what: String| Error::dataset(shard, what);
     let mut order: Vec<String> = Vec::new();
     let mut parts: HashMap<String, Parts> = HashMap::new();
@@ -318,7 +318,7 @@ fn group(file: &(impl ReadAt + ?Sized), shard: &Path) -> Result<Grouped, Error> 
 }
 
 /// A shard's samples, each with an image and a label.
-fn judge(shard: &Path, grouped: Grouped) -> Result<Vec<Indexed>, Error> {
+pub(super) fn judge(shard: &Path, grouped: Grouped) -> Result<Vec<Indexed>, Error> {
     let bad = |what: String| Error::dataset(shard, what);
     let Grouped { order, mut parts } = grouped;
     if order.is_empty() {
@@ -430,29 +430,44 @@ fn store_index(at: &Path, shard: &Path, samples: &[Indexed]) -> std::io::Result<
 /// `shard`'s samples from its index at `at`, if the index exists and was written for the
 /// shard as it is now (its path, size and modification time), not too soon after the
 /// shard changed.
-fn load_index(at: &Path, shard: &Path, meta: &fs::Metadata) -> Result<Option<ShardSamples>, String> {
+///
+/// # Errors
+/// An index that cannot be read or is malformed, naming it.
+fn load_index(at: &Path, shard: &Path, meta: &fs::Metadata) -> Result<Option<ShardSamples>, Error> {
+    let named = |e: String| Error::dataset(at, format!("shard index: {e}"));
     let bytes = match fs::read(at) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(named(e.to_string())),
     };
-    let absolute = std::path::absolute(shard).map_err(|e| e.to_string())?;
+    let absolute = std::path::absolute(shard).map_err(|e| named(e.to_string()))?;
     let now = ShardNow {
         absolute: absolute.as_os_str().as_bytes(),
         len: meta.len(),
         mtime_ns: mtime_ns(meta),
     };
-    Ok(index_from_bytes(bytes, &now)?.map(|(samples, check)| ShardSamples {
+    index_from_file(bytes, at, &now)
+}
+
+/// [`load_index`] on the bytes of the index at `at`.
+pub(super) fn index_from_file(
+    bytes: Vec<u8>,
+    at: &Path,
+    now: &ShardNow<'_>,
+) -> Result<Option<ShardSamples>, Error> {
+    let found = index_from_bytes(bytes, now)
+        .map_err(|e| Error::dataset(at, format!("shard index: {e}")))?;
+    Ok(found.map(|(samples, check)| ShardSamples {
         samples,
         kept: Some((at.to_path_buf(), check)),
     }))
 }
 
 /// A shard as it is now, which its index must have been written for.
-struct ShardNow<'a> {
-    absolute: &'a [u8],
-    len: u64,
-    mtime_ns: i128,
+pub(super) struct ShardNow<'a> {
+    pub(super) absolute: &'a [u8],
+    pub(super) len: u64,
+    pub(super) mtime_ns: i128,
 }
 
 /// [`load_index`] on the index's bytes: its samples and its check.

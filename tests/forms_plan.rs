@@ -260,3 +260,42 @@ fn a_second_open_of_shards_with_the_decoded_tier_reads_no_image() {
     .unwrap();
     assert_eq!(plan(&drain(built)), plan(&first));
 }
+
+#[test]
+fn an_image_larger_than_its_kept_header_says_is_not_kept_decoded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, tables) = (dir.path().join("data"), dir.path().join("tables"));
+    folder(&root);
+    // Sample 0 padded to the size of a far larger image that will replace it in place.
+    let first_file = root.join("c0/00.jpg");
+    let larger = jpeg(120, 100, 99);
+    let mut small = std::fs::read(&first_file).unwrap();
+    assert!(small.len() < larger.len());
+    small.resize(larger.len(), 0);
+    std::fs::write(&first_file, &small).unwrap();
+    age(&root);
+    let options = lobster_io::FolderOptions {
+        table_dir: Some(tables),
+        ..Default::default()
+    };
+    let slow = Arc::new(AtomicBool::new(false));
+    let run = || {
+        let ds = Arc::new(Dataset::open_folder(&root, &options).unwrap());
+        let m = drain(
+            builder(&ds, FormChoice::Decoded, decoded_bytes(), &slow)
+                .build()
+                .unwrap(),
+        );
+        (ds.table().is_some(), m)
+    };
+    let (_, before) = run();
+    assert_eq!(before.decoded_again, 0, "{before:?}");
+    // Rewritten in place, same size: its directory does not change, the table stays valid
+    // with the old header's size, and the decoded image is larger than planned.
+    std::fs::write(&first_file, &larger).unwrap();
+    let (from_table, after) = run();
+    assert!(from_table);
+    assert_eq!(plan(&after), plan(&before));
+    assert!(after.images_kept < before.images_kept, "{after:?}");
+    assert!(after.decoded_again > 0, "{after:?}");
+}

@@ -92,6 +92,9 @@ pub(crate) fn decode_in_stages<T>(
             Some(side) => lobster_image::downscale((&image).into(), side).ok(),
             None => Some(image),
         };
+        // Larger than planned (a file rewritten in place since its header was kept): not
+        // kept, so the cache stays within its budget; its hits decode again.
+        let image = image.filter(|i| i.pixels().len() as u64 <= u64::from(k.planned_bytes));
         if let Some(image) = image {
             if k.slot
                 .keep_decoded(DecodedImage::new(image, decode, k.arena))

@@ -15,7 +15,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::table::{Dataset, Key, Kept, LinesFrom, Probe, SampleMeta, IMAGE_EXTENSIONS};
+use super::table::{
+    held_probes, Dataset, Key, Kept, LinesFrom, Probe, SampleMeta, IMAGE_EXTENSIONS,
+};
 use super::table_file::{
     default_dir, escape, fnv, mtime_ns, now_ns, parse_sealed, prune, seal, split, unescape,
     unescape_into, write_atomically, Sealed, RACY_NS,
@@ -450,9 +452,7 @@ fn from_bytes(
     if samples.is_empty() {
         return bad("no samples");
     }
-    if probes.iter().all(|p| *p == Probe::Unprobed) {
-        probes = Vec::new();
-    }
+    let (probes, probed) = held_probes(probes);
     let kept = Kept {
         path: path.to_path_buf(),
         check,
@@ -466,7 +466,7 @@ fn from_bytes(
         table: Some(path.to_path_buf()),
         probes,
         kept: vec![kept],
-        probed: Default::default(),
+        probed,
     }))
 }
 

@@ -148,6 +148,7 @@ impl Dataset {
             }
         }
         let classes = samples.iter().map(|s| s.label + 1).max().unwrap_or(0);
+        let (probes, probed) = table::held_probes(probes);
         Ok(Self {
             root: PathBuf::from(spec),
             classes: (0..classes).map(|c| c.to_string()).collect(),
@@ -155,7 +156,7 @@ impl Dataset {
             table: None,
             probes,
             kept,
-            probed: Default::default(),
+            probed,
         })
     }
 

@@ -30,16 +30,23 @@ impl Dataset {
             .get_or_init(|| {
                 let mut probes = self.probes.clone();
                 probes.resize(self.samples.len(), Probe::Unprobed);
-                let missing = probes.iter().filter(|p| **p == Probe::Unprobed).count();
-                if missing > 0 {
-                    probe_all(&self.samples, &mut probes);
-                    for kept in &self.kept {
-                        if let Err(e) = keep_probes(kept, &probes[kept.samples.clone()]) {
-                            log::warn!(
-                                "lobster-io: could not keep image sizes in {}: {e}",
-                                kept.path.display()
-                            );
-                        }
+                // Only the files holding a sample not yet probed are written again.
+                let stale: Vec<&Kept> = self
+                    .kept
+                    .iter()
+                    .filter(|k| {
+                        probes
+                            .get(k.samples.clone())
+                            .is_some_and(|p| p.contains(&Probe::Unprobed))
+                    })
+                    .collect();
+                probe_all(&self.samples, &mut probes);
+                for kept in stale {
+                    if let Err(e) = keep_probes(kept, &probes[kept.samples.clone()]) {
+                        log::warn!(
+                            "lobster-io: could not keep image sizes in {}: {e}",
+                            kept.path.display()
+                        );
                     }
                 }
                 probes.into()

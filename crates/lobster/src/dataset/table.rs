@@ -173,6 +173,20 @@ impl Probe {
     }
 }
 
+/// Probes as a dataset holds them when read from its table or indexes: every sample's
+/// already as asked for, else those known (none: an empty list), to probe the rest.
+pub(super) fn held_probes(probes: Vec<Probe>) -> (Vec<Probe>, std::sync::OnceLock<Arc<[Probe]>>) {
+    let probed = std::sync::OnceLock::new();
+    if probes.iter().all(|p| *p == Probe::Unprobed) {
+        return (Vec::new(), probed);
+    }
+    if probes.iter().all(|p| *p != Probe::Unprobed) {
+        let _ = probed.set(probes.into());
+        return (Vec::new(), probed);
+    }
+    (probes, probed)
+}
+
 /// A table or shard index on disk holding samples `samples` of a dataset, as written or
 /// read (its check line's value), so that probes can be added to it later unless it was
 /// replaced since.

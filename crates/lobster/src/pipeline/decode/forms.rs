@@ -53,12 +53,13 @@ pub(crate) struct FormCounters {
     pub(crate) decoded_again: AtomicU64,
 }
 
-/// Where a decoded image is to be kept: its slot, the cache's arena, and the longest side
-/// it is kept at (lossy; `None`: as decoded).
+/// Where a decoded image is to be kept: its slot, the cache's arena, the longest side it
+/// is kept at (lossy; `None`: as decoded), and the bytes the plan gave it.
 pub(crate) struct Keep<'a> {
     pub(crate) slot: &'a AccessSlot,
     pub(crate) arena: Option<&'a lobster_uring::Arena>,
     pub(crate) max_side: Option<u32>,
+    pub(crate) planned_bytes: u32,
 }
 
 /// Runs both stages on `bytes`; with `keep`, the image goes into that slot for later hits.

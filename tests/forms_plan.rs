@@ -54,7 +54,10 @@ fn age(root: &Path) {
                     .unwrap();
             }
         }
-        std::fs::File::open(&d).unwrap().set_modified(hour_ago).unwrap();
+        std::fs::File::open(&d)
+            .unwrap()
+            .set_modified(hour_ago)
+            .unwrap();
     }
 }
 
@@ -156,7 +159,6 @@ fn the_plan_does_not_depend_on_how_fast_the_decoder_ran_at_build() {
         let pixels: u64 = (0..24u64).map(|i| (24 + 4 * i) * (20 + 3 * i)).sum();
         assert_eq!(costs.model_pixels, pixels);
         assert_eq!(costs.model_encoded_bytes, ds.total_bytes());
-
     }
 }
 
@@ -234,7 +236,10 @@ fn a_second_open_of_shards_with_the_decoded_tier_reads_no_image() {
         let mut members = Vec::new();
         for i in s * 12..s * 12 + 12 {
             let key = format!("k{i:02}");
-            members.push((format!("{key}.jpg"), jpeg(24 + 4 * i, 20 + 3 * i, u32::from(i))));
+            members.push((
+                format!("{key}.jpg"),
+                jpeg(24 + 4 * i, 20 + 3 * i, u32::from(i)),
+            ));
             members.push((format!("{key}.cls"), (i % 3).to_string().into_bytes()));
         }
         std::fs::write(shards.join(format!("s{s}.tar")), ustar(&members)).unwrap();

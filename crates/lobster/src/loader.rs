@@ -8,7 +8,9 @@ use crate::dataset::{Dataset, SampleMeta};
 use crate::emulate::StorageEmulation;
 use crate::error::{Cause, Error};
 use crate::faults::{ErrorPolicy, FaultInjection};
-use crate::metrics::{CacheForms, FormCostsReport, CacheStore, Mode, ReadPath, RunMetrics, ThreadClass};
+use crate::metrics::{
+    CacheForms, CacheStore, FormCostsReport, Mode, ReadPath, RunMetrics, ThreadClass,
+};
 use crate::pipeline::{self, Context, DecodeFn, Layout, Pipeline, PipelineState};
 use crate::sampler::{DistributedSampler, EpochOrder};
 use lobster_cache::{FormChoice, FormCosts};

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::table::{
-    held_probes, Dataset, Key, Kept, LinesFrom, Probe, SampleMeta, IMAGE_EXTENSIONS,
+    held_probes, Dataset, Kept, Key, LinesFrom, Probe, SampleMeta, IMAGE_EXTENSIONS,
 };
 use super::table_file::{
     default_dir, escape, fnv, mtime_ns, now_ns, parse_sealed, prune, seal, split, unescape,
@@ -298,7 +298,11 @@ fn store(
     }
     for (i, s) in ds.samples.iter().enumerate() {
         out.extend_from_slice(format!("s\t{}\t{}\t", s.label, s.size_bytes).as_bytes());
-        ds.probes.get(i).copied().unwrap_or(Probe::Unprobed).write(&mut out);
+        ds.probes
+            .get(i)
+            .copied()
+            .unwrap_or(Probe::Unprobed)
+            .write(&mut out);
         out.push(b'\t');
         let rel = s.path.strip_prefix(&ds.root).unwrap_or(&s.path);
         escape(rel.as_os_str().as_bytes(), &mut out);
@@ -402,7 +406,8 @@ fn from_bytes(
                 };
                 let dir = root.join(std::ffi::OsString::from_vec(rel));
                 match fs::metadata(&dir) {
-                    Ok(m) if mtime_ns(&m) == stored && stored <= written.saturating_sub(RACY_NS) => {}
+                    Ok(m)
+                        if mtime_ns(&m) == stored && stored <= written.saturating_sub(RACY_NS) => {}
                     _ => return Ok(None),
                 }
             }
@@ -437,8 +442,15 @@ fn from_bytes(
                     Vec::with_capacity(second_lines),
                     Vec::with_capacity(second_lines),
                 );
-                read_samples(second, root, classes_len, first_lines, &mut rest.0, &mut rest.1)
-                    .map(|()| rest)
+                read_samples(
+                    second,
+                    root,
+                    classes_len,
+                    first_lines,
+                    &mut rest.0,
+                    &mut rest.1,
+                )
+                .map(|()| rest)
             })
         });
         let read = read_samples(first, root, classes_len, 0, &mut samples, &mut probes);

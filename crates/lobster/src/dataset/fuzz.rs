@@ -96,7 +96,11 @@ pub(crate) fn check_table(data: &[u8]) {
     };
     let mut head = folder::MAGIC.to_vec();
     head.extend_from_slice(
-        format!("\nroot\t{}\next\t.jpg\nwritten\t9000000000000\n", root.display()).as_bytes(),
+        format!(
+            "\nroot\t{}\next\t.jpg\nwritten\t9000000000000\n",
+            root.display()
+        )
+        .as_bytes(),
     );
     // Small enough that sample lines are read in two halves too.
     let parallel_from_bytes = 64;
@@ -111,7 +115,10 @@ pub(crate) fn check_table(data: &[u8]) {
             assert!(!ds.samples.is_empty());
             for (i, s) in ds.samples.iter().enumerate() {
                 assert_eq!(s.id as usize, i, "ids in order");
-                assert!((s.label as usize) < ds.classes.len(), "a label without a class");
+                assert!(
+                    (s.label as usize) < ds.classes.len(),
+                    "a label without a class"
+                );
             }
             assert!(ds.probes.is_empty() || ds.probes.len() == ds.samples.len());
         }

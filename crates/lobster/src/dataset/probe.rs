@@ -174,7 +174,12 @@ mod tests {
         ] {
             let mut out = Vec::new();
             p.write(&mut out);
-            assert_eq!(Probe::parse(&out), Some(p), "{}", String::from_utf8_lossy(&out));
+            assert_eq!(
+                Probe::parse(&out),
+                Some(p),
+                "{}",
+                String::from_utf8_lossy(&out)
+            );
         }
         for bad in [
             &b""[..],

@@ -490,7 +490,8 @@ fn index_from_bytes(
         (f.len() <= 40).then_some(())?;
         std::str::from_utf8(f).ok()?.parse().ok()
     };
-    if head.next() != Some(b"shard") || head.next().and_then(unescape).as_deref() != Some(shard.absolute)
+    if head.next() != Some(b"shard")
+        || head.next().and_then(unescape).as_deref() != Some(shard.absolute)
     {
         // Another shard with the same hash.
         return Ok(None);

@@ -156,7 +156,9 @@ impl Probe {
             if digits.is_empty() || digits.len() > 10 || !digits.iter().all(u8::is_ascii_digit) {
                 return None;
             }
-            let n = digits.iter().fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
+            let n = digits
+                .iter()
+                .fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
             u32::try_from(n).ok().filter(|&n| n > 0)
         };
         let sides = |rest: &[u8]| -> Option<(u32, u32)> {

@@ -150,26 +150,39 @@ impl Probe {
         };
     }
 
-    /// The probe [`Probe::write`] wrote, if `field` is one.
+    /// The probe [`Probe::write`] wrote, if `field` is one. One pass over the bytes: a
+    /// table holds a probe per sample, millions.
     pub(super) fn parse(field: &[u8]) -> Option<Probe> {
-        let side = |digits: &[u8]| -> Option<u32> {
-            if digits.is_empty() || digits.len() > 10 || !digits.iter().all(u8::is_ascii_digit) {
-                return None;
+        let (&kind, rest) = field.split_first()?;
+        if rest.is_empty() {
+            return match kind {
+                b'?' => Some(Probe::Unprobed),
+                b'-' => Some(Probe::NoHeader),
+                _ => None,
+            };
+        }
+        let mut sides = [0u64; 2];
+        let mut digits = [0usize; 2];
+        let mut at = 0;
+        for &b in rest {
+            match b {
+                b'0'..=b'9' if digits[at] < 10 => {
+                    sides[at] = sides[at] * 10 + u64::from(b - b'0');
+                    digits[at] += 1;
+                }
+                b'x' if at == 0 => at = 1,
+                _ => return None,
             }
-            let n = digits
-                .iter()
-                .fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
-            u32::try_from(n).ok().filter(|&n| n > 0)
+        }
+        let side = |i: usize| {
+            u32::try_from(sides[i])
+                .ok()
+                .filter(|&n| n > 0 && digits[i] > 0)
         };
-        let sides = |rest: &[u8]| -> Option<(u32, u32)> {
-            let x = rest.iter().position(|&b| b == b'x')?;
-            Some((side(&rest[..x])?, side(&rest[x + 1..])?))
-        };
-        match field {
-            b"?" => Some(Probe::Unprobed),
-            b"-" => Some(Probe::NoHeader),
-            [b'j', rest @ ..] => sides(rest).map(|(width, height)| Probe::Jpeg { width, height }),
-            [b'p', rest @ ..] => sides(rest).map(|(width, height)| Probe::Png { width, height }),
+        let (width, height) = (side(0)?, side(1)?);
+        match kind {
+            b'j' => Some(Probe::Jpeg { width, height }),
+            b'p' => Some(Probe::Png { width, height }),
             _ => None,
         }
     }
@@ -179,10 +192,11 @@ impl Probe {
 /// already as asked for, else those known (none: an empty list), to probe the rest.
 pub(super) fn held_probes(probes: Vec<Probe>) -> (Vec<Probe>, std::sync::OnceLock<Arc<[Probe]>>) {
     let probed = std::sync::OnceLock::new();
-    if probes.iter().all(|p| *p == Probe::Unprobed) {
+    let unprobed = probes.iter().filter(|p| **p == Probe::Unprobed).count();
+    if unprobed == probes.len() {
         return (Vec::new(), probed);
     }
-    if probes.iter().all(|p| *p != Probe::Unprobed) {
+    if unprobed == 0 {
         let _ = probed.set(probes.into());
         return (Vec::new(), probed);
     }

@@ -1,5 +1,9 @@
-//! `lobster plan-bench`: what planning remote hits costs one node at start-up: it replays
-//! every peer's cache plan to learn which peer holds each of its accesses.
+//! `lobster plan-bench`: what planning costs at start-up. By default, what planning remote
+//! hits costs one node: it replays every peer's cache plan to learn which peer holds each
+//! of its accesses. With `--open D`, one open of dataset D as a run starts it (with
+//! `--decoded`, as the decoded tier does: with every sample's image header, from the
+//! dataset's table once kept). With `--decode-constants D`, the built-in decoder's time per
+//! pixel of each format on D's images, the constants the two-form rule's cost model uses.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -42,9 +46,29 @@ pub struct PlanBenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Time one open of this dataset (an ImageFolder or shards) instead, and print its
+    /// seconds and samples; run it in a fresh process per figure.
+    #[arg(long, conflicts_with = "decode_constants")]
+    pub open: Option<String>,
+    /// With `--open`: also every sample's image header, as the decoded tier asks it.
+    #[arg(long, requires = "open")]
+    pub decoded: bool,
+    /// Time the built-in decoder per pixel on the JPEG and PNG files under this directory
+    /// (at most 400 of each, held in memory) instead.
+    #[arg(long)]
+    pub decode_constants: Option<std::path::PathBuf>,
+    /// Runs of `--decode-constants`; the median is printed.
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
 }
 
 pub fn run(args: &PlanBenchArgs) -> Result<()> {
+    if let Some(data) = &args.open {
+        return open(data, args.decoded);
+    }
+    if let Some(dir) = &args.decode_constants {
+        return decode_constants(dir, args.runs);
+    }
     if !(0.0..=1.0).contains(&args.cache_frac) {
         anyhow::bail!("--cache-frac {}: expected 0 to 1", args.cache_frac);
     }
@@ -120,5 +144,78 @@ pub fn run(args: &PlanBenchArgs) -> Result<()> {
         seconds,
         plan.replay_threads()
     );
+    Ok(())
+}
+
+/// One open of `data`, timed: `<seconds>\t<samples>\t<samples with a header>`.
+fn open(data: &str, decoded: bool) -> Result<()> {
+    let started = Instant::now();
+    let ds = lobster_io::Dataset::open(data)?;
+    let headers = match decoded {
+        true => ds
+            .image_probes()
+            .iter()
+            .filter(|p| p.dimensions().is_some())
+            .count(),
+        false => 0,
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    println!("{seconds}\t{}\t{headers}", ds.len());
+    Ok(())
+}
+
+/// Files of each format decoded per run.
+const DECODE_FILES_MAX: usize = 400;
+
+/// The built-in decoder's nanoseconds per pixel on the JPEGs and PNGs under `dir`.
+fn decode_constants(dir: &std::path::Path, runs: usize) -> Result<()> {
+    anyhow::ensure!(runs >= 1, "--runs must be at least 1");
+    let mut formats: [(&str, Vec<Vec<u8>>); 2] = [("jpeg", Vec::new()), ("png", Vec::new())];
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        let mut entries: Vec<_> = std::fs::read_dir(&d)?.flatten().map(|e| e.path()).collect();
+        entries.sort();
+        for p in entries {
+            if p.is_dir() {
+                dirs.push(p);
+                continue;
+            }
+            let Ok(bytes) = std::fs::read(&p) else {
+                continue;
+            };
+            let at = match bytes.first() {
+                Some(0xFF) => 0,
+                Some(0x89) => 1,
+                _ => continue,
+            };
+            if formats[at].1.len() < DECODE_FILES_MAX && lobster_image::decode(&bytes).is_ok() {
+                formats[at].1.push(bytes);
+            }
+        }
+    }
+    for (name, files) in &formats {
+        if files.is_empty() {
+            println!("{name}: no files");
+            continue;
+        }
+        let mut per_pixel = Vec::with_capacity(runs);
+        let mut pixels = 0u64;
+        for _ in 0..runs {
+            let started = Instant::now();
+            pixels = 0;
+            for f in files {
+                let image = lobster_image::decode(f)?;
+                pixels += u64::from(image.width()) * u64::from(image.height());
+            }
+            per_pixel.push(started.elapsed().as_secs_f64() * 1e9 / pixels as f64);
+        }
+        per_pixel.sort_by(f64::total_cmp);
+        println!(
+            "{name}: {} files, {pixels} pixels a run, {:.3} ns per pixel (median of {runs}; runs {:?})",
+            files.len(),
+            per_pixel[runs / 2],
+            per_pixel.iter().map(|x| (x * 1000.0).round() / 1000.0).collect::<Vec<_>>()
+        );
+    }
     Ok(())
 }

@@ -433,3 +433,48 @@ fn cache_forms_are_reported_per_strategy() {
     );
     assert_eq!(report["config"]["cache_forms"], "decoded");
 }
+
+#[test]
+fn auto_forms_make_the_same_plan_run_after_run_and_in_processes_as_in_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    gen(&data, 48);
+    let common = [
+        "--decoder",
+        "jpeg",
+        "--transform",
+        "train",
+        "--image-size",
+        "8",
+        "--epochs",
+        "3",
+        "--policy",
+        "lobster",
+        "--cache-forms",
+        "auto",
+        "--cache-bytes",
+        "400000",
+    ];
+    let (_, first) = run_ok(dir.path(), &data, &common);
+    let (_, again) = run_ok(dir.path(), &data, &common);
+    let mut with = common.to_vec();
+    with.extend(["--ranks-as", "processes"]);
+    let (_, processes) = run_ok(dir.path(), &data, &with);
+    let plan = |report: &serde_json::Value| {
+        let r = &report["results"][0];
+        [
+            "hits",
+            "hits_encoded",
+            "hits_decoded",
+            "peak_cached_encoded_bytes",
+            "peak_cached_decoded_bytes",
+            "form_costs",
+        ]
+        .map(|k| r[k].clone())
+    };
+    assert_eq!(plan(&first), plan(&again));
+    assert_eq!(plan(&first), plan(&processes));
+    let costs = &first["results"][0]["form_costs"];
+    assert_eq!(costs["decode_source"], "model", "{costs}");
+    assert!(costs["model_pixels"].as_u64().unwrap() > 0, "{costs}");
+}

@@ -250,8 +250,9 @@ pub struct CacheConfig {
     pub forms: Option<FormChoice>,
     /// The read and decode costs the two-form rule prices with. `None`: reads from the
     /// emulated storage tier if there is one, else the cost model's storage prior; decodes
-    /// timed at build on the first samples (so cache decisions can differ between runs
-    /// by as much as that timing; set this for decisions that repeat exactly).
+    /// from each sample's pixels (its header) times the built-in decoder's constant per
+    /// pixel: never timed, so the same run makes the same decisions. Set this for another
+    /// decoder's costs.
     pub form_costs: Option<FormCosts>,
     /// Lossy, off by default: decoded images the cache keeps are first brought down so that
     /// their longer side is at most this many pixels (FFCV-style pre-resizing). Hits on them

@@ -72,13 +72,32 @@ mod metrics;
 mod pipeline;
 mod sampler;
 
+/// Checker run by the `tar_index` fuzz target: arbitrary bytes as a tar shard are indexed
+/// and grouped into samples, or refused naming the shard; never a panic or a loop.
+#[cfg(fuzzing)]
+pub fn fuzz_check_tar_index(data: &[u8]) {
+    dataset::fuzz::check_tar(data);
+}
+
+/// Checker run by the `shard_index` fuzz target: arbitrary bytes as a shard's kept index.
+#[cfg(fuzzing)]
+pub fn fuzz_check_shard_index(data: &[u8]) {
+    dataset::fuzz::check_shard_index(data);
+}
+
+/// Checker run by the `table_file` fuzz target: arbitrary bytes as a folder's kept table.
+#[cfg(fuzzing)]
+pub fn fuzz_check_table_file(data: &[u8]) {
+    dataset::fuzz::check_table(data);
+}
+
 pub use batch::{Batch, Sample};
 pub use config::{
     BudgetConfig, CacheConfig, CachePolicy, Execution, IoOrder, JobConfig, LoaderConfig,
     PipelineThreads, ReadConfig, ResidentReads, SampleLimits, Schedule,
 };
 pub use dataset::{
-    Dataset, FolderOptions, SampleMeta, SampleRecord, CLASSES_MAX, IMAGE_EXTENSIONS,
+    Dataset, FolderOptions, Probe, SampleMeta, SampleRecord, CLASSES_MAX, IMAGE_EXTENSIONS,
 };
 pub use emulate::StorageEmulation;
 pub use error::{Cause, Error};

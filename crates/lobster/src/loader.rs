@@ -8,7 +8,9 @@ use crate::dataset::{Dataset, SampleMeta};
 use crate::emulate::StorageEmulation;
 use crate::error::{Cause, Error};
 use crate::faults::{FaultInjection, OnError};
-use crate::metrics::{CacheForms, CacheStore, Mode, ReadPath, RunMetrics, ThreadClass};
+use crate::metrics::{
+    CacheForms, CacheStore, FormCostsReport, Mode, ReadPath, RunMetrics, ThreadClass,
+};
 use crate::pipeline::{self, Context, DecodeFn, Layout, Pipeline, PipelineState};
 use crate::sampler::{DistributedSampler, EpochOrder};
 use lobster_cache::{FormChoice, FormCosts};
@@ -430,16 +432,19 @@ fn decoded_tier<T>(
         (Err(why), None) => return Ok((None, Mode::because(CacheForms::Encoded, why))),
     };
     let choice = chosen.unwrap_or(FormChoice::Auto);
-    let costs = config
-        .cache
-        .form_costs
-        .unwrap_or_else(|| pipeline::form_costs(dataset, &staged, config.reads.storage_emulation));
+    // Headers as the dataset's table keeps them: a second open reads no image.
+    let probes = dataset.image_probes();
+    let (costs, costs_from) = match config.cache.form_costs {
+        Some(costs) => (costs, pipeline::CostsFrom::CONFIG),
+        None => pipeline::form_costs(&probes, dataset.samples(), config.reads.storage_emulation),
+    };
     let max_side = config.cache.decoded_max_side;
     let tier = pipeline::DecodedTier {
         staged,
         choice,
-        decoded_sizes: pipeline::decoded_sizes(dataset, max_side),
+        decoded_sizes: pipeline::decoded_sizes(&probes, max_side),
         costs,
+        costs_from,
         max_side,
     };
     let forms = match max_side {
@@ -753,7 +758,7 @@ impl<T> Loader<T> {
         m.cache_forms = self.cache_forms.clone();
         if let Some(tier) = &self.pipeline.context.forms {
             let f = &shared.forms;
-            m.form_costs = Some(tier.costs.into());
+            m.form_costs = Some(FormCostsReport::new(tier.costs, tier.costs_from));
             m.decoded_hits_served = count(&f.decoded_hits);
             m.decode_saved_seconds = count(&f.decode_saved_ns) as f64 * 1e-9;
             m.images_kept = count(&f.images_kept);

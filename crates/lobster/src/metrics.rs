@@ -287,7 +287,7 @@ pub struct RunMetrics {
     pub peak_cached_decoded_bytes: u64,
 }
 
-/// [`lobster_cache::FormCosts`] as the metrics report them.
+/// [`lobster_cache::FormCosts`] as the metrics report them, with where they came from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct FormCostsReport {
     /// Fixed time of one read, seconds.
@@ -298,15 +298,46 @@ pub struct FormCostsReport {
     pub decode_s: f64,
     /// Decode time per encoded byte, seconds.
     pub decode_per_byte_s: f64,
+    /// Where the read costs came from: `config`, `emulation` (the emulated tier) or
+    /// `prior` (the cost model's storage prior).
+    pub read_source: &'static str,
+    /// Where the decode costs came from: `config`, `model` (each sample's pixels times the
+    /// built-in decoder's constant for its format, over the encoded bytes) or `prior` (no
+    /// sample's header could be read). Never a timing: the plan does not depend on the
+    /// machine's load.
+    pub decode_source: &'static str,
+    /// The model's input: pixels of the samples with a header (0 without the model).
+    pub model_pixels: u64,
+    /// The model's input: those samples' encoded bytes.
+    pub model_encoded_bytes: u64,
+    /// The model's constant: seconds per pixel of a JPEG.
+    pub model_jpeg_s_per_pixel: f64,
+    /// The model's constant: seconds per pixel of a PNG.
+    pub model_png_s_per_pixel: f64,
 }
 
-impl From<lobster_cache::FormCosts> for FormCostsReport {
-    fn from(c: lobster_cache::FormCosts) -> Self {
+impl FormCostsReport {
+    pub(crate) fn new(c: lobster_cache::FormCosts, from: crate::pipeline::CostsFrom) -> Self {
+        let model = from.decode == "model";
         FormCostsReport {
             read_s: c.read_s,
             read_per_byte_s: c.read_per_byte_s,
             decode_s: c.decode_s,
             decode_per_byte_s: c.decode_per_byte_s,
+            read_source: from.read,
+            decode_source: from.decode,
+            model_pixels: from.pixels,
+            model_encoded_bytes: from.encoded_bytes,
+            model_jpeg_s_per_pixel: if model {
+                crate::pipeline::JPEG_DECODE_S_PER_PIXEL
+            } else {
+                0.0
+            },
+            model_png_s_per_pixel: if model {
+                crate::pipeline::PNG_DECODE_S_PER_PIXEL
+            } else {
+                0.0
+            },
         }
     }
 }

@@ -15,17 +15,21 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::table::{Dataset, Key, SampleMeta, IMAGE_EXTENSIONS};
+use super::table::{
+    held_probes, Dataset, Kept, Key, LinesFrom, Probe, SampleMeta, IMAGE_EXTENSIONS,
+};
 use super::table_file::{
-    default_dir, escape, fnv, mtime_ns, now_ns, prune, read_sealed, seal, split, unescape,
-    unescape_into, write_atomically, RACY_NS,
+    default_dir, escape, fnv, mtime_ns, now_ns, parse_sealed, prune, seal, split, unescape,
+    unescape_into, write_atomically, Sealed, RACY_NS,
 };
 use crate::error::Error;
 
 /// How close to the table's writing a directory's change makes it untrusted.
 /// Tables kept in a table directory; the least recently written go first.
 const TABLES_MAX: usize = 64;
-const MAGIC: &[u8] = b"lobster-folder-table 1";
+/// Version 2 added each sample's image probe; a table of version 1 is scanned over and
+/// made again.
+pub(super) const MAGIC: &[u8] = b"lobster-folder-table 2";
 
 /// Which files of a folder are samples, and where its table is kept.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,19 +79,17 @@ pub(super) fn open(root: &Path, options: &FolderOptions) -> Result<Dataset, Erro
             Ok(Some(ds)) => return Ok(ds),
             Ok(None) => {}
             // A table that cannot be read is scanned over, not trusted.
-            Err(e) => log::warn!(
-                "lobster-io: ignoring the sample table {}: {e}",
-                path.display()
-            ),
+            Err(e) => log::warn!("lobster-io: ignoring a sample table: {e}"),
         }
     }
-    let (ds, walked) = scan(root, options)?;
+    let (mut ds, walked) = scan(root, options)?;
     if let Some(path) = &table {
-        if let Err(e) = store(path, &ds, &walked, options) {
-            log::warn!(
+        match store(path, &ds, &walked, options) {
+            Ok(kept) => ds.kept.extend(kept),
+            Err(e) => log::warn!(
                 "lobster-io: could not keep the sample table {}: {e}",
                 path.display()
-            );
+            ),
         }
     }
     Ok(ds)
@@ -98,7 +100,7 @@ pub(super) fn index(
     root: &Path,
     options: &FolderOptions,
 ) -> Result<(Dataset, Option<PathBuf>), Error> {
-    let (ds, walked) = scan(root, options)?;
+    let (mut ds, walked) = scan(root, options)?;
     let Some(path) = options
         .table_dir
         .as_ref()
@@ -107,7 +109,8 @@ pub(super) fn index(
         return Ok((ds, None));
     };
     let _ = fs::remove_file(&path);
-    store(&path, &ds, &walked, options).map_err(|e| Error::dataset(&path, e))?;
+    let kept = store(&path, &ds, &walked, options).map_err(|e| Error::dataset(&path, e))?;
+    ds.kept.extend(kept);
     let kept = path.exists().then_some(path);
     Ok((ds, kept))
 }
@@ -175,6 +178,9 @@ fn scan(root: &Path, options: &FolderOptions) -> Result<(Dataset, Vec<Walked>), 
         classes,
         samples,
         table: None,
+        probes: Vec::new(),
+        kept: Vec::new(),
+        probed: Default::default(),
     };
     Ok((ds, walked))
 }
@@ -258,16 +264,17 @@ fn table_path(dir: &Path, root: &Path, options: &FolderOptions) -> PathBuf {
 }
 
 /// Writes the table of `ds` (atomically: a temporary file renamed), unless a directory
-/// changed too recently to be trusted; then keeps at most [`TABLES_MAX`] tables.
+/// changed too recently to be trusted; then keeps at most [`TABLES_MAX`] tables. Returns
+/// the table as kept, if it was.
 fn store(
     path: &Path,
     ds: &Dataset,
     walked: &[Walked],
     options: &FolderOptions,
-) -> std::io::Result<()> {
+) -> std::io::Result<Option<Kept>> {
     let written = now_ns();
     if walked.iter().any(|w| w.mtime_ns > written - RACY_NS) {
-        return Ok(());
+        return Ok(None);
     }
     let mut out = Vec::with_capacity(64 * ds.samples.len());
     out.extend_from_slice(MAGIC);
@@ -289,30 +296,74 @@ fn store(
         escape(c.as_bytes(), &mut out);
         out.push(b'\n');
     }
-    for s in &ds.samples {
+    for (i, s) in ds.samples.iter().enumerate() {
         out.extend_from_slice(format!("s\t{}\t{}\t", s.label, s.size_bytes).as_bytes());
+        ds.probes
+            .get(i)
+            .copied()
+            .unwrap_or(Probe::Unprobed)
+            .write(&mut out);
+        out.push(b'\t');
         let rel = s.path.strip_prefix(&ds.root).unwrap_or(&s.path);
         escape(rel.as_os_str().as_bytes(), &mut out);
         out.push(b'\n');
     }
-    seal(&mut out);
+    let check = seal(&mut out);
     write_atomically(path, &out)?;
     prune(path, TABLES_MAX);
-    Ok(())
+    Ok(Some(Kept {
+        path: path.to_path_buf(),
+        check,
+        samples: 0..ds.samples.len(),
+        lines_from: LinesFrom::FirstSample,
+    }))
 }
 
 /// The dataset `path` holds for `root`, if the table exists and every directory it walked
 /// is unchanged and was not changed too close to the table's writing. Sample lines past
 /// `parallel_from_bytes` are read in two halves at once.
+///
+/// # Errors
+/// A table that cannot be read or is malformed, naming it.
 fn load(
     path: &Path,
     root: &Path,
     options: &FolderOptions,
     parallel_from_bytes: usize,
-) -> Result<Option<Dataset>, String> {
-    let Some((bytes, at)) = read_sealed(path, MAGIC)? else {
-        return Ok(None);
+) -> Result<Option<Dataset>, Error> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::dataset(path, format!("sample table: {e}"))),
     };
+    from_file(bytes, path, root, options, parallel_from_bytes)
+}
+
+/// [`load`] on the bytes of the table at `path`.
+pub(super) fn from_file(
+    bytes: Vec<u8>,
+    path: &Path,
+    root: &Path,
+    options: &FolderOptions,
+    parallel_from_bytes: usize,
+) -> Result<Option<Dataset>, Error> {
+    from_bytes(bytes, path, root, options, parallel_from_bytes)
+        .map_err(|e| Error::dataset(path, format!("sample table: {e}")))
+}
+
+/// [`load`] on the table's bytes, read from `path`.
+fn from_bytes(
+    bytes: Vec<u8>,
+    path: &Path,
+    root: &Path,
+    options: &FolderOptions,
+    parallel_from_bytes: usize,
+) -> Result<Option<Dataset>, String> {
+    let Sealed {
+        bytes,
+        lines_at: at,
+        check,
+    } = parse_sealed(bytes, MAGIC)?;
     let body = &bytes[at..];
     let bad = |what: &str| Err(format!("malformed: {what}"));
     let mut lines = split(body, b'\n');
@@ -355,7 +406,8 @@ fn load(
                 };
                 let dir = root.join(std::ffi::OsString::from_vec(rel));
                 match fs::metadata(&dir) {
-                    Ok(m) if mtime_ns(&m) == stored && stored <= written - RACY_NS => {}
+                    Ok(m)
+                        if mtime_ns(&m) == stored && stored <= written.saturating_sub(RACY_NS) => {}
                     _ => return Ok(None),
                 }
             }
@@ -381,34 +433,57 @@ fn load(
     let first_lines = memchr::memchr_iter(b'\n', first).count();
     let second_lines = memchr::memchr_iter(b'\n', second).count();
     let mut samples = Vec::with_capacity(first_lines + second_lines);
+    let mut probes = Vec::with_capacity(first_lines + second_lines);
     let classes_len = classes.len();
     let rest = std::thread::scope(|scope| {
         let rest = (!second.is_empty()).then(|| {
             scope.spawn(move || {
-                let mut rest = Vec::with_capacity(second_lines);
-                read_samples(second, root, classes_len, first_lines, &mut rest).map(|()| rest)
+                let mut rest = (
+                    Vec::with_capacity(second_lines),
+                    Vec::with_capacity(second_lines),
+                );
+                read_samples(
+                    second,
+                    root,
+                    classes_len,
+                    first_lines,
+                    &mut rest.0,
+                    &mut rest.1,
+                )
+                .map(|()| rest)
             })
         });
-        let read = read_samples(first, root, classes_len, 0, &mut samples);
+        let read = read_samples(first, root, classes_len, 0, &mut samples, &mut probes);
         let rest = rest.map(|h| h.join().expect("reading a table's samples panicked"));
         read.and(rest.transpose())
     })?;
-    if let Some(rest) = rest {
+    if let Some((rest, rest_probes)) = rest {
         samples.extend(rest);
+        probes.extend(rest_probes);
     }
     if samples.is_empty() {
         return bad("no samples");
     }
+    let (probes, probed) = held_probes(probes);
+    let kept = Kept {
+        path: path.to_path_buf(),
+        check,
+        samples: 0..samples.len(),
+        lines_from: LinesFrom::FirstSample,
+    };
     Ok(Some(Dataset {
         root: root.to_path_buf(),
         classes,
         samples,
         table: Some(path.to_path_buf()),
+        probes,
+        kept: vec![kept],
+        probed,
     }))
 }
 
 /// A table with this many bytes of sample lines or more is read in two threads.
-const PARALLEL_FROM_BYTES: usize = 1 << 20;
+pub(super) const PARALLEL_FROM_BYTES: usize = 1 << 20;
 
 /// Appends the samples of a table's sample `lines`, the first of them numbered `first_id`.
 fn read_samples(
@@ -417,6 +492,7 @@ fn read_samples(
     classes: usize,
     first_id: usize,
     samples: &mut Vec<SampleMeta>,
+    probes: &mut Vec<Probe>,
 ) -> Result<(), String> {
     let bad = |what: &str| Err(format!("malformed: {what}"));
     // A label and a size: plain decimal digits.
@@ -435,11 +511,18 @@ fn read_samples(
         if fields.next() != Some(b"s") {
             return bad("an unknown line among the samples");
         }
-        let (Some(label), Some(size_bytes), Some(rel)) =
-            (count(fields.next()), count(fields.next()), fields.next())
-        else {
+        let (Some(label), Some(size_bytes), Some(probe), Some(rel)) = (
+            count(fields.next()),
+            count(fields.next()),
+            fields.next().and_then(Probe::parse),
+            fields.next(),
+        ) else {
             return bad("a sample line");
         };
+        if fields.next().is_some() {
+            return bad("a sample line with a field too many");
+        }
+        probes.push(probe);
         let label = u32::try_from(label).map_err(|_| "a label out of range")?;
         if label as usize >= classes {
             return bad("a label without a class");
@@ -595,6 +678,29 @@ mod tests {
         fs::write(&path, &text[..text.len() - 3]).unwrap();
         let ds = open(&root, &o).unwrap();
         assert!(ds.table().is_none());
+        assert_eq!(ds.len(), 1);
+    }
+
+    #[test]
+    fn a_time_of_writing_near_the_smallest_i128_is_not_trusted_and_does_not_overflow() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, tables) = (dir.path().join("data"), dir.path().join("tables"));
+        write(&root.join("a/0.jpg"), b"1");
+        age(&root);
+        let o = options(&tables);
+        open(&root, &o).unwrap();
+        let path = table_path(&tables, &root, &o);
+        let text = String::from_utf8(fs::read(&path).unwrap()).unwrap();
+        let body = &text[..text.rfind("end\t").unwrap()];
+        let written = body.lines().find(|l| l.starts_with("written\t")).unwrap();
+        let mut out = body
+            .replace(written, &format!("written\t{}", i128::MIN))
+            .into_bytes();
+        seal(&mut out);
+        fs::write(&path, &out).unwrap();
+        // `written - 2 s` overflowed (a panic in a debug build) before it saturated.
+        let ds = open(&root, &o).unwrap();
+        assert!(ds.table().is_none(), "scanned, not trusted");
         assert_eq!(ds.len(), 1);
     }
 

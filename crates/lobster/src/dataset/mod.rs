@@ -9,6 +9,9 @@ use table::{range_id, Key};
 use crate::error::Error;
 
 mod folder;
+#[cfg(any(test, fuzzing))]
+pub(crate) mod fuzz;
+mod probe;
 mod shards;
 mod table;
 mod table_file;
@@ -19,7 +22,8 @@ pub use folder::FolderOptions;
 /// The most classes a dataset may have (labels `0..CLASSES_MAX`): ImageNet-22k has 21,841,
 /// and a label read from a shard names every class below it.
 pub const CLASSES_MAX: u32 = 1 << 20;
-pub use table::{Dataset, SampleMeta, SampleRecord, IMAGE_EXTENSIONS};
+pub use table::{Dataset, Probe, SampleMeta, SampleRecord, IMAGE_EXTENSIONS};
+use table::{Kept, LinesFrom};
 impl Dataset {
     /// Opens what `spec` names: WebDataset shards (a brace pattern, a `.tar` file, a list
     /// file, or a directory holding `.tar` files and no sub-directory) or an ImageFolder
@@ -103,10 +107,21 @@ impl Dataset {
         let paths = shards::shard_paths(spec)?;
         let indexed = shards::indexed(&paths, index_dir, reuse)?;
         // Keys are unique already (within a shard by grouping, across shards checked).
-        let mut samples = Vec::with_capacity(indexed.iter().map(Vec::len).sum());
-        for (shard, list) in paths.iter().zip(indexed) {
+        let total = indexed.iter().map(|s| s.samples.len()).sum();
+        let mut samples = Vec::with_capacity(total);
+        let mut probes = Vec::with_capacity(total);
+        let mut kept = Vec::new();
+        for (shard, found) in paths.iter().zip(indexed) {
             let path: Arc<Path> = Arc::from(shard.as_path());
-            for x in list {
+            if let Some((at, check)) = found.kept {
+                kept.push(Kept {
+                    path: at,
+                    check,
+                    samples: samples.len()..samples.len() + found.samples.len(),
+                    lines_from: LinesFrom::Skip(2),
+                });
+            }
+            for x in found.samples {
                 let id = range_id(samples.len(), x.size)
                     .map_err(|what| Error::dataset(shard, format!("sample {:?}: {what}", x.key)))?;
                 if x.label >= CLASSES_MAX {
@@ -120,6 +135,7 @@ impl Dataset {
                         ),
                     ));
                 }
+                probes.push(x.probe);
                 samples.push(SampleMeta {
                     id,
                     label: x.label,
@@ -132,11 +148,15 @@ impl Dataset {
             }
         }
         let classes = samples.iter().map(|s| s.label + 1).max().unwrap_or(0);
+        let (probes, probed) = table::held_probes(probes);
         Ok(Self {
             root: PathBuf::from(spec),
             classes: (0..classes).map(|c| c.to_string()).collect(),
             samples,
             table: None,
+            probes,
+            kept,
+            probed,
         })
     }
 

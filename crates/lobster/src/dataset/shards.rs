@@ -15,30 +15,32 @@
 //! path>.idx`, and reused while the shard keeps its size and modification time:
 //!
 //! ```text
-//! lobster-shard-index 1
+//! lobster-shard-index 2
 //! shard   <path>  <size bytes>  <modification time, ns>  <written, ns>
-//! <label> <image member's data offset> <its size> <key>     (a line per sample, in order)
+//! <label> <image member's data offset> <its size> <probe> <key>   (a line per sample)
 //! end     <check of the lines above>
 //! ```
 //!
 //! Fields are tab-separated, with tabs, newlines and backslashes in a path or key escaped
-//! (`\t`, `\n`, `\\`). DALI's `wds2idx` format was the candidate to reuse, but it holds
+//! (`\t`, `\n`, `\\`). A probe is what the image's header says, added once the decoded
+//! tier first asks ([`Dataset::image_probes`](crate::Dataset::image_probes)): `?` not yet
+//! probed, `-` no JPEG or PNG header, `j<width>x<height>` or `p<width>x<height>`. An index
+//! of another version (1 had no probes) is read over and made again. DALI's `wds2idx` format was the candidate to reuse, but it holds
 //! members' offsets without labels: reopening would still read every `.cls` member. A
 //! shard modified within 2 s of indexing is not kept (it may still be being written).
 
 use std::collections::HashMap;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::table::IMAGE_EXTENSIONS;
+use super::table::{Probe, IMAGE_EXTENSIONS};
 use super::table_file::{
-    escape, fnv, mtime_ns, now_ns, prune, read_sealed, seal, split, unescape, unescape_into,
-    write_atomically, RACY_NS,
+    escape, fnv, mtime_ns, now_ns, parse_sealed, prune, seal, split, unescape, unescape_into,
+    write_atomically, Sealed, RACY_NS,
 };
-use super::tar_index::{members, Member};
+use super::tar_index::{members, Member, ReadAt};
 use crate::error::Error;
 
 /// The longest `.cls` member read.
@@ -47,7 +49,7 @@ const LABEL_MAX_BYTES: u64 = 64;
 const JSON_MAX_BYTES: u64 = 64 << 10;
 /// Shard indexes kept in one directory, the least recently written removed first.
 const INDEXES_MAX: usize = 1 << 16;
-const MAGIC: &[u8] = b"lobster-shard-index 1";
+pub(super) const MAGIC: &[u8] = b"lobster-shard-index 2";
 
 /// The shards a specification names: `dir/train-{000000..000127}.tar` (brace ranges, zero
 /// padding kept), a directory (its `.tar` files, sorted), one `.tar` file, or a list file
@@ -143,7 +145,7 @@ struct Parts {
 }
 
 /// A shard's samples before they are judged: keys in order, with their members.
-struct Grouped {
+pub(super) struct Grouped {
     order: Vec<String>,
     parts: HashMap<String, Parts>,
 }
@@ -155,11 +157,18 @@ pub(super) struct Indexed {
     pub(super) offset: u64,
     pub(super) size: u64,
     pub(super) label: u32,
+    pub(super) probe: Probe,
+}
+
+/// A shard's samples, and its index as kept (its path and check), if it is.
+pub(super) struct ShardSamples {
+    pub(super) samples: Vec<Indexed>,
+    pub(super) kept: Option<(PathBuf, u64)>,
 }
 
 /// A shard as found: from its index, or read and not yet judged.
 enum Shard {
-    Indexed(Vec<Indexed>),
+    Indexed(ShardSamples),
     Read(Grouped),
 }
 
@@ -175,21 +184,24 @@ pub(super) fn indexed(
     shards: &[PathBuf],
     index_dir: Option<&Path>,
     reuse: bool,
-) -> Result<Vec<Vec<Indexed>>, Error> {
+) -> Result<Vec<ShardSamples>, Error> {
     let mut found = Vec::with_capacity(shards.len());
     for shard in shards {
         let meta = fs::metadata(shard).map_err(|e| Error::dataset(shard, e))?;
         let index = index_dir.filter(|_| reuse).map(|d| index_path(d, shard));
         let kept = match &index {
             Some(at) => load_index(at, shard, &meta).unwrap_or_else(|e| {
-                log::warn!("lobster-io: ignoring the shard index {}: {e}", at.display());
+                log::warn!("lobster-io: ignoring a shard index: {e}");
                 None
             }),
             None => None,
         };
         found.push(match kept {
             Some(samples) => Shard::Indexed(samples),
-            None => Shard::Read(group(shard)?),
+            None => {
+                let file = fs::File::open(shard).map_err(|e| Error::dataset(shard, e))?;
+                Shard::Read(group(&file, shard)?)
+            }
         });
     }
     // Every shard is grouped before any sample is judged, so a key split across shards is
@@ -197,7 +209,7 @@ pub(super) fn indexed(
     let total = found
         .iter()
         .map(|f| match f {
-            Shard::Indexed(samples) => samples.len(),
+            Shard::Indexed(s) => s.samples.len(),
             Shard::Read(g) => g.order.len(),
         })
         .sum();
@@ -205,7 +217,7 @@ pub(super) fn indexed(
         HashMap::with_capacity_and_hasher(total, ahash::RandomState::new());
     for (s, shard) in found.iter().enumerate() {
         let keys: Box<dyn Iterator<Item = &str>> = match shard {
-            Shard::Indexed(samples) => Box::new(samples.iter().map(|x| &*x.key)),
+            Shard::Indexed(s) => Box::new(s.samples.iter().map(|x| &*x.key)),
             Shard::Read(g) => Box::new(g.order.iter().map(String::as_str)),
         };
         for key in keys {
@@ -228,18 +240,22 @@ pub(super) fn indexed(
             Shard::Indexed(samples) => samples,
             Shard::Read(grouped) => {
                 let samples = judge(shard, grouped)?;
+                let mut kept = None;
                 if let Some(dir) = index_dir {
                     let at = index_path(dir, shard);
                     match store_index(&at, shard, &samples) {
-                        Ok(true) => wrote = Some(at),
-                        Ok(false) => {}
+                        Ok(Some(check)) => {
+                            kept = Some((at.clone(), check));
+                            wrote = Some(at);
+                        }
+                        Ok(None) => {}
                         Err(e) => log::warn!(
                             "lobster-io: could not keep the shard index {}: {e}",
                             at.display()
                         ),
                     }
                 }
-                samples
+                ShardSamples { samples, kept }
             }
         };
         all.push(samples);
@@ -250,13 +266,13 @@ pub(super) fn indexed(
     Ok(all)
 }
 
-/// A shard's members grouped into samples by key, with the labels read.
-fn group(shard: &Path) -> Result<Grouped, Error> {
+/// A shard's members grouped into samples by key, with the labels read; `file` is the
+/// shard at `shard`.
+pub(super) fn group(file: &(impl ReadAt + ?Sized), shard: &Path) -> Result<Grouped, Error> {
     let bad = |what: String| Error::dataset(shard, what);
     let mut order: Vec<String> = Vec::new();
     let mut parts: HashMap<String, Parts> = HashMap::new();
-    let file = fs::File::open(shard).map_err(|e| Error::dataset(shard, e))?;
-    for m in members(&file, shard)? {
+    for m in members(file, shard)? {
         let Some((key, ext)) = key_and_extension(&m.name) else {
             continue;
         };
@@ -293,8 +309,8 @@ fn group(shard: &Path) -> Result<Grouped, Error> {
     // shards there are.
     for p in parts.values_mut() {
         p.label = match (&p.cls, &p.json) {
-            (Some(m), _) => Some(read_cls(&file, m)),
-            (None, Some(m)) => Some(read_json_label(&file, m)),
+            (Some(m), _) => Some(read_cls(file, m)),
+            (None, Some(m)) => Some(read_json_label(file, m)),
             (None, None) => None,
         };
     }
@@ -302,7 +318,7 @@ fn group(shard: &Path) -> Result<Grouped, Error> {
 }
 
 /// A shard's samples, each with an image and a label.
-fn judge(shard: &Path, grouped: Grouped) -> Result<Vec<Indexed>, Error> {
+pub(super) fn judge(shard: &Path, grouped: Grouped) -> Result<Vec<Indexed>, Error> {
     let bad = |what: String| Error::dataset(shard, what);
     let Grouped { order, mut parts } = grouped;
     if order.is_empty() {
@@ -329,13 +345,14 @@ fn judge(shard: &Path, grouped: Grouped) -> Result<Vec<Indexed>, Error> {
             offset: image.offset,
             size: image.size,
             label,
+            probe: Probe::Unprobed,
         });
     }
     Ok(samples)
 }
 
 /// A member's bytes, refused past `max` bytes.
-fn read_member(file: &fs::File, m: &Member, max: u64) -> Result<Vec<u8>, String> {
+fn read_member(file: &(impl ReadAt + ?Sized), m: &Member, max: u64) -> Result<Vec<u8>, String> {
     if m.size > max {
         return Err(format!("{} bytes, more than a label's {max}", m.size));
     }
@@ -346,7 +363,7 @@ fn read_member(file: &fs::File, m: &Member, max: u64) -> Result<Vec<u8>, String>
 }
 
 /// A `.cls` member's label.
-fn read_cls(file: &fs::File, m: &Member) -> Result<u32, String> {
+fn read_cls(file: &(impl ReadAt + ?Sized), m: &Member) -> Result<u32, String> {
     let buf = read_member(file, m, LABEL_MAX_BYTES)?;
     std::str::from_utf8(&buf)
         .ok()
@@ -360,7 +377,7 @@ fn read_cls(file: &fs::File, m: &Member) -> Result<u32, String> {
 }
 
 /// A `.json` member's label: its object's `"cls"` field, else its `"label"` field.
-fn read_json_label(file: &fs::File, m: &Member) -> Result<u32, String> {
+fn read_json_label(file: &(impl ReadAt + ?Sized), m: &Member) -> Result<u32, String> {
     let buf = read_member(file, m, JSON_MAX_BYTES)?;
     let value: serde_json::Value =
         serde_json::from_slice(&buf).map_err(|e| format!("not JSON: {e}"))?;
@@ -385,12 +402,12 @@ fn index_path(dir: &Path, shard: &Path) -> PathBuf {
 }
 
 /// Keeps `samples` as `shard`'s index at `at`, unless the shard changed too recently to
-/// be trusted (then `Ok(false)`).
-fn store_index(at: &Path, shard: &Path, samples: &[Indexed]) -> std::io::Result<bool> {
+/// be trusted (then `Ok(None)`); returns its check.
+fn store_index(at: &Path, shard: &Path, samples: &[Indexed]) -> std::io::Result<Option<u64>> {
     let written = now_ns();
     let meta = fs::metadata(shard)?;
     if mtime_ns(&meta) > written - RACY_NS {
-        return Ok(false);
+        return Ok(None);
     }
     let absolute = std::path::absolute(shard)?;
     let mut out = Vec::with_capacity(64 + 48 * samples.len());
@@ -400,33 +417,81 @@ fn store_index(at: &Path, shard: &Path, samples: &[Indexed]) -> std::io::Result<
     out.extend_from_slice(format!("\t{}\t{}\t{written}\n", meta.len(), mtime_ns(&meta)).as_bytes());
     for x in samples {
         out.extend_from_slice(format!("{}\t{}\t{}\t", x.label, x.offset, x.size).as_bytes());
+        x.probe.write(&mut out);
+        out.push(b'\t');
         escape(x.key.as_bytes(), &mut out);
         out.push(b'\n');
     }
-    seal(&mut out);
+    let check = seal(&mut out);
     write_atomically(at, &out)?;
-    Ok(true)
+    Ok(Some(check))
 }
 
 /// `shard`'s samples from its index at `at`, if the index exists and was written for the
 /// shard as it is now (its path, size and modification time), not too soon after the
 /// shard changed.
-fn load_index(
-    at: &Path,
-    shard: &Path,
-    meta: &fs::Metadata,
-) -> Result<Option<Vec<Indexed>>, String> {
-    let Some((bytes, at)) = read_sealed(at, MAGIC)? else {
-        return Ok(None);
+///
+/// # Errors
+/// An index that cannot be read or is malformed, naming it.
+fn load_index(at: &Path, shard: &Path, meta: &fs::Metadata) -> Result<Option<ShardSamples>, Error> {
+    let named = |e: String| Error::dataset(at, format!("shard index: {e}"));
+    let bytes = match fs::read(at) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(named(e.to_string())),
     };
+    let absolute = std::path::absolute(shard).map_err(|e| named(e.to_string()))?;
+    let now = ShardNow {
+        absolute: absolute.as_os_str().as_bytes(),
+        len: meta.len(),
+        mtime_ns: mtime_ns(meta),
+    };
+    index_from_file(bytes, at, &now)
+}
+
+/// [`load_index`] on the bytes of the index at `at`.
+pub(super) fn index_from_file(
+    bytes: Vec<u8>,
+    at: &Path,
+    now: &ShardNow<'_>,
+) -> Result<Option<ShardSamples>, Error> {
+    let found = index_from_bytes(bytes, now)
+        .map_err(|e| Error::dataset(at, format!("shard index: {e}")))?;
+    Ok(found.map(|(samples, check)| ShardSamples {
+        samples,
+        kept: Some((at.to_path_buf(), check)),
+    }))
+}
+
+/// A shard as it is now, which its index must have been written for.
+pub(super) struct ShardNow<'a> {
+    pub(super) absolute: &'a [u8],
+    pub(super) len: u64,
+    pub(super) mtime_ns: i128,
+}
+
+/// [`load_index`] on the index's bytes: its samples and its check.
+fn index_from_bytes(
+    bytes: Vec<u8>,
+    shard: &ShardNow<'_>,
+) -> Result<Option<(Vec<Indexed>, u64)>, String> {
+    let Sealed {
+        bytes,
+        lines_at: at,
+        check,
+    } = parse_sealed(bytes, MAGIC)?;
     let body = &bytes[at..];
     let bad = |what: &str| Err(format!("malformed: {what}"));
     let mut lines = split(body, b'\n');
     let mut head = split(lines.next().unwrap_or_default(), b'\t');
-    let number = |f: Option<&[u8]>| -> Option<i128> { std::str::from_utf8(f?).ok()?.parse().ok() };
-    let absolute = std::path::absolute(shard).map_err(|e| e.to_string())?;
+    let number = |f: Option<&[u8]>| -> Option<i128> {
+        let f = f?;
+        // At most 39 digits and a sign: an i128 parse of a longer field cannot succeed.
+        (f.len() <= 40).then_some(())?;
+        std::str::from_utf8(f).ok()?.parse().ok()
+    };
     if head.next() != Some(b"shard")
-        || head.next().and_then(unescape).as_deref() != Some(absolute.as_os_str().as_bytes())
+        || head.next().and_then(unescape).as_deref() != Some(shard.absolute)
     {
         // Another shard with the same hash.
         return Ok(None);
@@ -438,22 +503,30 @@ fn load_index(
     ) else {
         return bad("the shard line");
     };
-    let mtime_now = mtime_ns(meta);
-    if size != i128::from(meta.len()) || mtime != mtime_now || mtime_now > written - RACY_NS {
+    if size != i128::from(shard.len)
+        || mtime != shard.mtime_ns
+        || shard.mtime_ns > written.saturating_sub(RACY_NS)
+    {
         return Ok(None);
     }
     let mut samples = Vec::new();
     let mut key = Vec::new();
     for line in lines.filter(|l| !l.is_empty()) {
         let mut f = split(line, b'\t');
-        let (Some(label), Some(offset), Some(size)) =
-            (number(f.next()), number(f.next()), number(f.next()))
-        else {
+        let (Some(label), Some(offset), Some(size), Some(probe)) = (
+            number(f.next()),
+            number(f.next()),
+            number(f.next()),
+            f.next().and_then(Probe::parse),
+        ) else {
             return bad("a sample line");
         };
         key.clear();
         if f.next().and_then(|k| unescape_into(k, &mut key)).is_none() {
             return bad("a sample's key");
+        }
+        if f.next().is_some() {
+            return bad("a sample line with a field too many");
         }
         let (Ok(label), Ok(offset), Ok(size), Ok(key)) = (
             u32::try_from(label),
@@ -463,7 +536,7 @@ fn load_index(
         ) else {
             return bad("a sample line's field out of range");
         };
-        if offset.checked_add(size).is_none_or(|end| end > meta.len()) {
+        if offset.checked_add(size).is_none_or(|end| end > shard.len) {
             return bad("a sample past the shard's end");
         }
         samples.push(Indexed {
@@ -471,9 +544,10 @@ fn load_index(
             offset,
             size,
             label,
+            probe,
         });
     }
-    Ok(Some(samples))
+    Ok(Some((samples, check)))
 }
 
 #[cfg(test)]

@@ -97,6 +97,131 @@ pub struct Dataset {
     pub(super) samples: Vec<SampleMeta>,
     /// The sample table it was read from, if it was not scanned.
     pub(super) table: Option<PathBuf>,
+    /// What each sample's header said when it was last probed, as its table or index
+    /// keeps it (empty: none kept).
+    pub(super) probes: Vec<Probe>,
+    /// The tables and indexes this dataset was read from or wrote, where probes are kept.
+    pub(super) kept: Vec<Kept>,
+    /// Every sample's probe, once asked for ([`Dataset::image_probes`]).
+    pub(super) probed: std::sync::OnceLock<Arc<[Probe]>>,
+}
+
+/// What a sample's header says of its image, probed once and kept in its dataset's table
+/// or shard index so that a second open reads no image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// Not probed yet.
+    Unprobed,
+    /// Neither a JPEG nor a PNG header could be read or parsed.
+    NoHeader,
+    /// A JPEG.
+    Jpeg {
+        /// Pixels across.
+        width: u32,
+        /// Pixels down.
+        height: u32,
+    },
+    /// A PNG.
+    Png {
+        /// Pixels across.
+        width: u32,
+        /// Pixels down.
+        height: u32,
+    },
+}
+
+impl Probe {
+    /// Width and height, if the header was read.
+    pub fn dimensions(self) -> Option<(u32, u32)> {
+        match self {
+            Probe::Jpeg { width, height } | Probe::Png { width, height } => Some((width, height)),
+            Probe::Unprobed | Probe::NoHeader => None,
+        }
+    }
+
+    /// The field a table or index keeps: `?` unprobed, `-` no header, `j<w>x<h>`, `p<w>x<h>`.
+    pub(super) fn write(self, out: &mut Vec<u8>) {
+        use std::io::Write;
+        let _ = match self {
+            Probe::Unprobed => write!(out, "?"),
+            Probe::NoHeader => write!(out, "-"),
+            Probe::Jpeg { width, height } => write!(out, "j{width}x{height}"),
+            Probe::Png { width, height } => write!(out, "p{width}x{height}"),
+        };
+    }
+
+    /// The probe [`Probe::write`] wrote, if `field` is one. One pass over the bytes: a
+    /// table holds a probe per sample, millions.
+    pub(super) fn parse(field: &[u8]) -> Option<Probe> {
+        let (&kind, rest) = field.split_first()?;
+        if rest.is_empty() {
+            return match kind {
+                b'?' => Some(Probe::Unprobed),
+                b'-' => Some(Probe::NoHeader),
+                _ => None,
+            };
+        }
+        let mut sides = [0u64; 2];
+        let mut digits = [0usize; 2];
+        let mut at = 0;
+        for &b in rest {
+            match b {
+                b'0'..=b'9' if digits[at] < 10 => {
+                    sides[at] = sides[at] * 10 + u64::from(b - b'0');
+                    digits[at] += 1;
+                }
+                b'x' if at == 0 => at = 1,
+                _ => return None,
+            }
+        }
+        let side = |i: usize| {
+            u32::try_from(sides[i])
+                .ok()
+                .filter(|&n| n > 0 && digits[i] > 0)
+        };
+        let (width, height) = (side(0)?, side(1)?);
+        match kind {
+            b'j' => Some(Probe::Jpeg { width, height }),
+            b'p' => Some(Probe::Png { width, height }),
+            _ => None,
+        }
+    }
+}
+
+/// Probes as a dataset holds them when read from its table or indexes: every sample's
+/// already as asked for, else those known (none: an empty list), to probe the rest.
+pub(super) fn held_probes(probes: Vec<Probe>) -> (Vec<Probe>, std::sync::OnceLock<Arc<[Probe]>>) {
+    let probed = std::sync::OnceLock::new();
+    let unprobed = probes.iter().filter(|p| **p == Probe::Unprobed).count();
+    if unprobed == probes.len() {
+        return (Vec::new(), probed);
+    }
+    if unprobed == 0 {
+        let _ = probed.set(probes.into());
+        return (Vec::new(), probed);
+    }
+    (probes, probed)
+}
+
+/// A table or shard index on disk holding samples `samples` of a dataset, as written or
+/// read (its check line's value), so that probes can be added to it later unless it was
+/// replaced since.
+#[derive(Clone, Debug)]
+pub(super) struct Kept {
+    pub(super) path: PathBuf,
+    pub(super) check: u64,
+    pub(super) samples: std::ops::Range<usize>,
+    /// Where its sample lines start: after the first line holding this, or after `skip`
+    /// lines.
+    pub(super) lines_from: LinesFrom,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) enum LinesFrom {
+    /// The first line starting `s\t` (a folder's table).
+    FirstSample,
+    /// After this many lines (a shard's index: its shard line).
+    Skip(usize),
 }
 
 /// One sample of a table a caller builds from its own format's index: a byte range of a
@@ -169,6 +294,9 @@ impl Dataset {
             classes,
             samples,
             table: None,
+            probes: Vec::new(),
+            kept: Vec::new(),
+            probed: Default::default(),
         })
     }
 

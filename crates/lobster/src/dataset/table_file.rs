@@ -48,39 +48,58 @@ pub(super) fn fnv(parts: &[&[u8]]) -> u64 {
     h
 }
 
-/// Appends the check line of everything in `out`.
-pub(super) fn seal(out: &mut Vec<u8>) {
+/// Appends the check line of everything in `out`; returns the check.
+pub(super) fn seal(out: &mut Vec<u8>) -> u64 {
     let check = fnv(&[out]);
     out.extend_from_slice(format!("end\t{check:016x}\n").as_bytes());
+    check
 }
 
-/// What [`seal`] sealed, if its check line matches.
-pub(super) fn unseal(bytes: &[u8]) -> Option<&[u8]> {
+/// What [`seal`] sealed and its check, if its check line matches.
+pub(super) fn unseal(bytes: &[u8]) -> Option<(&[u8], u64)> {
     let body_len = bytes[..bytes.len().saturating_sub(1)]
         .iter()
         .rposition(|&b| b == b'\n')
         .map_or(0, |i| i + 1);
     let (body, end) = bytes.split_at(body_len);
-    (end == format!("end\t{:016x}\n", fnv(&[body])).as_bytes()).then_some(body)
+    let check = fnv(&[body]);
+    (end == format!("end\t{check:016x}\n").as_bytes()).then_some((body, check))
 }
 
-/// The lines of the file at `path` after its first line, `magic`, when the file exists
-/// (else `None`) and its check line matches (else an error saying what is wrong); the
-/// bytes read and where those lines start in them.
-pub(super) fn read_sealed(path: &Path, magic: &[u8]) -> Result<Option<(Vec<u8>, usize)>, String> {
-    let mut bytes = match fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.to_string()),
-    };
-    let Some(body_len) = unseal(&bytes).map(<[u8]>::len) else {
+/// A kept file read whole: its lines after the first, `magic`, where they start, and its
+/// check.
+pub(super) struct Sealed {
+    pub(super) bytes: Vec<u8>,
+    pub(super) lines_at: usize,
+    pub(super) check: u64,
+}
+
+/// A kept file's bytes when its check line matches and its first line is `magic` (else an
+/// error saying what is wrong). A file of another version is refused, so that it is made
+/// again rather than misread.
+pub(super) fn parse_sealed(mut bytes: Vec<u8>, magic: &[u8]) -> Result<Sealed, String> {
+    let Some((body_len, check)) = unseal(&bytes).map(|(b, c)| (b.len(), c)) else {
         return Err("malformed: cut short or damaged (its check does not match)".into());
     };
     bytes.truncate(body_len);
     match bytes.strip_prefix(magic) {
-        Some([b'\n', ..]) => Ok(Some((bytes, magic.len() + 1))),
+        Some([b'\n', ..]) => Ok(Sealed {
+            bytes,
+            lines_at: magic.len() + 1,
+            check,
+        }),
         _ => Err("malformed: not of this version".into()),
     }
+}
+
+/// The file at `path` without its check line, and its check, whatever its first line.
+pub(super) fn read_sealed_any(path: &Path) -> Result<(Vec<u8>, u64), String> {
+    let mut bytes = fs::read(path).map_err(|e| e.to_string())?;
+    let (body_len, check) = unseal(&bytes)
+        .map(|(b, c)| (b.len(), c))
+        .ok_or("malformed: cut short or damaged (its check does not match)")?;
+    bytes.truncate(body_len);
+    Ok((bytes, check))
 }
 
 /// Writes `bytes` to `path` whole or not at all: a temporary file, synced, then renamed.

@@ -22,6 +22,37 @@ pub(crate) struct Member {
     pub(crate) size: u64,
 }
 
+/// What an archive is read from: a file, or bytes in memory (the fuzz checker's).
+pub(crate) trait ReadAt {
+    /// The archive's length in bytes.
+    fn len_bytes(&self) -> std::io::Result<u64>;
+    /// Fills `buf` from byte `offset`, or fails.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
+}
+
+impl ReadAt for File {
+    fn len_bytes(&self) -> std::io::Result<u64> {
+        Ok(self.metadata()?.len())
+    }
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        FileExt::read_exact_at(self, buf, offset)
+    }
+}
+
+impl ReadAt for [u8] {
+    fn len_bytes(&self) -> std::io::Result<u64> {
+        Ok(self.len() as u64)
+    }
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .filter(|&e| e <= self.len() as u64)
+            .ok_or(std::io::ErrorKind::UnexpectedEof)?;
+        buf.copy_from_slice(&self[offset as usize..end as usize]);
+        Ok(())
+    }
+}
+
 /// What the extension headers before a member say of it.
 #[derive(Default)]
 struct Pending {
@@ -36,8 +67,8 @@ struct Pending {
 /// The archive cannot be read, a header is corrupt (bad checksum or number), or a member's
 /// bytes run past the end of the file (a truncated archive); the error names the archive,
 /// the offset and the member.
-pub(crate) fn members(file: &File, path: &Path) -> Result<Vec<Member>, Error> {
-    let len = file.metadata().map_err(|e| Error::dataset(path, e))?.len();
+pub(crate) fn members(file: &(impl ReadAt + ?Sized), path: &Path) -> Result<Vec<Member>, Error> {
+    let len = file.len_bytes().map_err(|e| Error::dataset(path, e))?;
     let bad = |at: u64, what: String| Error::dataset(path, format!("at offset {at}: {what}"));
     let mut members = Vec::new();
     let mut pending = Pending::default();

@@ -1,19 +1,18 @@
 //! The decoded tier: an image decoder in two stages, so that the cache can keep a sample's
 //! decoded image (the first stage's whole output, before any random transform) and its hits
 //! run only the second; what the tier counts; and what the planner needs to price it (each
-//! sample's decoded size, read from its header, and the read and decode costs).
+//! sample's decoded size, read from its header, and the read and decode costs, a pure
+//! function of the dataset's headers: see [`form_costs`]).
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use lobster_cache::FormCosts;
 use lobster_image::{Image, ImageRef};
 use lobster_sched::CostParams;
 
-use crate::dataset::{Dataset, SampleMeta};
+use crate::dataset::{Probe, SampleMeta};
 use crate::emulate::StorageEmulation;
 use crate::error::Cause;
 use crate::pipeline::access::AccessLanding;
@@ -54,12 +53,13 @@ pub(crate) struct FormCounters {
     pub(crate) decoded_again: AtomicU64,
 }
 
-/// Where a decoded image is to be kept: its landing, the cache's arena, and the longest side
-/// it is kept at (lossy; `None`: as decoded).
+/// Where a decoded image is to be kept: its landing, the cache's arena, the longest side it
+/// is kept at (lossy; `None`: as decoded), and the bytes the plan gave it.
 pub(crate) struct Keep<'a> {
     pub(crate) landing: &'a AccessLanding,
     pub(crate) arena: Option<&'a lobster_uring::Arena>,
     pub(crate) max_side: Option<u32>,
+    pub(crate) planned_bytes: u32,
 }
 
 /// Runs both stages on `bytes`; with `keep`, the image goes into that landing for later hits.
@@ -93,6 +93,9 @@ pub(crate) fn decode_in_stages<T>(
             Some(side) => lobster_image::downscale((&image).into(), side).ok(),
             None => Some(image),
         };
+        // Larger than planned (a file rewritten in place since its header was kept): not
+        // kept, so the cache stays within its budget; its hits decode again.
+        let image = image.filter(|i| i.pixels().len() as u64 <= u64::from(k.planned_bytes));
         if let Some(image) = image {
             if k.landing
                 .keep_decoded(DecodedImage::new(image, decode, k.arena))
@@ -119,95 +122,126 @@ pub(crate) fn finish_cached<T>(
     (staged.finish)(image.view(), meta, epoch)
 }
 
-/// Bytes of a sample read to find its header; more only if the header is not within.
-const HEADER_PREFIX_BYTES: u64 = 64 << 10;
-/// Threads probing headers at build: enough to overlap a network file system's latency.
-const PROBE_THREADS: usize = 8;
-
-/// Each sample's decoded size (`width * height * 3`, from its JPEG or PNG header, after the
-/// lossy `max_side`), or 0 where the header cannot be read or parsed: that sample is then
-/// only ever kept encoded, and its read or decode fails, naming it, when it is accessed.
-pub(crate) fn decoded_sizes(dataset: &Dataset, max_side: Option<u32>) -> Arc<[u32]> {
-    let samples = dataset.samples();
-    let mut sizes = vec![0u32; samples.len()];
-    let chunk = samples.len().div_ceil(PROBE_THREADS).max(1);
-    std::thread::scope(|s| {
-        for (metas, out) in samples.chunks(chunk).zip(sizes.chunks_mut(chunk)) {
-            s.spawn(move || {
-                for (meta, size) in metas.iter().zip(out) {
-                    *size = decoded_size(meta, max_side).unwrap_or(0);
-                }
-            });
-        }
-    });
-    sizes.into()
+/// Each sample's decoded size (`width * height * 3`, from its JPEG or PNG header as the
+/// dataset's probes keep it, after the lossy `max_side`), or 0 where the header cannot be
+/// read or parsed: that sample is then only ever kept encoded, and its read or decode
+/// fails, naming it, when it is accessed.
+pub(crate) fn decoded_sizes(probes: &[Probe], max_side: Option<u32>) -> Arc<[u32]> {
+    probes
+        .iter()
+        .map(|p| {
+            let Some((w, h)) = p.dimensions() else {
+                return 0;
+            };
+            let (w, h) =
+                max_side.map_or((w, h), |side| lobster_image::downscaled_shape(w, h, side));
+            u32::try_from(u64::from(w) * u64::from(h) * 3).unwrap_or(0)
+        })
+        .collect()
 }
 
-/// The first `len` bytes of a sample, or `None` if they cannot be read (its access will
-/// say why, naming it).
-fn read_start(meta: &SampleMeta, len: u64) -> Option<Vec<u8>> {
-    let mut buf = vec![0u8; len as usize];
-    File::open(&meta.path)
-        .and_then(|f| f.read_exact_at(&mut buf, meta.offset))
-        .ok()?;
-    Some(buf)
+/// Seconds the built-in decoder ([`lobster_image::decode`]) takes per pixel of a JPEG,
+/// measured once on the development machine (2 shared cores, load average about 12 from
+/// other builds; a release build, 2026-12-03) on 400 generated 110 KiB JPEGs:
+/// `lobster gen --out /tmp/j --samples 400` then `lobster plan-bench --decode-constants
+/// /tmp/j` (median of 5 runs: 20.6 ns; runs 19.9 to 20.8). Fixed here, not measured at
+/// build, so that the plan does not move with the machine's load.
+pub const JPEG_DECODE_S_PER_PIXEL: f64 = JPEG_DECODE_NS_PER_PIXEL * 1e-9;
+const JPEG_DECODE_NS_PER_PIXEL: f64 = 20.6;
+/// As [`JPEG_DECODE_S_PER_PIXEL`] for a PNG, measured the same way on the 51 PNG figures
+/// of the Rust toolchain's documentation (`lobster plan-bench --decode-constants
+/// ~/.rustup/toolchains/stable-x86_64-unknown-linux-gnu/share/doc/rust/html`: 7.6 ns, runs
+/// 7.4 to 7.9).
+pub const PNG_DECODE_S_PER_PIXEL: f64 = PNG_DECODE_NS_PER_PIXEL * 1e-9;
+const PNG_DECODE_NS_PER_PIXEL: f64 = 7.6;
+
+/// Where the costs the two-form rule priced with came from, as the metrics report it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct CostsFrom {
+    /// `config` (given), `emulation` (the emulated tier's latency and bandwidth) or
+    /// `prior` (the cost model's storage prior).
+    pub(crate) read: &'static str,
+    /// `config`, `model` (pixels times the decoder's constant per pixel) or `prior` (no
+    /// sample has a readable header).
+    pub(crate) decode: &'static str,
+    /// Pixels of the samples with a header, and their encoded bytes (the model's inputs).
+    pub(crate) pixels: u64,
+    pub(crate) encoded_bytes: u64,
 }
 
-fn decoded_size(meta: &SampleMeta, max_side: Option<u32>) -> Option<u32> {
-    let prefix = read_start(meta, meta.size_bytes.min(HEADER_PREFIX_BYTES))?;
-    let (w, h) = lobster_image::dimensions(&prefix).or_else(|| {
-        (meta.size_bytes > HEADER_PREFIX_BYTES)
-            .then(|| read_start(meta, meta.size_bytes))
-            .flatten()
-            .and_then(|all| lobster_image::dimensions(&all))
-    })?;
-    let (w, h) = max_side.map_or((w, h), |side| lobster_image::downscaled_shape(w, h, side));
-    u32::try_from(u64::from(w) * u64::from(h) * 3).ok()
+impl CostsFrom {
+    /// Costs the config gave.
+    pub(crate) const CONFIG: CostsFrom = CostsFrom {
+        read: "config",
+        decode: "config",
+        pixels: 0,
+        encoded_bytes: 0,
+    };
 }
 
-/// Samples decoded at build to time the first stage.
-const CALIBRATION_SAMPLES: usize = 8;
-
-/// The costs the two-form rule prices with when the config gives none: reads from the
-/// emulated tier or the cost model's storage prior; decodes per encoded byte, timed on the
-/// first samples that decode (the prior's if none does).
-pub(crate) fn form_costs<T>(
-    dataset: &Dataset,
-    staged: &Staged<T>,
+/// The costs the two-form rule prices with when the config gives none, as a pure function
+/// of the dataset's headers and the config, so that the same command makes the same plan
+/// every time and in every process:
+///
+/// - reads: from the emulated tier, else the cost model's storage prior;
+/// - decodes: each sample's pixels times the built-in decoder's constant per pixel of its
+///   format ([`JPEG_DECODE_S_PER_PIXEL`], [`PNG_DECODE_S_PER_PIXEL`]), spread over the
+///   dataset's encoded bytes (the rule prices per encoded byte); the prior's where no
+///   sample has a header.
+///
+/// Decodes were timed on a few samples at build before: the timing moved with the
+/// machine's load, and with it the plan (hit ratios 0.146 and 0.336 on two runs of one
+/// command). A calibration kept with the dataset would be stable but still machine-bound
+/// and one more file format to trust; the model needs only the headers the tier probes
+/// anyway. A decoder other than the built-in one is priced as the built-in one would be;
+/// its user may give `form_costs` instead.
+pub(crate) fn form_costs(
+    probes: &[Probe],
+    samples: &[crate::dataset::SampleMeta],
     emulation: Option<StorageEmulation>,
-) -> FormCosts {
+) -> (FormCosts, CostsFrom) {
     let prior = CostParams::PRIORS;
-    let (read_s, read_per_byte_s) = match emulation {
-        Some(e) => (e.latency_us as f64 * 1e-6, 1.0 / e.bandwidth_bytes_per_s),
+    let (read_s, read_per_byte_s, read) = match emulation {
+        Some(e) => (
+            e.latency_us as f64 * 1e-6,
+            1.0 / e.bandwidth_bytes_per_s,
+            "emulation",
+        ),
         None => {
             let s = prior.tier(lobster_sched::Tier::Storage);
-            (s.request_s, s.per_byte_s)
+            (s.request_s, s.per_byte_s, "prior")
         }
     };
-    let (mut bytes, mut elapsed, mut decoded) = (0u64, Duration::ZERO, 0);
-    for meta in dataset.samples().iter().take(4 * CALIBRATION_SAMPLES) {
-        let Some(buf) = read_start(meta, meta.size_bytes) else {
-            continue;
-        };
-        let started = Instant::now();
-        if (staged.decode)(&buf, meta).is_ok() {
-            elapsed += started.elapsed();
-            bytes += meta.size_bytes;
-            decoded += 1;
-            if decoded == CALIBRATION_SAMPLES {
-                break;
-            }
+    // Integers summed: the same whatever the order or the thread.
+    let (mut jpeg_pixels, mut png_pixels, mut bytes) = (0u128, 0u128, 0u128);
+    for (probe, meta) in probes.iter().zip(samples) {
+        let pixels = |w: u32, h: u32| u128::from(w) * u128::from(h);
+        match *probe {
+            Probe::Jpeg { width, height } => jpeg_pixels += pixels(width, height),
+            Probe::Png { width, height } => png_pixels += pixels(width, height),
+            _ => continue,
         }
+        bytes += u128::from(meta.size_bytes);
     }
-    let (decode_s, decode_per_byte_s) = if bytes > 0 && elapsed > Duration::ZERO {
-        (0.0, elapsed.as_secs_f64() / bytes as f64)
+    let clamp = |n: u128| u64::try_from(n).unwrap_or(u64::MAX);
+    let (decode_s, decode_per_byte_s, decode) = if bytes > 0 {
+        let seconds = jpeg_pixels as f64 * JPEG_DECODE_S_PER_PIXEL
+            + png_pixels as f64 * PNG_DECODE_S_PER_PIXEL;
+        (0.0, seconds / bytes as f64, "model")
     } else {
-        (prior.decode.sample_s, prior.decode.per_byte_s)
+        (prior.decode.sample_s, prior.decode.per_byte_s, "prior")
     };
-    FormCosts {
+    let costs = FormCosts {
         read_s,
         read_per_byte_s,
         decode_s,
         decode_per_byte_s,
-    }
+    };
+    let from = CostsFrom {
+        read,
+        decode,
+        pixels: clamp(jpeg_pixels + png_pixels),
+        encoded_bytes: clamp(bytes),
+    };
+    (costs, from)
 }

@@ -275,6 +275,7 @@ fn decode_sample<T>(
                     landing,
                     arena: ctx.arena.as_ref(),
                     max_side: tier.max_side,
+                    planned_bytes: tier.decoded_sizes[meta.id as usize],
                 });
                 let as_kept = tier.max_side.filter(|_| hit_decoded);
                 decode_in_stages(&tier.staged, &b, meta, epoch, keep, as_kept, &state.forms)

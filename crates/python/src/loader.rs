@@ -720,6 +720,16 @@ impl Loader {
         dict.set_item("decode_saved_seconds", m.decode_saved_seconds)?;
         dict.set_item("peak_cached_encoded_bytes", m.peak_cached_encoded_bytes)?;
         dict.set_item("peak_cached_decoded_bytes", m.peak_cached_decoded_bytes)?;
+        // The JSON's form_costs, field for field: what the two-form rule priced with and
+        // where each cost came from.
+        let costs = match m.form_costs {
+            Some(c) => {
+                let json = serde_json::to_string(&c).expect("plain numbers and names");
+                Some(py.import("json")?.call_method1("loads", (json,))?)
+            }
+            None => None,
+        };
+        dict.set_item("form_costs", costs)?;
         Ok(Some(dict.into_any().unbind()))
     }
 

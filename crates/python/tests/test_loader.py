@@ -345,6 +345,9 @@ def test_decoded_images_in_the_cache_give_the_same_batches(tmp_path):
     for forms in ("decoded", "auto"):
         batches, m = run(forms)
         assert m["cache_forms"] == {"mode": forms, "reason": None}
+        # The costs are a model of the images' pixels, never a timing.
+        assert m["form_costs"]["decode_source"] == "model", m["form_costs"]
+        assert m["form_costs"]["model_pixels"] == 40 * 48 * 36, m["form_costs"]
         assert len(batches) == len(encoded) == 15
         for (e1, ids1, img1), (e2, ids2, img2) in zip(encoded, batches):
             assert (e1, ids1) == (e2, ids2)

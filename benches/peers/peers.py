@@ -681,6 +681,8 @@ def main():
                     waited = settle(args)
                     la0 = loadavg()
                     t0 = time.time()
+                    started = datetime.datetime.now(datetime.timezone.utc).isoformat(
+                        timespec="seconds")
                     runs = []
                     for i in range(passes):
                         seed = i + 1  # pass i has the same seed for every loader
@@ -691,8 +693,8 @@ def main():
                     flagged = la0[0] > args.max_load or foreign > args.max_foreign
                     cell["attempts"].append({
                         "settle_wait_s": waited, "loadavg_start": la0, "loadavg_end": la1,
-                        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                            timespec="seconds"),
+                        "started": started, "ended": datetime.datetime.now(
+                            datetime.timezone.utc).isoformat(timespec="seconds"),
                         "elapsed_s": time.time() - t0, "foreign_cores_median": foreign,
                         "flagged": flagged, "passes": runs})
                     print("%s %-6s %-4s %-10s attempt %d: %s images/s, %s CPU ms/img; load "

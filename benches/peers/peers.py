@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """lobster_io against its peers on one ImageFolder of JPEGs.
 
-    python benches/peers/peers.py --data DIR [--passes 3] [--cold-passes N] [--batch 64]
+    python benches/peers/peers.py --data DIR [--data DIR2 ...] [--passes 3] [--cold-passes N] [--batch 64]
         [--modes cold,warm] [--tasks decode,train] [--loaders lobster,dataloader,dali,pillow]
         [--threads 2] [--limit N] [--json OUT]
 
@@ -16,6 +16,10 @@ subprocess's own (all its threads) plus that of the child processes it has reape
 and its DataLoader workers are joined; the subprocess then leaves with os._exit. The
 parent's os.wait4 figure around the whole subprocess (which adds the interpreter's exit) is
 kept in the JSON as cpu_s_wait4.
+
+With several --data folders, each (task, mode) group runs on every folder in turn, the
+folders' order alternating from one group to the next, so that a drift in the machine's
+load falls on all of them alike; ratios compare loaders on the same folder.
 
 See benches/peers/README.md.
 """
@@ -131,8 +135,8 @@ def make_warmup_dir(path):
 
 
 def make_subset(data, files, limit, workdir):
-    """Copies `limit` images spread evenly over `files` into workdir/subset-LIMIT."""
-    dst = os.path.join(workdir, "subset-%d" % limit)
+    """Copies `limit` images spread evenly over `files` into workdir/subset-LIMIT-NAME."""
+    dst = os.path.join(workdir, "subset-%d-%s" % (limit, os.path.basename(data)))
     if os.path.exists(os.path.join(dst, ".complete")):
         return dst
     step = len(files) / limit
@@ -578,7 +582,8 @@ def med(xs):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", required=False)
+    ap.add_argument("--data", action="append", default=None,
+                    help="an ImageFolder; give it more than once to compare folders")
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--cold-passes", type=int, default=None,
                     help="passes for mode cold (default: --passes)")
@@ -612,6 +617,7 @@ def main():
     if args.versions:
         return versions_child()
     if args.one:
+        args.data = args.data[0]
         return one(args)
     if not args.data:
         ap.error("--data is required")
@@ -629,13 +635,19 @@ def main():
     os.makedirs(workdir, exist_ok=True)
     args.warmup = make_warmup_dir(os.path.join(workdir, "peers-warmup"))
 
-    data = os.path.abspath(args.data)
-    files = list_images(data)
-    if args.limit:
-        data = make_subset(data, files, args.limit, workdir)
+    sets = []
+    for d in args.data:
+        data = os.path.abspath(d)
         files = list_images(data)
-    n_images = len(files)
-    sizes = [os.path.getsize(p) for p, _ in files]
+        if args.limit:
+            data = make_subset(data, files, args.limit, workdir)
+            files = list_images(data)
+        sizes = [os.path.getsize(p) for p, _ in files]
+        sets.append({"name": os.path.basename(data.rstrip("/")), "data": data,
+                     "images": len(files), "mean_file_kib": sum(sizes) / len(sizes) / 1024,
+                     "files": files})
+    if len({s["name"] for s in sets}) != len(sets):
+        ap.error("--data folders need distinct names")
     env = dict(os.environ)
     v = subprocess.run([sys.executable, os.path.abspath(__file__), "--versions"],
                        capture_output=True, text=True, check=True, env=env)
@@ -643,25 +655,34 @@ def main():
     report = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": [sys.executable] + sys.argv,
-        "data": data, "images": n_images, "mean_file_kib": sum(sizes) / len(sizes) / 1024,
+        "sets": [{k: v for k, v in s.items() if k != "files"} for s in sets],
         "batch": args.batch, "threads": args.threads, "machine": machine(),
         "versions": versions, "loadavg_at_start": loadavg(), "cells": [],
     }
-    print("# %d images, mean %.1f KiB, %s" % (n_images, report["mean_file_kib"], data),
-          flush=True)
+    if len(sets) == 1:  # the single-folder layout of earlier results files
+        report.update({k: sets[0][k] for k in ("data", "images", "mean_file_kib")})
+    for s in sets:
+        print("# %s: %d images, mean %.1f KiB, %s" % (s["name"], s["images"],
+                                                      s["mean_file_kib"], s["data"]),
+              flush=True)
     print("# " + json.dumps(versions), flush=True)
 
-    for task in tasks:
-        for mode in modes:
-            passes = args.cold_passes if (mode == "cold" and args.cold_passes) else args.passes
+    groups = [(task, mode) for task in tasks for mode in modes]
+    for g, (task, mode) in enumerate(groups):
+        passes = args.cold_passes if (mode == "cold" and args.cold_passes) else args.passes
+        for st in (sets if g % 2 == 0 else sets[::-1]):
+            data, files, n_images = st["data"], st["files"], st["images"]
             for loader in loaders:
-                cell = {"task": task, "mode": mode, "loader": loader, "attempts": []}
+                cell = {"set": st["name"], "task": task, "mode": mode, "loader": loader,
+                        "attempts": []}
                 for attempt in range(args.repeats + 1):
                     if mode == "warm":
                         prewarm(files)
                     waited = settle(args)
                     la0 = loadavg()
                     t0 = time.time()
+                    started = datetime.datetime.now(datetime.timezone.utc).isoformat(
+                        timespec="seconds")
                     runs = []
                     for i in range(passes):
                         seed = i + 1  # pass i has the same seed for every loader
@@ -672,16 +693,18 @@ def main():
                     flagged = la0[0] > args.max_load or foreign > args.max_foreign
                     cell["attempts"].append({
                         "settle_wait_s": waited, "loadavg_start": la0, "loadavg_end": la1,
+                        "started": started, "ended": datetime.datetime.now(
+                            datetime.timezone.utc).isoformat(timespec="seconds"),
                         "elapsed_s": time.time() - t0, "foreign_cores_median": foreign,
                         "flagged": flagged, "passes": runs})
-                    print("%-6s %-4s %-10s attempt %d: %s images/s, %s CPU ms/img; load "
+                    print("%s %-6s %-4s %-10s attempt %d: %s images/s, %s CPU ms/img; load "
                           "%.2f -> %.2f, foreign %.2f cores%s" % (
-                              task, mode, loader, attempt,
+                              st["name"][:12], task, mode, loader, attempt,
                               " ".join("%.0f" % r["images_per_s"] for r in runs),
                               " ".join("%.2f" % r["cpu_ms_per_image"] for r in runs),
                               la0[0], la1[0], foreign, " FLAGGED" if flagged else ""),
                           flush=True)
-                    if not flagged:
+                    if not flagged or attempt == args.repeats:
                         break
                     time.sleep(30)
                 last = cell["attempts"][-1]["passes"]
@@ -694,7 +717,8 @@ def main():
 
     for c in report["cells"]:
         ref = next((x for x in report["cells"] if x["loader"] == "lobster"
-                    and x["task"] == c["task"] and x["mode"] == c["mode"]), None)
+                    and x.get("set") == c.get("set") and x["task"] == c["task"]
+                    and x["mode"] == c["mode"]), None)
         if ref:
             c["lobster_over_peer_images_per_s"] = ref["images_per_s"] / c["images_per_s"]
             c["lobster_over_peer_cpu"] = ref["cpu_ms_per_image"] / c["cpu_ms_per_image"]
@@ -718,14 +742,16 @@ def write_json(path, report):
 
 
 def table(report):
-    rows = ["| task | mode | loader | passes | images/s (median) | range | CPU ms/image | "
+    rows = ["| set | task | mode | loader | passes | images/s (median) | range | CPU ms/image | "
             "lobster/peer images/s | lobster/peer CPU | load start→end |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
-    for c in report["cells"]:
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    cells = sorted(report["cells"], key=lambda c: [s["name"] for s in report["sets"]].index(
+        c["set"])) if "sets" in report else report["cells"]
+    for c in cells:
         ips = [r["images_per_s"] for r in c["attempts"][-1]["passes"]]
         a = c["attempts"][-1]
-        rows.append("| %s | %s | %s | %d%s | %.0f | %.0f–%.0f | %.2f | %s | %s | %.2f→%.2f |" % (
-            c["task"], c["mode"], c["loader"], c["passes"],
+        rows.append("| %s | %s | %s | %s | %d%s | %.0f | %.0f–%.0f | %.2f | %s | %s | %.2f→%.2f |" % (
+            c.get("set", "-"), c["task"], c["mode"], c["loader"], c["passes"],
             " (%d tries)" % len(c["attempts"]) if len(c["attempts"]) > 1 else "",
             c["images_per_s"], min(ips), max(ips), c["cpu_ms_per_image"],
             "%.2f" % c["lobster_over_peer_images_per_s"]

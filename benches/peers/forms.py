@@ -57,13 +57,14 @@ def decoded_bytes(files):
 def run_lobster(spec):
     import lobster_io
 
-    kw = dict(epochs=spec["epochs"], seed=spec["seed"], decode_threads=spec["threads"],
-              transform="train", image_size=CROP, cache_forms=spec["forms"])
     if spec["cache_bytes"]:
-        kw["cache_bytes"] = spec["cache_bytes"]
+        cache = lobster_io.Cache(bytes=spec["cache_bytes"], forms=spec["forms"])
     else:
-        kw["policy"] = "none"
-    loader = lobster_io.Loader(spec["data"], spec["batch"], **kw)
+        cache = lobster_io.Cache(policy="none", forms=spec["forms"])
+    loader = lobster_io.Loader(spec["data"], spec["batch"], epochs=spec["epochs"],
+                               seed=spec["seed"], transform="train", image_size=CROP,
+                               cache=cache,
+                               budgets=lobster_io.Budgets(decode_threads=spec["threads"]))
     n, digest = 0, 0
     for epoch in range(spec["epochs"]):
         loader.set_epoch(epoch)

@@ -161,7 +161,7 @@ def run_lobster(data, task, batch, threads, seed, expect):
     import lobster_io
 
     t0 = time.perf_counter()
-    kw = dict(epochs=1, seed=seed, decode_threads=threads)
+    kw = dict(epochs=1, seed=seed, budgets=lobster_io.Budgets(decode_threads=threads))
     if task == "decode":
         loader = lobster_io.Loader(data, batch, transform="none", **kw)
     else:

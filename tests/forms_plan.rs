@@ -2,11 +2,14 @@
 //! the inputs, not of how fast the machine decoded at build; and a second open of a dataset
 //! with the decoded tier reads no image, its headers kept in the dataset's table or indexes.
 
+mod common;
+
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use common::ustar;
 use lobster_io::{CachePolicy, Dataset, FormChoice, LoaderBuilder, RunMetrics, StorageEmulation};
 
 /// A noisy RGB JPEG of `w` x `h` (noise keeps the encoded size near the decoded one's
@@ -206,27 +209,6 @@ fn a_second_open_of_a_folder_with_the_decoded_tier_reads_no_image() {
     assert_eq!(plan(&drain(built)), plan(&first));
 }
 
-/// A ustar archive of `members` (name, bytes), in order, with its end blocks.
-fn ustar(members: &[(String, Vec<u8>)]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (name, bytes) in members {
-        let mut h = [0u8; 512];
-        h[..name.len()].copy_from_slice(name.as_bytes());
-        h[100..108].copy_from_slice(b"0000644\0");
-        h[124..136].copy_from_slice(format!("{:011o}\0", bytes.len()).as_bytes());
-        h[156] = b'0';
-        h[257..263].copy_from_slice(b"ustar\0");
-        h[148..156].fill(b' ');
-        let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
-        h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
-        out.extend_from_slice(&h);
-        out.extend_from_slice(bytes);
-        out.resize(out.len().next_multiple_of(512), 0);
-    }
-    out.resize(out.len() + 1024, 0);
-    out
-}
-
 #[test]
 fn a_second_open_of_shards_with_the_decoded_tier_reads_no_image() {
     let dir = tempfile::tempdir().unwrap();
@@ -242,7 +224,16 @@ fn a_second_open_of_shards_with_the_decoded_tier_reads_no_image() {
             ));
             members.push((format!("{key}.cls"), (i % 3).to_string().into_bytes()));
         }
-        std::fs::write(shards.join(format!("s{s}.tar")), ustar(&members)).unwrap();
+        std::fs::write(
+            shards.join(format!("s{s}.tar")),
+            ustar(
+                &members
+                    .iter()
+                    .map(|(n, b)| (n.as_str(), b.as_slice()))
+                    .collect::<Vec<_>>(),
+            ),
+        )
+        .unwrap();
     }
     age(&shards);
     let spec = shards.to_str().unwrap();

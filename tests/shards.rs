@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use common::run_ranks;
+use common::{run_ranks, ustar};
 use lobster_io::{CachePolicy, Dataset, LoaderBuilder};
 use serde_json::Value;
 
@@ -241,27 +241,6 @@ fn a_shard_written_just_now_keeps_no_index() {
     let ds = Dataset::open_shards_indexed(shard.to_str().unwrap(), Some(&kept)).unwrap();
     assert_eq!(table(&ds), listing("wds-0.tar"));
     assert!(!kept.exists() || indexes(&kept).is_empty());
-}
-
-/// A ustar archive of `members` (name, bytes), in order, with its end blocks.
-fn ustar(members: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (name, bytes) in members {
-        let mut h = [0u8; 512];
-        h[..name.len()].copy_from_slice(name.as_bytes());
-        h[100..108].copy_from_slice(b"0000644\0");
-        h[124..136].copy_from_slice(format!("{:011o}\0", bytes.len()).as_bytes());
-        h[156] = b'0';
-        h[257..263].copy_from_slice(b"ustar\0");
-        h[148..156].fill(b' ');
-        let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
-        h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
-        out.extend_from_slice(&h);
-        out.extend_from_slice(bytes);
-        out.resize(out.len().next_multiple_of(512), 0);
-    }
-    out.resize(out.len() + 1024, 0);
-    out
 }
 
 #[test]

@@ -8,9 +8,7 @@ use crate::dataset::{Dataset, SampleMeta};
 use crate::emulate::StorageEmulation;
 use crate::error::{Cause, Error};
 use crate::faults::{FaultInjection, OnError};
-use crate::metrics::{
-    CacheForms, CacheStore, FormCostsReport, Mode, ReadPath, RunMetrics, ThreadClass,
-};
+use crate::metrics::{CacheForms, CacheStore, Mode, ReadPath, RunMetrics, ThreadClass};
 use crate::pipeline::{self, Context, DecodeFn, Layout, Pipeline, PipelineState};
 use crate::sampler::{DistributedSampler, EpochOrder};
 use lobster_cache::{FormChoice, FormCosts};
@@ -758,7 +756,7 @@ impl<T> Loader<T> {
         m.cache_forms = self.cache_forms.clone();
         if let Some(tier) = &self.pipeline.context.forms {
             let f = &shared.forms;
-            m.form_costs = Some(FormCostsReport::new(tier.costs, tier.costs_from));
+            m.form_costs = Some(tier.costs_from.report(tier.costs));
             m.decoded_hits_served = count(&f.decoded_hits);
             m.decode_saved_seconds = count(&f.decode_saved_ns) as f64 * 1e-9;
             m.images_kept = count(&f.images_kept);

@@ -316,32 +316,6 @@ pub struct FormCostsReport {
     pub model_png_s_per_pixel: f64,
 }
 
-impl FormCostsReport {
-    pub(crate) fn new(c: lobster_cache::FormCosts, from: crate::pipeline::CostsFrom) -> Self {
-        let model = from.decode == "model";
-        FormCostsReport {
-            read_s: c.read_s,
-            read_per_byte_s: c.read_per_byte_s,
-            decode_s: c.decode_s,
-            decode_per_byte_s: c.decode_per_byte_s,
-            read_source: from.read,
-            decode_source: from.decode,
-            model_pixels: from.pixels,
-            model_encoded_bytes: from.encoded_bytes,
-            model_jpeg_s_per_pixel: if model {
-                crate::pipeline::JPEG_DECODE_S_PER_PIXEL
-            } else {
-                0.0
-            },
-            model_png_s_per_pixel: if model {
-                crate::pipeline::PNG_DECODE_S_PER_PIXEL
-            } else {
-                0.0
-            },
-        }
-    }
-}
-
 /// Per-iteration records kept for the API and JSON; older ones are dropped.
 pub(crate) const HISTORY_MAX: usize = 1 << 16;
 

@@ -47,7 +47,7 @@ pub(crate) struct DecodedTier<T> {
     /// Each sample's decoded size, 0 where it has none.
     pub(crate) decoded_sizes: Arc<[u32]>,
     pub(crate) costs: lobster_cache::FormCosts,
-    pub(crate) costs_from: crate::pipeline::CostsFrom,
+    pub(crate) costs_from: crate::pipeline::decode::forms::CostsFrom,
     /// Decoded images are kept with their longer side brought down to this (lossy).
     pub(crate) max_side: Option<u32>,
 }

@@ -34,9 +34,7 @@ use lobster_sched::CostModel;
 use lobster_uring::Reader;
 
 pub(crate) use context::{Context, DecodeFn, DecodedTier};
-pub(crate) use decode::forms::{
-    decoded_sizes, form_costs, CostsFrom, Staged, JPEG_DECODE_S_PER_PIXEL, PNG_DECODE_S_PER_PIXEL,
-};
+pub(crate) use decode::forms::{decoded_sizes, form_costs, CostsFrom, Staged};
 pub(crate) use deliver::{detach, next_batch, poll_next_batch};
 pub(crate) use io::attempt::Storage;
 pub(crate) use io::dirs::SampleDirs;

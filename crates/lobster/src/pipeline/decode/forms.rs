@@ -15,6 +15,7 @@ use lobster_sched::CostParams;
 use crate::dataset::{Probe, SampleMeta};
 use crate::emulate::StorageEmulation;
 use crate::error::Cause;
+use crate::metrics::FormCostsReport;
 use crate::pipeline::access::AccessLanding;
 use crate::pipeline::io::landing::DecodedImage;
 
@@ -177,6 +178,29 @@ impl CostsFrom {
         pixels: 0,
         encoded_bytes: 0,
     };
+
+    /// The metrics' account of `costs`, which came from here.
+    pub(crate) fn report(self, costs: FormCosts) -> FormCostsReport {
+        let model = |s_per_pixel: f64| {
+            if self.decode == "model" {
+                s_per_pixel
+            } else {
+                0.0
+            }
+        };
+        FormCostsReport {
+            read_s: costs.read_s,
+            read_per_byte_s: costs.read_per_byte_s,
+            decode_s: costs.decode_s,
+            decode_per_byte_s: costs.decode_per_byte_s,
+            read_source: self.read,
+            decode_source: self.decode,
+            model_pixels: self.pixels,
+            model_encoded_bytes: self.encoded_bytes,
+            model_jpeg_s_per_pixel: model(JPEG_DECODE_S_PER_PIXEL),
+            model_png_s_per_pixel: model(PNG_DECODE_S_PER_PIXEL),
+        }
+    }
 }
 
 /// The costs the two-form rule prices with when the config gives none, as a pure function

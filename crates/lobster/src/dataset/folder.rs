@@ -27,9 +27,10 @@ use crate::error::Error;
 /// How close to the table's writing a directory's change makes it untrusted.
 /// Tables kept in a table directory; the least recently written go first.
 const TABLES_MAX: usize = 64;
-/// Version 2 added each sample's image probe; a table of version 1 is scanned over and
+/// Version 2 added each sample's image probe, version 3 a check in four lanes
+/// ([`super::table_file::check_of`]); a table of an older version is scanned over and
 /// made again.
-pub(super) const MAGIC: &[u8] = b"lobster-folder-table 2";
+pub(super) const MAGIC: &[u8] = b"lobster-folder-table 3";
 
 /// Which files of a folder are samples, and where its table is kept.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -829,6 +830,33 @@ mod tests {
             let e = read(bad).map(|_| ()).unwrap_err().to_string();
             assert!(e.contains("t.table"), "{bad:?}: {e}");
         }
+    }
+
+    /// Every byte of a sealed file counts in its check, whichever lane or the rest holds it,
+    /// and so do its length and its lanes' order.
+    #[test]
+    fn a_check_sees_any_byte_changed_and_the_length() {
+        let bytes: Vec<u8> = (0..100u8).collect();
+        let check = super::super::table_file::check_of(&bytes);
+        for at in 0..bytes.len() {
+            let mut changed = bytes.clone();
+            changed[at] ^= 1;
+            assert_ne!(
+                super::super::table_file::check_of(&changed),
+                check,
+                "byte {at}"
+            );
+        }
+        assert_ne!(super::super::table_file::check_of(&bytes[..99]), check);
+        let mut swapped = bytes.clone();
+        swapped[..16].rotate_left(8);
+        assert_ne!(super::super::table_file::check_of(&swapped), check);
+        let mut sealed = bytes.clone();
+        sealed.push(b'\n');
+        seal(&mut sealed);
+        assert!(super::super::table_file::unseal(&sealed).is_some());
+        sealed[5] ^= 1;
+        assert!(super::super::table_file::unseal(&sealed).is_none());
     }
 
     #[test]

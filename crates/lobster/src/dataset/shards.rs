@@ -15,7 +15,7 @@
 //! path>.idx`, and reused while the shard keeps its size and modification time:
 //!
 //! ```text
-//! lobster-shard-index 2
+//! lobster-shard-index 3
 //! shard   <path>  <size bytes>  <modification time, ns>  <written, ns>
 //! <label> <image member's data offset> <its size> <probe> <key>   (a line per sample)
 //! end     <check of the lines above>
@@ -25,7 +25,7 @@
 //! (`\t`, `\n`, `\\`). A probe is what the image's header says, added once the decoded
 //! tier first asks ([`Dataset::image_probes`](crate::Dataset::image_probes)): `?` not yet
 //! probed, `-` no JPEG or PNG header, `j<width>x<height>` or `p<width>x<height>`. An index
-//! of another version (1 had no probes) is read over and made again. DALI's `wds2idx` format was the candidate to reuse, but it holds
+//! of another version (1 had no probes, 2 a check in one lane) is read over and made again. DALI's `wds2idx` format was the candidate to reuse, but it holds
 //! members' offsets without labels: reopening would still read every `.cls` member. A
 //! shard modified within 2 s of indexing is not kept (it may still be being written).
 
@@ -49,7 +49,9 @@ const LABEL_MAX_BYTES: u64 = 64;
 const JSON_MAX_BYTES: u64 = 64 << 10;
 /// Shard indexes kept in one directory, the least recently written removed first.
 const INDEXES_MAX: usize = 1 << 16;
-pub(super) const MAGIC: &[u8] = b"lobster-shard-index 2";
+/// Version 3: a check in four lanes ([`super::table_file::check_of`]); an index of an older
+/// version is made again.
+pub(super) const MAGIC: &[u8] = b"lobster-shard-index 3";
 
 /// The shards a specification names: `dir/train-{000000..000127}.tar` (brace ranges, zero
 /// padding kept), a directory (its `.tar` files, sorted), one `.tar` file, or a list file

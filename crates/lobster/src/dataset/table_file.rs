@@ -48,9 +48,35 @@ pub(super) fn fnv(parts: &[&[u8]]) -> u64 {
     h
 }
 
+/// The check of a kept file's bytes: [`fnv`]'s step in four lanes, 32 bytes a step, folded
+/// with the rest. The lanes' multiplies do not wait on each other, so a reopen checks its
+/// table (megabytes) in a quarter of one chain's time.
+pub(super) fn check_of(bytes: &[u8]) -> u64 {
+    const PRIME: u64 = 0x0100_0000_01b3;
+    let mut lanes: [u64; 4] = [
+        0xcbf2_9ce4_8422_2325,
+        0x9e37_79b9_7f4a_7c15,
+        0x2545_f491_4f6c_dd1d,
+        0x8422_2325_cbf2_9ce4,
+    ];
+    let mut blocks = bytes.chunks_exact(32);
+    for block in &mut blocks {
+        for (lane, w) in lanes.iter_mut().zip(block.chunks_exact(8)) {
+            let w = u64::from_le_bytes(w.try_into().expect("chunks of 8"));
+            *lane = (*lane ^ w).wrapping_mul(PRIME).rotate_left(29);
+        }
+    }
+    let lanes = lanes.map(u64::to_le_bytes);
+    fnv(&[
+        &lanes.concat(),
+        blocks.remainder(),
+        &(bytes.len() as u64).to_le_bytes(),
+    ])
+}
+
 /// Appends the check line of everything in `out`; returns the check.
 pub(super) fn seal(out: &mut Vec<u8>) -> u64 {
-    let check = fnv(&[out]);
+    let check = check_of(out);
     out.extend_from_slice(format!("end\t{check:016x}\n").as_bytes());
     check
 }
@@ -62,7 +88,7 @@ pub(super) fn unseal(bytes: &[u8]) -> Option<(&[u8], u64)> {
         .rposition(|&b| b == b'\n')
         .map_or(0, |i| i + 1);
     let (body, end) = bytes.split_at(body_len);
-    let check = fnv(&[body]);
+    let check = check_of(body);
     (end == format!("end\t{check:016x}\n").as_bytes()).then_some((body, check))
 }
 

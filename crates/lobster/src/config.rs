@@ -258,6 +258,9 @@ pub struct CacheConfig {
     /// their longer side is at most this many pixels (FFCV-style pre-resizing). Hits on them
     /// then transform the smaller image, so their pixels differ from a miss's.
     pub decoded_max_side: Option<u32>,
+    /// With peer nodes, whether their caches are planned as one (see
+    /// `lobster_cache::cluster`).
+    pub peer_plan: PeerPlanChoice,
 }
 
 impl Default for CacheConfig {
@@ -268,8 +271,22 @@ impl Default for CacheConfig {
             forms: None,
             form_costs: None,
             decoded_max_side: None,
+            peer_plan: PeerPlanChoice::Auto,
         }
     }
+}
+
+/// How a node with peers plans its cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PeerPlanChoice {
+    /// The nodes' caches as one cluster cache wherever that can gain: the reuse policy with
+    /// encoded bytes, caches large enough that per-node plans read more than the floor
+    /// (`capacity * nodes^2 > dataset bytes`), and a peer's cache priced below storage by the
+    /// cost model's priors. Each node's own plan otherwise.
+    #[default]
+    Auto,
+    /// Each node plans its own cache; peers serve what they happen to hold (NoPFS's way).
+    Node,
 }
 
 /// The node's budgets, and how they are split among its ranks.

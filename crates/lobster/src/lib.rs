@@ -94,7 +94,7 @@ pub fn fuzz_check_table_file(data: &[u8]) {
 pub use batch::{Batch, Sample};
 pub use config::{
     BudgetConfig, CacheConfig, CachePolicy, Execution, IoOrder, JobConfig, LoaderConfig,
-    PipelineThreads, ReadConfig, ResidentReads, SampleLimits, Schedule,
+    PeerPlanChoice, PipelineThreads, ReadConfig, ResidentReads, SampleLimits, Schedule,
 };
 pub use dataset::{
     Dataset, FolderOptions, Probe, SampleMeta, SampleRecord, CLASSES_MAX, IMAGE_EXTENSIONS,
@@ -105,8 +105,9 @@ pub use faults::{AttemptFaults, FailureBudget, Fault, FaultInjection, OnError, R
 pub use loader::{Loader, LoaderBuilder, RankHandle, RankStream};
 pub use lobster_cache::{Form, FormChoice, FormCosts};
 pub use metrics::{
-    AllocationRecord, CacheForms, CacheStore, FormCostsReport, IterationMetrics, Mode, ReadPath,
-    RunMetrics, SkippedSample, ThreadClass,
+    AllocationRecord, CacheForms, CacheStore, ClusterEpochMetrics, ClusterPlanMetrics,
+    FormCostsReport, IterationMetrics, Mode, PeerPlanKind, ReadPath, RunMetrics, SkippedSample,
+    ThreadClass,
 };
 pub use pipeline::{PeerPlan, PeerPlanInputs};
 pub use sampler::{torch_randperm, DistributedSampler, EpochOrder};

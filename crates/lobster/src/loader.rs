@@ -3,12 +3,16 @@
 use std::sync::Arc;
 
 use crate::batch::Batch;
-use crate::config::{CachePolicy, Execution, IoOrder, LoaderConfig, PipelineThreads, Schedule};
+use crate::config::{
+    CachePolicy, Execution, IoOrder, LoaderConfig, PeerPlanChoice, PipelineThreads, Schedule,
+};
 use crate::dataset::{Dataset, SampleMeta};
 use crate::emulate::StorageEmulation;
 use crate::error::{Cause, Error};
 use crate::faults::{FaultInjection, OnError};
-use crate::metrics::{CacheForms, CacheStore, Mode, ReadPath, RunMetrics, ThreadClass};
+use crate::metrics::{
+    CacheForms, CacheStore, Mode, PeerPlanKind, ReadPath, RunMetrics, ThreadClass,
+};
 use crate::pipeline::{self, Context, DecodeFn, Layout, Pipeline, PipelineState};
 use crate::sampler::{DistributedSampler, EpochOrder};
 use lobster_cache::{FormChoice, FormCosts};
@@ -354,9 +358,12 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             None => None,
         };
         let (forms, cache_forms) = decoded_tier(&config, &dataset, staged, self.peers.is_some())?;
-        let peers = match self.peers {
-            Some(transport) => Some(peers(&config, sizes.as_ref(), &layout, transport)?),
-            None => None,
+        let (peers, peer_plan) = match self.peers {
+            Some(transport) => {
+                let (p, mode) = peers(&config, sizes.as_ref(), &layout, transport)?;
+                (Some(p), mode)
+            }
+            None => (None, Mode::because(PeerPlanKind::Node, "no peers")),
         };
         let ctx = Context {
             layout,
@@ -390,6 +397,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             backend,
             window_bytes,
             cache_forms,
+            peer_plan,
         })
     }
 }
@@ -455,14 +463,51 @@ fn decoded_tier<T>(
     Ok((Some(tier), forms))
 }
 
-/// The peers' plan: every peer's cache replayed, so that each of this node's accesses knows
-/// which peer (if any) holds its sample around it.
+/// Whether the nodes' caches are planned as one: where the config allows it and it can gain
+/// (see [`PeerPlanChoice::Auto`]), else why not.
+fn cluster_plan(config: &LoaderConfig, sizes: Option<&Arc<[u32]>>) -> Result<(), String> {
+    if config.cache.peer_plan == PeerPlanChoice::Node {
+        return Err("each node's own plan, as configured".into());
+    }
+    if config.cache.policy != CachePolicy::Reuse {
+        return Err(format!(
+            "the {:?} policy plans each node's own cache",
+            config.cache.policy
+        ));
+    }
+    let Some(sizes) = sizes.filter(|s| !s.is_empty()) else {
+        return Err("no cache".into());
+    };
+    let dataset_bytes: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
+    let (nodes, capacity) = (config.job.nodes, config.cache.capacity_bytes);
+    if lobster_cache::Mode::auto(dataset_bytes, nodes, capacity) == lobster_cache::Mode::Local {
+        return Err(format!(
+            "caches small enough that each node's own plan reads about the floor \
+             ({capacity} bytes x {nodes}^2 nodes <= {dataset_bytes} dataset bytes)"
+        ));
+    }
+    // Priced by the cost model's priors (constants), so the same inputs make the same plan.
+    let mean_bytes = dataset_bytes / sizes.len() as u64;
+    let costs = lobster_sched::CostParams::PRIORS;
+    let cost = |tier| {
+        let t = costs.tier(tier);
+        t.request_s + t.per_byte_s * mean_bytes as f64
+    };
+    if cost(lobster_sched::Tier::Remote) > cost(lobster_sched::Tier::Storage) {
+        return Err("a peer's cache costs more than storage".into());
+    }
+    Ok(())
+}
+
+/// The peers: their caches and this node's planned as one (the cluster plan), or every
+/// peer's own cache replayed, so that each of this node's accesses knows which peer (if any)
+/// holds its sample around it.
 fn peers(
     config: &LoaderConfig,
     sizes: Option<&Arc<[u32]>>,
     layout: &Layout,
     transport: Arc<dyn lobster_net::Transport>,
-) -> Result<pipeline::Peers, Error> {
+) -> Result<(pipeline::Peers, Mode<PeerPlanKind>), Error> {
     if (transport.nodes(), transport.node()) != (config.job.nodes, config.job.node) {
         return Err(Error::invalid(
             "peers",
@@ -473,37 +518,51 @@ fn peers(
             ),
         ));
     }
-    let plan = match (config.cache.policy.kind(), sizes) {
-        (Some(policy), Some(sizes)) => {
-            let inputs = crate::pipeline::PeerPlanInputs {
-                sizes: sizes.clone(),
-                nodes: config.job.nodes,
-                ranks_per_node: config.job.ranks_per_node,
-                batch_size: config.job.batch_size,
-                epochs: config.job.epochs,
-                order: layout.sampler.order().clone(),
-                drop_last: config.job.drop_last,
-                policy,
-                capacity_bytes: config.cache.capacity_bytes,
-                // The planner runs at most this far ahead of its slowest rank, and nodes
-                // meet every step: see the holders module.
-                margin_steps: config
-                    .budgets
-                    .prefetch_iterations
-                    .max(config.budgets.window_iterations) as u64
-                    + 1,
-            };
-            crate::pipeline::PeerPlan::build(&inputs, config.job.node)?
-        }
-        // Without caches no peer holds anything.
-        _ => crate::pipeline::PeerPlan::empty(),
-    };
-    Ok(pipeline::Peers {
+    // The planner runs at most this far ahead of its slowest rank, and nodes meet every
+    // step: see the holders module.
+    let ahead_steps = config
+        .budgets
+        .prefetch_iterations
+        .max(config.budgets.window_iterations) as u64;
+    if let Err(why) = cluster_plan(config, sizes) {
+        let plan = match (config.cache.policy.kind(), sizes) {
+            (Some(policy), Some(sizes)) => {
+                let inputs = crate::pipeline::PeerPlanInputs {
+                    sizes: sizes.clone(),
+                    nodes: config.job.nodes,
+                    ranks_per_node: config.job.ranks_per_node,
+                    batch_size: config.job.batch_size,
+                    epochs: config.job.epochs,
+                    order: layout.sampler.order().clone(),
+                    drop_last: config.job.drop_last,
+                    policy,
+                    capacity_bytes: config.cache.capacity_bytes,
+                    margin_steps: ahead_steps + 1,
+                };
+                crate::pipeline::PeerPlan::build(&inputs, config.job.node)?
+            }
+            // Without caches no peer holds anything.
+            _ => crate::pipeline::PeerPlan::empty(),
+        };
+        let peers = pipeline::Peers {
+            transport,
+            plan,
+            cluster: false,
+            served: Arc::default(),
+            counters: pipeline::PeerCounters::default(),
+        };
+        return Ok((peers, Mode::because(PeerPlanKind::Node, why)));
+    }
+    let peers = pipeline::Peers {
         transport,
-        plan,
-        served: Arc::default(),
+        plan: crate::pipeline::PeerPlan::empty(),
+        cluster: true,
+        // A peer runs at most its prefetch window ahead, a step apart: a fetch of a sample
+        // not yet read here waits that long and a little more.
+        served: Arc::new(pipeline::ServedLandings::for_cluster(2 * ahead_steps + 4)),
         counters: pipeline::PeerCounters::default(),
-    })
+    };
+    Ok((peers, Mode::chosen(PeerPlanKind::Cluster)))
 }
 
 /// Each sample's size as the cache plans with it.
@@ -666,6 +725,8 @@ pub struct Loader<T> {
     window_bytes: u64,
     /// What the cache keeps of samples, as the metrics report it.
     cache_forms: Mode<CacheForms>,
+    /// How the nodes' caches are planned, as the metrics report it.
+    peer_plan: Mode<PeerPlanKind>,
 }
 
 impl<T> Loader<T> {
@@ -750,6 +811,12 @@ impl<T> Loader<T> {
             m.remote_misses = count(&c.misses);
             m.remote_timeouts = count(&c.timeouts);
             m.peer_planned_accesses = peers.plan.planned();
+            m.remote_hit_bytes = count(&c.hit_bytes);
+        }
+        m.peer_plan = self.peer_plan.clone();
+        if let Some(plan) = pipeline::lock(&shared.cluster_plan).clone() {
+            m.peer_planned_accesses = plan.epochs.iter().map(|e| e.remote_hits).sum();
+            m.cluster_plan = Some(plan);
         }
         m.read_retries = count(&self.pipeline.context.storage.counters.retries);
         m.reads_recovered = count(&self.pipeline.context.storage.counters.recovered);

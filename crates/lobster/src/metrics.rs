@@ -263,6 +263,13 @@ pub struct RunMetrics {
     /// Accesses of this node a peer is planned to hold, whether or not the local cache hits
     /// them or the cost model sends them to storage.
     pub peer_planned_accesses: u64,
+    /// Bytes peers sent this node: its remote hits' bytes over the interconnect.
+    pub remote_hit_bytes: u64,
+    /// How the nodes' caches were planned: `cluster` (one plan for the job's caches) or
+    /// `node` (each node's own), and why.
+    pub peer_plan: Mode<PeerPlanKind>,
+    /// This node's share of the cluster plan (under it).
+    pub cluster_plan: Option<ClusterPlanMetrics>,
     /// What the cache kept of samples, and why encoded where a decoded tier was not
     /// possible (or why lossy, with a decoded side bound).
     pub cache_forms: Mode<CacheForms>,
@@ -285,6 +292,50 @@ pub struct RunMetrics {
     pub peak_cached_encoded_bytes: u64,
     /// The most bytes the cache held in decoded form at once (by the plan).
     pub peak_cached_decoded_bytes: u64,
+}
+
+/// How the nodes' caches are planned.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PeerPlanKind {
+    /// No peers, or each node plans its own cache; peers serve what they happen to hold.
+    #[default]
+    Node,
+    /// The nodes' caches are planned as one (`lobster_cache::ClusterPlanner`).
+    Cluster,
+}
+
+/// One epoch of this node's accesses under the cluster plan, by where they are served.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ClusterEpochMetrics {
+    /// Served by this node's cache.
+    pub local_hits: u64,
+    /// Their bytes.
+    pub local_hit_bytes: u64,
+    /// Served by a peer's cache.
+    pub remote_hits: u64,
+    /// Their bytes: what comes over the interconnect.
+    pub remote_hit_bytes: u64,
+    /// Read from storage.
+    pub storage_reads: u64,
+    /// Their bytes.
+    pub storage_bytes: u64,
+}
+
+/// This node's share of the cluster plan, as planned.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ClusterPlanMetrics {
+    /// Nodes whose caches the plan treats as one.
+    pub nodes: usize,
+    /// The dataset's bytes `F`.
+    pub dataset_bytes: u64,
+    /// The job's floor of storage bytes per epoch, `max(0, F - nodes * capacity)`: every
+    /// sample is read once per epoch, and a hit needs the sample held at the epoch's start.
+    pub floor_bytes_per_epoch: u64,
+    /// This node's planned accesses per epoch.
+    pub epochs: Vec<ClusterEpochMetrics>,
+    /// Other nodes' accesses this node's cache was planned to serve.
+    pub serves_planned: u64,
 }
 
 /// [`lobster_cache::FormCosts`] as the metrics report them, with where they came from.
@@ -557,6 +608,9 @@ impl Collector {
             remote_misses: 0,
             remote_timeouts: 0,
             peer_planned_accesses: 0,
+            remote_hit_bytes: 0,
+            peer_plan: Mode::default(),
+            cluster_plan: None,
             read_retries: 0,
             reads_recovered: 0,
             cache_forms: Mode::default(),

@@ -1,6 +1,7 @@
-//! Nodes in one process: each fetch is answered at once from the peer's served cache, on the
-//! caller's thread. For tests and single-process simulations of a cluster; a peer can be
-//! made silent, so that its fetches time out.
+//! Nodes in one process: each fetch is answered from the peer's served cache, at once on the
+//! caller's thread, or later on the thread that lands a read the peer's plan has in flight.
+//! For tests and single-process simulations of a cluster; a peer can be made silent, so
+//! that its fetches time out.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -89,25 +90,38 @@ impl Transport for InProcessNode {
             done(Answer::TimedOut);
             return;
         }
-        let found = theirs
+        let served = theirs
             .served
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .and_then(|s| s.get(sample));
-        let answer = match found {
-            Some(bytes) => {
-                theirs.counters.served_bytes.fetch_add(1, Ordering::Relaxed);
-                ours.answered_bytes.fetch_add(1, Ordering::Relaxed);
-                Answer::Bytes(bytes)
-            }
-            None => {
-                theirs.counters.served_miss.fetch_add(1, Ordering::Relaxed);
-                ours.answered_miss.fetch_add(1, Ordering::Relaxed);
-                Answer::Miss
-            }
+            .clone();
+        let Some(served) = served else {
+            theirs.counters.served_miss.fetch_add(1, Ordering::Relaxed);
+            ours.answered_miss.fetch_add(1, Ordering::Relaxed);
+            done(Answer::Miss);
+            return;
         };
-        done(answer);
+        let all = self.all.clone();
+        let me = self.node;
+        // Answered at once, or when the peer's read lands (on the thread that lands it).
+        served.get_or_wait(
+            sample,
+            Box::new(move |found| {
+                let (ours, theirs) = (&all[me].counters, &all[peer].counters);
+                match found {
+                    Some(bytes) => {
+                        theirs.served_bytes.fetch_add(1, Ordering::Relaxed);
+                        ours.answered_bytes.fetch_add(1, Ordering::Relaxed);
+                        done(Answer::Bytes(bytes));
+                    }
+                    None => {
+                        theirs.served_miss.fetch_add(1, Ordering::Relaxed);
+                        ours.answered_miss.fetch_add(1, Ordering::Relaxed);
+                        done(Answer::Miss);
+                    }
+                }
+            }),
+        );
     }
 
     fn serve(&self, cache: Arc<dyn Served>) {

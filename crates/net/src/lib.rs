@@ -27,4 +27,4 @@ pub use error::NetError;
 pub use in_process::{InProcessNode, InProcessNodes};
 #[cfg(feature = "mpi")]
 pub use mpi_nodes::{MpiNodes, Timeouts};
-pub use transport::{Answer, Done, Served, Transport, TransportStats};
+pub use transport::{Answer, Done, Reply, Served, Transport, TransportStats};

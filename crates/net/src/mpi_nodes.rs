@@ -7,7 +7,8 @@
 //! thread and finalises it when [`MpiNodes`] drops.
 //!
 //! The thread is an event loop: fetches queued in one turn go to each peer as one request
-//! message ([`crate::wire`]), peers' requests are answered from the served cache, replies
+//! message ([`crate::wire`]), peers' requests are answered from the served cache (a request
+//! whose samples' reads are in flight here is answered when they land), replies
 //! complete their fetches, and a fetch without a reply within the fetch timeout is answered
 //! [`Answer::TimedOut`] (a late reply is dropped). The step barrier is `MPI_Ibarrier`, polled
 //! between the rest, so a node waiting at it still serves its peers; one that does not
@@ -301,6 +302,18 @@ struct Pending {
 /// The step barrier in flight: its request, who waits for it, and its deadline.
 type InBarrier = (Request<'static, ()>, Sender<Result<(), NetError>>, Instant);
 
+/// A peer's request whose answers are still coming from the served cache (some of its
+/// samples' reads are in flight on this node): sent once the last one arrives.
+struct PartialReply {
+    from: usize,
+    id: u64,
+    answers: Vec<Option<Bytes>>,
+    left: usize,
+}
+
+/// A reply whose every answer is in: (the peer, the request id, the answers).
+type FullReply = (usize, u64, Vec<Option<Bytes>>);
+
 /// The event loop's state.
 struct Loop<'w> {
     world: &'w SimpleCommunicator,
@@ -314,6 +327,9 @@ struct Loop<'w> {
     barrier: Option<InBarrier>,
     stats: Arc<Mutex<TransportStats>>,
     timeouts: Timeouts,
+    /// Replies completed by the served cache on other threads, sent from here.
+    full_tx: Sender<FullReply>,
+    full_rx: Receiver<FullReply>,
 }
 
 /// The owning thread: initialise (or take up) MPI, say where this node stands, then serve
@@ -352,7 +368,11 @@ fn own_mpi(
     if started.send(Ok(place)).is_err() {
         return;
     }
+    // Bounded by the peers' requests in flight: each holds at most one reply here.
+    let (full_tx, full_rx) = crossbeam_channel::unbounded();
     let mut l = Loop {
+        full_tx,
+        full_rx,
         world: &world,
         nodes: place.1,
         served: None,
@@ -460,6 +480,9 @@ impl Loop<'_> {
                 other => log::warn!("node {from} sent a message with tag {other}: dropped"),
             }
         }
+        while let Ok((from, id, answers)) = self.full_rx.try_recv() {
+            self.send_reply(from, id, &answers);
+        }
         self.sends.retain_mut(|s| !s.done());
         let late: Vec<u64> = self
             .pending
@@ -513,17 +536,46 @@ impl Loop<'_> {
                 return;
             }
         };
-        let answers: Vec<Option<Bytes>> = samples
-            .iter()
-            .map(|&s| self.served.as_ref().and_then(|c| c.get(s)))
-            .collect();
+        let Some(served) = self.served.clone() else {
+            self.send_reply(from, id, &vec![None; samples.len()]);
+            return;
+        };
+        let partial = Arc::new(Mutex::new(PartialReply {
+            from,
+            id,
+            answers: vec![None; samples.len()],
+            left: samples.len(),
+        }));
+        for (i, &s) in samples.iter().enumerate() {
+            let (partial, full) = (partial.clone(), self.full_tx.clone());
+            served.get_or_wait(
+                s,
+                Box::new(move |found| {
+                    let mut p = partial.lock().unwrap_or_else(|e| e.into_inner());
+                    p.answers[i] = found;
+                    p.left -= 1;
+                    if p.left == 0 {
+                        let answers = std::mem::take(&mut p.answers);
+                        // Fails only once the loop has ended: the peer's fetch times out.
+                        let _ = full.send((p.from, p.id, answers));
+                    }
+                }),
+            );
+        }
+        // Answers that came at once go out this turn.
+        while let Ok((from, id, answers)) = self.full_rx.try_recv() {
+            self.send_reply(from, id, &answers);
+        }
+    }
+
+    fn send_reply(&mut self, from: usize, id: u64, answers: &[Option<Bytes>]) {
         {
             let hits = answers.iter().filter(|a| a.is_some()).count() as u64;
             let mut st = self.stats.lock().unwrap_or_else(|e| e.into_inner());
             st.served_bytes += hits;
             st.served_miss += answers.len() as u64 - hits;
         }
-        let msg = wire::encode_reply(id, &answers);
+        let msg = wire::encode_reply(id, answers);
         self.sends
             .push(OwnedSend::start(self.world, from, TAG_REPLY, msg));
     }

@@ -22,10 +22,21 @@ pub enum Answer {
 /// Called exactly once with a fetch's answer, on a thread of the transport.
 pub type Done = Box<dyn FnOnce(Answer) + Send>;
 
+/// Called exactly once with what the served cache has of a sample (`None`: a miss).
+pub type Reply = Box<dyn FnOnce(Option<Bytes>) + Send>;
+
 /// What this node's cache offers its peers.
 pub trait Served: Send + Sync {
     /// The bytes of `sample` if the cache holds them now.
     fn get(&self, sample: u32) -> Option<Bytes>;
+
+    /// Answers `reply` with the bytes of `sample`, now or, where the cache's plan says it
+    /// will hold them shortly (its read is in flight, or not yet issued), once it does. A
+    /// cache must answer every reply it takes, a miss if it stops first. By default the
+    /// answer is [`Served::get`]'s, at once.
+    fn get_or_wait(&self, sample: u32, reply: Reply) {
+        reply(self.get(sample));
+    }
 }
 
 /// The nodes around a loader.

@@ -39,7 +39,7 @@ pub(crate) use deliver::{detach, next_batch, poll_next_batch};
 pub(crate) use io::attempt::Storage;
 pub(crate) use io::dirs::SampleDirs;
 pub use peers::plan::{PeerPlan, PeerPlanInputs};
-pub(crate) use peers::{PeerCounters, Peers};
+pub(crate) use peers::{PeerCounters, Peers, ServedLandings};
 pub(crate) use plan::layout::Layout;
 pub(crate) use state::PipelineState;
 pub(crate) use sync::lock;
@@ -107,6 +107,7 @@ impl<T: Send + 'static> Pipeline<T> {
             batch_refused: Mutex::new(None),
             forms: decode::forms::FormCounters::default(),
             form_plan: Mutex::new(None),
+            cluster_plan: Mutex::new(None),
         });
         let ctx = Arc::new(ctx);
         if let Some(peers) = &ctx.peers {

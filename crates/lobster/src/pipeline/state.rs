@@ -46,6 +46,8 @@ pub(crate) struct PipelineState<T> {
     pub(crate) forms: FormCounters,
     /// The planner's form decisions, once it is done (with a decoded tier).
     pub(crate) form_plan: Mutex<Option<lobster_cache::FormStats>>,
+    /// This node's share of the cluster plan, once the planner is done (under it).
+    pub(crate) cluster_plan: Mutex<Option<crate::metrics::ClusterPlanMetrics>>,
 }
 
 impl<T> std::fmt::Debug for PipelineState<T> {

@@ -9,6 +9,7 @@
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use lobster_net::Reply;
 use lobster_uring::Arena;
 
 use crate::error::Error;
@@ -21,6 +22,17 @@ pub(crate) type Loaded = Result<Bytes, Error>;
 #[derive(Debug)]
 pub(crate) struct Landing<W> {
     state: Mutex<LandingState<W>>,
+}
+
+/// Peers' fetches of a sample whose read is in flight: answered when it lands, a miss if it
+/// never does.
+#[derive(Default)]
+struct PeerWaiters(Vec<Reply>);
+
+impl std::fmt::Debug for PeerWaiters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} peer fetches", self.0.len())
+    }
 }
 
 /// What a waiter finds when the landing is filled.
@@ -36,7 +48,7 @@ pub(crate) enum Found {
 
 #[derive(Debug)]
 enum LandingState<W> {
-    Pending(Vec<W>),
+    Pending(Vec<W>, PeerWaiters),
     Ready(Loaded),
     /// A cached sample the page cache held when it was read: the cache keeps no copy, and
     /// each hit reads it from there.
@@ -124,15 +136,31 @@ fn cache_copy(b: &Bytes, arena: Option<&Arena>) -> Bytes {
 impl<W> Landing<W> {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Landing {
-            state: Mutex::new(LandingState::Pending(Vec::new())),
+            state: Mutex::new(LandingState::Pending(Vec::new(), PeerWaiters::default())),
         })
+    }
+
+    /// Answers a peer's fetch with the bytes, once read (a miss if the read failed, or if the
+    /// cache keeps no bytes of the sample).
+    pub(crate) fn serve(&self, reply: Reply) {
+        let mut state = lock(&self.state);
+        if let LandingState::Pending(_, peers) = &mut *state {
+            peers.0.push(reply);
+            return;
+        }
+        let found = match &*state {
+            LandingState::Ready(Ok(b)) => Some(b.clone()),
+            _ => None,
+        };
+        drop(state);
+        reply(found);
     }
 
     /// Parks `waiter` until the landing is filled, or gives it back with what it finds if it is.
     pub(crate) fn wait(&self, waiter: W) -> Option<(W, Found)> {
         let mut state = lock(&self.state);
         let found = match &mut *state {
-            LandingState::Pending(waiters) => {
+            LandingState::Pending(waiters, _) => {
                 waiters.push(waiter);
                 return None;
             }
@@ -152,7 +180,7 @@ impl<W> Landing<W> {
                 *state = LandingState::Decoded(Arc::new(image));
                 true
             }
-            LandingState::Pending(_) | LandingState::Ready(Err(_)) | LandingState::Decoded(_) => {
+            LandingState::Pending(..) | LandingState::Ready(Err(_)) | LandingState::Decoded(_) => {
                 false
             }
         }
@@ -178,22 +206,25 @@ impl<W> Landing<W> {
         arena: Option<&Arena>,
     ) -> (Vec<W>, Found, Loaded) {
         if admitted && origin == Origin::PageCache && loaded.is_ok() {
-            let waiters = self.settle(LandingState::InPageCache);
+            let (waiters, peers) = self.settle(LandingState::InPageCache);
+            answer(peers, None);
             return (waiters, Found::InPageCache, loaded);
         }
         let loaded = match loaded {
             Ok(b) if admitted && origin == Origin::Pool => Ok(cache_copy(&b, arena)),
             other => other,
         };
-        let waiters = self.settle(LandingState::Ready(loaded.clone()));
+        let (waiters, peers) = self.settle(LandingState::Ready(loaded.clone()));
+        answer(peers, loaded.as_ref().ok());
         (waiters, Found::Bytes(loaded.clone()), loaded)
     }
 
-    /// Moves a pending landing to `settled`, returning the accesses that waited on it.
-    fn settle(&self, settled: LandingState<W>) -> Vec<W> {
+    /// Moves a pending landing to `settled`, returning the accesses and the peers' fetches
+    /// that waited on it.
+    fn settle(&self, settled: LandingState<W>) -> (Vec<W>, PeerWaiters) {
         let mut state = lock(&self.state);
         match std::mem::replace(&mut *state, settled) {
-            LandingState::Pending(waiters) => waiters,
+            LandingState::Pending(waiters, peers) => (waiters, peers),
             LandingState::Ready(_) | LandingState::InPageCache | LandingState::Decoded(_) => {
                 unreachable!("a landing is filled once")
             }
@@ -215,5 +246,22 @@ impl<W> Landing<W> {
         if let LandingState::Ready(loaded @ Ok(_)) = &mut *state {
             *loaded = Err(error);
         }
+    }
+}
+
+impl<W> Drop for Landing<W> {
+    fn drop(&mut self) {
+        // A landing dropped unfilled (the loader stopped) still answers its peers.
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let LandingState::Pending(_, peers) = state {
+            answer(std::mem::take(peers), None);
+        }
+    }
+}
+
+/// Answers the peers' fetches that waited on a landing, outside its lock.
+fn answer(peers: PeerWaiters, bytes: Option<&Bytes>) {
+    for reply in peers.0 {
+        reply(bytes.cloned());
     }
 }

@@ -107,6 +107,7 @@ fn settle<T>(
     match answer {
         Answer::Bytes(b) if b.len() as u64 == size_bytes => {
             counters.hits.fetch_add(1, Ordering::Relaxed);
+            counters.hit_bytes.fetch_add(size_bytes, Ordering::Relaxed);
             lock(&state.model).observe_read(Tier::Remote, size_bytes, issued.elapsed());
             return Some(b);
         }

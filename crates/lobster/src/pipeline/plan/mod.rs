@@ -4,6 +4,7 @@
 //! to the decode queues and its reads to the dispatcher.
 
 pub(super) mod allocate;
+pub(super) mod cluster;
 pub(super) mod layout;
 pub(super) mod progress;
 pub(super) mod read_path;
@@ -29,10 +30,20 @@ use crate::pipeline::sync::lock;
 use allocate::{allocate, spread, AccessLoad};
 use read_path::ResidentGate;
 
-/// The policy deciding the cache: one form (encoded bytes), or two (with a decoded tier).
+/// The policy deciding the cache: one form (encoded bytes), two (with a decoded tier), or
+/// this node's share of the nodes' caches planned as one.
 enum Decider {
     Encoded(Box<Planner<layout::Layout>>),
     Forms(Box<FormPlanner<layout::Layout>>),
+    Cluster(Box<cluster::NodeShare>),
+}
+
+/// One access's cache decision: what it finds and keeps, and the peer planned to serve it.
+struct Decided {
+    cached: Cached,
+    landing: Arc<AccessLanding>,
+    /// Under the cluster plan, the peer whose cache serves this miss.
+    peer: Option<usize>,
 }
 
 /// The cache decisions and what the cache holds: the landing of every sample the policy keeps.
@@ -40,6 +51,9 @@ struct Cache {
     decider: Decider,
     landings: Store<Arc<AccessLanding>>,
     evicted: Vec<u32>,
+    /// Under the cluster plan: this node's evictions, with the step of the access that
+    /// evicted each.
+    leaving: Vec<(u32, u64)>,
     /// The same landings as peers see them, where there are peers.
     served: Option<Arc<ServedLandings>>,
 }
@@ -51,7 +65,15 @@ impl Cache {
             return Ok(None);
         };
         let engine = |e| Error::engine("cache planner", e);
+        let cluster = ctx.peers.as_ref().is_some_and(|p| p.cluster);
         let decider = match &ctx.forms {
+            _ if cluster => Decider::Cluster(Box::new(cluster::NodeShare::new(
+                &ctx.layout,
+                config.job.nodes,
+                config.job.node,
+                sizes.clone(),
+                config.cache.capacity_bytes,
+            )?)),
             Some(tier) => {
                 let policy = FormPolicy::new(
                     sizes.clone(),
@@ -77,20 +99,41 @@ impl Cache {
             decider,
             landings: Store::new(config.cache.capacity_bytes),
             evicted: Vec::new(),
+            leaving: Vec::new(),
             served: ctx.peers.as_ref().map(|p| p.served.clone()),
         }))
     }
 
     /// Decides the next access of the stream, which must be `sample`: what the cache does,
     /// and the landing the access's bytes appear in.
-    fn decide(&mut self, sample: u32) -> Result<(Cached, Arc<AccessLanding>), Error> {
+    fn decide(&mut self, sample: u32) -> Result<Decided, Error> {
         let engine = |e| Error::engine("cache planner", e);
         let stopped = || Error::Stopped {
             reason: "cache planner ended early".into(),
         };
+        let mut peer = None;
         // (the form hit, the form the access stores the sample in (none for a hit that stays
         // as it was), that form's size, the position, the sample)
         let (hit_form, kept, kept_bytes, position, decided) = match &mut self.decider {
+            Decider::Cluster(share) => {
+                let d = share.next_own(&mut self.leaving)?;
+                let me = share.node();
+                let form = |b: bool| b.then_some(Form::Encoded);
+                let hit = d.served == lobster_cache::Served::Local;
+                if let lobster_cache::Served::Remote(h) = d.served {
+                    peer = Some(usize::from(h));
+                }
+                // Only a storage read is kept (by the node that made it); a hit stays put.
+                let admitted = d.served == lobster_cache::Served::Storage && d.kept_at == Some(me);
+                self.evicted.extend(self.leaving.iter().map(|l| l.0));
+                (
+                    form(hit),
+                    form(admitted),
+                    u64::from(d.size_bytes),
+                    d.position,
+                    d.sample,
+                )
+            }
             Decider::Encoded(planner) => {
                 let d = planner
                     .next(&mut self.evicted)
@@ -127,8 +170,16 @@ impl Cache {
             AccessLanding::new()
         };
         if let Some(served) = &self.served {
-            served.remove_all(&self.evicted);
+            if self.leaving.is_empty() {
+                served.remove_all(&self.evicted);
+            } else {
+                // Peers may still fetch what the cluster plan evicts: it leaves later.
+                for &(s, step) in &self.leaving {
+                    served.leave(&[s], step);
+                }
+            }
         }
+        self.leaving.clear();
         // A hit kept in another form is stored again at its new size.
         let changed = hit_form.is_some() && kept.is_some() && kept != hit_form;
         if changed {
@@ -145,20 +196,29 @@ impl Cache {
                 served.insert(sample, landing.clone());
             }
         }
-        Ok((
-            Cached {
+        Ok(Decided {
+            cached: Cached {
                 found: hit_form,
                 kept,
             },
             landing,
-        ))
+            peer,
+        })
     }
 
     /// The two-form decisions' totals (with a decoded tier).
     fn form_stats(&self) -> Option<FormStats> {
         match &self.decider {
             Decider::Forms(planner) => Some(planner.stats()),
-            Decider::Encoded(_) => None,
+            Decider::Encoded(_) | Decider::Cluster(_) => None,
+        }
+    }
+
+    /// This node's share of the cluster plan, if it plans with one.
+    fn cluster(&self) -> Option<&cluster::NodeShare> {
+        match &self.decider {
+            Decider::Cluster(share) => Some(share),
+            _ => None,
         }
     }
 }
@@ -209,20 +269,33 @@ pub(crate) fn planner<T: Send + 'static>(
                     .prefetch_iterations
                     .max(config.budgets.window_iterations),
             )?;
+            if let Some(served) = cache.as_ref().and_then(|c| c.served.as_ref()) {
+                served.expire(state.progress.slowest() as u64);
+            }
             window.clear();
             while next < accesses.len() && accesses[next].0 < last {
                 let (iteration, rank, pos, sample) = accesses[next];
                 next += 1;
                 seq += 1;
-                let (cached, landing) = match cache.as_mut() {
-                    None => (Cached::default(), AccessLanding::new()),
+                let Decided {
+                    cached,
+                    landing,
+                    peer,
+                } = match cache.as_mut() {
+                    None => Decided {
+                        cached: Cached::default(),
+                        landing: AccessLanding::new(),
+                        peer: None,
+                    },
                     Some(c) => c.decide(sample)?,
                 };
+
                 // A miss is read from storage unless the hand-out below finds it a cheaper way.
-                let read = if cached.hit() {
-                    Read::Cached
-                } else {
-                    ctx.storage_read(epoch, iteration, sample)
+                let read = match peer {
+                    _ if cached.hit() => Read::Cached,
+                    // The cluster plan's remote hit: storage only if the peer fails.
+                    Some(p) => Read::Peer(p),
+                    None => ctx.storage_read(epoch, iteration, sample),
                 };
                 window.push(Access {
                     seq,
@@ -275,8 +348,11 @@ pub(crate) fn planner<T: Send + 'static>(
             state.outstanding.fetch_add(window.len(), Ordering::SeqCst);
             for mut a in window.drain(..) {
                 if !a.cached.hit() {
-                    let peer = match (&ctx.peers, &costs) {
-                        (Some(p), Some(c)) => p.source(c, a.seq - 1, ctx.meta(a.sample).size_bytes),
+                    let peer = match (&a.read, &ctx.peers, &costs) {
+                        (Read::Peer(p), ..) => Some(*p),
+                        (_, Some(p), Some(c)) => {
+                            p.source(c, a.seq - 1, ctx.meta(a.sample).size_bytes)
+                        }
                         _ => None,
                     };
                     match (to_dispatcher.is_some(), on_workers, peer) {
@@ -331,6 +407,12 @@ pub(crate) fn planner<T: Send + 'static>(
     }
     if let Some(stats) = cache.as_ref().and_then(Cache::form_stats) {
         *lock(&state.form_plan) = Some(stats);
+    }
+    if let Some(share) = cache.as_ref().and_then(Cache::cluster) {
+        *lock(&state.cluster_plan) = Some(share.metrics());
+    }
+    if let Some(served) = cache.as_ref().and_then(|c| c.served.as_ref()) {
+        served.planned_all();
     }
     for r in &state.ranks {
         r.planned_all();

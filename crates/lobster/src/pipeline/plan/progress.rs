@@ -61,6 +61,11 @@ impl Progress {
         }
     }
 
+    /// Batches the slowest rank has taken.
+    pub(crate) fn slowest(&self) -> usize {
+        lock(&self.taken).slowest()
+    }
+
     /// Rank `rank` took a batch.
     pub(crate) fn took(&self, rank: usize) {
         let mut taken = lock(&self.taken);

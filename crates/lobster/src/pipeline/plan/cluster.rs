@@ -1,0 +1,195 @@
+//! This node's share of the cluster plan (`lobster_cache::ClusterPlanner`): every node runs
+//! the whole job's plan over the global stream, from the inputs they all share, and acts on
+//! the decisions that touch it: its own accesses (a local hit, a peer's cache, or storage,
+//! and whether it keeps the sample) and the evictions from its cache that other nodes'
+//! accesses cause. No traffic decides anything.
+
+use std::sync::Arc;
+
+use lobster_cache::{
+    ClusterConfig, ClusterCounts, ClusterDecision, ClusterLayout, ClusterPlanner, Mode,
+    StreamSource,
+};
+
+use crate::error::Error;
+use crate::metrics::{ClusterEpochMetrics, ClusterPlanMetrics};
+use crate::pipeline::plan::layout::Layout;
+use crate::sampler::DistributedSampler;
+
+/// Each epoch's whole order as the sampler pads (or, with `drop_last`, cuts) it: the global
+/// stream splits it over the ranks exactly as the sampler does.
+#[derive(Clone, Debug)]
+pub(crate) struct SamplerOrders {
+    sampler: DistributedSampler,
+    epochs: u32,
+}
+
+impl StreamSource for SamplerOrders {
+    fn epochs(&self) -> u32 {
+        self.epochs
+    }
+
+    fn fill_epoch(&self, epoch: u32, out: &mut Vec<u32>) {
+        out.extend(self.sampler.epoch_indices(epoch));
+    }
+}
+
+/// The global plan, walked up to this node's next access.
+pub(crate) struct NodeShare {
+    planner: ClusterPlanner<SamplerOrders>,
+    node: u16,
+    evicted: Vec<(u32, u16)>,
+    /// Accesses of other nodes this node's cache is planned to serve.
+    serves_planned: u64,
+}
+
+impl std::fmt::Debug for NodeShare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeShare")
+            .field("node", &self.node)
+            .field("serves_planned", &self.serves_planned)
+            .finish()
+    }
+}
+
+/// The cluster plan's layout of `nodes` nodes shaped as `layout` (this node's).
+pub(crate) fn cluster_layout(
+    layout: &Layout,
+    nodes: usize,
+) -> Result<ClusterLayout<SamplerOrders>, Error> {
+    let orders = SamplerOrders {
+        sampler: layout.sampler.clone(),
+        epochs: layout.epochs,
+    };
+    ClusterLayout::new(
+        orders,
+        layout.per_rank * layout.world,
+        nodes,
+        layout.ranks,
+        layout.batch,
+    )
+    .map_err(|e| Error::engine("cluster plan", e))
+}
+
+impl NodeShare {
+    /// Node `node`'s share of the plan of `nodes` nodes each caching `capacity_bytes`.
+    pub(crate) fn new(
+        layout: &Layout,
+        nodes: usize,
+        node: usize,
+        sizes: Arc<[u32]>,
+        capacity_bytes: u64,
+    ) -> Result<NodeShare, Error> {
+        let config = ClusterConfig {
+            mode: Some(Mode::Cluster),
+            ..ClusterConfig::default()
+        };
+        let planner = ClusterPlanner::with_config(
+            cluster_layout(layout, nodes)?,
+            sizes,
+            capacity_bytes,
+            config,
+        )
+        .map_err(|e| Error::engine("cluster plan", e))?;
+        Ok(NodeShare {
+            planner,
+            node: u16::try_from(node).map_err(|_| Error::invalid("node", node, "below 65535"))?,
+            evicted: Vec::new(),
+            serves_planned: 0,
+        })
+    }
+
+    /// Decides the global stream up to and including this node's next access, and returns
+    /// its decision. `leaving` receives the samples this node's cache lets go on the way, each
+    /// with the step of the access that evicts it.
+    pub(crate) fn next_own(
+        &mut self,
+        leaving: &mut Vec<(u32, u64)>,
+    ) -> Result<ClusterDecision, Error> {
+        loop {
+            let d = self
+                .planner
+                .next(&mut self.evicted)
+                .map_err(|e| Error::engine("cluster plan", e))?
+                .ok_or_else(|| Error::Stopped {
+                    reason: "the cluster plan ended before this node's stream".into(),
+                })?;
+            let step = self.planner.layout().step_at(d.position);
+            leaving.extend(
+                self.evicted
+                    .iter()
+                    .filter(|e| e.1 == self.node)
+                    .map(|e| (e.0, step)),
+            );
+            if d.node == self.node {
+                return Ok(d);
+            }
+            if d.served == lobster_cache::Served::Remote(self.node) {
+                self.serves_planned += 1;
+            }
+        }
+    }
+
+    /// This node.
+    pub(crate) fn node(&self) -> u16 {
+        self.node
+    }
+
+    /// This node's share as the metrics report it.
+    pub(crate) fn metrics(&self) -> ClusterPlanMetrics {
+        let stats = self.planner.stats();
+        let epoch = |c: ClusterCounts| ClusterEpochMetrics {
+            local_hits: c.local_hits,
+            local_hit_bytes: c.local_hit_bytes,
+            remote_hits: c.remote_hits,
+            remote_hit_bytes: c.remote_hit_bytes,
+            storage_reads: c.storage_reads,
+            storage_bytes: c.storage_bytes,
+        };
+        ClusterPlanMetrics {
+            nodes: self.planner.layout().nodes(),
+            dataset_bytes: stats.dataset_bytes(),
+            floor_bytes_per_epoch: stats.floor_bytes_per_epoch(),
+            epochs: (0..stats.epochs())
+                .map(|e| epoch(stats.of(e, usize::from(self.node))))
+                .collect(),
+            serves_planned: self.serves_planned,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampler::EpochOrder;
+
+    /// The cluster layout's view of every node is the pipeline's layout of that node, access
+    /// for access, padded or cut as the sampler does.
+    #[test]
+    fn every_nodes_stream_is_its_pipeline_layout() {
+        for (samples, drop_last) in [(103, false), (103, true), (96, false), (5, false)] {
+            let (nodes, ranks, batch, epochs) = (3, 2, 4, 3);
+            let sampler = DistributedSampler::new(
+                samples,
+                nodes * ranks,
+                drop_last,
+                EpochOrder::Shuffle { seed: 7 },
+            )
+            .unwrap();
+            let layout = |n| Layout::of_node(sampler.clone(), ranks, n, batch, epochs);
+            let cluster = cluster_layout(&layout(0), nodes).unwrap();
+            for n in 0..nodes {
+                let view = cluster.node(n);
+                for e in 0..epochs {
+                    let (mut want, mut got) = (Vec::new(), Vec::new());
+                    layout(n).fill_epoch(e, &mut want);
+                    view.fill_epoch(e, &mut got);
+                    assert_eq!(
+                        got, want,
+                        "{samples} samples, drop_last {drop_last}, node {n}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -9,7 +9,8 @@ use std::sync::{Arc, Barrier};
 use common::{make_dataset, rank_plan, Shape};
 use lobster_io::net::{InProcessNode, InProcessNodes, Transport};
 use lobster_io::{
-    Batch, CachePolicy, Dataset, Error, Execution, LoaderBuilder, RunMetrics, StorageEmulation,
+    Batch, CachePolicy, Dataset, Error, Execution, LoaderBuilder, PeerPlanChoice, PeerPlanKind,
+    RunMetrics, StorageEmulation,
 };
 
 const NODES: usize = 3;
@@ -38,6 +39,23 @@ fn run_job(
     silent: Option<usize>,
 ) -> Vec<(Got, RunMetrics)> {
     let capacity = ds.samples().iter().map(|s| s.size_bytes).sum::<u64>() / 3;
+    run_job_with(
+        ds,
+        (policy, capacity, PeerPlanChoice::Auto),
+        execution,
+        nodes,
+        silent,
+    )
+}
+
+/// [`run_job`] with the cache's capacity and how the nodes plan it.
+fn run_job_with(
+    ds: &Arc<Dataset>,
+    (policy, capacity, peer_plan): (CachePolicy, u64, PeerPlanChoice),
+    execution: Execution,
+    nodes: &[Arc<InProcessNode>],
+    silent: Option<usize>,
+) -> Vec<(Got, RunMetrics)> {
     let mut loaders: Vec<_> = (0..NODES)
         .map(|node| {
             LoaderBuilder::new(ds.clone())
@@ -46,6 +64,7 @@ fn run_job(
                 .batch_size(shape(node).batch)
                 .epochs(shape(node).epochs)
                 .cache(policy, capacity)
+                .peer_plan(peer_plan)
                 .execution(execution)
                 .decode_threads(2)
                 .io_depth(4)
@@ -140,6 +159,21 @@ fn without_faults_every_planned_remote_hit_is_served_and_every_sample_delivered(
                 m.remote_hits, m.planned_remote_hits,
                 "{what} node {node}: {m:?}"
             );
+            // A third of the dataset per node on 3 nodes: the reuse cache is planned as one,
+            // and the cluster plan sends every remote hit it plans.
+            let cluster = policy == CachePolicy::Reuse;
+            let kind = if cluster {
+                PeerPlanKind::Cluster
+            } else {
+                PeerPlanKind::Node
+            };
+            assert_eq!(m.peer_plan.mode, kind, "{what}: {:?}", m.peer_plan);
+            if cluster {
+                assert_eq!(m.planned_remote_hits, m.peer_planned_accesses, "{what}");
+                let plan = m.cluster_plan.as_ref().expect("the cluster plan's share");
+                let planned: u64 = plan.epochs.iter().map(|e| e.storage_reads).sum();
+                assert_eq!(planned, m.accesses - m.hits - m.remote_hits, "{what}");
+            }
             assert_eq!((m.remote_misses, m.remote_timeouts), (0, 0), "{what}");
             // A planned remote hit is a local miss the plan gave a holder.
             assert!(m.planned_remote_hits <= m.peer_planned_accesses, "{what}");
@@ -201,4 +235,99 @@ fn a_transport_of_another_world_is_refused_naming_it() {
         .build()
         .unwrap_err();
     assert!(e.to_string().contains("peers"), "{e}");
+}
+
+/// Storage reads of a node: its accesses neither its cache nor a peer served.
+fn storage_reads(m: &RunMetrics) -> u64 {
+    m.accesses - m.hits - m.remote_hits
+}
+
+#[test]
+fn the_cluster_plan_reads_less_from_storage_than_each_nodes_own_and_serves_all_it_plans() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), 96, 3);
+    let capacity = ds.samples().iter().map(|s| s.size_bytes).sum::<u64>() / 3;
+    let mut reads = Vec::new();
+    for choice in [PeerPlanChoice::Node, PeerPlanChoice::Auto] {
+        let nodes = InProcessNodes::connect(NODES);
+        let results = run_job_with(
+            &ds,
+            (CachePolicy::Reuse, capacity, choice),
+            Execution::Pipelined,
+            &nodes,
+            None,
+        );
+        let mut total = 0;
+        for (node, (got, m)) in results.into_iter().enumerate() {
+            check(&ds, got, node, &format!("{choice:?}"));
+            assert_eq!(m.remote_hits, m.planned_remote_hits, "{choice:?}: {m:?}");
+            assert_eq!(m.remote_misses, 0, "{choice:?}");
+            let bytes: u64 = nodes[node].stats().answered_bytes;
+            assert_eq!(bytes, m.remote_hits, "{choice:?}");
+            total += storage_reads(&m);
+        }
+        reads.push(total);
+    }
+    let (own, cluster) = (reads[0], reads[1]);
+    assert!(
+        cluster < own,
+        "the cluster plan reads {cluster} samples from storage, each node's own {own}"
+    );
+}
+
+#[test]
+fn where_caches_are_small_the_cluster_plan_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), 96, 3);
+    // C * N^2 <= F: each node's own plan already reads about the floor.
+    let capacity = ds.samples().iter().map(|s| s.size_bytes).sum::<u64>() / 10;
+    let mut runs = Vec::new();
+    for choice in [PeerPlanChoice::Node, PeerPlanChoice::Auto] {
+        let nodes = InProcessNodes::connect(NODES);
+        let results = run_job_with(
+            &ds,
+            (CachePolicy::Reuse, capacity, choice),
+            Execution::Pipelined,
+            &nodes,
+            None,
+        );
+        let mut figures = Vec::new();
+        for (node, (got, m)) in results.into_iter().enumerate() {
+            check(&ds, got, node, "small caches");
+            assert_eq!(m.peer_plan.mode, PeerPlanKind::Node, "{:?}", m.peer_plan);
+            assert!(m.cluster_plan.is_none());
+            figures.push((m.hits, m.peer_planned_accesses, m.planned_remote_hits));
+        }
+        runs.push(figures);
+    }
+    assert_eq!(
+        runs[0], runs[1],
+        "the same hits and remote hits as each node's own plan"
+    );
+}
+
+#[test]
+fn under_the_cluster_plan_a_silent_peers_fetches_fall_back_to_storage() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), 96, 3);
+    for execution in [Execution::Pipelined, Execution::ReadThenDecode] {
+        let nodes = InProcessNodes::connect(NODES);
+        let results = run_job(&ds, CachePolicy::Reuse, execution, &nodes, Some(2));
+        let mut timeouts = 0;
+        for (node, (got, m)) in results.into_iter().enumerate() {
+            check(&ds, got, node, "silent node 2, cluster plan");
+            assert_eq!(m.peer_plan.mode, PeerPlanKind::Cluster);
+            assert_eq!(
+                m.remote_hits + m.remote_misses,
+                m.planned_remote_hits,
+                "{execution:?} node {node}: {m:?}"
+            );
+            assert_eq!(m.remote_misses, m.remote_timeouts, "{m:?}");
+            timeouts += m.remote_timeouts;
+        }
+        assert!(
+            timeouts > 0,
+            "{execution:?}: node 2 was asked and did not answer"
+        );
+    }
 }

@@ -178,6 +178,8 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         on_error => on_error: OnError,
         /// Pipelined (io_uring reads, separate decode) or read-then-decode workers.
         execution => execution: Execution,
+        /// With peers: the nodes' caches planned as one where that gains, or each node's own.
+        peer_plan => cache.peer_plan: PeerPlanChoice,
         /// Pixels an image sample may have ([`LoaderBuilder::decode_images`]); one whose
         /// header claims more fails before it is decoded (see
         /// [`SampleLimits::image_pixels_max`](crate::SampleLimits::image_pixels_max)).

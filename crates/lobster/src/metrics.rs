@@ -265,6 +265,11 @@ pub struct RunMetrics {
     pub peer_planned_accesses: u64,
     /// Bytes peers sent this node: its remote hits' bytes over the interconnect.
     pub remote_hit_bytes: u64,
+    /// Storage reads that delivered bytes, by the epoch of their access (a remote miss's
+    /// fallback and a page-cache hit the page cache had let go count; retries once).
+    pub storage_reads_by_epoch: Vec<u64>,
+    /// Their bytes.
+    pub storage_bytes_by_epoch: Vec<u64>,
     /// How the nodes' caches were planned: `cluster` (one plan for the job's caches) or
     /// `node` (each node's own), and why.
     pub peer_plan: Mode<PeerPlanKind>,
@@ -609,6 +614,8 @@ impl Collector {
             remote_timeouts: 0,
             peer_planned_accesses: 0,
             remote_hit_bytes: 0,
+            storage_reads_by_epoch: Vec::new(),
+            storage_bytes_by_epoch: Vec::new(),
             peer_plan: Mode::default(),
             cluster_plan: None,
             read_retries: 0,

@@ -172,6 +172,13 @@ pub struct RunArgs {
     /// With --mpi: no remote hits (nodes still train in lock-step), for comparison.
     #[arg(help_heading = "Job", long, requires = "mpi")]
     pub no_remote: bool,
+    /// Run every one of the --nodes nodes in this process, as an MPI job would run them (each
+    /// node its own loader and emulated storage link, nodes in lock-step, peers' caches
+    /// reached through the in-process transport), and print the job's table. The nodes'
+    /// caches are planned as one where that gains; the strategy `lobster-node-plan` plans
+    /// each node's own, for comparison. Best with `--decoder raw` on few cores.
+    #[arg(help_heading = "Job", long, conflicts_with = "mpi")]
+    pub cluster: bool,
     /// Internal: run as this local rank of a `--ranks-as processes` run.
     #[arg(long, hide = true, requires = "node_job")]
     pub rank_process: Option<usize>,
@@ -326,6 +333,12 @@ impl RunArgs {
         }
         if self.mpi && self.ranks_as == RanksAs::Processes {
             bail!("--mpi runs a node's ranks as threads: drop --ranks-as processes");
+        }
+        if self.cluster && self.ranks_as == RanksAs::Processes {
+            bail!("--cluster runs every node's ranks as threads: drop --ranks-as processes");
+        }
+        if self.cluster && self.nodes < 2 {
+            bail!("--cluster needs --nodes 2 or more, got {}", self.nodes);
         }
         self.workers_per_rank()?;
         self.on_error_rule()?;

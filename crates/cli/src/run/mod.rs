@@ -2,9 +2,11 @@
 //! on the same data in the same process.
 
 mod args;
+mod build;
 mod cluster;
 mod dataset;
 mod decode;
+mod nodes;
 mod processes;
 mod report;
 mod strategy;
@@ -15,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use lobster_io::{Dataset, LoaderBuilder, OnError, RunMetrics, SampleMeta};
+use lobster_io::{Dataset, OnError, RunMetrics};
 
 pub(crate) use args::BackendArg;
 use args::RanksAs;
@@ -23,7 +25,7 @@ pub use args::RunArgs;
 pub(crate) use dataset::default_dataset;
 pub(crate) use decode::{decode, Decoder, TransformArg};
 pub(crate) use strategy::{Budgets, Strategies, Strategy};
-pub(crate) use train::{train, RankTotals};
+pub(crate) use train::{batches_crc32, train, RankTotals};
 
 use crate::process;
 use report::{Measured, RunConfig, StrategyResult};
@@ -107,13 +109,17 @@ pub fn run(args: &RunArgs) -> Result<()> {
             )
         }),
         mpi: cluster.is_some(),
-        remote_hits: cluster.as_ref().is_some_and(|c| c.peers().is_some()),
+        in_process_nodes: args.cluster,
+        remote_hits: args.cluster || cluster.as_ref().is_some_and(|c| c.peers().is_some()),
     };
     if let Some(c) = &cluster {
         c.agree(report::plan_fields(&config)?)?;
     }
     if lead {
         report::print_header(&config);
+    }
+    if args.cluster {
+        return run_nodes(args, &dataset, cache_bytes, &config);
     }
     let mut results = Vec::with_capacity(args.strategy.0.len());
     for &strategy in &args.strategy.0 {
@@ -139,9 +145,55 @@ pub fn run(args: &RunArgs) -> Result<()> {
     report::print_skipped(&results);
     if let Some(nodes) = &per_node {
         report::print_nodes(nodes);
+        report::print_cluster(nodes, &config);
     }
     if let Some(path) = &args.json {
         report::write_json(path, &config, &results, per_node.as_deref())?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// `--cluster`: every strategy on every node of the job in this process; node 0's results
+/// head the report, every node's follow, as an MPI job reports them.
+fn run_nodes(
+    args: &RunArgs,
+    dataset: &Arc<Dataset>,
+    cache_bytes: u64,
+    config: &RunConfig,
+) -> Result<()> {
+    let mut per_node: Vec<Vec<StrategyResult>> = (0..args.nodes).map(|_| Vec::new()).collect();
+    for &strategy in &args.strategy.0 {
+        let steps = lobster_io::DistributedSampler::new(
+            dataset.len(),
+            args.nodes * args.ranks_per_node,
+            false,
+            lobster_io::EpochOrder::Sequential,
+        )?
+        .per_rank()
+        .div_ceil(args.batch_size) as u64
+            * u64::from(args.epochs);
+        let bar = progress_bar(args.quiet, strategy, steps);
+        let results = nodes::run_strategy(args, dataset, cache_bytes, strategy, &bar)?;
+        bar.finish_and_clear();
+        for (node, (metrics, measured)) in results.into_iter().enumerate() {
+            per_node[node].push(StrategyResult::new(strategy, metrics, measured));
+        }
+    }
+    for results in &mut per_node {
+        report::set_speedups(results);
+    }
+    let values = per_node
+        .iter()
+        .map(serde_json::to_value)
+        .collect::<Result<Vec<_>, _>>()?;
+    let results = per_node.swap_remove(0);
+    report::print_table(&results);
+    report::print_skipped(&results);
+    report::print_nodes(&values);
+    report::print_cluster(&values, config);
+    if let Some(path) = &args.json {
+        report::write_json(path, config, &results, Some(&values))?;
         println!("wrote {}", path.display());
     }
     Ok(())
@@ -157,44 +209,10 @@ fn run_strategy(
 ) -> Result<(RunMetrics, Measured)> {
     process::reset_peak_rss();
     let cpu_before = process::cpu_seconds();
-    let mut config = args.loader_config()?;
-    strategy.apply(&args.budgets(cache_bytes)?, &mut config);
-    let cache_capacity_bytes = config.cache.capacity_bytes;
-    let loader_config = config.clone();
-    let (decoder, us_per_kb, seed) = (args.decoder(), args.decode_us_per_kb, args.seed);
-    let pixels_max = args.image_pixels_max;
-    let transform = args.transform.transform(args.image_size);
-    let builder = LoaderBuilder::new(dataset.clone())
-        .config(config)
-        .seed(seed);
-    let mut builder = match decoder {
-        // Real images decode in two stages, so that the cache may keep the first's image.
-        Decoder::Jpeg => builder.decode_in_two_stages(
-            move |bytes: &[u8], meta: &SampleMeta| decode::decode_image(bytes, meta, pixels_max),
-            move |image, meta, epoch| decode::finish_image(transform, (seed, epoch), image, meta),
-        ),
-        _ => builder.decode_in_epoch(move |bytes: &[u8], meta: &SampleMeta, epoch| {
-            decode(
-                decoder,
-                us_per_kb,
-                transform,
-                pixels_max,
-                (seed, epoch),
-                bytes,
-                meta,
-            )
-        }),
-    };
-    if args.ranks_as == RanksAs::Processes {
-        // A rank's slot holds batch_size samples of this: a larger one is a bad sample.
-        builder = builder.decoded_sample_bytes_max(processes::sample_bytes(args));
-    }
-    if let Some(peers) = cluster.and_then(cluster::Cluster::peers) {
-        builder = builder.peers(peers);
-    }
-    let mut loader = builder
-        .build()
-        .with_context(|| format!("starting the {strategy} loader"))?;
+    let peers = cluster.and_then(cluster::Cluster::peers);
+    let (mut loader, loader_config) =
+        build::loader(args, dataset, cache_bytes, strategy, args.node, peers)?;
+    let cache_capacity_bytes = loader_config.cache.capacity_bytes;
     let backend = loader
         .backend()
         .map_or("read-then-decode workers".to_string(), |b| {
@@ -248,15 +266,6 @@ fn run_strategy(
         batches_crc32: Some(batches_crc32(&totals)),
     };
     Ok((metrics, measured))
-}
-
-/// One CRC for a node's batches: the ranks' CRCs in rank order.
-fn batches_crc32(totals: &[RankTotals]) -> u32 {
-    let mut crc = crc32fast::Hasher::new();
-    for t in totals {
-        crc.update(&t.crc32.to_le_bytes());
-    }
-    crc.finalize()
 }
 
 fn progress_bar(quiet: bool, strategy: Strategy, total: u64) -> ProgressBar {

@@ -49,6 +49,8 @@ pub(crate) struct RunConfig {
     pub inject_faults: Option<String>,
     /// One process per node over MPI, and whether misses are fetched from peers' caches.
     pub mpi: bool,
+    /// Every node in this process (`--cluster`).
+    pub in_process_nodes: bool,
     pub remote_hits: bool,
 }
 
@@ -306,6 +308,87 @@ pub(crate) fn print_nodes(nodes: &[serde_json::Value]) {
             samples / slowest_s,
             ""
         );
+    }
+}
+
+/// The job's storage reads against the floor, and where its accesses were served, per
+/// strategy (every node's results, in node order). Steady state: the epochs after the first.
+pub(crate) fn print_cluster(nodes: &[serde_json::Value], config: &RunConfig) {
+    let floor = config
+        .dataset_bytes
+        .saturating_sub(config.nodes as u64 * config.cache_bytes);
+    println!();
+    println!(
+        "storage floor per epoch F - N*C = {:.1} MB (F {:.1} MB, {} nodes x {:.1} MB)",
+        floor as f64 / 1e6,
+        config.dataset_bytes as f64 / 1e6,
+        config.nodes,
+        config.cache_bytes as f64 / 1e6
+    );
+    println!(
+        "{:>20} {:>10} {:>14} {:>10} {:>8} {:>8} {:>8} {:>12}",
+        "strategy", "plan", "storage MB/ep", "x floor", "local", "remote", "storage", "net MB"
+    );
+    let strategies = nodes.first().and_then(|n| n.as_array()).map_or(0, Vec::len);
+    for p in 0..strategies {
+        let figures = job_figures(nodes, p);
+        let plan = nodes[0][p]["peer_plan"]["mode"].as_str().unwrap_or("?");
+        println!(
+            "{:>20} {plan:>10} {:>14.1} {:>10} {:>8.3} {:>8.3} {:>8.3} {:>12.1}",
+            nodes[0][p]["strategy"].as_str().unwrap_or("?"),
+            figures.steady_storage_bytes_per_epoch / 1e6,
+            if floor > 0 {
+                format!(
+                    "{:.3}",
+                    figures.steady_storage_bytes_per_epoch / floor as f64
+                )
+            } else {
+                "-".into()
+            },
+            figures.fractions[0],
+            figures.fractions[1],
+            figures.fractions[2],
+            figures.remote_bytes / 1e6,
+        );
+    }
+}
+
+/// One strategy's figures for the whole job.
+struct JobFigures {
+    /// Mean over the epochs after the first of the job's storage bytes per epoch.
+    steady_storage_bytes_per_epoch: f64,
+    /// Local hits, remote hits and storage reads over accesses.
+    fractions: [f64; 3],
+    /// Bytes peers sent, all nodes.
+    remote_bytes: f64,
+}
+
+fn job_figures(nodes: &[serde_json::Value], p: usize) -> JobFigures {
+    let num = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap_or(0.0);
+    let (mut steady, mut epochs) = (0.0, 0usize);
+    let (mut accesses, mut hits, mut remote, mut remote_bytes) = (0.0, 0.0, 0.0, 0.0);
+    for results in nodes {
+        let r = &results[p];
+        let by_epoch: Vec<f64> = r["storage_bytes_by_epoch"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_f64()).collect())
+            .unwrap_or_default();
+        steady += by_epoch.iter().skip(1).sum::<f64>();
+        epochs = epochs.max(by_epoch.len().saturating_sub(1));
+        accesses += num(r, "accesses");
+        hits += num(r, "hits");
+        remote += num(r, "remote_hits");
+        remote_bytes += num(r, "remote_hit_bytes");
+    }
+    let share = |x: f64| if accesses > 0.0 { x / accesses } else { 0.0 };
+    JobFigures {
+        steady_storage_bytes_per_epoch: if epochs > 0 {
+            steady / epochs as f64
+        } else {
+            0.0
+        },
+        fractions: [share(hits), share(remote), share(accesses - hits - remote)],
+        remote_bytes,
     }
 }
 

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use lobster_io::{CachePolicy, Execution, LoaderConfig, PipelineThreads, Schedule};
+use lobster_io::{CachePolicy, Execution, LoaderConfig, PeerPlanChoice, PipelineThreads, Schedule};
 use serde::Serialize;
 
 /// A loading strategy; all of them run on the same loader, with different settings. The
@@ -21,6 +21,9 @@ pub enum Strategy {
     LobsterCacheOnly,
     /// Ablation: NoPFS's cache with Lobster's per-rank allocation.
     LobsterAllocOnly,
+    /// Lobster with each node planning its own cache, peers serving what they happen to
+    /// hold: lobster without the cluster plan (with peers only; not in `all`).
+    LobsterNodePlan,
 }
 
 /// What the strategies share, from the command line: the pipelined strategies' schedule and
@@ -51,6 +54,7 @@ impl Strategy {
             Strategy::Lobster => "lobster",
             Strategy::LobsterCacheOnly => "lobster-cache-only",
             Strategy::LobsterAllocOnly => "lobster-alloc-only",
+            Strategy::LobsterNodePlan => "lobster-node-plan",
         }
     }
 
@@ -58,7 +62,9 @@ impl Strategy {
         match self {
             Strategy::Pytorch => CachePolicy::None,
             Strategy::Nopfs | Strategy::LobsterAllocOnly => CachePolicy::Static,
-            Strategy::Lobster | Strategy::LobsterCacheOnly => CachePolicy::Reuse,
+            Strategy::Lobster | Strategy::LobsterCacheOnly | Strategy::LobsterNodePlan => {
+                CachePolicy::Reuse
+            }
         }
     }
 
@@ -67,7 +73,9 @@ impl Strategy {
             Strategy::Pytorch | Strategy::Nopfs | Strategy::LobsterCacheOnly => {
                 Execution::ReadThenDecode
             }
-            Strategy::Lobster | Strategy::LobsterAllocOnly => Execution::Pipelined,
+            Strategy::Lobster | Strategy::LobsterAllocOnly | Strategy::LobsterNodePlan => {
+                Execution::Pipelined
+            }
         }
     }
 
@@ -82,6 +90,10 @@ impl Strategy {
             budgets.cache_bytes
         };
         config.execution = self.execution();
+        config.cache.peer_plan = match self {
+            Strategy::LobsterNodePlan => PeerPlanChoice::Node,
+            _ => PeerPlanChoice::Auto,
+        };
         // Decoded forms are the reuse cache's; the others keep encoded bytes.
         if cache != CachePolicy::Reuse {
             config.cache.forms = None;
@@ -125,11 +137,12 @@ impl FromStr for Strategies {
         for name in s.split(',') {
             let p = Strategy::ALL
                 .into_iter()
+                .chain([Strategy::LobsterNodePlan])
                 .find(|p| p.name() == name.trim())
                 .ok_or_else(|| {
                     format!(
                         "unknown strategy {name:?}: expected all, or a list of pytorch, nopfs, \
-                         lobster, lobster-cache-only, lobster-alloc-only"
+                         lobster, lobster-cache-only, lobster-alloc-only, lobster-node-plan"
                     )
                 })?;
             if !out.contains(&p) {
@@ -151,7 +164,7 @@ mod tests {
         assert_eq!("all".parse::<Strategies>().unwrap().0, Strategy::ALL);
         let e = "pytorch,torch".parse::<Strategies>().unwrap_err();
         assert!(e.contains("\"torch\""), "{e}");
-        for s in Strategy::ALL {
+        for s in Strategy::ALL.into_iter().chain([Strategy::LobsterNodePlan]) {
             assert_eq!(s.name().parse::<Strategies>().unwrap().0, [s]);
             // The JSON spells a strategy as the command line does.
             assert_eq!(serde_json::to_value(s).unwrap(), s.name());

@@ -114,6 +114,15 @@ pub(crate) fn train<T: Send + AsRef<[u8]>, C: Default>(
     })
 }
 
+/// One CRC for a node's batches: the ranks' CRCs in rank order.
+pub(crate) fn batches_crc32(totals: &[RankTotals]) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    for t in totals {
+        crc.update(&t.crc32.to_le_bytes());
+    }
+    crc.finalize()
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;

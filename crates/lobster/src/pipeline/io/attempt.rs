@@ -23,6 +23,21 @@ pub(crate) struct FaultCounters {
     pub(crate) retries: AtomicU64,
     /// Reads that succeeded after at least one retry.
     pub(crate) recovered: AtomicU64,
+    /// Storage reads that delivered bytes, and their bytes, by the epoch of their access
+    /// (as long as the run's epochs).
+    pub(crate) by_epoch: std::sync::Mutex<Vec<(u64, u64)>>,
+}
+
+impl FaultCounters {
+    fn delivered(&self, epoch: u32, bytes: u64) {
+        let mut by_epoch = crate::pipeline::sync::lock(&self.by_epoch);
+        let e = epoch as usize;
+        if by_epoch.len() <= e {
+            by_epoch.resize(e + 1, (0, 0));
+        }
+        by_epoch[e].0 += 1;
+        by_epoch[e].1 += bytes;
+    }
 }
 
 /// A read attempt that failed before any fault was injected.
@@ -146,6 +161,7 @@ fn fate(
             if number > 0 {
                 counters.recovered.fetch_add(1, Ordering::Relaxed);
             }
+            counters.delivered(epoch, bytes.len() as u64);
             Fate::Deliver {
                 at: deliver_at(delay),
                 loaded: Ok(bytes),

@@ -4,8 +4,8 @@
 //! storage).
 //!
 //! # The global stream
-//! All nodes' accesses in canonical order (epoch, iteration, node, local rank, position in
-//! batch), laid out by [`ClusterLayout`] from one order per epoch split over the ranks as
+//! All nodes' accesses in canonical order (epoch, iteration, local rank, position in batch,
+//! node: the nodes interleaved within a step), laid out by [`ClusterLayout`] from one order per epoch split over the ranks as
 //! PyTorch's `DistributedSampler` does (padded by repeating the head; no `drop_last`). One
 //! [`NextUseIndex`] over it gives each access its global next use.
 //!
@@ -136,8 +136,14 @@ fn shape_error(parameter: &'static str, value: usize, expected: &'static str) ->
 /// `per_rank * world` entries (`world = nodes * ranks_per_node`, `per_rank =
 /// ceil(order_len / world)`), and rank `r` takes entries `r, r + world, ...`, as PyTorch's
 /// `DistributedSampler` without `drop_last`. Node `a` has ranks `a * ranks_per_node ..`.
-/// Iteration `i` of an epoch is a block of every node's batch `i`, node after node; every
-/// iteration but the last holds `batch_size` accesses per rank.
+/// Iteration `i` of an epoch is a block of every node's batch `i`, the nodes interleaved: the
+/// `j`-th access of every node's block (its ranks' batches, rank after rank), node after node,
+/// then the `j + 1`-th. Every iteration but the last holds `batch_size` accesses per rank.
+///
+/// Interleaving keeps the plan fair: Belady breaks ties in next use by stream position, and
+/// with the nodes' blocks one after another the last node's samples would always be the
+/// farthest of their step, so every cache would drop them first and that node would read
+/// more from storage than the others, and the job waits for it.
 #[derive(Debug, Clone)]
 pub struct ClusterLayout<O> {
     orders: O,
@@ -231,8 +237,7 @@ impl<O: StreamSource> ClusterLayout<O> {
         let block = (self.nodes * self.ranks_per_node * self.batch_size) as u64;
         let iteration = (index / block).min(self.iterations() as u64 - 1);
         let within = index - iteration * block;
-        let per_node = (self.ranks_per_node * self.batch_len(iteration as usize)) as u64;
-        (within / per_node) as u16
+        (within % self.nodes as u64) as u16
     }
 
     /// The step (iteration since the first epoch's first) of the access at `position` of the
@@ -285,9 +290,11 @@ impl<O: StreamSource> ClusterLayout<O> {
         let nodes = node.map_or(0..self.nodes, |a| a..a + 1);
         out.reserve(self.per_rank * self.ranks_per_node * nodes.len());
         for iteration in 0..self.iterations() {
-            for a in nodes.clone() {
-                for rank in a * self.ranks_per_node..(a + 1) * self.ranks_per_node {
-                    for pos in 0..self.batch_len(iteration) {
+            let batch_len = self.batch_len(iteration);
+            for local in 0..self.ranks_per_node {
+                for pos in 0..batch_len {
+                    for a in nodes.clone() {
+                        let rank = a * self.ranks_per_node + local;
                         let i = rank + (iteration * self.batch_size + pos) * world;
                         // Past the order: the padding repeats its head.
                         let i = if i < self.order_len {
@@ -923,7 +930,7 @@ mod tests {
         let layout = ClusterLayout::new(shuffled(11, 1, 3), 11, 3, 2, 1).unwrap();
         assert_eq!(layout.epoch_accesses(), 12);
         let nodes: Vec<u16> = (0..12).map(|i| layout.node_at(i)).collect();
-        assert_eq!(nodes, [0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2]);
+        assert_eq!(nodes, [0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2]);
         let steps: Vec<u64> = (0..14).map(|p| layout.step_at(p)).collect();
         assert_eq!(steps, [0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2]);
         let mut ids = Vec::new();

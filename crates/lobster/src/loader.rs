@@ -341,10 +341,24 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             config.job.batch_size,
             config.job.epochs,
         );
+        let sizes = match config.cache.policy.kind() {
+            Some(_) => Some(cache_sizes(&dataset)?),
+            None => None,
+        };
+        let read_ahead_bytes = match (&self.peers, &sizes) {
+            (Some(_), Some(s)) if cluster_plan(&config, Some(s)).is_ok() => {
+                crate::pipeline::read_ahead_budget_bytes(
+                    s.iter().map(|&b| u64::from(b)).sum(),
+                    config.job.nodes,
+                    config.cache.capacity_bytes,
+                )
+            }
+            _ => 0,
+        };
         let pool = config
             .execution
             .dispatches()
-            .then(|| pool_shape(&config, &dataset));
+            .then(|| pool_shape(&config, &dataset, read_ahead_bytes));
         let reader = match pool {
             Some(shape) => Some(build_reader(&config, shape)?),
             None => None,
@@ -355,14 +369,13 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             .execution
             .dispatches()
             .then(|| crate::pipeline::SampleDirs::new(dataset.samples()));
-        let sizes = match config.cache.policy.kind() {
-            Some(_) => Some(cache_sizes(&dataset)?),
-            None => None,
-        };
         let (forms, cache_forms) = decoded_tier(&config, &dataset, staged, self.peers.is_some())?;
         let (peers, peer_plan) = match self.peers {
             Some(transport) => {
-                let (p, mode) = peers(&config, sizes.as_ref(), &layout, transport)?;
+                let (mut p, mode) = peers(&config, sizes.as_ref(), &layout, transport)?;
+                if p.cluster {
+                    p.read_ahead_bytes = read_ahead_bytes;
+                }
                 (Some(p), mode)
             }
             None => (None, Mode::because(PeerPlanKind::Node, "no peers")),
@@ -550,6 +563,7 @@ fn peers(
             transport,
             plan,
             cluster: false,
+            read_ahead_bytes: 0,
             served: Arc::default(),
             counters: pipeline::PeerCounters::default(),
         };
@@ -559,6 +573,7 @@ fn peers(
         transport,
         plan: crate::pipeline::PeerPlan::empty(),
         cluster: true,
+        read_ahead_bytes: 0,
         // A peer runs at most its prefetch window ahead, a step apart: a fetch of a sample
         // not yet read here waits that long and a little more.
         served: Arc::new(pipeline::ServedLandings::for_cluster(2 * ahead_steps + 4)),
@@ -651,7 +666,7 @@ fn pool_accesses(config: &LoaderConfig) -> usize {
 /// is back), so every block is eventually returned and
 /// coalesced and any budget of one largest block or more makes progress. A budget below
 /// the working set costs throughput (reads wait for memory), not a deadlock.
-fn pool_shape(config: &LoaderConfig, dataset: &Dataset) -> (u64, u64) {
+fn pool_shape(config: &LoaderConfig, dataset: &Dataset, read_ahead_bytes: u64) -> (u64, u64) {
     let samples = dataset.samples();
     let largest_read = read_bytes(config, dataset.max_sample_bytes());
     let largest_block = block_bytes(largest_read);
@@ -661,7 +676,10 @@ fn pool_shape(config: &LoaderConfig, dataset: &Dataset) -> (u64, u64) {
         .sum();
     let mean_block = blocks_total.div_ceil(samples.len().max(1) as u64);
     let accesses = pool_accesses(config) as u64;
-    let budget = (accesses * mean_block + 2 * largest_block).next_multiple_of(largest_block);
+    // Read-ahead blocks come on top, rounded as the blocks are.
+    let ahead = read_ahead_bytes.div_ceil(mean_bytes(dataset).max(1)) * mean_block;
+    let budget =
+        (accesses * mean_block + ahead + 2 * largest_block).next_multiple_of(largest_block);
     (budget, largest_read)
 }
 
@@ -678,6 +696,13 @@ fn window_bytes(config: &LoaderConfig, dataset: &Dataset, pool_bytes: Option<u64
         Some(pool) => pool + accesses(),
         None => accesses(),
     }
+}
+
+/// The mean sample size in bytes.
+fn mean_bytes(dataset: &Dataset) -> u64 {
+    let samples = dataset.samples();
+    let total: u64 = samples.iter().map(|s| s.size_bytes).sum();
+    total / samples.len().max(1) as u64
 }
 
 /// The summed size of the `k` largest samples.
@@ -1063,14 +1088,14 @@ mod tests {
     {
         let dir = tempfile::tempdir().unwrap();
         let ds = uniform_dataset(dir.path(), 8, 16 << 10);
-        let (budget, largest_read) = pool_shape(&pool_config(1), &ds);
+        let (budget, largest_read) = pool_shape(&pool_config(1), &ds, 0);
         assert_eq!(
             largest_read, 16_385,
             "the sample and the byte that shows growth"
         );
         assert_eq!(budget, 589_824);
         // Two iterations ahead: 32 accesses + 2 spare = 34 blocks of 32 KiB.
-        assert_eq!(pool_shape(&pool_config(2), &ds).0, 1_114_112);
+        assert_eq!(pool_shape(&pool_config(2), &ds, 0).0, 1_114_112);
     }
 
     /// Whatever the prefetch depth, the budget is a whole number of largest blocks (so the
@@ -1084,7 +1109,7 @@ mod tests {
         let ds = dataset(dir.path());
         let largest_block: u64 = 256 << 10;
         let budgets: Vec<u64> = (1..=4)
-            .map(|prefetch| pool_shape(&pool_config(prefetch), &ds).0)
+            .map(|prefetch| pool_shape(&pool_config(prefetch), &ds, 0).0)
             .collect();
         for (prefetch, &budget) in (1..).zip(&budgets) {
             assert_eq!(budget % largest_block, 0, "prefetch {prefetch}: {budget}");
@@ -1134,7 +1159,7 @@ mod tests {
         // one iteration ahead: 16 accesses * 130 KiB = 2,080 KiB, plus two spare 256 KiB
         // blocks = 2,592 KiB = 10.125 largest blocks, rounded up to 11: 2,816 KiB. (Sized by
         // the largest block instead, it would be 18 blocks, 4,608 KiB.)
-        let budget = pool_shape(&loader.config, &ds).0;
+        let budget = pool_shape(&loader.config, &ds, 0).0;
         assert_eq!(budget, 2_883_584);
         assert!(
             budget < 2 * 8 * (200 << 10),
@@ -1151,7 +1176,7 @@ mod tests {
             })
             .build()
             .unwrap();
-        assert_eq!(pool_shape(&loader.config, &ds).0, budget);
+        assert_eq!(pool_shape(&loader.config, &ds, 0).0, budget);
         assert_eq!(drain(&mut loader), 3 * 64);
     }
 

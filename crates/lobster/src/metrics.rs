@@ -192,6 +192,9 @@ pub struct RunMetrics {
     pub epoch_seconds: Vec<f64>,
     /// `samples / elapsed_s`.
     pub samples_per_second: f64,
+    /// Samples per second after the first epoch (from its last batch taken to the last batch
+    /// taken): the steady state, without the cold cache's first pass. Zero with one epoch.
+    pub steady_samples_per_second: f64,
     /// Time ranks waited for batches over the ranks' total time.
     pub stall_fraction: f64,
     /// Time a synchronous job waited for data over the elapsed time: per iteration the
@@ -453,6 +456,8 @@ pub(crate) struct Collector {
     allocations: VecDeque<AllocationRecord>,
     epoch_started: Vec<Option<Instant>>,
     epoch_taken: Vec<(usize, Option<Instant>)>,
+    /// Samples of every epoch after the first.
+    steady_samples: u64,
     skipped: u64,
     skipped_samples: Vec<SkippedSample>,
     /// Per epoch: skipped accesses and the first few (sample, cause).
@@ -477,6 +482,7 @@ impl Collector {
             allocations: VecDeque::new(),
             epoch_started: vec![None; epochs as usize],
             epoch_taken: vec![(0, None); epochs as usize],
+            steady_samples: 0,
             skipped: 0,
             skipped_samples: Vec::new(),
             epoch_skipped: vec![(0, Vec::new()); epochs as usize],
@@ -506,6 +512,9 @@ impl Collector {
         let now = Instant::now();
         self.last_taken = now;
         self.samples += samples as u64;
+        if m.epoch > 0 {
+            self.steady_samples += samples as u64;
+        }
         self.hits += u64::from(m.hits);
         self.accesses += u64::from(m.hits + m.misses);
         self.stall += Duration::from_secs_f64(m.stall_s);
@@ -565,7 +574,17 @@ impl Collector {
             })
             .collect();
         let rank_time_s = elapsed_s * self.ranks as f64;
+        let steady_s = self
+            .epoch_taken
+            .first()
+            .and_then(|e| e.1)
+            .map_or(0.0, |end| (self.last_taken - end).as_secs_f64());
         RunMetrics {
+            steady_samples_per_second: if steady_s > 0.0 {
+                self.steady_samples as f64 / steady_s
+            } else {
+                0.0
+            },
             samples: self.samples,
             elapsed_s,
             epoch_seconds,

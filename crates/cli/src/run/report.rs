@@ -326,15 +326,24 @@ pub(crate) fn print_cluster(nodes: &[serde_json::Value], config: &RunConfig) {
         config.cache_bytes as f64 / 1e6
     );
     println!(
-        "{:>20} {:>10} {:>14} {:>10} {:>8} {:>8} {:>8} {:>12}",
-        "strategy", "plan", "storage MB/ep", "x floor", "local", "remote", "storage", "net MB"
+        "{:>20} {:>10} {:>14} {:>10} {:>8} {:>8} {:>8} {:>12} {:>10} {:>12}",
+        "strategy",
+        "plan",
+        "storage MB/ep",
+        "x floor",
+        "local",
+        "remote",
+        "storage",
+        "net MB",
+        "job smp/s",
+        "steady smp/s"
     );
     let strategies = nodes.first().and_then(|n| n.as_array()).map_or(0, Vec::len);
     for p in 0..strategies {
         let figures = job_figures(nodes, p);
         let plan = nodes[0][p]["peer_plan"]["mode"].as_str().unwrap_or("?");
         println!(
-            "{:>20} {plan:>10} {:>14.1} {:>10} {:>8.3} {:>8.3} {:>8.3} {:>12.1}",
+            "{:>20} {plan:>10} {:>14.1} {:>10} {:>8.3} {:>8.3} {:>8.3} {:>12.1} {:>10.0} {:>12.0}",
             nodes[0][p]["strategy"].as_str().unwrap_or("?"),
             figures.steady_storage_bytes_per_epoch / 1e6,
             if floor > 0 {
@@ -349,6 +358,8 @@ pub(crate) fn print_cluster(nodes: &[serde_json::Value], config: &RunConfig) {
             figures.fractions[1],
             figures.fractions[2],
             figures.remote_bytes / 1e6,
+            figures.samples_per_second,
+            figures.steady_samples_per_second,
         );
     }
 }
@@ -361,12 +372,16 @@ struct JobFigures {
     fractions: [f64; 3],
     /// Bytes peers sent, all nodes.
     remote_bytes: f64,
+    /// The nodes' samples per second, summed: overall, and after the first epoch.
+    samples_per_second: f64,
+    steady_samples_per_second: f64,
 }
 
 fn job_figures(nodes: &[serde_json::Value], p: usize) -> JobFigures {
     let num = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap_or(0.0);
     let (mut steady, mut epochs) = (0.0, 0usize);
     let (mut accesses, mut hits, mut remote, mut remote_bytes) = (0.0, 0.0, 0.0, 0.0);
+    let (mut samples_per_second, mut steady_samples_per_second) = (0.0, 0.0);
     for results in nodes {
         let r = &results[p];
         let by_epoch: Vec<f64> = r["storage_bytes_by_epoch"]
@@ -379,6 +394,8 @@ fn job_figures(nodes: &[serde_json::Value], p: usize) -> JobFigures {
         hits += num(r, "hits");
         remote += num(r, "remote_hits");
         remote_bytes += num(r, "remote_hit_bytes");
+        samples_per_second += num(r, "samples_per_second");
+        steady_samples_per_second += num(r, "steady_samples_per_second");
     }
     let share = |x: f64| if accesses > 0.0 { x / accesses } else { 0.0 };
     JobFigures {
@@ -389,6 +406,8 @@ fn job_figures(nodes: &[serde_json::Value], p: usize) -> JobFigures {
         },
         fractions: [share(hits), share(remote), share(accesses - hits - remote)],
         remote_bytes,
+        samples_per_second,
+        steady_samples_per_second,
     }
 }
 

@@ -7,6 +7,7 @@ pub(super) mod allocate;
 pub(super) mod cluster;
 pub(super) mod layout;
 pub(super) mod progress;
+pub(super) mod read_ahead;
 pub(super) mod read_path;
 
 use std::sync::atomic::Ordering;
@@ -28,6 +29,8 @@ use crate::pipeline::peers::ServedLandings;
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::lock;
 use allocate::{allocate, spread, AccessLoad};
+pub(crate) use read_ahead::budget_bytes as read_ahead_budget_bytes;
+use read_ahead::ReadAhead;
 use read_path::ResidentGate;
 
 /// The policy deciding the cache: one form (encoded bytes), two (with a decoded tier), or
@@ -246,6 +249,17 @@ pub(crate) fn planner<T: Send + 'static>(
         _ => None,
     };
     let iterations = layout.iterations();
+    let prefetch = config
+        .budgets
+        .prefetch_iterations
+        .max(config.budgets.window_iterations);
+    // Under the cluster plan, storage reads may go up to an epoch ahead (see read_ahead).
+    let mut read_ahead = match (&ctx.peers, to_dispatcher, cache.as_ref()) {
+        (Some(p), Some(_), Some(c)) if c.cluster().is_some() && p.read_ahead_bytes > 0 => {
+            Some(ReadAhead::new(p.read_ahead_bytes, iterations, prefetch))
+        }
+        _ => None,
+    };
     let mut window: Vec<Access> = Vec::new();
     let mut global_iteration = 0usize;
     let mut seq = 0u64;
@@ -261,18 +275,17 @@ pub(crate) fn planner<T: Send + 'static>(
             let last = (first + config.budgets.window_iterations).min(iterations);
             // A window wider than the prefetch distance is planned whole, or its first batch
             // would wait for batches not yet planned.
+            let end = global_iteration + (last - first);
             state.progress.wait_for_room(
                 &state.stop,
-                global_iteration + (last - first),
-                config
-                    .budgets
-                    .prefetch_iterations
-                    .max(config.budgets.window_iterations),
+                end,
+                read_ahead.as_ref().map_or(prefetch, ReadAhead::lead_max),
             )?;
             if let Some(served) = cache.as_ref().and_then(|c| c.served.as_ref()) {
                 served.expire(state.progress.slowest() as u64);
             }
             window.clear();
+            let mut storage_bytes = 0;
             while next < accesses.len() && accesses[next].0 < last {
                 let (iteration, rank, pos, sample) = accesses[next];
                 next += 1;
@@ -297,6 +310,9 @@ pub(crate) fn planner<T: Send + 'static>(
                     Some(p) => Read::Peer(p),
                     None => ctx.storage_read(epoch, iteration, sample),
                 };
+                if let Read::Storage(r) = &read {
+                    storage_bytes += r.bytes;
+                }
                 window.push(Access {
                     seq,
                     epoch,
@@ -309,6 +325,10 @@ pub(crate) fn planner<T: Send + 'static>(
                     landing: Some(landing),
                 });
             }
+            let ahead = match read_ahead.as_mut() {
+                Some(r) => r.admit(ctx, state, end, storage_bytes)?,
+                None => false,
+            };
             let issued = Instant::now();
             lock(&state.collector).epoch_issued(epoch, issued);
             if let Some(alloc) = allocator.as_mut() {
@@ -399,11 +419,17 @@ pub(crate) fn planner<T: Send + 'static>(
             }
             // After the window's hits wait on their landings: an answer may come at once.
             for (access, peer) in remote {
-                fetch::start(ctx, state, access, peer);
+                match read_ahead.as_mut() {
+                    Some(r) if ahead => r.defer(end, access, peer),
+                    _ => fetch::start(ctx, state, access, peer),
+                }
             }
             global_iteration += last - first;
             first = last;
         }
+    }
+    if let Some(r) = read_ahead.as_mut() {
+        r.finish(ctx, state)?;
     }
     if let Some(stats) = cache.as_ref().and_then(Cache::form_stats) {
         *lock(&state.form_plan) = Some(stats);

@@ -23,6 +23,12 @@ pub enum NetError {
     },
     /// The thread that owns MPI has stopped.
     Stopped,
+    /// The emulated link's `parameter` is `value`, where `expected`.
+    Link {
+        parameter: &'static str,
+        value: String,
+        expected: &'static str,
+    },
 }
 
 impl fmt::Display for NetError {
@@ -47,6 +53,14 @@ impl fmt::Display for NetError {
                 "{what} did not complete within {after:?}: a node has stopped or hangs"
             ),
             NetError::Stopped => write!(f, "the thread that owns MPI has stopped"),
+            NetError::Link {
+                parameter,
+                value,
+                expected,
+            } => write!(
+                f,
+                "emulated link: {parameter} = {value}, expected {expected}"
+            ),
         }
     }
 }

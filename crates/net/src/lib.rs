@@ -7,7 +7,8 @@
 //! from node 0.
 //!
 //! A loader reaches its peers through a [`Transport`]: it fetches samples a peer's cache holds
-//! and serves its own cache to them. [`InProcessNodes`] connects nodes in one process.
+//! and serves its own cache to them. [`InProcessNodes`] connects nodes in one process;
+//! [`EmulatedLink`] charges any transport's answers an emulated fabric's latency and bandwidth.
 //!
 //! With the `mpi` feature, `MpiNodes` runs the check over MPI: one thread owns MPI (so the
 //! library needs only `MPI_THREAD_SERIALIZED`), and a program that initialised MPI itself
@@ -16,6 +17,7 @@
 mod agreement;
 mod error;
 mod in_process;
+mod link;
 #[cfg(feature = "mpi")]
 mod mpi_nodes;
 mod transport;
@@ -25,6 +27,7 @@ pub use agreement::{Agreement, Fields};
 pub use bytes::Bytes;
 pub use error::NetError;
 pub use in_process::{InProcessNode, InProcessNodes};
+pub use link::{EmulatedLink, LinkParams};
 #[cfg(feature = "mpi")]
 pub use mpi_nodes::{MpiNodes, Timeouts};
 pub use transport::{Answer, Done, Reply, Served, Transport, TransportStats};

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use lobster_io::uring::Backend;
 use lobster_io::{
     BudgetConfig, CacheConfig, FailureBudget, FaultInjection, IoOrder, JobConfig, LoaderConfig,
@@ -121,6 +121,13 @@ pub struct RunArgs {
     /// Emulated storage latency per request, microseconds.
     #[arg(help_heading = "Reads", long, default_value_t = 8000)]
     pub storage_latency_us: u64,
+    /// Emulated interconnect per node, MB/s, for answers from peers' caches (--mpi and
+    /// --cluster; default: a 100 Gb/s fabric's share per node; 0: no emulation).
+    #[arg(help_heading = "Reads", long, default_value_t = 12_500.0)]
+    pub net_mbps: f64,
+    /// Emulated interconnect round trip per fetch, microseconds.
+    #[arg(help_heading = "Reads", long, default_value_t = 20)]
+    pub net_latency_us: u64,
     /// I/O backend of the pipelined strategies.
     #[arg(help_heading = "Reads", long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
@@ -324,6 +331,10 @@ impl RunArgs {
                 "--decode-us-per-kb = {}: allowed a number >= 0",
                 self.decode_us_per_kb
             );
+        }
+        if self.net_mbps != 0.0 {
+            lobster_io::net::LinkParams::new(self.net_mbps, self.net_latency_us)
+                .context("--net-mbps / --net-latency-us (0 MB/s: no emulation)")?;
         }
         if !(self.storage_mbps.is_finite() && self.storage_mbps >= 0.0) {
             bail!(

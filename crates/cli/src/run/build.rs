@@ -21,6 +21,16 @@ pub(crate) fn loader(
     node: usize,
     peers: Option<Arc<dyn Transport>>,
 ) -> Result<(Loader<Decoded>, LoaderConfig)> {
+    let peers = match peers {
+        Some(p) if args.net_mbps > 0.0 => {
+            let params = lobster_io::net::LinkParams::new(args.net_mbps, args.net_latency_us)
+                .context("--net-mbps / --net-latency-us")?;
+            let link = lobster_io::net::EmulatedLink::wrap(p, params)
+                .context("starting the emulated interconnect")?;
+            Some(Arc::new(link) as Arc<dyn Transport>)
+        }
+        other => other,
+    };
     let mut config = args.loader_config()?;
     config.job.node = node;
     strategy.apply(&args.budgets(cache_bytes)?, &mut config);

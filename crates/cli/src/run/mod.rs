@@ -91,6 +91,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
         compute_ms: args.compute_ms,
         storage_mbps: args.storage_mbps,
         storage_latency_us: args.storage_latency_us,
+        net_mbps: args.net_mbps,
+        net_latency_us: args.net_latency_us,
         backend: args.backend,
         io_order: args.io_order,
         cache_forms: args.cache_forms,

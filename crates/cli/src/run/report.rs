@@ -38,6 +38,8 @@ pub(crate) struct RunConfig {
     pub compute_ms: f64,
     pub storage_mbps: f64,
     pub storage_latency_us: u64,
+    pub net_mbps: f64,
+    pub net_latency_us: u64,
     pub backend: BackendArg,
     pub io_order: IoOrderArg,
     pub cache_forms: Option<CacheFormsArg>,
@@ -153,6 +155,12 @@ pub(crate) fn print_header(config: &RunConfig) {
         println!(
             "emulated shared storage: {} MB/s, {} us per request; compute {} ms per iteration",
             config.storage_mbps, config.storage_latency_us, config.compute_ms
+        );
+    }
+    if config.nodes > 1 && config.net_mbps > 0.0 {
+        println!(
+            "emulated interconnect: {} MB/s per node, {} us per fetch",
+            config.net_mbps, config.net_latency_us
         );
     }
 }

@@ -14,7 +14,8 @@ use super::landing::{Loaded, LARGE_FROM_BYTES};
 use crate::dataset::SampleMeta;
 use crate::pipeline::context::Context;
 use crate::pipeline::state::PipelineState;
-use crate::pipeline::sync::stopped;
+use crate::pipeline::sync::{lock, stopped};
+use lobster_sched::Tier;
 
 /// What a read on the worker came to.
 #[derive(Debug)]
@@ -55,8 +56,16 @@ pub(crate) fn blocking_read<T>(
         (&mut file).take(len as u64).read_to_end(&mut buf)?;
         Ok(Some(Bytes::from(buf)))
     };
+    let issued = Instant::now();
     match on_worker(ctx, state, meta, (epoch, first_attempt), read) {
-        OnWorker::Done(loaded) => loaded,
+        OnWorker::Done(loaded) => {
+            // The cost model prices storage against peers' caches: it learns from the
+            // workers' reads as from the dispatcher's, emulated tier and retries included.
+            if loaded.is_ok() {
+                lock(&state.model).observe_read(Tier::Storage, meta.size_bytes, issued.elapsed());
+            }
+            loaded
+        }
         OnWorker::NotResident { .. } => unreachable!("a blocking read always reads"),
     }
 }

@@ -4,6 +4,10 @@
 //! `--decoded`, as the decoded tier does: with every sample's image header, from the
 //! dataset's table once kept). With `--decode-constants D`, the built-in decoder's time per
 //! pixel of each format on D's images, the constants the two-form rule's cost model uses.
+//! With `--plan cluster`, the whole job's cluster plan instead (see [`cluster`]), and with
+//! `--sweep`, a grid of those, each case in its own process.
+
+mod cluster;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,9 +16,44 @@ use anyhow::Result;
 use lobster_io::cache::{gen::lognormal_sizes, PolicyKind};
 use lobster_io::{EpochOrder, PeerPlan, PeerPlanInputs};
 
+/// Which plan `lobster plan-bench` builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlanKind {
+    /// One node's plan: its own cache plan and every peer's replayed to find remote holders.
+    Node,
+    /// The whole job's cluster plan (every node's cache planned as one), run over every epoch
+    /// of the stream; the orders are the loader's `DistributedSampler`'s.
+    Cluster,
+}
+
 /// Arguments of `lobster plan-bench`; the defaults are ImageNet-22k on 64 nodes.
 #[derive(Debug, clap::Args)]
 pub struct PlanBenchArgs {
+    /// The plan to build: `node` (this node's plan and its peers' replay) or `cluster` (the
+    /// job's cluster plan, reporting steady storage reads against the floor F - N*C).
+    #[arg(long, value_enum, default_value_t = PlanKind::Node)]
+    pub plan: PlanKind,
+    /// With `--plan cluster`: the plan's mode; `auto` is the loader's rule (cluster where
+    /// C*N^2 > F, else each node's own plan with peers serving what they hold).
+    #[arg(long, value_enum, default_value_t = cluster::ModeChoice::Auto)]
+    pub mode: cluster::ModeChoice,
+    /// Run the cluster plan over a grid (every `--sweep-samples` x `--sweep-cache-fracs` x
+    /// `--sweep-nodes`), each case in a fresh process of this binary so each peak RSS is its
+    /// own, and print one table (one JSON array with `--json`). Shape, epochs, sizes, seed
+    /// and mode come from the other options.
+    #[arg(long, conflicts_with_all = ["open", "decode_constants"])]
+    pub sweep: bool,
+    /// Dataset sizes of the sweep (ImageNet-1k and -22k).
+    #[arg(long, value_delimiter = ',', default_value = "1281167,14197122")]
+    pub sweep_samples: Vec<usize>,
+    /// Node counts of the sweep.
+    #[arg(long, value_delimiter = ',', default_value = "4,16,64")]
+    pub sweep_nodes: Vec<usize>,
+    /// Cache per node, as a share of the dataset's bytes, of the sweep: at 20% the floor is
+    /// 0 from 5 nodes up; at 1% it stays above 0 up to 99 nodes (and 4 nodes at 1% are in
+    /// local mode).
+    #[arg(long, value_delimiter = ',', default_value = "0.2,0.01")]
+    pub sweep_cache_fracs: Vec<f64>,
     /// Samples in the dataset (ImageNet-22k: 14.2 M).
     #[arg(long, default_value_t = 14_200_000)]
     pub samples: usize,
@@ -68,6 +107,39 @@ pub fn run(args: &PlanBenchArgs) -> Result<()> {
     }
     if let Some(dir) = &args.decode_constants {
         return decode_constants(dir, args.runs);
+    }
+    if args.sweep || args.plan == PlanKind::Cluster {
+        anyhow::ensure!(
+            args.policy == PolicyKind::Reuse,
+            "the cluster plan runs the reuse policy on every node, not {}",
+            args.policy
+        );
+        let case = cluster::Case {
+            samples: args.samples,
+            median_kb: args.median_kb,
+            nodes: args.nodes,
+            ranks_per_node: args.ranks_per_node,
+            batch_size: args.batch_size,
+            epochs: args.epochs,
+            cache_frac: args.cache_frac,
+            seed: args.seed,
+            mode: args.mode,
+        };
+        if args.sweep {
+            let sweep = cluster::Sweep {
+                samples: args.sweep_samples.clone(),
+                nodes: args.sweep_nodes.clone(),
+                cache_fracs: args.sweep_cache_fracs.clone(),
+                base: case,
+            };
+            return cluster::run_sweep(&sweep, args.json);
+        }
+        let report = cluster::run_case(&case)?;
+        match args.json {
+            true => println!("{}", serde_json::to_string(&report)?),
+            false => cluster::print_case(&report),
+        }
+        return Ok(());
     }
     if !(0.0..=1.0).contains(&args.cache_frac) {
         anyhow::bail!("--cache-frac {}: expected 0 to 1", args.cache_frac);

@@ -57,7 +57,9 @@ enum Command {
     /// held in memory.
     ImageBench(image_bench::ImageBenchArgs),
     /// What planning remote hits costs a node at start-up: every peer's cache plan
-    /// replayed (default: ImageNet-22k on 64 nodes with a 10% cache).
+    /// replayed (default: ImageNet-22k on 64 nodes with a 10% cache), or with `--plan
+    /// cluster` the job's cluster plan and its storage reads against the floor (`--sweep`:
+    /// 4, 16 and 64 nodes at ImageNet-1k and -22k sizes).
     PlanBench(plan_bench::PlanBenchArgs),
 }
 

@@ -86,7 +86,8 @@ pub(crate) fn warn_once(py: Python<'_>, message: &str) -> PyResult<()> {
         return Ok(());
     }
     let text = CString::new(message).unwrap_or_else(|_| c"lobster_io: runs without peers".into());
-    PyErr::warn(py, PyRuntimeWarning::type_object(py).as_any(), &text, 2)
+    // Level 1: the Python code that built the Loader.
+    PyErr::warn(py, PyRuntimeWarning::type_object(py).as_any(), &text, 1)
 }
 
 /// The warning: a loader under `l` runs without peers, and why (`because`).
@@ -194,6 +195,7 @@ mod with_mpi {
     use lobster_io::net::{Agreement, MpiNodes, Transport};
     use pyo3::prelude::*;
 
+    use super::Closable;
     use crate::errors::NodeError;
 
     /// The process's MPI, from the first loader that joined it to `atexit`.
@@ -207,8 +209,7 @@ mod with_mpi {
 
     static STATE: Mutex<State> = Mutex::new(State::NotJoined);
 
-    use super::Closable;
-
+    /// Loaders to close before MPI is finalised.
     static LIVE: Mutex<Vec<Box<dyn Closable>>> = Mutex::new(Vec::new());
 
     /// This process as one node of the MPI job.
@@ -239,8 +240,9 @@ mod with_mpi {
             }
             State::NotJoined => {}
         }
-        // MPI_Init_thread may take a while: other Python threads run meanwhile.
-        match py.detach(MpiNodes::start) {
+        // With the GIL held: a thread that released it here would need it back for atexit
+        // while another, holding it, waits for the state.
+        match MpiNodes::start() {
             Ok(nodes) => {
                 let nodes = Arc::new(nodes);
                 py.import("atexit")?

@@ -1,7 +1,8 @@
 """One node of a test MPI job (`mpirun -np N python mpi_probe.py DATA OUT`): builds two
 lobster_io Loaders in turn (MPI is joined once), iterates each in lock-step with the other
-nodes, and writes what it saw (ids per epoch, batches, metrics) and the error a launch= that
-disagrees with the MPI world got, as JSON to OUT/node-<node>.json."""
+nodes, and writes what it saw (ids per epoch, batches, metrics), and the errors a launch=
+that disagrees with the MPI world and a seed that differs between nodes got, as JSON to
+OUT/node-<node>.json."""
 
 import json
 import os
@@ -21,13 +22,19 @@ def main():
         cache=lobster_io.Cache(frac=0.4, forms="encoded"),
         budgets=lobster_io.Budgets(decode_threads=1, io_depth=8),
     )
-    seen = {"launch_error": None, "rounds": []}
+    seen = {"launch_error": None, "disagree_error": None, "rounds": []}
     try:
         lobster_io.Loader(data, BATCH, launch=lobster_io.Launch(
             rank=int(os.environ["OMPI_COMM_WORLD_RANK"]), world_size=3, local_rank=0,
             local_world_size=1), **settings)
     except ValueError as e:
         seen["launch_error"] = str(e)
+    # Nodes that would plan from different inputs are refused, every one of them.
+    try:
+        rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+        lobster_io.Loader(data, BATCH, **dict(settings, seed=rank))
+    except lobster_io.NodeError as e:
+        seen["disagree_error"] = str(e)
     for _ in range(2):
         loader = lobster_io.Loader(data, BATCH, **settings)
         node = {"node": loader.node, "nodes": loader.nodes, "peers": loader.peers,

@@ -110,6 +110,7 @@ def test_two_nodes_over_mpirun_serve_every_planned_remote_hit(tmp_path):
     for k, seen in enumerate(nodes):
         assert "launch.world_size = 3" in seen["launch_error"], seen["launch_error"]
         assert "MPI job of 2 processes" in seen["launch_error"]
+        assert "seed" in (seen["disagree_error"] or ""), seen["disagree_error"]
         assert len(seen["rounds"]) == 2
         for r in seen["rounds"]:
             assert (r["node"], r["nodes"], r["peers"], r["error"]) == (k, 2, True, None), r

@@ -87,8 +87,8 @@ impl<T: Send + 'static> Metered for lobster_io::Loader<T> {
 /// misses from its peers' caches: building a Loader is then collective (every process
 /// builds its loaders in the same order, with the same settings), and nodes must stay in
 /// lock-step (DDP's all-reduce, or `step_barrier()`). Under a launcher of several processes
-/// that it cannot join, a loader runs without peers and says so once (a RuntimeWarning). `help(lobster_io.Cache)` and
-/// the others say what each field does.
+/// that it cannot join, a loader runs without peers and says so once (a RuntimeWarning).
+/// `help(lobster_io.Cache)` and the others say what each field does.
 #[pyclass(frozen, module = "lobster_io")]
 pub(crate) struct Loader {
     /// Shared with the MPI job's exit, which closes the loader before finalising MPI.

@@ -8,6 +8,7 @@ mod batch;
 mod errors;
 mod groups;
 mod loader;
+mod mpi;
 mod params;
 
 use numpy::ndarray::ArrayView3;
@@ -26,10 +27,19 @@ fn decode_image<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyArra
     Ok(PyArray3::from_array(py, &view))
 }
 
+/// Whether this lobster_io was built with MPI (the `mpi` feature): under `mpirun`, or `srun`
+/// with PMI, each process is then a node whose loader fetches from its peers' caches.
+#[pyfunction]
+fn built_with_mpi() -> bool {
+    mpi::BUILT_WITH_MPI
+}
+
 #[pymodule]
 mod _lobster_io {
     #[pymodule_export]
     use super::batch::Batch;
+    #[pymodule_export]
+    use super::built_with_mpi;
     #[pymodule_export]
     use super::decode_image;
     #[pymodule_export]

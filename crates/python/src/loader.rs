@@ -9,7 +9,7 @@
 //! them over a channel of one; `__next__` waits on the channel with the GIL released.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
@@ -26,6 +26,7 @@ use pyo3::types::{PyBytes, PyDict};
 use crate::batch::{Batch, Holder, Images, Made, Span, HEADER_BYTES};
 use crate::errors::{loader_error, node_error, DecodeError, Error, StoppedError};
 use crate::groups;
+use crate::mpi::{self, Closable, World};
 use crate::params::{self, Output};
 
 /// How long a waiting iteration sleeps between looks for Ctrl-C.
@@ -79,11 +80,19 @@ impl<T: Send + 'static> Metered for lobster_io::Loader<T> {
 /// local_world_size, job_id)`, where this process stands when no launcher's variables
 /// (torchrun, Open MPI, Slurm, LOBSTER_*) say, else one process alone;
 /// `limits=lobster_io.Limits(image_pixels_max)`, what a sample may cost. With
-/// several ranks a node, local rank 0 hosts the node's engine. `help(lobster_io.Cache)` and
-/// the others say what each field does.
+/// several ranks a node, local rank 0 hosts the node's engine.
+///
+/// Built with MPI (`lobster_io.built_with_mpi()`), under `mpirun` or `srun` with PMI, every
+/// process is a node of one rank (as in `lobster run --mpi`) whose loader fetches planned
+/// misses from its peers' caches: building a Loader is then collective (every process
+/// builds its loaders in the same order, with the same settings), and nodes must stay in
+/// lock-step (DDP's all-reduce, or `step_barrier()`). Under a launcher of several processes
+/// that it cannot join, a loader runs without peers and says so once (a RuntimeWarning).
+/// `help(lobster_io.Cache)` and the others say what each field does.
 #[pyclass(frozen, module = "lobster_io")]
 pub(crate) struct Loader {
-    engine: Mutex<Option<Engine>>,
+    /// Shared with the MPI job's exit, which closes the loader before finalising MPI.
+    engine: Arc<Mutex<Option<Engine>>>,
     batches: Receiver<Fed>,
     per_epoch: usize,
     epochs: u32,
@@ -92,6 +101,8 @@ pub(crate) struct Loader {
     taken: Mutex<usize>,
     channels_first: bool,
     env: NodeEnv,
+    /// The MPI job whose nodes are this loader's peers.
+    world: Option<World>,
     /// Where the node's shared arena is mapped, with several ranks a node.
     arena: Option<std::ops::Range<usize>>,
     /// The process that built it: a forked child has the loader's memory but none of its
@@ -402,12 +413,19 @@ fn agreed(dataset: &Dataset, config: &LoaderConfig, s: &Settings) -> Vec<(String
 type Started = (Engine, Receiver<Fed>, usize, Option<std::ops::Range<usize>>);
 
 /// Starts this rank: the loader in process, or the node's host and this rank attached.
-fn start(s: Settings, env: &NodeEnv) -> PyResult<Started> {
+fn start(s: Settings, env: &NodeEnv, world: Option<&World>) -> PyResult<Started> {
     let dataset = Arc::new(Dataset::open(&s.data).map_err(loader_error)?);
     let config = s.config(env, &dataset);
+    if let Some(w) = world {
+        // Every node must plan from the same inputs; the dataset's root may differ.
+        let mut fields = agreed(&dataset, &config, &s);
+        fields.retain(|(k, _)| k != "node" && k != "dataset");
+        w.agree(fields)?;
+    }
+    let peers = world.map(World::transport);
     let order = EpochOrder::Shuffle { seed: s.seed };
-    let world = env.nodes * env.local_world_size;
-    let per_epoch = DistributedSampler::new(dataset.len(), world, s.drop_last, order)
+    let ranks = env.nodes * env.local_world_size;
+    let per_epoch = DistributedSampler::new(dataset.len(), ranks, s.drop_last, order)
         .map_err(loader_error)?
         .per_rank()
         .div_ceil(s.batch_size.max(1));
@@ -419,22 +437,33 @@ fn start(s: Settings, env: &NodeEnv) -> PyResult<Started> {
         .map(|f| Python::attach(|py| f.clone_ref(py)))
         .map(|f| (f, Some(Arc::clone(&dataset))));
     let builder_pixels = |t| {
-        LoaderBuilder::<Pixels>::new(Arc::clone(&dataset))
+        let b = LoaderBuilder::<Pixels>::new(Arc::clone(&dataset))
             .config(config.clone())
             .seed(s.seed)
-            .decode_images(t)
+            .decode_images(t);
+        match &peers {
+            Some(p) => b.peers(Arc::clone(p)),
+            None => b,
+        }
     };
     let builder_bytes = || {
-        LoaderBuilder::<Vec<u8>>::new(Arc::clone(&dataset))
+        let b = LoaderBuilder::<Vec<u8>>::new(Arc::clone(&dataset))
             .config(config.clone())
             .seed(s.seed)
-            .decode(decode_bytes(s.output, s.image_pixels_max))
+            .decode(decode_bytes(s.output, s.image_pixels_max));
+        match &peers {
+            Some(p) => b.peers(Arc::clone(p)),
+            None => b,
+        }
     };
+    // Every node's loader is built (serving its cache) before any fetches from a peer.
+    let all_built = || world.map_or(Ok(()), World::barrier);
     if env.local_world_size == 1 {
         let engine: Box<dyn Metered> = match s.output {
             Output::Stacked(t) => {
                 let mut loader = builder_pixels(t).build().map_err(loader_error)?;
                 let rank = take_rank(&mut loader)?;
+                all_built()?;
                 let ds = Arc::clone(&dataset);
                 spawn_feeder(move || feed_collated(rank, ds, buffers, &tx))?;
                 Box::new(loader)
@@ -442,12 +471,17 @@ fn start(s: Settings, env: &NodeEnv) -> PyResult<Started> {
             output => {
                 let mut loader = builder_bytes().build().map_err(loader_error)?;
                 let rank = take_rank(&mut loader)?;
+                all_built()?;
                 spawn_feeder(move || feed_samples(rank, output, decode, &tx))?;
                 Box::new(loader)
             }
         };
         return Ok((Engine::InProcess(engine), rx, per_epoch, None));
     }
+    assert!(
+        world.is_none(),
+        "under MPI every process is a node of one rank"
+    );
     let attaching = agreed(&dataset, &config, &s);
     let engine = if env.is_host() {
         let sample_bytes = match (s.output.side(), s.output) {
@@ -549,7 +583,7 @@ impl Loader {
                 ));
             }
         }
-        let env = params::place(&given)?;
+        let (env, world) = mpi::place(py, &given)?;
         let settings = Settings {
             data: data.to_owned(),
             batch_size,
@@ -571,10 +605,15 @@ impl Loader {
             decode,
         };
         let started_env = env.clone();
+        let started_world = world.clone();
         let (engine, batches, per_epoch, arena) =
-            py.detach(move || start(settings, &started_env))?;
+            py.detach(move || start(settings, &started_env, started_world.as_ref()))?;
+        let engine = Arc::new(Mutex::new(Some(engine)));
+        if let Some(w) = &world {
+            w.track(Box::new(Arc::downgrade(&engine)));
+        }
         Ok(Loader {
-            engine: Mutex::new(Some(engine)),
+            engine,
             batches,
             per_epoch,
             epochs,
@@ -582,6 +621,7 @@ impl Loader {
             taken: Mutex::new(0),
             channels_first,
             env,
+            world,
             arena,
             pid: std::process::id(),
         })
@@ -608,6 +648,37 @@ impl Loader {
     #[getter]
     fn world_size(&self) -> usize {
         self.env.world_size
+    }
+
+    /// This process's node.
+    #[getter]
+    fn node(&self) -> usize {
+        self.env.node
+    }
+
+    /// Nodes in the job.
+    #[getter]
+    fn nodes(&self) -> usize {
+        self.env.nodes
+    }
+
+    /// Whether the node fetches from its peers' caches (a build with MPI, under `mpirun` or
+    /// `srun` with PMI, each process a node).
+    #[getter]
+    fn peers(&self) -> bool {
+        self.world.is_some()
+    }
+
+    /// With peers: waits until every node of the MPI job is here, serving its peers
+    /// meanwhile. Nodes must stay in lock-step, within a prefetch window of each other, for
+    /// the planned remote hits to be there: a job whose steps end in a collective (DDP's
+    /// all-reduce) needs no more; any other calls this after each batch. Without peers it
+    /// returns at once.
+    fn step_barrier(&self, py: Python<'_>) -> PyResult<()> {
+        match &self.world {
+            Some(w) => py.detach(|| w.barrier()),
+            None => Ok(()),
+        }
     }
 
     /// This process's rank on its node; local rank 0 hosts the node's engine.
@@ -702,6 +773,12 @@ impl Loader {
         dict.set_item("accesses", m.accesses)?;
         dict.set_item("hit_ratio", m.hit_ratio)?;
         dict.set_item("skipped", m.skipped)?;
+        dict.set_item("samples", m.samples)?;
+        // Peers: what the plan sent to their caches and what they served.
+        dict.set_item("planned_remote_hits", m.planned_remote_hits)?;
+        dict.set_item("remote_hits", m.remote_hits)?;
+        dict.set_item("remote_misses", m.remote_misses)?;
+        dict.set_item("remote_timeouts", m.remote_timeouts)?;
         // Modes as the JSON has them: {"mode": ..., "reason": ...}.
         let mode = |mode: String, reason: Option<String>| -> PyResult<Bound<'_, PyDict>> {
             let d = PyDict::new(py);
@@ -713,6 +790,12 @@ impl Loader {
         dict.set_item("read_path", mode(r.mode.to_string(), r.reason)?)?;
         dict.set_item("pipeline_threads", mode(t.mode.to_string(), t.reason)?)?;
         dict.set_item("cache_forms", mode(f.mode.to_string(), f.reason)?)?;
+        let plan = serde_json::to_value(m.peer_plan.mode).expect("a plain name");
+        let plan = mode(
+            plan.as_str().unwrap_or("?").to_owned(),
+            m.peer_plan.reason.clone(),
+        )?;
+        dict.set_item("peer_plan", plan)?;
         dict.set_item("hits_encoded", m.hits_encoded)?;
         dict.set_item("hits_decoded", m.hits_decoded)?;
         dict.set_item("decoded_hits_served", m.decoded_hits_served)?;
@@ -786,4 +869,20 @@ fn finish(engine: Option<Engine>, complete: bool) -> PyResult<()> {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A loader's engine, closed at exit before MPI is finalised.
+impl Closable for Weak<Mutex<Option<Engine>>> {
+    fn open(&self) -> bool {
+        self.upgrade().is_some_and(|e| lock(&e).is_some())
+    }
+
+    fn close(&self) {
+        if let Some(e) = self.upgrade() {
+            let engine = lock(&e).take();
+            if let Err(e) = finish(engine, true) {
+                log::warn!("lobster_io: closing the loader at exit: {e}");
+            }
+        }
+    }
 }

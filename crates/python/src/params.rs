@@ -185,3 +185,27 @@ pub(crate) fn place(given: &Given) -> PyResult<NodeEnv> {
     }
     NodeEnv::new(0, 1, 0, 1, 0, 1, "single").map_err(node_error)
 }
+
+/// Where this process stands as node `node` of an MPI job of `nodes` processes: each
+/// process a node of one rank, as `lobster run --mpi` runs them. A `launch=` that says
+/// otherwise is refused by its field.
+#[cfg(feature = "mpi")]
+pub(crate) fn mpi_place(given: &Given, node: usize, nodes: usize) -> PyResult<NodeEnv> {
+    let fields = [
+        ("launch.rank", given.rank, node),
+        ("launch.world_size", given.world_size, nodes),
+        ("launch.local_rank", given.local_rank, 0),
+        ("launch.local_world_size", given.local_world_size, 1),
+    ];
+    for (name, said, is) in fields {
+        if let Some(said) = said.filter(|&s| s != is) {
+            return Err(PyValueError::new_err(format!(
+                "{name} = {said}, but this process is node {node} of an MPI job of {nodes} \
+                 processes, each a node of one rank, so {name} = {is}: drop launch= or make \
+                 it agree"
+            )));
+        }
+    }
+    let job_id = given.job_id.clone().unwrap_or_else(|| "mpi".into());
+    NodeEnv::new(node, nodes, 0, 1, node, nodes, job_id).map_err(node_error)
+}

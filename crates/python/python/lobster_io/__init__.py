@@ -13,6 +13,10 @@ crate's ``LoaderConfig`` groups them by stage: ``cache=Cache(...)`` (what the no
 keeps), ``budgets=Budgets(...)`` (what the node's ranks share), ``launch=Launch(...)``
 (where this process stands, when no launcher's variables say) and ``limits=Limits(...)``
 (what one sample may cost).
+
+A package built with MPI (``built_with_mpi()``; ``pip install ./crates/python
+--config-settings=build-args='--features mpi'``) makes each process under ``mpirun`` (or
+``srun --mpi=pmix``) a node that fetches planned misses from its peers' caches.
 """
 
 from dataclasses import dataclass
@@ -28,6 +32,7 @@ from ._lobster_io import (
     ReadError,
     StoppedError,
     TooManyFailures,
+    built_with_mpi,
     decode_image,
 )
 
@@ -102,5 +107,6 @@ __all__ = [
     "ReadError",
     "StoppedError",
     "TooManyFailures",
+    "built_with_mpi",
     "decode_image",
 ]

@@ -1,0 +1,70 @@
+"""One node of a test MPI job (`mpirun -np N python mpi_probe.py DATA OUT`): builds two
+lobster_io Loaders in turn (MPI is joined once), iterates each in lock-step with the other
+nodes (leaving the second open for exit to close), and writes what it saw (ids per epoch,
+batches, metrics), and the errors a launch= that disagrees with the MPI world and a seed that
+differs between nodes got, as JSON to OUT/node-<node>.json."""
+
+import json
+import os
+import sys
+import warnings
+
+import lobster_io
+
+BATCH = 8
+EPOCHS = 3
+LEFT_OPEN = []
+
+
+def main():
+    data, out = sys.argv[1], sys.argv[2]
+    settings = dict(
+        epochs=EPOCHS, seed=5, image_size=16,
+        # C * N^2 > F for N = 2 nodes: the job's cluster plan runs.
+        cache=lobster_io.Cache(frac=0.4, forms="encoded"),
+        budgets=lobster_io.Budgets(decode_threads=1, io_depth=8),
+    )
+    seen = {"launch_error": None, "disagree_error": None, "rounds": []}
+    # Joining the MPI job is no reason to warn.
+    warnings.simplefilter("error", RuntimeWarning)
+    try:
+        lobster_io.Loader(data, BATCH, launch=lobster_io.Launch(
+            rank=int(os.environ["OMPI_COMM_WORLD_RANK"]), world_size=3, local_rank=0,
+            local_world_size=1), **settings)
+    except ValueError as e:
+        seen["launch_error"] = str(e)
+    # Nodes that would plan from different inputs are refused, every one of them.
+    try:
+        rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+        lobster_io.Loader(data, BATCH, **dict(settings, seed=rank))
+    except lobster_io.NodeError as e:
+        seen["disagree_error"] = str(e)
+    for _ in range(2):
+        loader = lobster_io.Loader(data, BATCH, **settings)
+        node = {"node": loader.node, "nodes": loader.nodes, "peers": loader.peers,
+                "len": len(loader), "ids": [], "error": None}
+        try:
+            for epoch in range(EPOCHS):
+                loader.set_epoch(epoch)
+                ids = []
+                for batch in loader:
+                    ids.extend(batch.ids.tolist())
+                    # No DDP here: the step ends for the whole job at this barrier.
+                    loader.step_barrier()
+                node["ids"].append(ids)
+        except lobster_io.Error as e:
+            node["error"] = f"{type(e).__name__}: {e}"
+        node["metrics"] = loader.metrics()
+        if not seen["rounds"]:
+            loader.close()
+        else:
+            # Left open: at exit lobster_io closes it, then finalises MPI (mpirun fails a
+            # process that exits without MPI_Finalize).
+            LEFT_OPEN.append(loader)
+        seen["rounds"].append(node)
+    with open(os.path.join(out, f"node-{seen['rounds'][0]['node']}.json"), "w") as f:
+        json.dump(seen, f)
+
+
+if __name__ == "__main__":
+    main()

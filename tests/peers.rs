@@ -331,3 +331,47 @@ fn under_the_cluster_plan_a_silent_peers_fetches_fall_back_to_storage() {
         );
     }
 }
+
+/// Where the caches together do not hold the dataset (the floor `F - N*C` is above zero), the
+/// planner reads storage ahead of the prefetch distance and holds back the peer fetches of
+/// those windows: every sample still arrives as it is, every planned remote hit is served (or,
+/// from a silent peer, read from storage), and the steady epochs read at least the floor.
+#[test]
+fn reading_ahead_under_the_cluster_plan_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), 96, 3);
+    let total = ds.samples().iter().map(|s| s.size_bytes).sum::<u64>();
+    // C * N^2 = 9F/5 > F (the cluster plan), N * C = 3F/5 < F (something to read ahead).
+    let capacity = total / 5;
+    let floor = total - NODES as u64 * capacity;
+    for silent in [None, Some(2)] {
+        let nodes = InProcessNodes::connect(NODES);
+        let results = run_job_with(
+            &ds,
+            (CachePolicy::Reuse, capacity, PeerPlanChoice::Auto),
+            Execution::Pipelined,
+            &nodes,
+            silent,
+        );
+        let (mut steady_bytes, mut epochs) = (0, 0);
+        for (node, (got, m)) in results.into_iter().enumerate() {
+            check(&ds, got, node, &format!("read-ahead, silent {silent:?}"));
+            assert_eq!(m.peer_plan.mode, PeerPlanKind::Cluster, "{:?}", m.peer_plan);
+            assert_eq!(
+                m.remote_hits + m.remote_misses,
+                m.planned_remote_hits,
+                "silent {silent:?}, node {node}: {m:?}"
+            );
+            if silent.is_none() {
+                assert_eq!(m.remote_misses, 0, "node {node}: {m:?}");
+            }
+            steady_bytes += m.storage_bytes_by_epoch.iter().skip(1).sum::<u64>();
+            epochs = m.storage_bytes_by_epoch.len() as u64 - 1;
+        }
+        assert!(epochs > 0);
+        assert!(
+            steady_bytes >= epochs * floor,
+            "silent {silent:?}: {steady_bytes} bytes read in {epochs} steady epochs, floor {floor}"
+        );
+    }
+}

@@ -110,7 +110,7 @@ pub use metrics::{
     ThreadClass,
 };
 pub use pipeline::{PeerPlan, PeerPlanInputs};
-pub use sampler::{torch_randperm, DistributedSampler, EpochOrder};
+pub use sampler::{torch_randperm, DistributedSampler, EpochOrder, SamplerOrders};
 
 #[doc = include_str!("../../../README.md")]
 #[cfg(doctest)]

@@ -243,6 +243,33 @@ fn check_permutation(perm: &[u32], n: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Every epoch's whole order as a [`DistributedSampler`] draws it (padded by repeating its
+/// head, or cut with `drop_last`), as a stream of the cache crate: the cluster plan's global
+/// stream splits it over the ranks exactly as the sampler does. Drawn again on each fill, not
+/// held.
+#[derive(Clone, Debug)]
+pub struct SamplerOrders {
+    sampler: DistributedSampler,
+    epochs: u32,
+}
+
+impl SamplerOrders {
+    /// The orders of `epochs` epochs of `sampler`.
+    pub fn new(sampler: DistributedSampler, epochs: u32) -> Self {
+        SamplerOrders { sampler, epochs }
+    }
+}
+
+impl lobster_cache::StreamSource for SamplerOrders {
+    fn epochs(&self) -> u32 {
+        self.epochs
+    }
+
+    fn fill_epoch(&self, epoch: u32, out: &mut Vec<u32>) {
+        out.extend(self.sampler.epoch_indices(epoch));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

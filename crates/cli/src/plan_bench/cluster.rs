@@ -11,10 +11,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use lobster_io::cache::gen::lognormal_sizes;
-use lobster_io::cache::{
-    ClusterConfig, ClusterLayout, ClusterPlanner, ClusterStats, Mode, StreamSource,
-};
-use lobster_io::{DistributedSampler, EpochOrder};
+use lobster_io::cache::{ClusterConfig, ClusterLayout, ClusterPlanner, ClusterStats, Mode};
+use lobster_io::{DistributedSampler, EpochOrder, SamplerOrders};
 use serde::{Deserialize, Serialize};
 
 /// Which mode the cluster plan runs in.
@@ -89,25 +87,6 @@ pub struct Report {
     pub process_id: u32,
 }
 
-/// Each epoch's whole order as the loader's `DistributedSampler` draws it (torch's
-/// `randperm` seeded with `seed + epoch`, padded by repeating its head), drawn again on each
-/// fill as the loader's cluster plan does, not held.
-#[derive(Clone, Debug)]
-struct SamplerOrders {
-    sampler: DistributedSampler,
-    epochs: u32,
-}
-
-impl StreamSource for SamplerOrders {
-    fn epochs(&self) -> u32 {
-        self.epochs
-    }
-
-    fn fill_epoch(&self, epoch: u32, out: &mut Vec<u32>) {
-        out.extend(self.sampler.epoch_indices(epoch));
-    }
-}
-
 /// This thread's CPU time (utime + stime from procfs, in ticks of 10 ms), so that other
 /// processes on a shared machine do not count.
 fn thread_cpu() -> Result<Duration> {
@@ -166,10 +145,7 @@ pub fn run_case(case: &Case) -> Result<Report> {
         EpochOrder::Shuffle { seed: case.seed },
     )?;
     let order_len = sampler.per_rank() * world;
-    let orders = SamplerOrders {
-        sampler,
-        epochs: case.epochs,
-    };
+    let orders = SamplerOrders::new(sampler, case.epochs);
     let config = ClusterConfig {
         mode: match case.mode {
             ModeChoice::Auto => None,

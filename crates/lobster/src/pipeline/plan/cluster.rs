@@ -8,31 +8,12 @@ use std::sync::Arc;
 
 use lobster_cache::{
     ClusterConfig, ClusterCounts, ClusterDecision, ClusterLayout, ClusterPlanner, Mode,
-    StreamSource,
 };
 
 use crate::error::Error;
 use crate::metrics::{ClusterEpochMetrics, ClusterPlanMetrics};
 use crate::pipeline::plan::layout::Layout;
-use crate::sampler::DistributedSampler;
-
-/// Each epoch's whole order as the sampler pads (or, with `drop_last`, cuts) it: the global
-/// stream splits it over the ranks exactly as the sampler does.
-#[derive(Clone, Debug)]
-pub(crate) struct SamplerOrders {
-    sampler: DistributedSampler,
-    epochs: u32,
-}
-
-impl StreamSource for SamplerOrders {
-    fn epochs(&self) -> u32 {
-        self.epochs
-    }
-
-    fn fill_epoch(&self, epoch: u32, out: &mut Vec<u32>) {
-        out.extend(self.sampler.epoch_indices(epoch));
-    }
-}
+use crate::sampler::SamplerOrders;
 
 /// The global plan, walked up to this node's next access.
 pub(crate) struct NodeShare {
@@ -57,10 +38,7 @@ pub(crate) fn cluster_layout(
     layout: &Layout,
     nodes: usize,
 ) -> Result<ClusterLayout<SamplerOrders>, Error> {
-    let orders = SamplerOrders {
-        sampler: layout.sampler.clone(),
-        epochs: layout.epochs,
-    };
+    let orders = SamplerOrders::new(layout.sampler.clone(), layout.epochs);
     ClusterLayout::new(
         orders,
         layout.per_rank * layout.world,
@@ -161,7 +139,8 @@ impl NodeShare {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::EpochOrder;
+    use crate::sampler::{DistributedSampler, EpochOrder};
+    use lobster_cache::StreamSource;
 
     /// The cluster layout's view of every node is the pipeline's layout of that node, access
     /// for access, padded or cut as the sampler does.

@@ -157,7 +157,9 @@ pub(crate) fn print_header(config: &RunConfig) {
             config.storage_mbps, config.storage_latency_us, config.compute_ms
         );
     }
-    if config.nodes > 1 && config.net_mbps > 0.0 {
+    // Only where peers answer: a node of a job run alone has no interconnect to emulate.
+    let peers = (config.mpi && config.remote_hits) || config.in_process_nodes;
+    if peers && config.net_mbps > 0.0 {
         println!(
             "emulated interconnect: {} MB/s per node, {} us per fetch",
             config.net_mbps, config.net_latency_us

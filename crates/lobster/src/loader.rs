@@ -345,16 +345,14 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             Some(_) => Some(cache_sizes(&dataset)?),
             None => None,
         };
-        let read_ahead_bytes = match (&self.peers, &sizes) {
-            (Some(_), Some(s)) if cluster_plan(&config, Some(s)).is_ok() => {
-                crate::pipeline::read_ahead_budget_bytes(
-                    s.iter().map(|&b| u64::from(b)).sum(),
-                    config.job.nodes,
-                    config.cache.capacity_bytes,
-                )
+        let (peers, peer_plan) = match self.peers {
+            Some(transport) => {
+                let (p, mode) = peers(&config, sizes.as_ref(), &layout, transport)?;
+                (Some(p), mode)
             }
-            _ => 0,
+            None => (None, Mode::because(PeerPlanKind::Node, "no peers")),
         };
+        let read_ahead_bytes = peers.as_ref().map_or(0, |p| p.read_ahead_bytes);
         let pool = config
             .execution
             .dispatches()
@@ -369,17 +367,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             .execution
             .dispatches()
             .then(|| crate::pipeline::SampleDirs::new(dataset.samples()));
-        let (forms, cache_forms) = decoded_tier(&config, &dataset, staged, self.peers.is_some())?;
-        let (peers, peer_plan) = match self.peers {
-            Some(transport) => {
-                let (mut p, mode) = peers(&config, sizes.as_ref(), &layout, transport)?;
-                if p.cluster {
-                    p.read_ahead_bytes = read_ahead_bytes;
-                }
-                (Some(p), mode)
-            }
-            None => (None, Mode::because(PeerPlanKind::Node, "no peers")),
-        };
+        let (forms, cache_forms) = decoded_tier(&config, &dataset, staged, peers.is_some())?;
         let ctx = Context {
             layout,
             config: config.clone(),
@@ -573,7 +561,11 @@ fn peers(
         transport,
         plan: crate::pipeline::PeerPlan::empty(),
         cluster: true,
-        read_ahead_bytes: 0,
+        read_ahead_bytes: crate::pipeline::read_ahead_budget_bytes(
+            sizes.map_or(0, |s| s.iter().map(|&b| u64::from(b)).sum()),
+            config.job.nodes,
+            config.cache.capacity_bytes,
+        ),
         // A peer runs at most its prefetch window ahead, a step apart: a fetch of a sample
         // not yet read here waits that long and a little more.
         served: Arc::new(pipeline::ServedLandings::for_cluster(2 * ahead_steps + 4)),
@@ -670,14 +662,17 @@ fn pool_shape(config: &LoaderConfig, dataset: &Dataset, read_ahead_bytes: u64) -
     let samples = dataset.samples();
     let largest_read = read_bytes(config, dataset.max_sample_bytes());
     let largest_block = block_bytes(largest_read);
-    let blocks_total: u64 = samples
-        .iter()
-        .map(|s| block_bytes(read_bytes(config, s.size_bytes)))
-        .sum();
-    let mean_block = blocks_total.div_ceil(samples.len().max(1) as u64);
+    let (blocks_total, bytes_total) = samples.iter().fold((0, 0), |(blocks, bytes), s| {
+        (
+            blocks + block_bytes(read_bytes(config, s.size_bytes)),
+            bytes + s.size_bytes,
+        )
+    });
+    let count = samples.len().max(1) as u64;
+    let mean_block = blocks_total.div_ceil(count);
     let accesses = pool_accesses(config) as u64;
     // Read-ahead blocks come on top, rounded as the blocks are.
-    let ahead = read_ahead_bytes.div_ceil(mean_bytes(dataset).max(1)) * mean_block;
+    let ahead = read_ahead_bytes.div_ceil((bytes_total / count).max(1)) * mean_block;
     let budget =
         (accesses * mean_block + ahead + 2 * largest_block).next_multiple_of(largest_block);
     (budget, largest_read)
@@ -696,13 +691,6 @@ fn window_bytes(config: &LoaderConfig, dataset: &Dataset, pool_bytes: Option<u64
         Some(pool) => pool + accesses(),
         None => accesses(),
     }
-}
-
-/// The mean sample size in bytes.
-fn mean_bytes(dataset: &Dataset) -> u64 {
-    let samples = dataset.samples();
-    let total: u64 = samples.iter().map(|s| s.size_bytes).sum();
-    total / samples.len().max(1) as u64
 }
 
 /// The summed size of the `k` largest samples.

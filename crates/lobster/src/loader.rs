@@ -377,6 +377,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             storage: pipeline::Storage::new(
                 config.reads.storage_emulation,
                 config.reads.inject_faults,
+                config.job.epochs,
             ),
             reader: reader.clone(),
             arena: cache_arena(&config),
@@ -834,9 +835,8 @@ impl<T> Loader<T> {
             m.cluster_plan = Some(plan);
         }
         m.read_retries = count(&self.pipeline.context.storage.counters.retries);
-        let by_epoch = pipeline::lock(&self.pipeline.context.storage.counters.by_epoch).clone();
-        m.storage_reads_by_epoch = by_epoch.iter().map(|e| e.0).collect();
-        m.storage_bytes_by_epoch = by_epoch.iter().map(|e| e.1).collect();
+        (m.storage_reads_by_epoch, m.storage_bytes_by_epoch) =
+            self.pipeline.context.storage.delivered.counts();
         m.reads_recovered = count(&self.pipeline.context.storage.counters.recovered);
         m.cache_forms = self.cache_forms.clone();
         if let Some(tier) = &self.pipeline.context.forms {

@@ -23,20 +23,31 @@ pub(crate) struct FaultCounters {
     pub(crate) retries: AtomicU64,
     /// Reads that succeeded after at least one retry.
     pub(crate) recovered: AtomicU64,
-    /// Storage reads that delivered bytes, and their bytes, by the epoch of their access
-    /// (as long as the run's epochs).
-    pub(crate) by_epoch: std::sync::Mutex<Vec<(u64, u64)>>,
 }
 
-impl FaultCounters {
-    fn delivered(&self, epoch: u32, bytes: u64) {
-        let mut by_epoch = crate::pipeline::sync::lock(&self.by_epoch);
-        let e = epoch as usize;
-        if by_epoch.len() <= e {
-            by_epoch.resize(e + 1, (0, 0));
+/// Storage reads that delivered bytes, and their bytes, by the epoch of their access: one
+/// pair of counters per epoch of the run, made up front.
+#[derive(Debug, Default)]
+pub(crate) struct DeliveredByEpoch(Box<[(AtomicU64, AtomicU64)]>);
+
+impl DeliveredByEpoch {
+    fn new(epochs: u32) -> Self {
+        DeliveredByEpoch((0..epochs).map(|_| Default::default()).collect())
+    }
+
+    fn add(&self, epoch: u32, bytes: u64) {
+        if let Some((reads, total)) = self.0.get(epoch as usize) {
+            reads.fetch_add(1, Ordering::Relaxed);
+            total.fetch_add(bytes, Ordering::Relaxed);
         }
-        by_epoch[e].0 += 1;
-        by_epoch[e].1 += bytes;
+    }
+
+    /// (reads, bytes) per epoch.
+    pub(crate) fn counts(&self) -> (Vec<u64>, Vec<u64>) {
+        self.0
+            .iter()
+            .map(|(r, b)| (r.load(Ordering::Relaxed), b.load(Ordering::Relaxed)))
+            .unzip()
     }
 }
 
@@ -101,14 +112,20 @@ pub(crate) struct Storage {
     device: Option<Device>,
     faults: Option<FaultInjection>,
     pub(crate) counters: FaultCounters,
+    pub(crate) delivered: DeliveredByEpoch,
 }
 
 impl Storage {
-    pub(crate) fn new(emulation: Option<StorageEmulation>, faults: Option<FaultInjection>) -> Self {
+    pub(crate) fn new(
+        emulation: Option<StorageEmulation>,
+        faults: Option<FaultInjection>,
+        epochs: u32,
+    ) -> Self {
         Storage {
             device: emulation.map(Device::new),
             faults,
             counters: FaultCounters::default(),
+            delivered: DeliveredByEpoch::new(epochs),
         }
     }
 
@@ -120,7 +137,15 @@ impl Storage {
 
     /// Decides `attempt`'s fate from what the read returned.
     pub(crate) fn fate(&self, attempt: Attempt<'_>, read: Result<Bytes, ReadFailure>) -> Fate {
-        fate(attempt, self.faults.as_ref(), &self.counters, read)
+        let epoch = attempt.epoch;
+        let fate = fate(attempt, self.faults.as_ref(), &self.counters, read);
+        if let Fate::Deliver {
+            loaded: Ok(bytes), ..
+        } = &fate
+        {
+            self.delivered.add(epoch, bytes.len() as u64);
+        }
+        fate
     }
 }
 
@@ -161,7 +186,6 @@ fn fate(
             if number > 0 {
                 counters.recovered.fetch_add(1, Ordering::Relaxed);
             }
-            counters.delivered(epoch, bytes.len() as u64);
             Fate::Deliver {
                 at: deliver_at(delay),
                 loaded: Ok(bytes),

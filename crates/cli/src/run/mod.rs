@@ -166,18 +166,7 @@ fn run_nodes(
 ) -> Result<()> {
     let mut per_node: Vec<Vec<StrategyResult>> = (0..args.nodes).map(|_| Vec::new()).collect();
     for &strategy in &args.strategy.0 {
-        let steps = lobster_io::DistributedSampler::new(
-            dataset.len(),
-            args.nodes * args.ranks_per_node,
-            false,
-            lobster_io::EpochOrder::Sequential,
-        )?
-        .per_rank()
-        .div_ceil(args.batch_size) as u64
-            * u64::from(args.epochs);
-        let bar = progress_bar(args.quiet, strategy, steps);
-        let results = nodes::run_strategy(args, dataset, cache_bytes, strategy, &bar)?;
-        bar.finish_and_clear();
+        let results = nodes::run_strategy(args, dataset, cache_bytes, strategy)?;
         for (node, (metrics, measured)) in results.into_iter().enumerate() {
             per_node[node].push(StrategyResult::new(strategy, metrics, measured));
         }

@@ -7,7 +7,6 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use indicatif::ProgressBar;
 use lobster_io::net::{InProcessNodes, Transport};
 use lobster_io::{Dataset, RunMetrics};
 
@@ -25,7 +24,6 @@ pub(crate) fn run_strategy(
     dataset: &Arc<Dataset>,
     cache_bytes: u64,
     strategy: Strategy,
-    bar: &ProgressBar,
 ) -> Result<Vec<(RunMetrics, Measured)>> {
     process::reset_peak_rss();
     let cpu_before = process::cpu_seconds();
@@ -42,6 +40,9 @@ pub(crate) fn run_strategy(
             Some(peers),
         )?);
     }
+    let steps = loaders[0].0.iterations_per_epoch() as u64 * u64::from(args.epochs);
+    let bar = super::progress_bar(args.quiet, strategy, steps);
+    let bar = &bar;
     let compute = Duration::from_secs_f64(args.compute_ms / 1e3);
     let job = Barrier::new(args.nodes);
     let job_barrier = || -> Result<()> {
@@ -80,6 +81,7 @@ pub(crate) fn run_strategy(
             .map(|t| t.join().expect("a node's training thread panicked"))
             .collect::<Result<Vec<_>>>()
     })?;
+    bar.finish_and_clear();
     let mut out = Vec::with_capacity(args.nodes);
     let mut measured = Vec::with_capacity(args.nodes);
     for ((loader, config), totals) in loaders.iter().zip(&totals) {

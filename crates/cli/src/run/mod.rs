@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 use lobster_io::{Dataset, OnError, RunMetrics};
 
 pub(crate) use args::BackendArg;
@@ -225,7 +224,7 @@ fn run_strategy(
         return Ok((metrics, measured));
     }
     let steps = loader.iterations_per_epoch() as u64 * u64::from(args.epochs);
-    let bar = progress_bar(args.quiet, strategy, steps);
+    let bar = report::progress_bar(args.quiet, strategy, steps);
     let handles = loader.ranks().context("rank handles already taken")?;
     let compute = Duration::from_secs_f64(args.compute_ms / 1e3);
     let job_barrier = cluster.map(|c| move || c.barrier());
@@ -257,20 +256,6 @@ fn run_strategy(
         batches_crc32: Some(batches_crc32(&totals)),
     };
     Ok((metrics, measured))
-}
-
-fn progress_bar(quiet: bool, strategy: Strategy, total: u64) -> ProgressBar {
-    if quiet {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(total);
-    bar.set_style(
-        ProgressStyle::with_template("{prefix:>20} [{bar:40}] {pos}/{len} iterations {elapsed}")
-            .expect("the template is valid")
-            .progress_chars("=> "),
-    );
-    bar.set_prefix(strategy.name());
-    bar
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use lobster_io::{Dataset, RunMetrics};
 use super::args::RunArgs;
 use super::build;
 use super::decode;
-use super::report::Measured;
+use super::report::{self, Measured};
 use super::strategy::Strategy;
 use super::train::{batches_crc32, train};
 use crate::process;
@@ -41,7 +41,7 @@ pub(crate) fn run_strategy(
         )?);
     }
     let steps = loaders[0].0.iterations_per_epoch() as u64 * u64::from(args.epochs);
-    let bar = super::progress_bar(args.quiet, strategy, steps);
+    let bar = report::progress_bar(args.quiet, strategy, steps);
     let bar = &bar;
     let compute = Duration::from_secs_f64(args.compute_ms / 1e3);
     let job = Barrier::new(args.nodes);

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
 use lobster_io::{AllocationRecord, RunMetrics};
 use serde::Serialize;
 
@@ -430,6 +431,21 @@ fn median(values: impl Iterator<Item = f64>) -> Option<f64> {
 
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1u64 << 20) as f64
+}
+
+/// A strategy's progress over `total` iterations, or none with `quiet`.
+pub(crate) fn progress_bar(quiet: bool, strategy: Strategy, total: u64) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>20} [{bar:40}] {pos}/{len} iterations {elapsed}")
+            .expect("the template is valid")
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(strategy.name());
+    bar
 }
 
 #[cfg(test)]

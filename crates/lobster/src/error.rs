@@ -77,6 +77,21 @@ pub enum Error {
         /// The first failures of the epoch (bounded): sample id and cause.
         first: Vec<(u32, String)>,
     },
+    /// A saved loader state cannot resume this loader: it belongs to another job, or its
+    /// ranks disagree.
+    Resume {
+        /// The state's field that differs.
+        field: &'static str,
+        /// Its value in the state.
+        saved: String,
+        /// What this loader has or needs.
+        now: String,
+    },
+    /// Bytes given as a loader state are not one (truncated, edited, damaged).
+    StateUnreadable {
+        /// What is wrong with them.
+        reason: String,
+    },
     /// An engine crate rejected its inputs.
     Engine {
         /// Which part.
@@ -202,6 +217,11 @@ impl fmt::Display for Error {
                 }
                 Ok(())
             }
+            Error::Resume { field, saved, now } => write!(
+                f,
+                "cannot resume from this state: its {field} is {saved}, this loader's {now}"
+            ),
+            Error::StateUnreadable { reason } => write!(f, "unreadable loader state: {reason}"),
             Error::Engine { part, cause } => write!(f, "{part}: {cause}"),
         }
     }

@@ -70,6 +70,7 @@ pub mod images;
 mod loader;
 mod metrics;
 mod pipeline;
+mod resume;
 mod sampler;
 
 /// Checker run by the `tar_index` fuzz target: arbitrary bytes as a tar shard are indexed
@@ -110,6 +111,7 @@ pub use metrics::{
     ThreadClass,
 };
 pub use pipeline::{PeerPlan, PeerPlanInputs};
+pub use resume::{JobFingerprint, LoaderState, RankPosition, STATE_JSON_MAX_BYTES, STATE_VERSION};
 pub use sampler::{torch_randperm, DistributedSampler, EpochOrder, SamplerOrders};
 
 #[doc = include_str!("../../../README.md")]

@@ -14,6 +14,7 @@ use crate::metrics::{
     CacheForms, CacheStore, Mode, PeerPlanKind, ReadPath, RunMetrics, ThreadClass,
 };
 use crate::pipeline::{self, Context, DecodeFn, Layout, Pipeline, PipelineState};
+use crate::resume::{self, JobFingerprint, LoaderState, STATE_VERSION};
 use crate::sampler::{DistributedSampler, EpochOrder};
 use lobster_cache::{FormChoice, FormCosts};
 
@@ -31,6 +32,8 @@ pub struct LoaderBuilder<T> {
     /// A decoded sample's size in bytes, where `T` has one: what
     /// [`LoaderBuilder::decoded_sample_bytes_max`] bounds.
     measure: Option<fn(&T) -> u64>,
+    /// Where a resumed loader starts.
+    resume: Option<LoaderState>,
 }
 
 impl<T: AsRef<[u8]> + Send + 'static> LoaderBuilder<T> {
@@ -95,7 +98,19 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             staged: None,
             peers: None,
             measure: None,
+            resume: None,
         }
+    }
+
+    /// Continues from `state` (from [`Loader::state`] of a loader of the same job): every rank
+    /// is given the batches the saved loader would have given after those it had delivered,
+    /// the same samples, labels and decoded values. The cache starts cold and plans the rest
+    /// of the run. The world may differ (see [`LoaderState`]); the dataset, the order, the
+    /// batch size and `drop_last` may not, and `build` refuses a state that differs, naming
+    /// the field.
+    pub fn resume_from(mut self, state: LoaderState) -> Self {
+        self.resume = Some(state);
+        self
     }
 
     /// The other nodes of the job, reached through `transport`: misses a peer's cache is
@@ -319,6 +334,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             }
             (None, None) => return Err(Error::invalid("decode", "none", "a decode function")),
         };
+        let fingerprint = JobFingerprint::of(&dataset, &self.order, &config);
         let sampler = DistributedSampler::new(
             dataset.len(),
             config.world(),
@@ -341,6 +357,25 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             config.job.batch_size,
             config.job.epochs,
         );
+        let layout = match &self.resume {
+            Some(state) => {
+                let at = state.position(&fingerprint)?;
+                let (epoch, head) = resume::start(&at, &layout.sampler, config.job.batch_size)?;
+                let resumed = layout.resumed(epoch, head);
+                if self.peers.is_some()
+                    && (resumed.start_epoch, resumed.head.is_some()) != (0, false)
+                {
+                    return Err(Error::invalid(
+                        "resume_from",
+                        format!("epoch {} iteration {}", at.epoch, at.iteration),
+                        "the first batch of the run when the loader has peers: the nodes' \
+                         plans do not resume yet",
+                    ));
+                }
+                resumed
+            }
+            None => layout,
+        };
         let sizes = match config.cache.policy.kind() {
             Some(_) => Some(cache_sizes(&dataset)?),
             None => None,
@@ -390,7 +425,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             .map(|rank| RankHandle {
                 state: pipeline.state.clone(),
                 rank,
-                iterations: pipeline.layout.iterations(),
+                ends: pipeline.layout.ends(),
                 done: false,
             })
             .collect();
@@ -402,6 +437,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             window_bytes,
             cache_forms,
             peer_plan,
+            fingerprint,
         })
     }
 }
@@ -743,6 +779,8 @@ pub struct Loader<T> {
     cache_forms: Mode<CacheForms>,
     /// How the nodes' caches are planned, as the metrics report it.
     peer_plan: Mode<PeerPlanKind>,
+    /// What a saved state must share with a loader it resumes.
+    fingerprint: JobFingerprint,
 }
 
 impl<T> Loader<T> {
@@ -767,6 +805,32 @@ impl<T> Loader<T> {
     /// capacity.
     pub fn prefetch_window_bytes(&self) -> u64 {
         self.window_bytes
+    }
+
+    /// Where every local rank is: the batches it was given so far (taken from its handle, not
+    /// prefetched), as a state [`LoaderBuilder::resume_from`] continues from. Save it when
+    /// every rank has taken the same number of batches (after a training step): a resume
+    /// refuses ranks at different batches.
+    pub fn state(&self) -> LoaderState {
+        let layout = &self.pipeline.layout;
+        LoaderState {
+            version: STATE_VERSION,
+            job: self.fingerprint.clone(),
+            ranks: self
+                .pipeline
+                .state
+                .progress
+                .delivered()
+                .into_iter()
+                .enumerate()
+                .map(|(rank, taken)| resume::position_after(layout, rank, taken))
+                .collect(),
+        }
+    }
+
+    /// Batches every rank is given in this run (fewer than the epochs' when resumed).
+    pub fn steps(&self) -> u64 {
+        self.pipeline.layout.steps()
     }
 
     /// Batches per epoch per rank.
@@ -860,7 +924,7 @@ impl<T> Loader<T> {
 pub struct RankHandle<T> {
     state: Arc<PipelineState<T>>,
     rank: usize,
-    iterations: usize,
+    ends: pipeline::EpochEnds,
     done: bool,
 }
 
@@ -908,7 +972,7 @@ impl<T> Iterator for RankHandle<T> {
         if self.done {
             return None;
         }
-        let next = pipeline::next_batch(&self.state, self.rank, self.iterations);
+        let next = pipeline::next_batch(&self.state, self.rank, self.ends);
         self.given(&next);
         next
     }
@@ -1007,7 +1071,7 @@ impl<T> futures_core::Stream for RankStream<T> {
         let next = std::task::ready!(pipeline::poll_next_batch(
             &handle.state,
             handle.rank,
-            handle.iterations,
+            handle.ends,
             cx,
             &mut this.waiting,
         ));

@@ -182,6 +182,29 @@ impl DistributedSampler {
         self.world
     }
 
+    /// Whether each epoch's tail is cut instead of padded.
+    pub fn drop_last(&self) -> bool {
+        self.drop_last
+    }
+
+    /// The same sampler over a world of `world` ranks.
+    pub fn with_world(&self, world: usize) -> Result<Self, Error> {
+        if world == 0 {
+            return Err(Error::invalid("world", "0", "at least 1"));
+        }
+        if self.drop_last && self.samples < world {
+            return Err(Error::invalid(
+                "world",
+                world,
+                format!("at most the {} samples when drop_last is set", self.samples),
+            ));
+        }
+        Ok(Self {
+            world,
+            ..self.clone()
+        })
+    }
+
     /// Epochs an explicit order provides; `None` when any number can be generated.
     pub fn explicit_epochs(&self) -> Option<usize> {
         match &self.order {

@@ -40,7 +40,7 @@ pub(crate) use io::attempt::Storage;
 pub(crate) use io::dirs::SampleDirs;
 pub use peers::plan::{PeerPlan, PeerPlanInputs};
 pub(crate) use peers::{PeerCounters, Peers, ServedLandings};
-pub(crate) use plan::layout::Layout;
+pub(crate) use plan::layout::{EpochEnds, Head, Layout};
 pub(crate) use plan::read_ahead_budget_bytes;
 pub(crate) use state::PipelineState;
 pub(crate) use sync::lock;

@@ -9,6 +9,7 @@ use crate::batch::Batch;
 use crate::error::Error;
 use crate::faults::OnError;
 use crate::metrics::SkippedSample;
+use crate::pipeline::plan::layout::EpochEnds;
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::{lock, stopped};
 use reorder::NoBatch;
@@ -17,11 +18,11 @@ use reorder::NoBatch;
 pub(crate) fn next_batch<T>(
     state: &PipelineState<T>,
     rank: usize,
-    iterations: usize,
+    ends: EpochEnds,
 ) -> Option<Result<Batch<T>, Error>> {
     let started = Instant::now();
     let taken = state.ranks[rank].take(&state.stop);
-    finish(state, rank, iterations, taken, started.elapsed())
+    finish(state, rank, ends, taken, started.elapsed())
 }
 
 /// Rank `rank`'s next batch as an async task takes it: `Pending` (with the task woken when
@@ -30,14 +31,14 @@ pub(crate) fn next_batch<T>(
 pub(crate) fn poll_next_batch<T>(
     state: &PipelineState<T>,
     rank: usize,
-    iterations: usize,
+    ends: EpochEnds,
     cx: &mut std::task::Context<'_>,
     waiting: &mut Option<Instant>,
 ) -> std::task::Poll<Option<Result<Batch<T>, Error>>> {
     let started = *waiting.get_or_insert_with(Instant::now);
     let taken = std::task::ready!(state.ranks[rank].poll_take(&state.stop, cx));
     *waiting = None;
-    std::task::Poll::Ready(finish(state, rank, iterations, taken, started.elapsed()))
+    std::task::Poll::Ready(finish(state, rank, ends, taken, started.elapsed()))
 }
 
 /// A taken batch as the rank gets it: the error policy and the failure budget applied, the
@@ -45,7 +46,7 @@ pub(crate) fn poll_next_batch<T>(
 fn finish<T>(
     state: &PipelineState<T>,
     rank: usize,
-    iterations: usize,
+    ends: EpochEnds,
     taken: Result<reorder::TakenBatch<T>, NoBatch>,
     stall: Duration,
 ) -> Option<Result<Batch<T>, Error>> {
@@ -76,7 +77,7 @@ fn finish<T>(
             }
         }
     }
-    let last_of_epoch = batch.iteration as usize + 1 == iterations;
+    let last_of_epoch = ends.is_last(batch.epoch, batch.iteration);
     let mut collector = lock(&state.collector);
     collector.batch_taken(metrics, len - failed.len(), last_of_epoch);
     let mut skipped = Vec::with_capacity(failed.len());

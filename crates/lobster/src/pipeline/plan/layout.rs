@@ -6,6 +6,10 @@ use crate::sampler::DistributedSampler;
 
 /// Which accesses this node makes, and in what order: (epoch, iteration, local rank, position
 /// in batch). Every cache decision and every queue follows this order.
+///
+/// A resumed run starts at `start_epoch`, and its first epoch may be a [`Head`]: the rest of
+/// an epoch begun before the interruption, possibly by another world. Steps count the run's
+/// batches from its first, so that they meet the ranks' counts of batches taken.
 #[derive(Clone, Debug)]
 pub(crate) struct Layout {
     pub(crate) sampler: DistributedSampler,
@@ -15,6 +19,42 @@ pub(crate) struct Layout {
     pub(crate) batch: usize,
     pub(crate) per_rank: usize,
     pub(crate) epochs: u32,
+    /// The first epoch the run plans (0 unless resumed).
+    pub(crate) start_epoch: u32,
+    /// The rest of epoch `start_epoch`, where the run resumes within it.
+    pub(crate) head: Option<Head>,
+}
+
+/// The rest of an epoch a resumed run finishes: the remaining samples of the epoch's order,
+/// split over this world as the sampler splits a whole epoch (rank `r`'s `k`-th sample at
+/// `r + k * world`), with the world's batches counted from `first_iteration`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Head {
+    pub(crate) order: std::sync::Arc<[u32]>,
+    pub(crate) per_rank: usize,
+    pub(crate) first_iteration: usize,
+    /// The world the epoch began in, whose padding its order has.
+    pub(crate) epoch_world: usize,
+    /// Entries of the epoch's order taken before the head.
+    pub(crate) consumed: u64,
+}
+
+/// Where each epoch's batches end: a whole epoch's iterations, and a resumed head's end.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EpochEnds {
+    head: Option<(u32, usize)>,
+    iterations: usize,
+}
+
+impl EpochEnds {
+    /// Whether the batch at `iteration` of `epoch` is that epoch's last.
+    pub(crate) fn is_last(&self, epoch: u32, iteration: u32) -> bool {
+        let end = match self.head {
+            Some((e, end)) if e == epoch => end,
+            _ => self.iterations,
+        };
+        iteration as usize + 1 == end
+    }
 }
 
 impl Layout {
@@ -34,40 +74,118 @@ impl Layout {
             batch,
             epochs,
             sampler,
+            start_epoch: 0,
+            head: None,
         }
     }
 
+    /// The same layout, resumed at `start_epoch` with `head` the rest of that epoch.
+    pub(crate) fn resumed(mut self, start_epoch: u32, head: Option<Head>) -> Layout {
+        self.start_epoch = start_epoch.min(self.epochs);
+        self.head = head.filter(|h| h.per_rank > 0 && self.start_epoch < self.epochs);
+        self
+    }
+
+    /// Iterations of a whole epoch.
     pub(crate) fn iterations(&self) -> usize {
         self.per_rank.div_ceil(self.batch)
     }
 
-    /// Iterations since the first epoch's first: a batch's place in the whole run.
+    /// The head, if `epoch` is it.
+    fn head_of(&self, epoch: u32) -> Option<&Head> {
+        self.head.as_ref().filter(|_| epoch == self.start_epoch)
+    }
+
+    /// Samples per rank in `epoch`.
+    fn per_rank_in(&self, epoch: u32) -> usize {
+        self.head_of(epoch).map_or(self.per_rank, |h| h.per_rank)
+    }
+
+    /// The iteration numbers of `epoch`'s batches: `first..end`.
+    pub(crate) fn iteration_range(&self, epoch: u32) -> std::ops::Range<usize> {
+        match self.head_of(epoch) {
+            Some(h) => h.first_iteration..h.first_iteration + h.per_rank.div_ceil(self.batch),
+            None => 0..self.iterations(),
+        }
+    }
+
+    /// Batches the run delivers to each rank.
+    pub(crate) fn steps(&self) -> u64 {
+        let whole = u64::from(self.epochs - self.start_epoch) * self.iterations() as u64;
+        match &self.head {
+            Some(h) => whole - self.iterations() as u64 + h.per_rank.div_ceil(self.batch) as u64,
+            None => whole,
+        }
+    }
+
+    /// The batch at `iteration` of `epoch` as the run's step (its batches counted from 0).
     pub(crate) fn step(&self, epoch: u32, iteration: usize) -> u64 {
-        u64::from(epoch) * self.iterations() as u64 + iteration as u64
+        let iterations = self.iterations() as u64;
+        match &self.head {
+            Some(h) if epoch == self.start_epoch => (iteration - h.first_iteration) as u64,
+            Some(h) => {
+                h.per_rank.div_ceil(self.batch) as u64
+                    + u64::from(epoch - self.start_epoch - 1) * iterations
+                    + iteration as u64
+            }
+            None => u64::from(epoch - self.start_epoch) * iterations + iteration as u64,
+        }
     }
 
     /// The step of the access at `position` of the node stream (canonical order; every
     /// iteration but an epoch's last holds `ranks * batch` accesses).
     pub(crate) fn step_at(&self, position: u64) -> u64 {
-        let per_epoch = (self.ranks * self.per_rank) as u64;
         let per_iteration = (self.ranks * self.batch) as u64;
+        let (mut position, mut base) = (position, 0);
+        if let Some(h) = &self.head {
+            let head_accesses = (self.ranks * h.per_rank) as u64;
+            let head_steps = h.per_rank.div_ceil(self.batch) as u64;
+            if position < head_accesses {
+                return (position / per_iteration).min(head_steps - 1);
+            }
+            position -= head_accesses;
+            base = head_steps;
+        }
+        let per_epoch = (self.ranks * self.per_rank) as u64;
         let iterations = self.iterations() as u64;
         let (epoch, within) = (position / per_epoch, position % per_epoch);
-        epoch * iterations + (within / per_iteration).min(iterations - 1)
+        base + epoch * iterations + (within / per_iteration).min(iterations - 1)
     }
 
-    pub(crate) fn batch_len(&self, iteration: usize) -> usize {
-        self.batch.min(self.per_rank - iteration * self.batch)
+    /// Where each epoch's batches end, as a rank's handle needs it.
+    pub(crate) fn ends(&self) -> EpochEnds {
+        EpochEnds {
+            head: self
+                .head
+                .as_ref()
+                .map(|_| (self.start_epoch, self.iteration_range(self.start_epoch).end)),
+            iterations: self.iterations(),
+        }
+    }
+
+    /// Samples in the batch at `iteration` of `epoch` (an epoch's last may be short).
+    pub(crate) fn batch_len(&self, epoch: u32, iteration: usize) -> usize {
+        let range = self.iteration_range(epoch);
+        let k = iteration - range.start;
+        self.batch.min(self.per_rank_in(epoch) - k * self.batch)
     }
 
     /// Visits the node's accesses of one epoch in canonical order:
     /// (iteration, local rank, position in batch, sample).
     pub(crate) fn walk_epoch(&self, epoch: u32, mut visit: impl FnMut(usize, usize, usize, u32)) {
-        let order = self.sampler.epoch_indices(epoch);
-        for iteration in 0..self.iterations() {
+        let whole;
+        let order: &[u32] = match self.head_of(epoch) {
+            Some(h) => &h.order,
+            None => {
+                whole = self.sampler.epoch_indices(epoch);
+                &whole
+            }
+        };
+        let range = self.iteration_range(epoch);
+        for (k_batch, iteration) in range.clone().enumerate() {
             for rank in 0..self.ranks {
-                for pos in 0..self.batch_len(iteration) {
-                    let k = iteration * self.batch + pos;
+                for pos in 0..self.batch_len(epoch, iteration) {
+                    let k = k_batch * self.batch + pos;
                     visit(
                         iteration,
                         rank,
@@ -80,13 +198,15 @@ impl Layout {
     }
 }
 
+/// The run's stream: a resumed run's cache plans only what remains, its epochs counted from
+/// the first it plans.
 impl StreamSource for Layout {
     fn epochs(&self) -> u32 {
-        self.epochs
+        self.epochs - self.start_epoch
     }
 
     fn fill_epoch(&self, epoch: u32, out: &mut Vec<u32>) {
-        self.walk_epoch(epoch, |_, _, _, sample| out.push(sample));
+        self.walk_epoch(self.start_epoch + epoch, |_, _, _, sample| out.push(sample));
     }
 }
 
@@ -107,6 +227,8 @@ mod tests {
             batch: 2,
             per_rank: 5,
             epochs: 3,
+            start_epoch: 0,
+            head: None,
         };
         let mut next = 0;
         for epoch in 0..layout.epochs {
@@ -116,6 +238,7 @@ mod tests {
             }
         }
         assert_eq!(next, 9);
-        assert_eq!(layout.batch_len(2), 1);
+        assert_eq!(layout.batch_len(0, 2), 1);
+        assert_eq!(layout.steps(), 9);
     }
 }

@@ -263,16 +263,19 @@ pub(crate) fn planner<T: Send + 'static>(
     let mut window: Vec<Access> = Vec::new();
     let mut global_iteration = 0usize;
     let mut seq = 0u64;
-    for epoch in 0..layout.epochs {
+    for epoch in layout.start_epoch..layout.epochs {
         // The node stream of this epoch, grouped by window.
         let mut accesses = Vec::with_capacity(layout.per_rank * layout.ranks);
         layout.walk_epoch(epoch, |it, rank, pos, sample| {
             accesses.push((it, rank, pos, sample))
         });
         let mut next = 0;
-        let mut first = 0;
-        while first < iterations {
-            let last = (first + config.budgets.window_iterations).min(iterations);
+        let std::ops::Range {
+            start: mut first,
+            end: epoch_end,
+        } = layout.iteration_range(epoch);
+        while first < epoch_end {
+            let last = (first + config.budgets.window_iterations).min(epoch_end);
             // A window wider than the prefetch distance is planned whole, or its first batch
             // would wait for batches not yet planned.
             let end = global_iteration + (last - first);
@@ -481,7 +484,7 @@ fn open_batches<T>(
             PendingBatch::new(
                 epoch,
                 iteration as u32,
-                ctx.layout.batch_len(iteration),
+                ctx.layout.batch_len(epoch, iteration),
                 issued,
                 m,
             )

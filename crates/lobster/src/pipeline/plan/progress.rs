@@ -9,6 +9,8 @@ use crate::pipeline::sync::{lock, stopped, StopSignal};
 struct Taken {
     /// Batches taken per rank (counted across epochs); `usize::MAX` once detached.
     per_rank: Vec<usize>,
+    /// Batches each rank was given, kept when it detaches: what a saved state names.
+    delivered: Vec<u64>,
     /// While the planner waits: the slowest rank's count it waits for. A rank's take wakes
     /// it only then, since every wake-up a rank sends costs that rank its core for a while.
     planner_needs: Option<usize>,
@@ -32,6 +34,7 @@ impl Progress {
         Progress {
             taken: Mutex::new(Taken {
                 per_rank: vec![0; ranks],
+                delivered: vec![0; ranks],
                 planner_needs: None,
             }),
             cv: Condvar::new(),
@@ -66,10 +69,16 @@ impl Progress {
         lock(&self.taken).slowest()
     }
 
+    /// Batches each rank was given.
+    pub(crate) fn delivered(&self) -> Vec<u64> {
+        lock(&self.taken).delivered.clone()
+    }
+
     /// Rank `rank` took a batch.
     pub(crate) fn took(&self, rank: usize) {
         let mut taken = lock(&self.taken);
         taken.per_rank[rank] = taken.per_rank[rank].saturating_add(1);
+        taken.delivered[rank] += 1;
         self.wake_if_room(taken);
     }
 

@@ -111,7 +111,9 @@ pub use metrics::{
     ThreadClass,
 };
 pub use pipeline::{PeerPlan, PeerPlanInputs};
-pub use resume::{JobFingerprint, LoaderState, RankPosition, STATE_JSON_MAX_BYTES, STATE_VERSION};
+pub use resume::{
+    JobFingerprint, LoaderState, Positions, RankPosition, STATE_JSON_MAX_BYTES, STATE_VERSION,
+};
 pub use sampler::{torch_randperm, DistributedSampler, EpochOrder, SamplerOrders};
 
 #[doc = include_str!("../../../README.md")]

@@ -14,7 +14,7 @@ use crate::metrics::{
     CacheForms, CacheStore, Mode, PeerPlanKind, ReadPath, RunMetrics, ThreadClass,
 };
 use crate::pipeline::{self, Context, DecodeFn, Layout, Pipeline, PipelineState};
-use crate::resume::{self, JobFingerprint, LoaderState, STATE_VERSION};
+use crate::resume::{self, JobFingerprint, LoaderState, Positions};
 use crate::sampler::{DistributedSampler, EpochOrder};
 use lobster_cache::{FormChoice, FormCosts};
 
@@ -812,20 +812,14 @@ impl<T> Loader<T> {
     /// every rank has taken the same number of batches (after a training step): a resume
     /// refuses ranks at different batches.
     pub fn state(&self) -> LoaderState {
-        let layout = &self.pipeline.layout;
-        LoaderState {
-            version: STATE_VERSION,
-            job: self.fingerprint.clone(),
-            ranks: self
-                .pipeline
-                .state
-                .progress
-                .delivered()
-                .into_iter()
-                .enumerate()
-                .map(|(rank, taken)| resume::position_after(layout, rank, taken))
-                .collect(),
-        }
+        self.positions()
+            .state(&self.pipeline.state.progress.delivered())
+    }
+
+    /// How the run's batches map to positions, for a process that counts a rank's batches
+    /// itself (a node's rank process) and saves its state.
+    pub fn positions(&self) -> Positions {
+        Positions::of(&self.pipeline.layout, self.fingerprint.clone())
     }
 
     /// Batches every rank is given in this run (fewer than the epochs' when resumed).

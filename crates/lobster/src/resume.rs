@@ -313,41 +313,99 @@ pub(crate) fn start(
     ))
 }
 
-/// Where a rank is after it has taken `taken` batches of the run laid out by `layout`.
-pub(crate) fn position_after(layout: &Layout, rank: usize, taken: u64) -> RankPosition {
-    let world = layout.world;
-    let per_step = (layout.batch * world) as u64;
-    let iterations = layout.iterations() as u64;
-    let rank = layout.first_rank + rank;
-    let mut left = taken;
-    let mut epoch = layout.start_epoch;
-    if let Some(h) = &layout.head {
-        let steps = h.per_rank.div_ceil(layout.batch) as u64;
-        if left < steps {
-            return RankPosition {
-                rank,
-                epoch,
-                iteration: (h.first_iteration as u64 + left) as u32,
-                epoch_world: h.epoch_world,
-                consumed: h.consumed + left * per_step,
-            };
+/// How a run's batches map to positions: what a process that hands a rank its batches (a
+/// node's host and its rank processes) needs to say where the rank is, from the number of
+/// batches it was given. [`Loader::positions`](crate::Loader::positions) gives it; it is
+/// plain data, so it can be sent to another process as JSON.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Positions {
+    /// The job the positions belong to.
+    pub job: JobFingerprint,
+    /// The run's first rank on this node.
+    pub first_rank: usize,
+    /// Ranks in the world.
+    pub world: usize,
+    /// Samples per batch per rank.
+    pub batch_size: usize,
+    /// Iterations of a whole epoch.
+    pub iterations: u64,
+    /// The run's epochs.
+    pub epochs: u32,
+    /// The run's first epoch.
+    pub start_epoch: u32,
+    /// Where the run begins within its first epoch, when resumed within it: (iterations it
+    /// has, the first one's number, the epoch's world, entries consumed before it).
+    pub head: Option<(u64, u32, usize, u64)>,
+}
+
+impl Positions {
+    pub(crate) fn of(layout: &Layout, job: JobFingerprint) -> Positions {
+        Positions {
+            job,
+            first_rank: layout.first_rank,
+            world: layout.world,
+            batch_size: layout.batch,
+            iterations: layout.iterations() as u64,
+            epochs: layout.epochs,
+            start_epoch: layout.start_epoch,
+            head: layout.head.as_ref().map(|h| {
+                (
+                    h.per_rank.div_ceil(layout.batch) as u64,
+                    h.first_iteration as u32,
+                    h.epoch_world,
+                    h.consumed,
+                )
+            }),
         }
-        left -= steps;
-        epoch += 1;
     }
-    let epochs_done = u32::try_from(left / iterations).unwrap_or(u32::MAX);
-    let epoch = epoch.saturating_add(epochs_done).min(layout.epochs);
-    let iteration = if epoch == layout.epochs {
-        0
-    } else {
-        left % iterations
-    };
-    RankPosition {
-        rank,
-        epoch,
-        iteration: iteration as u32,
-        epoch_world: world,
-        consumed: iteration * per_step,
+
+    /// Where local rank `rank` is after it was given `taken` batches of the run.
+    pub fn after(&self, rank: usize, taken: u64) -> RankPosition {
+        let per_step = (self.batch_size * self.world) as u64;
+        let rank = self.first_rank + rank;
+        let mut left = taken;
+        let mut epoch = self.start_epoch;
+        if let Some((steps, first_iteration, epoch_world, consumed)) = self.head {
+            if left < steps {
+                return RankPosition {
+                    rank,
+                    epoch,
+                    iteration: first_iteration + left as u32,
+                    epoch_world,
+                    consumed: consumed + left * per_step,
+                };
+            }
+            left -= steps;
+            epoch += 1;
+        }
+        let epochs_done = u32::try_from(left / self.iterations).unwrap_or(u32::MAX);
+        let epoch = epoch.saturating_add(epochs_done).min(self.epochs);
+        let iteration = if epoch == self.epochs {
+            0
+        } else {
+            left % self.iterations
+        };
+        RankPosition {
+            rank,
+            epoch,
+            iteration: iteration as u32,
+            epoch_world: self.world,
+            consumed: iteration * per_step,
+        }
+    }
+
+    /// The state of the node whose local ranks were given `taken` batches each.
+    pub fn state(&self, taken: &[u64]) -> LoaderState {
+        LoaderState {
+            version: STATE_VERSION,
+            job: self.job.clone(),
+            ranks: taken
+                .iter()
+                .enumerate()
+                .map(|(rank, &t)| self.after(rank, t))
+                .collect(),
+        }
     }
 }
 

@@ -134,6 +134,8 @@ struct Shared {
     arena: SharedArena,
     options: HostOptions,
     config: Vec<(String, String)>,
+    /// The loader's `Positions` as JSON, sent in every welcome.
+    positions: String,
     address: String,
     /// Hellos being read, each on its own thread (at most [`HELLOS_MAX`]).
     hellos: AtomicUsize,
@@ -234,6 +236,7 @@ impl NodeHost {
                 variable: "slot_bytes".into(),
                 reason: format!("{} bytes a slot overflow the arena", options.slot_bytes),
             })?;
+        let positions = serde_json::to_string(&loader.positions()).expect("plain data");
         let address = env.address();
         let addr = SocketAddr::from_abstract_name(address.as_bytes())
             .map_err(|e| os("bind", &address, e))?;
@@ -260,6 +263,7 @@ impl NodeHost {
             arena,
             options,
             config,
+            positions,
             address,
             hellos: AtomicUsize::new(0),
             loader: Mutex::new(Some(Box::new(loader))),
@@ -599,6 +603,7 @@ fn welcome(shared: &Arc<Shared>, mut stream: UnixStream, peer: Peer) -> Result<(
         pid: std::process::id(),
         arena_bytes: shared.arena.len() as u64,
         slots: shared.options.slots_per_rank as u32,
+        positions: shared.positions.clone(),
     };
     // Attached from here on, the rank's writes are the feeder's, bounded by its slots.
     let sent = send_with_fd(&stream, &welcome.encode(), shared.arena.fd())

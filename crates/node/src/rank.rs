@@ -8,6 +8,8 @@ use std::os::unix::net::{SocketAddr, UnixStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use lobster_io::Positions;
+
 use crate::arena::SharedArena;
 use crate::barrier::{self, Broken};
 use crate::cred;
@@ -32,6 +34,8 @@ pub struct NodeRank {
     local_rank: usize,
     /// The node's local ranks: the parties of a step.
     ranks: u32,
+    /// How the host's run maps this rank's batch count to a position.
+    positions: Positions,
     done: bool,
 }
 
@@ -166,10 +170,13 @@ impl NodeRank {
         let mut buf = Vec::new();
         left(&stream).map_err(waited)?;
         read_body(&mut stream, u32::from_le_bytes(len), &mut buf).map_err(waited)?;
-        let (host_pid, arena_bytes) = match ToRank::decode(&buf)? {
+        let (host_pid, arena_bytes, positions) = match ToRank::decode(&buf)? {
             ToRank::Welcome {
-                pid, arena_bytes, ..
-            } => (pid, arena_bytes),
+                pid,
+                arena_bytes,
+                positions,
+                ..
+            } => (pid, arena_bytes, positions),
             ToRank::Refused { field, .. } if field.is_empty() => {
                 return Err(NodeError::NotAllowed {
                     address,
@@ -195,6 +202,10 @@ impl NodeRank {
             reason: "the welcome came without the arena".into(),
         })?;
         let arena = SharedArena::from_fd(fd, arena_bytes)?;
+        let positions: Positions =
+            serde_json::from_str(&positions).map_err(|e| NodeError::Protocol {
+                reason: format!("the welcome's positions are not readable: {e}"),
+            })?;
         let writer = stream.try_clone().map_err(|e| NodeError::Os {
             call: "dup",
             what: address.clone(),
@@ -211,6 +222,7 @@ impl NodeRank {
             host_pid,
             local_rank: env.local_rank,
             ranks: env.local_world_size as u32,
+            positions,
             done: false,
         })
     }
@@ -218,6 +230,13 @@ impl NodeRank {
     /// This process's local rank.
     pub fn local_rank(&self) -> usize {
         self.local_rank
+    }
+
+    /// How the host's run maps a local rank's batch count to its position: a rank that
+    /// counts the batches it handed on saves its state with
+    /// `positions().after(local_rank, count)`.
+    pub fn positions(&self) -> &Positions {
+        &self.positions
     }
 
     /// The host's process id.
@@ -497,6 +516,7 @@ mod tests {
                 pid: 1,
                 arena_bytes: bytes,
                 slots: 1,
+                positions: String::new(),
             };
             send_with_fd(&stream, &welcome.encode(), fd.as_fd()).unwrap();
             // Held open until the rank has looked at it.

@@ -47,6 +47,9 @@ pub(crate) enum ToRank {
         pid: u32,
         arena_bytes: u64,
         slots: u32,
+        /// The host loader's `Positions` as JSON: how the rank turns the batches it was
+        /// given into its saved position.
+        positions: String,
     },
     /// Not attached: the first configuration field that differs.
     Refused {
@@ -235,9 +238,10 @@ impl ToRank {
                 pid,
                 arena_bytes,
                 slots,
+                positions,
             } => {
                 let mut o = Out::new(WELCOME);
-                o.u32(*pid).u64(*arena_bytes).u32(*slots);
+                o.u32(*pid).u64(*arena_bytes).u32(*slots).str(positions);
                 o.done()
             }
             ToRank::Refused { field, host, rank } => {
@@ -289,6 +293,7 @@ impl ToRank {
                 pid: i.u32()?,
                 arena_bytes: i.u64()?,
                 slots: i.u32()?,
+                positions: i.str()?,
             },
             REFUSED => ToRank::Refused {
                 field: i.str()?,
@@ -427,6 +432,7 @@ mod tests {
                 pid: 1,
                 arena_bytes: 1 << 40,
                 slots: 4,
+                positions: "{\"job\": 1}".into(),
             },
             ToRank::Refused {
                 field: "seed".into(),

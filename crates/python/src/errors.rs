@@ -49,6 +49,14 @@ create_exception!(
      a rank was refused, or another rank failed)."
 );
 
+create_exception!(
+    lobster_io,
+    StateError,
+    Error,
+    "A saved loader state cannot be loaded: damaged, or of another job (the message names the \
+     field that differs)."
+);
+
 /// The facade's error as the exception a Python caller catches.
 pub(crate) fn loader_error(e: lobster_io::Error) -> PyErr {
     use lobster_io::Error as E;
@@ -60,6 +68,7 @@ pub(crate) fn loader_error(e: lobster_io::Error) -> PyErr {
         E::TooManyFailures { .. } => TooManyFailures::new_err(text),
         E::Stopped { .. } => StoppedError::new_err(text),
         E::Dataset { .. } => DatasetError::new_err(text),
+        E::Resume { .. } | E::StateUnreadable { .. } => StateError::new_err(text),
         _ => Error::new_err(text),
     }
 }
@@ -74,6 +83,10 @@ pub(crate) fn node_error(e: Node) -> PyErr {
             Failure::Other => Error::new_err(reason),
         },
         Node::Launch { .. } => PyValueError::new_err(e.to_string()),
+        // Ranks that loaded different states (their hellos say where they resume).
+        Node::Mismatch { ref field, .. } if field.starts_with("resume") => {
+            StateError::new_err(e.to_string())
+        }
         other => NodeError::new_err(other.to_string()),
     }
 }

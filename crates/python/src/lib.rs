@@ -44,7 +44,8 @@ mod _lobster_io {
     use super::decode_image;
     #[pymodule_export]
     use super::errors::{
-        DatasetError, DecodeError, Error, NodeError, ReadError, StoppedError, TooManyFailures,
+        DatasetError, DecodeError, Error, NodeError, ReadError, StateError, StoppedError,
+        TooManyFailures,
     };
     #[pymodule_export]
     use super::loader::Loader;

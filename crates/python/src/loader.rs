@@ -7,8 +7,13 @@
 //!
 //! Either way a feeder thread takes the rank's batches as soon as a buffer is free and hands
 //! them over a channel of one; `__next__` waits on the channel with the GIL released.
+//!
+//! The engine starts when the first batch (or the node's arena, or the metrics) is asked
+//! for, not in the constructor, so that `load_state_dict` can come between the two, as with
+//! StatefulDataLoader; with MPI peers (building a loader is collective) it starts at once.
+//! `state_dict` counts the batches `__next__` returned, not those the feeder prefetched.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -16,7 +21,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use lobster_io::images::{ImageBatches, Pixels};
 use lobster_io::{
     BudgetConfig, CacheConfig, CachePolicy, Dataset, DistributedSampler, EpochOrder, JobConfig,
-    LoaderBuilder, LoaderConfig, RankHandle, RunMetrics, SampleLimits, SampleMeta,
+    JobFingerprint, LoaderBuilder, LoaderConfig, LoaderState, Positions, RankHandle, RunMetrics,
+    SampleLimits, SampleMeta, STATE_VERSION,
 };
 use lobster_node::{fingerprint, HostOptions, NodeBatch, NodeEnv, NodeHost, NodeRank};
 use pyo3::exceptions::PyValueError;
@@ -24,7 +30,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::batch::{Batch, Holder, Images, Made, Span, HEADER_BYTES};
-use crate::errors::{loader_error, node_error, DecodeError, Error, StoppedError};
+use crate::errors::{loader_error, node_error, DecodeError, Error, StateError, StoppedError};
 use crate::groups;
 use crate::mpi::{self, Closable, World};
 use crate::params::{self, Output};
@@ -53,12 +59,31 @@ enum Engine {
 
 trait Metered: Send {
     fn metrics(&self) -> RunMetrics;
+    fn positions(&self) -> Positions;
 }
 
 impl<T: Send + 'static> Metered for lobster_io::Loader<T> {
     fn metrics(&self) -> RunMetrics {
         lobster_io::Loader::metrics(self)
     }
+
+    fn positions(&self) -> Positions {
+        lobster_io::Loader::positions(self)
+    }
+}
+
+/// A loader not started yet: what starts it, and the state it resumes from.
+struct Pending {
+    settings: Settings,
+    prepared: Prepared,
+    resume: Option<LoaderState>,
+}
+
+/// A started rank: where its batches come from and how their count maps to a position.
+struct Run {
+    batches: Receiver<Fed>,
+    arena: Option<std::ops::Range<usize>>,
+    positions: Positions,
 }
 
 /// Loader(data, batch_size, *, epochs=1, seed=0, drop_last=False, transform="train",
@@ -93,18 +118,24 @@ impl<T: Send + 'static> Metered for lobster_io::Loader<T> {
 pub(crate) struct Loader {
     /// Shared with the MPI job's exit, which closes the loader before finalising MPI.
     engine: Arc<Mutex<Option<Engine>>>,
-    batches: Receiver<Fed>,
+    /// Until the engine starts (the first batch asked for).
+    pending: Mutex<Option<Pending>>,
+    /// Once it started.
+    run: Mutex<Option<Run>>,
+    /// Batches `__next__` returned since the run's start: what `state_dict` saves.
+    given: AtomicU64,
     per_epoch: usize,
     epochs: u32,
     /// The epoch the next iteration yields, and the batches of it already taken.
     next_epoch: AtomicU32,
     taken: Mutex<usize>,
+    /// A resumed run's first epoch when it resumed within it, and where that epoch ends
+    /// (another world splits its rest into another number of batches).
+    head_end: Mutex<Option<(u32, usize)>>,
     channels_first: bool,
     env: NodeEnv,
     /// The MPI job whose nodes are this loader's peers.
     world: Option<World>,
-    /// Where the node's shared arena is mapped, with several ranks a node.
-    arena: Option<std::ops::Range<usize>>,
     /// The process that built it: a forked child has the loader's memory but none of its
     /// threads, so it must not wait on them.
     pid: u32,
@@ -409,13 +440,78 @@ fn agreed(dataset: &Dataset, config: &LoaderConfig, s: &Settings) -> Vec<(String
     v
 }
 
-/// A started rank: its engine, its batches, batches an epoch, and the node's arena.
-type Started = (Engine, Receiver<Fed>, usize, Option<std::ops::Range<usize>>);
+/// What the constructor checks before the engine starts: the dataset, the configuration and
+/// the batches an epoch.
+struct Prepared {
+    dataset: Arc<Dataset>,
+    config: LoaderConfig,
+    per_epoch: usize,
+}
 
-/// Starts this rank: the loader in process, or the node's host and this rank attached.
-fn start(s: Settings, env: &NodeEnv, world: Option<&World>) -> PyResult<Started> {
+fn prepare(s: &Settings, env: &NodeEnv) -> PyResult<Prepared> {
     let dataset = Arc::new(Dataset::open(&s.data).map_err(loader_error)?);
     let config = s.config(env, &dataset);
+    let order = EpochOrder::Shuffle { seed: s.seed };
+    let ranks = env.nodes * env.local_world_size;
+    let per_epoch = DistributedSampler::new(dataset.len(), ranks, s.drop_last, order)
+        .map_err(loader_error)?
+        .per_rank()
+        .div_ceil(s.batch_size.max(1));
+    Ok(Prepared {
+        dataset,
+        config,
+        per_epoch,
+    })
+}
+
+/// The hello fields that say where a rank resumes from: every local rank must present the
+/// host's, so ranks that loaded different states are refused naming the field.
+fn resume_fields(resume: Option<&LoaderState>) -> PyResult<Vec<(String, String)>> {
+    let Some(state) = resume else {
+        return Ok(vec![("resume".into(), "none".into())]);
+    };
+    let at = state
+        .ranks
+        .first()
+        .ok_or_else(|| StateError::new_err("unreadable loader state: no rank positions"))?;
+    let j = &state.job;
+    let fields = [
+        ("resume", "from a state".to_owned()),
+        ("resume.version", state.version.to_string()),
+        ("resume.samples", j.samples.to_string()),
+        ("resume.dataset", j.dataset.clone()),
+        ("resume.order", j.order.clone()),
+        ("resume.batch_size", j.batch_size.to_string()),
+        ("resume.drop_last", j.drop_last.to_string()),
+        ("resume.world", j.world.to_string()),
+        ("resume.epoch", at.epoch.to_string()),
+        ("resume.iteration", at.iteration.to_string()),
+        ("resume.epoch_world", at.epoch_world.to_string()),
+        ("resume.consumed", at.consumed.to_string()),
+    ];
+    Ok(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+}
+
+/// A started rank: its engine, its batches, the node's arena and the run's positions.
+type Started = (
+    Engine,
+    Receiver<Fed>,
+    Option<std::ops::Range<usize>>,
+    Positions,
+);
+
+/// Starts this rank: the loader in process, or the node's host and this rank attached;
+/// resumed from `resume` when given.
+fn start(
+    s: Settings,
+    p: Prepared,
+    env: &NodeEnv,
+    world: Option<&World>,
+    resume: Option<LoaderState>,
+) -> PyResult<Started> {
+    let Prepared {
+        dataset, config, ..
+    } = p;
     if let Some(w) = world {
         // Every node must plan from the same inputs; the dataset's root may differ.
         let mut fields = agreed(&dataset, &config, &s);
@@ -423,12 +519,12 @@ fn start(s: Settings, env: &NodeEnv, world: Option<&World>) -> PyResult<Started>
         w.agree(fields)?;
     }
     let peers = world.map(World::transport);
-    let order = EpochOrder::Shuffle { seed: s.seed };
-    let ranks = env.nodes * env.local_world_size;
-    let per_epoch = DistributedSampler::new(dataset.len(), ranks, s.drop_last, order)
-        .map_err(loader_error)?
-        .per_rank()
-        .div_ceil(s.batch_size.max(1));
+    // The node's ranks agreed on one position (their hellos say it), so the node's state
+    // has every local rank there.
+    let node_state = resume.as_ref().map(|r| LoaderState {
+        ranks: vec![r.ranks[0]; env.local_world_size],
+        ..r.clone()
+    });
     let (tx, rx) = crossbeam_channel::bounded(FEEDER_AHEAD);
     let buffers = s.buffers();
     let decode = s
@@ -441,6 +537,10 @@ fn start(s: Settings, env: &NodeEnv, world: Option<&World>) -> PyResult<Started>
             .config(config.clone())
             .seed(s.seed)
             .decode_images(t);
+        let b = match &node_state {
+            Some(r) => b.resume_from(r.clone()),
+            None => b,
+        };
         match &peers {
             Some(p) => b.peers(Arc::clone(p)),
             None => b,
@@ -451,6 +551,10 @@ fn start(s: Settings, env: &NodeEnv, world: Option<&World>) -> PyResult<Started>
             .config(config.clone())
             .seed(s.seed)
             .decode(decode_bytes(s.output, s.image_pixels_max));
+        let b = match &node_state {
+            Some(r) => b.resume_from(r.clone()),
+            None => b,
+        };
         match &peers {
             Some(p) => b.peers(Arc::clone(p)),
             None => b,
@@ -476,13 +580,15 @@ fn start(s: Settings, env: &NodeEnv, world: Option<&World>) -> PyResult<Started>
                 Box::new(loader)
             }
         };
-        return Ok((Engine::InProcess(engine), rx, per_epoch, None));
+        let positions = engine.positions();
+        return Ok((Engine::InProcess(engine), rx, None, positions));
     }
     assert!(
         world.is_none(),
         "under MPI every process is a node of one rank"
     );
-    let attaching = agreed(&dataset, &config, &s);
+    let mut attaching = agreed(&dataset, &config, &s);
+    attaching.extend(resume_fields(resume.as_ref())?);
     let engine = if env.is_host() {
         let sample_bytes = match (s.output.side(), s.output) {
             (Some(side), _) => u64::from(side) * u64::from(side) * 3,
@@ -528,9 +634,10 @@ fn start(s: Settings, env: &NodeEnv, world: Option<&World>) -> PyResult<Started>
     drop(dataset);
     let rank = NodeRank::attach(env, attaching, ATTACH_TIMEOUT).map_err(node_error)?;
     let arena = rank.arena_span();
+    let positions = rank.positions().clone();
     let output = s.output;
     spawn_feeder(move || feed_node(rank, output, decode, &tx))?;
-    Ok((engine, rx, per_epoch, Some(arena)))
+    Ok((engine, rx, Some(arena), positions))
 }
 
 fn take_rank<T: Send + 'static>(loader: &mut lobster_io::Loader<T>) -> PyResult<RankHandle<T>> {
@@ -604,27 +711,92 @@ impl Loader {
             image_pixels_max,
             decode,
         };
-        let started_env = env.clone();
-        let started_world = world.clone();
-        let (engine, batches, per_epoch, arena) =
-            py.detach(move || start(settings, &started_env, started_world.as_ref()))?;
-        let engine = Arc::new(Mutex::new(Some(engine)));
-        if let Some(w) = &world {
-            w.track(Box::new(Arc::downgrade(&engine)));
-        }
-        Ok(Loader {
-            engine,
-            batches,
-            per_epoch,
+        let prepared = py.detach(|| prepare(&settings, &env))?;
+        let loader = Loader {
+            engine: Arc::new(Mutex::new(None)),
+            per_epoch: prepared.per_epoch,
+            pending: Mutex::new(Some(Pending {
+                settings,
+                prepared,
+                resume: None,
+            })),
+            run: Mutex::new(None),
+            given: AtomicU64::new(0),
             epochs,
             next_epoch: AtomicU32::new(0),
             taken: Mutex::new(0),
+            head_end: Mutex::new(None),
             channels_first,
             env,
             world,
-            arena,
             pid: std::process::id(),
-        })
+        };
+        if let Some(w) = &loader.world {
+            // Building a loader with peers is collective: it starts now, in every process.
+            w.track(Box::new(Arc::downgrade(&loader.engine)));
+            loader.started(py)?;
+        }
+        Ok(loader)
+    }
+
+    /// This rank's position as a plain dict (JSON and `torch.save` carry it): the batches
+    /// this loader returned so far (not those prefetched) and the job it belongs to, with a
+    /// checksum. Save it after a training step, when every rank has taken as many batches;
+    /// on a node of several ranks every rank saves its own.
+    fn state_dict(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.started(py)?;
+        let json = {
+            let run = lock(&self.run);
+            let run = run
+                .as_ref()
+                .ok_or_else(|| StoppedError::new_err("the loader was closed"))?;
+            let at = run
+                .positions
+                .after(self.env.local_rank, self.given.load(Ordering::SeqCst));
+            LoaderState {
+                version: STATE_VERSION,
+                job: run.positions.job.clone(),
+                ranks: vec![at],
+            }
+            .to_json()
+        };
+        Ok(py.import("json")?.call_method1("loads", (json,))?.unbind())
+    }
+
+    /// Continues from `state` (a `state_dict()` of this job, maybe from a run of another
+    /// world size): the batches that follow are the uninterrupted run's. Call it after
+    /// building the loader and before anything starts it (iterating, `state_dict()`,
+    /// `metrics()`, `arena`); it starts the engine, resumed. On a node of several ranks every rank loads its own state and
+    /// they must agree: a rank whose state differs from local rank 0's is refused naming the
+    /// field. A damaged state, or one of another dataset, seed or batch size, raises
+    /// `StateError` naming what differs.
+    fn load_state_dict(&self, py: Python<'_>, state: Bound<'_, PyAny>) -> PyResult<()> {
+        let json: String = py
+            .import("json")?
+            .call_method1("dumps", (state,))
+            .map_err(|e| {
+                StateError::new_err(format!(
+                    "unreadable loader state: not a dict of JSON values ({e})"
+                ))
+            })?
+            .extract()?;
+        let state = LoaderState::from_json(&json).map_err(loader_error)?;
+        let at = *state
+            .ranks
+            .first()
+            .ok_or_else(|| StateError::new_err("unreadable loader state: no rank positions"))?;
+        let mut pending = lock(&self.pending);
+        let Some(p) = pending.as_mut() else {
+            drop(pending);
+            return self.load_when_started(&state);
+        };
+        p.resume = Some(state);
+        self.next_epoch.store(at.epoch, Ordering::SeqCst);
+        *lock(&self.taken) = at.iteration as usize;
+        drop(pending);
+        // Started now, so that a state of another job is refused here, not at the first
+        // batch, and the resumed run prefetches while the caller sets up.
+        self.started(py).map(drop)
     }
 
     /// Batches per epoch.
@@ -694,10 +866,18 @@ impl Loader {
     }
 
     /// `(address, bytes)` of the node's shared arena in this process, which every batch's
-    /// images lie in; `None` for a node of one rank (its batches are this process's).
+    /// images lie in; `None` for a node of one rank (its batches are this process's). Asking
+    /// starts a node's engine.
     #[getter]
-    fn arena(&self) -> Option<(usize, usize)> {
-        self.arena.as_ref().map(|r| (r.start, r.end - r.start))
+    fn arena(&self, py: Python<'_>) -> PyResult<Option<(usize, usize)>> {
+        if self.env.local_world_size == 1 {
+            return Ok(None);
+        }
+        self.started(py)?;
+        Ok(lock(&self.run)
+            .as_ref()
+            .and_then(|r| r.arena.as_ref())
+            .map(|r| (r.start, r.end - r.start)))
     }
 
     /// Names the epoch the next iteration yields. Epochs come in order (the plan covers
@@ -726,16 +906,18 @@ impl Loader {
                  DataLoader worker): build a Loader in the process that iterates it",
             ));
         }
-        if lock(&self.engine).is_none() {
-            return Err(StoppedError::new_err("the loader was closed"));
-        }
+        let batches = self.started(py)?;
         let epoch = self.next_epoch.load(Ordering::SeqCst);
         if epoch >= self.epochs {
             return Ok(None);
         }
         {
+            let end = match *lock(&self.head_end) {
+                Some((e, end)) if e == epoch => end,
+                _ => self.per_epoch,
+            };
             let mut taken = lock(&self.taken);
-            if *taken == self.per_epoch {
+            if *taken >= end {
                 // The epoch is over: this iteration ends, the next begins the next epoch.
                 *taken = 0;
                 self.next_epoch.store(epoch + 1, Ordering::SeqCst);
@@ -743,7 +925,7 @@ impl Loader {
             }
         }
         let made = loop {
-            let rx = self.batches.clone();
+            let rx = batches.clone();
             match py.detach(move || rx.recv_timeout(SIGNAL_POLL)) {
                 Ok(b) => break b?,
                 Err(RecvTimeoutError::Timeout) => py.check_signals()?,
@@ -755,12 +937,14 @@ impl Loader {
             }
         };
         *lock(&self.taken) += 1;
+        self.given.fetch_add(1, Ordering::SeqCst);
         Ok(Some(Batch::new(made, self.channels_first)))
     }
 
     /// The run's figures so far (hits, accesses, stall and load times...), as a dict: the
     /// node's, from the process that runs its engine (a node's other ranks get `None`).
     fn metrics(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        self.started(py)?;
         let m = match &*lock(&self.engine) {
             None => return Err(StoppedError::new_err("the loader was closed")),
             Some(Engine::InProcess(l)) => Some(l.metrics()),
@@ -820,6 +1004,11 @@ impl Loader {
     /// ranks, local rank 0's close waits until every local rank has had its batches (the
     /// node's engine runs in its process), or stops them all if it closes early.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if self.env.local_world_size > 1 && lock(&self.pending).is_some() {
+            // Started so that the node's other ranks, waiting to attach, are told it stopped.
+            self.started(py)?;
+        }
+        lock(&self.pending).take();
         let engine = lock(&self.engine).take();
         let complete = self.complete();
         py.detach(move || finish(engine, complete))
@@ -827,6 +1016,73 @@ impl Loader {
 }
 
 impl Loader {
+    /// Starts the engine if it has not started; its batches, or `StoppedError` once closed.
+    fn started(&self, py: Python<'_>) -> PyResult<Receiver<Fed>> {
+        let mut pending = lock(&self.pending);
+        if let Some(p) = pending.take() {
+            let (env, world) = (self.env.clone(), self.world.clone());
+            let Pending {
+                settings,
+                prepared,
+                resume,
+            } = p;
+            let (engine, batches, arena, positions) =
+                py.detach(move || start(settings, prepared, &env, world.as_ref(), resume))?;
+            // Where the run begins: a resumed run's first epoch may be cut (another world).
+            let (first_epoch, first_taken, head_end) = match positions.head {
+                Some((steps, first, _, _)) => (
+                    positions.start_epoch,
+                    first as usize,
+                    Some((positions.start_epoch, first as usize + steps as usize)),
+                ),
+                None => (positions.start_epoch, 0, None),
+            };
+            self.next_epoch.store(first_epoch, Ordering::SeqCst);
+            *lock(&self.taken) = first_taken;
+            *lock(&self.head_end) = head_end;
+            self.given.store(0, Ordering::SeqCst);
+            *lock(&self.engine) = Some(engine);
+            *lock(&self.run) = Some(Run {
+                batches,
+                arena,
+                positions,
+            });
+        }
+        drop(pending);
+        if lock(&self.engine).is_none() {
+            return Err(StoppedError::new_err("the loader was closed"));
+        }
+        lock(&self.run)
+            .as_ref()
+            .map(|r| r.batches.clone())
+            .ok_or_else(|| StoppedError::new_err("the loader was closed"))
+    }
+
+    /// `load_state_dict` on a started loader: only a state at the run's start, of this job,
+    /// before the first batch (a loader with peers starts when built).
+    fn load_when_started(&self, state: &LoaderState) -> PyResult<()> {
+        let run = lock(&self.run);
+        let Some(run) = run.as_ref() else {
+            return Err(StoppedError::new_err("the loader was closed"));
+        };
+        let at = state.ranks[0];
+        let here = run.positions.after(self.env.local_rank, 0);
+        let given = self.given.load(Ordering::SeqCst);
+        if given > 0 || (at.epoch, at.consumed) != (here.epoch, here.consumed) {
+            let why = if self.world.is_some() {
+                "with MPI peers the loader starts when built, and resumes only at the run's start"
+            } else {
+                "the loader already started (iterating, state_dict(), metrics() or arena \
+                 start it): call load_state_dict right after building the loader"
+            };
+            return Err(PyValueError::new_err(format!(
+                "load_state_dict: {why} (the state is at epoch {} iteration {})",
+                at.epoch, at.iteration
+            )));
+        }
+        same_job(&state.job, &run.positions.job)
+    }
+
     /// Whether this rank took every batch of every epoch.
     fn complete(&self) -> bool {
         let epoch = self.next_epoch.load(Ordering::SeqCst);
@@ -865,6 +1121,39 @@ fn finish(engine: Option<Engine>, complete: bool) -> PyResult<()> {
         }
         _ => Ok(()),
     }
+}
+
+/// What a state must share with this loader's job, field by field, as the library checks it.
+fn same_job(saved: &JobFingerprint, now: &JobFingerprint) -> PyResult<()> {
+    let fields = [
+        (
+            "samples",
+            saved.samples.to_string(),
+            now.samples.to_string(),
+        ),
+        ("dataset", saved.dataset.clone(), now.dataset.clone()),
+        ("order", saved.order.clone(), now.order.clone()),
+        (
+            "batch_size",
+            saved.batch_size.to_string(),
+            now.batch_size.to_string(),
+        ),
+        (
+            "drop_last",
+            saved.drop_last.to_string(),
+            now.drop_last.to_string(),
+        ),
+    ];
+    for (field, saved, now) in fields {
+        if saved != now {
+            return Err(loader_error(lobster_io::Error::Resume {
+                field,
+                saved,
+                now,
+            }));
+        }
+    }
+    Ok(())
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

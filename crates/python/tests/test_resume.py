@@ -1,0 +1,205 @@
+"""Checkpoint and resume from Python: `state_dict()` after k batches, a new Loader that
+`load_state_dict`s it gives the rest of the uninterrupted run bit for bit (ids, labels and
+the seeded train transform's pixels, with the decoded tier on), in one process and in a job
+of two rank processes under torchrun that is killed after saving."""
+
+import itertools
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import lobster_io
+from test_loader import make_folder
+
+HERE = pathlib.Path(__file__).resolve().parent
+EPOCHS = 3
+BATCH = 4
+
+
+def build(data, seed=5, batch_size=BATCH):
+    return lobster_io.Loader(
+        str(data), batch_size, epochs=EPOCHS, seed=seed, image_size=16, transform="train",
+        cache=lobster_io.Cache(frac=1.0, forms="decoded"),
+    )
+
+
+def batches(loader, start_epoch=0):
+    for epoch in range(start_epoch, loader.epochs):
+        loader.set_epoch(epoch)
+        for b in loader:
+            yield b
+
+
+def record(b):
+    return (b.epoch, b.iteration, b.ids.tolist(), b.labels.tolist(), np.array(b.images))
+
+
+def same(a, b):
+    assert len(a) == len(b), (len(a), len(b))
+    for x, y in zip(a, b):
+        assert x[:4] == y[:4], (x[:4], y[:4])
+        assert x[4].shape == y[4].shape and np.array_equal(x[4], y[4]), (x[:2], "pixels")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resume") / "data"
+    make_folder(root, 37, 3, size=(48, 36))
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(data):
+    loader = build(data)
+    out = [record(b) for b in batches(loader)]
+    m = loader.metrics()
+    loader.close()
+    assert len(out) == EPOCHS * len(loader) == EPOCHS * 10
+    assert m["hits_decoded"] > 0, m
+    return out
+
+
+def resumed(data, state):
+    loader = build(data)
+    loader.load_state_dict(state)
+    start = state["lobster_loader_state"]["ranks"][0]["epoch"]
+    out = [record(b) for b in batches(loader, start)]
+    m = loader.metrics()
+    loader.close()
+    return out, m
+
+
+# 0: before any batch; 9: before the last of epoch 0; 10: epoch 0 done; 11: one into epoch 1.
+@pytest.mark.parametrize("k", [0, 1, 5, 9, 10, 11])
+def test_a_resumed_loader_gives_the_rest_of_the_run_bit_for_bit(data, reference, k):
+    loader = build(data)
+    taken = [record(b) for b in itertools.islice(batches(loader), k)]
+    # The feeder has prefetched beyond k: the state is what was returned.
+    state = loader.state_dict()
+    loader.close()
+    same(taken, reference[:k])
+    at = state["lobster_loader_state"]["ranks"][0]
+    assert (at["epoch"], at["iteration"]) == divmod(k, 10), at
+    # Plain data: JSON carries it whole.
+    assert json.loads(json.dumps(state)) == state
+    rest, m = resumed(data, json.loads(json.dumps(state)))
+    same(rest, reference[k:])
+    # The decoded tier served the resumed run (a whole epoch follows every k here).
+    assert m["hits_decoded"] > 0 and m["decoded_hits_served"] > 0, m
+
+
+def test_state_dict_of_a_resumed_loader_continues_the_count(data, reference):
+    loader = build(data)
+    it = batches(loader)
+    for _ in range(3):
+        next(it)
+    first = loader.state_dict()
+    loader.close()
+    loader = build(data)
+    loader.load_state_dict(first)
+    assert loader.state_dict() == first
+    it = batches(loader)
+    got = [record(next(it)) for _ in range(4)]
+    second = loader.state_dict()
+    loader.close()
+    same(got, reference[3:7])
+    assert second["lobster_loader_state"]["ranks"][0]["iteration"] == 7
+    rest, _ = resumed(data, second)
+    same(rest, reference[7:])
+
+
+def test_a_state_survives_torch_save_and_load(data, reference, tmp_path):
+    torch = pytest.importorskip("torch")
+    loader = build(data)
+    for _ in itertools.islice(batches(loader), 4):
+        pass
+    torch.save(loader.state_dict(), tmp_path / "state.pt")
+    loader.close()
+    rest, _ = resumed(data, torch.load(tmp_path / "state.pt"))
+    same(rest, reference[4:])
+
+
+def test_a_state_of_another_job_or_a_damaged_one_is_refused_naming_why(data):
+    loader = build(data)
+    for _ in itertools.islice(batches(loader), 2):
+        pass
+    state = loader.state_dict()
+    loader.close()
+    with pytest.raises(lobster_io.StateError, match="order is shuffle seed 5"):
+        build(data, seed=6).load_state_dict(state)
+    with pytest.raises(lobster_io.StateError, match="batch_size is 4, this loader's 2"):
+        build(data, batch_size=2).load_state_dict(state)
+    edited = json.loads(json.dumps(state))
+    edited["lobster_loader_state"]["ranks"][0]["consumed"] += 4
+    with pytest.raises(lobster_io.StateError, match="checksum"):
+        build(data).load_state_dict(edited)
+    cut = dict(state)
+    del cut["crc32"]
+    with pytest.raises(lobster_io.StateError, match="not a lobster loader state"):
+        build(data).load_state_dict(cut)
+    with pytest.raises(lobster_io.StateError, match="not a dict of JSON values"):
+        build(data).load_state_dict({"x": object()})
+    # Once batches were taken, loading a state would silently restart: refused.
+    started = build(data)
+    next(batches(started))
+    with pytest.raises(ValueError, match="already started"):
+        started.load_state_dict(state)
+    started.close()
+
+
+def torchrun(tmp_path, data, job, stop_after):
+    """A job of two rank processes on one node, each running resume_probe.py."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE), LOBSTER_JOB_ID=job)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-port", str(29500 + (os.getpid() + len(job)) % 1000),
+           str(HERE / "resume_probe.py"), str(data), str(tmp_path), job, str(stop_after)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_a_job_killed_after_saving_resumes_every_rank_bit_for_bit(tmp_path, data):
+    pytest.importorskip("torch")
+    tag = f"pytest-{os.getpid()}"
+    # The reference: uninterrupted.
+    done = torchrun(tmp_path, data, f"{tag}-ref", -1)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # Saves every rank's state after 7 batches (epoch 1, iteration 2), then is killed.
+    killed = torchrun(tmp_path, data, f"{tag}-cut", 7)
+    assert killed.returncode != 0, "the interrupted job was meant to die"
+    for r in range(2):
+        assert (tmp_path / f"{tag}-cut.state{r}.json").exists(), killed.stdout + killed.stderr
+    # Resumes from the saved states and runs to the end.
+    again = torchrun(tmp_path, data, f"{tag}-cut", 0)
+    assert again.returncode == 0, again.stdout + again.stderr
+    for r in range(2):
+        ref = np.load(tmp_path / f"{tag}-ref.rank{r}.npz")
+        cut = np.load(tmp_path / f"{tag}-cut.rank{r}.npz")
+        got = np.load(tmp_path / f"{tag}-cut.resumed.rank{r}.npz")
+        # 37 samples over 2 ranks: 19 each, 5 batches an epoch, 15 in all.
+        assert len(ref["sizes"]) == 15 and ref["sizes"].sum() == 3 * 19
+        assert len(cut["sizes"]) == 7 and len(got["sizes"]) == 8
+        for key in ("sizes", "epochs", "ids", "labels", "images"):
+            whole = np.concatenate([cut[key], got[key]])
+            assert np.array_equal(whole, ref[key]), (r, key)
+
+
+def test_ranks_that_loaded_different_states_are_refused_naming_the_field(tmp_path, data):
+    pytest.importorskip("torch")
+    tag = f"pytest-{os.getpid()}-mix"
+    killed = torchrun(tmp_path, data, tag, 6)
+    assert killed.returncode != 0
+    # Rank 1 gets a state two batches later than rank 0's (both in epoch 1).
+    other = torchrun(tmp_path, data, f"{tag}-b", 8)
+    assert other.returncode != 0
+    (tmp_path / f"{tag}.state1.json").write_text(
+        (tmp_path / f"{tag}-b.state1.json").read_text())
+    again = torchrun(tmp_path, data, tag, 0)
+    assert again.returncode != 0
+    said = again.stdout + again.stderr
+    assert re.search(r"StateError: configuration differs from the host's in resume.iteration: "
+                     r"host 1, this rank 3", said), said

@@ -122,6 +122,10 @@ pub(crate) struct Loader {
     pending: Mutex<Option<Pending>>,
     /// Once it started.
     run: Mutex<Option<Run>>,
+    /// What restarts an in-process engine that `load_state_dict` finds started before its
+    /// first batch was taken (after a `state_dict()`, as torch.distributed.checkpoint's
+    /// load takes one for a template).
+    origin: Option<(Settings, Prepared)>,
     /// Batches `__next__` returned since the run's start: what `state_dict` saves.
     given: AtomicU64,
     per_epoch: usize,
@@ -164,6 +168,15 @@ struct Settings {
 }
 
 impl Settings {
+    /// A copy (the decode callable shared).
+    fn clone_ref(&self, py: Python<'_>) -> Settings {
+        Settings {
+            data: self.data.clone(),
+            decode: self.decode.as_ref().map(|f| f.clone_ref(py)),
+            ..*self
+        }
+    }
+
     fn config(&self, env: &NodeEnv, dataset: &Dataset) -> LoaderConfig {
         let capacity = self
             .cache_bytes
@@ -442,6 +455,7 @@ fn agreed(dataset: &Dataset, config: &LoaderConfig, s: &Settings) -> Vec<(String
 
 /// What the constructor checks before the engine starts: the dataset, the configuration and
 /// the batches an epoch.
+#[derive(Clone)]
 struct Prepared {
     dataset: Arc<Dataset>,
     config: LoaderConfig,
@@ -503,7 +517,7 @@ type Started = (
 /// Starts this rank: the loader in process, or the node's host and this rank attached;
 /// resumed from `resume` when given.
 fn start(
-    s: Settings,
+    mut s: Settings,
     p: Prepared,
     env: &NodeEnv,
     world: Option<&World>,
@@ -527,11 +541,9 @@ fn start(
     });
     let (tx, rx) = crossbeam_channel::bounded(FEEDER_AHEAD);
     let buffers = s.buffers();
-    let decode = s
-        .decode
-        .as_ref()
-        .map(|f| Python::attach(|py| f.clone_ref(py)))
-        .map(|f| (f, Some(Arc::clone(&dataset))));
+    // Taken, not cloned: a start needs no GIL (another thread may hold it, waiting for
+    // this start to finish).
+    let decode = s.decode.take().map(|f| (f, Some(Arc::clone(&dataset))));
     let builder_pixels = |t| {
         let b = LoaderBuilder::<Pixels>::new(Arc::clone(&dataset))
             .config(config.clone())
@@ -712,7 +724,10 @@ impl Loader {
             decode,
         };
         let prepared = py.detach(|| prepare(&settings, &env))?;
+        let origin = (env.local_world_size == 1 && world.is_none())
+            .then(|| (settings.clone_ref(py), prepared.clone()));
         let loader = Loader {
+            origin,
             engine: Arc::new(Mutex::new(None)),
             per_epoch: prepared.per_epoch,
             pending: Mutex::new(Some(Pending {
@@ -744,12 +759,15 @@ impl Loader {
     /// checksum. Save it after a training step, when every rank has taken as many batches;
     /// on a node of several ranks every rank saves its own.
     fn state_dict(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        self.started(py)?;
+        if lock(&self.pending).is_some() {
+            self.started(py)?;
+        }
+        // A closed loader still says where it stopped.
         let json = {
             let run = lock(&self.run);
             let run = run
                 .as_ref()
-                .ok_or_else(|| StoppedError::new_err("the loader was closed"))?;
+                .ok_or_else(|| StoppedError::new_err("the loader was closed before it started"))?;
             let at = run
                 .positions
                 .after(self.env.local_rank, self.given.load(Ordering::SeqCst));
@@ -786,6 +804,21 @@ impl Loader {
             .first()
             .ok_or_else(|| StateError::new_err("unreadable loader state: no rank positions"))?;
         let mut pending = lock(&self.pending);
+        if pending.is_none() && self.given.load(Ordering::SeqCst) == 0 {
+            if let Some((settings, prepared)) = &self.origin {
+                // Started, no batch taken yet: stopped and started again, resumed.
+                let Some(engine) = lock(&self.engine).take() else {
+                    return Err(StoppedError::new_err("the loader was closed"));
+                };
+                drop(engine);
+                lock(&self.run).take();
+                *pending = Some(Pending {
+                    settings: settings.clone_ref(py),
+                    prepared: prepared.clone(),
+                    resume: None,
+                });
+            }
+        }
         let Some(p) = pending.as_mut() else {
             drop(pending);
             return self.load_when_started(&state);
@@ -1018,6 +1051,12 @@ impl Loader {
 impl Loader {
     /// Starts the engine if it has not started; its batches, or `StoppedError` once closed.
     fn started(&self, py: Python<'_>) -> PyResult<Receiver<Fed>> {
+        if std::process::id() != self.pid {
+            return Err(Error::new_err(
+                "this Loader was built in another process (this one is a fork of it): build a \
+                 Loader in the process that uses it",
+            ));
+        }
         let mut pending = lock(&self.pending);
         if let Some(p) = pending.take() {
             let (env, world) = (self.env.clone(), self.world.clone());
@@ -1070,10 +1109,18 @@ impl Loader {
         let given = self.given.load(Ordering::SeqCst);
         if given > 0 || (at.epoch, at.consumed) != (here.epoch, here.consumed) {
             let why = if self.world.is_some() {
-                "with MPI peers the loader starts when built, and resumes only at the run's start"
+                "with MPI peers the loader starts when built, and resumes only at the run's \
+                 start"
+                    .to_owned()
+            } else if given > 0 {
+                format!(
+                    "this loader already gave {given} batches: load the state into a new \
+                     Loader, before its first batch"
+                )
             } else {
-                "the loader already started (iterating, state_dict(), metrics() or arena \
-                 start it): call load_state_dict right after building the loader"
+                "on a node of several ranks the engine starts at the first batch, \
+                 state_dict(), metrics() or arena: call load_state_dict before those"
+                    .to_owned()
             };
             return Err(PyValueError::new_err(format!(
                 "load_state_dict: {why} (the state is at epoch {} iteration {})",

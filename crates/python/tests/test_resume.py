@@ -114,6 +114,37 @@ def test_state_dict_of_a_resumed_loader_continues_the_count(data, reference):
     same(rest, reference[7:])
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_state_loads_into_a_loader_whose_state_dict_was_taken_first(data, reference, tmp_path):
+    """torch.distributed.checkpoint's load fills a template: the fresh loader's own
+    state_dict(), which starts it; loading the saved state then restarts it, resumed."""
+    loader = build(data)
+    for _ in itertools.islice(batches(loader), 6):
+        pass
+    loader.close()
+    # A closed loader still says where it stopped.
+    saved = loader.state_dict()
+    assert saved["lobster_loader_state"]["ranks"][0]["iteration"] == 6
+    fresh = build(data)
+    template = fresh.state_dict()
+    assert template["lobster_loader_state"]["ranks"][0]["iteration"] == 0
+    assert template["lobster_loader_state"]["job"] == saved["lobster_loader_state"]["job"]
+    fresh.load_state_dict(saved)
+    rest = [record(b) for b in batches(fresh, 0)]
+    fresh.close()
+    same(rest, reference[6:])
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    dcp.save({"loader": saved}, checkpoint_id=str(tmp_path / "dcp"))
+    again = build(data)
+    filled = {"loader": again.state_dict()}
+    dcp.load(filled, checkpoint_id=str(tmp_path / "dcp"))
+    assert filled["loader"] == saved
+    again.load_state_dict(filled["loader"])
+    rest = [record(b) for b in batches(again, 0)]
+    again.close()
+    same(rest, reference[6:])
+
+
 def test_a_state_survives_torch_save_and_load(data, reference, tmp_path):
     torch = pytest.importorskip("torch")
     loader = build(data)
@@ -148,7 +179,7 @@ def test_a_state_of_another_job_or_a_damaged_one_is_refused_naming_why(data):
     # Once batches were taken, loading a state would silently restart: refused.
     started = build(data)
     next(batches(started))
-    with pytest.raises(ValueError, match="already started"):
+    with pytest.raises(ValueError, match="already gave 1 batches"):
         started.load_state_dict(state)
     started.close()
 
@@ -186,6 +217,28 @@ def test_a_job_killed_after_saving_resumes_every_rank_bit_for_bit(tmp_path, data
         for key in ("sizes", "epochs", "ids", "labels", "images"):
             whole = np.concatenate([cut[key], got[key]])
             assert np.array_equal(whole, ref[key]), (r, key)
+    # Elastic: rank 0's state in one process (a world of 1) takes what both ranks had left
+    # of epoch 1, each sample with the pixels the two ranks would have given it, then
+    # epoch 2 as one rank's.
+    state = json.loads((tmp_path / f"{tag}-cut.state0.json").read_text())
+    loader = build(data)
+    loader.load_state_dict(state)
+    rest = [record(b) for b in batches(loader, 1)]
+    loader.close()
+    left, pixels = [], {}
+    for r in range(2):
+        ref = np.load(tmp_path / f"{tag}-ref.rank{r}.npz")
+        n = int(ref["sizes"][:7].sum())
+        in_epoch = ref["epochs"][n:] == 1
+        left.extend(ref["ids"][n:][in_epoch].tolist())
+        for i, img in zip(ref["ids"][n:][in_epoch], ref["images"][n:][in_epoch]):
+            pixels[int(i)] = img
+    epoch1 = [(i, img) for e, _, ids, _, imgs in rest if e == 1 for i, img in zip(ids, imgs)]
+    assert sorted(i for i, _ in epoch1) == sorted(left) and len(left) == 22
+    for i, img in epoch1:
+        assert np.array_equal(img, pixels[i]), i
+    epoch2 = [i for e, _, ids, _, _ in rest if e == 2 for i in ids]
+    assert sorted(epoch2) == list(range(37)) and len(rest) == 6 + 10
 
 
 def test_ranks_that_loaded_different_states_are_refused_naming_the_field(tmp_path, data):

@@ -29,6 +29,8 @@ def main():
     if stop_after == 0:
         state = json.loads((out / f"{job}.state{rank}.json").read_text())
         loader.load_state_dict(state)
+        # Attached to the resumed host, the rank says where it stands before any batch.
+        (out / f"{job}.reloaded{rank}.json").write_text(json.dumps(loader.state_dict()))
         start = state["lobster_loader_state"]["ranks"][0]["epoch"]
         name = f"{job}.resumed.rank{rank}.npz"
     seen = {"sizes": [], "epochs": [], "ids": [], "labels": [], "images": []}

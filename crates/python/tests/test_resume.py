@@ -208,6 +208,9 @@ def test_a_job_killed_after_saving_resumes_every_rank_bit_for_bit(tmp_path, data
     again = torchrun(tmp_path, data, f"{tag}-cut", 0)
     assert again.returncode == 0, again.stdout + again.stderr
     for r in range(2):
+        saved = json.loads((tmp_path / f"{tag}-cut.state{r}.json").read_text())
+        reloaded = json.loads((tmp_path / f"{tag}-cut.reloaded{r}.json").read_text())
+        assert reloaded == saved and saved["lobster_loader_state"]["ranks"][0]["rank"] == r
         ref = np.load(tmp_path / f"{tag}-ref.rank{r}.npz")
         cut = np.load(tmp_path / f"{tag}-cut.rank{r}.npz")
         got = np.load(tmp_path / f"{tag}-cut.resumed.rank{r}.npz")

@@ -133,6 +133,17 @@ impl LoaderState {
         Ok(state)
     }
 
+    /// Where the state resumes, as one line every node of a job must agree on (nodes
+    /// whose caches serve each other plan from the same point); `None` without ranks.
+    pub fn resume_point(&self) -> Option<String> {
+        self.ranks.first().map(|p| {
+            format!(
+                "epoch {} iteration {} of {} ranks, {} consumed",
+                p.epoch, p.iteration, p.epoch_world, p.consumed
+            )
+        })
+    }
+
     fn crc32(&self) -> u32 {
         crc32fast::hash(
             serde_json::to_string(self)

@@ -398,3 +398,113 @@ fn a_damaged_state_file_is_an_error_not_a_fresh_start() {
         );
     }
 }
+
+const NODES: usize = 3;
+const RANKS: usize = 2;
+
+/// Node `node` of a 3-node job over in-process transports, its cache a third of the dataset
+/// (the cluster plan gains there), slow storage so that peers are preferred.
+fn node_loader(
+    ds: &Arc<Dataset>,
+    node: usize,
+    transport: Arc<lobster_io::net::InProcessNode>,
+    resume: Option<LoaderState>,
+) -> Loader<Vec<u8>> {
+    let capacity = ds.samples().iter().map(|s| s.size_bytes).sum::<u64>() / 3;
+    let mut b = LoaderBuilder::new(ds.clone())
+        .world(NODES, RANKS, node)
+        .seed(9)
+        .batch_size(4)
+        .epochs(5)
+        .cache(CachePolicy::Reuse, capacity)
+        .decode_threads(2)
+        .io_depth(4)
+        .storage_emulation(Some(lobster_io::StorageEmulation {
+            bandwidth_bytes_per_s: 50e6,
+            latency_us: 500,
+        }))
+        .peers(transport as Arc<dyn lobster_io::net::Transport>)
+        .decode(|b: &[u8], _| Ok::<_, std::io::Error>(b.to_vec()));
+    if let Some(state) = resume {
+        b = b.resume_from(state);
+    }
+    b.build().unwrap()
+}
+
+/// Every node's ranks in lock-step (a barrier across the job after each step), each taking
+/// at most `k` batches; what each node's ranks saw.
+fn run_nodes(loaders: &mut [Loader<Vec<u8>>], k: Option<usize>) -> Vec<Vec<Vec<Seen>>> {
+    let barrier = std::sync::Barrier::new(NODES * RANKS);
+    let handles: Vec<_> = loaders.iter_mut().map(|l| l.ranks().unwrap()).collect();
+    std::thread::scope(|s| {
+        let threads: Vec<Vec<_>> = handles
+            .into_iter()
+            .map(|ranks| {
+                ranks
+                    .into_iter()
+                    .map(|h| {
+                        let barrier = &barrier;
+                        s.spawn(move || {
+                            let mut got = Vec::new();
+                            for b in h.take(k.unwrap_or(usize::MAX)) {
+                                got.push(seen(&b.unwrap()));
+                                barrier.wait();
+                            }
+                            got
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|node| node.into_iter().map(|t| t.join().unwrap()).collect())
+            .collect()
+    })
+}
+
+/// A job of several nodes whose caches serve each other resumes exactly too: at an epoch's
+/// start under the cluster plan, within an epoch under each node's own plan (the cluster plan
+/// starts at an epoch), and every remote hit planned after the resume is served.
+#[test]
+fn a_job_of_nodes_with_peers_resumes_exactly_and_serves_every_planned_remote_hit() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = common::make_dataset(dir.path(), 96, 3);
+    let nodes = lobster_io::net::InProcessNodes::connect(NODES);
+    let mut whole: Vec<_> = (0..NODES)
+        .map(|n| node_loader(&ds, n, nodes[n].clone(), None))
+        .collect();
+    let per_epoch = whole[0].iterations_per_epoch();
+    let full = run_nodes(&mut whole, None);
+    drop(whole);
+    for (k, plan) in [
+        (per_epoch, lobster_io::PeerPlanKind::Cluster),
+        (per_epoch + 2, lobster_io::PeerPlanKind::Node),
+    ] {
+        let nodes = lobster_io::net::InProcessNodes::connect(NODES);
+        let mut first: Vec<_> = (0..NODES)
+            .map(|n| node_loader(&ds, n, nodes[n].clone(), None))
+            .collect();
+        run_nodes(&mut first, Some(k));
+        let states: Vec<LoaderState> = first.iter().map(Loader::state).collect();
+        drop(first);
+        let nodes = lobster_io::net::InProcessNodes::connect(NODES);
+        let mut resumed: Vec<_> = states
+            .into_iter()
+            .enumerate()
+            .map(|(n, s)| node_loader(&ds, n, nodes[n].clone(), Some(s)))
+            .collect();
+        let rest = run_nodes(&mut resumed, None);
+        for (n, (got, want)) in rest.iter().zip(&full).enumerate() {
+            assert_eq!(got, &after(want, k), "node {n} resumed after {k}");
+            let m = resumed[n].metrics();
+            assert_eq!(m.peer_plan.mode, plan, "after {k}: {:?}", m.peer_plan);
+            assert!(
+                m.planned_remote_hits > 0,
+                "after {k}: peers must serve, or this tests nothing"
+            );
+            assert_eq!(m.remote_hits, m.planned_remote_hits, "after {k}");
+            assert_eq!(m.remote_misses, 0, "after {k}");
+        }
+    }
+}

@@ -92,6 +92,12 @@ pub fn fuzz_check_table_file(data: &[u8]) {
     dataset::fuzz::check_table(data);
 }
 
+/// Checker run by the `loader_state` fuzz target: arbitrary bytes as a saved loader state.
+#[cfg(fuzzing)]
+pub fn fuzz_check_loader_state(data: &[u8]) {
+    resume::fuzz_check(data);
+}
+
 pub use batch::{Batch, Sample};
 pub use config::{
     BudgetConfig, CacheConfig, CachePolicy, Execution, IoOrder, JobConfig, LoaderConfig,
@@ -113,6 +119,7 @@ pub use metrics::{
 pub use pipeline::{PeerPlan, PeerPlanInputs};
 pub use resume::{
     JobFingerprint, LoaderState, Positions, RankPosition, STATE_JSON_MAX_BYTES, STATE_VERSION,
+    STATE_WORLD_MAX,
 };
 pub use sampler::{torch_randperm, DistributedSampler, EpochOrder, SamplerOrders};
 

@@ -361,18 +361,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             Some(state) => {
                 let at = state.position(&fingerprint)?;
                 let (epoch, head) = resume::start(&at, &layout.sampler, config.job.batch_size)?;
-                let resumed = layout.resumed(epoch, head);
-                if self.peers.is_some()
-                    && (resumed.start_epoch, resumed.head.is_some()) != (0, false)
-                {
-                    return Err(Error::invalid(
-                        "resume_from",
-                        format!("epoch {} iteration {}", at.epoch, at.iteration),
-                        "the first batch of the run when the loader has peers: the nodes' \
-                         plans do not resume yet",
-                    ));
-                }
-                resumed
+                layout.resumed(epoch, head)
             }
             None => layout,
         };
@@ -505,9 +494,18 @@ fn decoded_tier<T>(
 
 /// Whether the nodes' caches are planned as one: where the config allows it and it can gain
 /// (see [`PeerPlanChoice::Auto`]), else why not.
-fn cluster_plan(config: &LoaderConfig, sizes: Option<&Arc<[u32]>>) -> Result<(), String> {
+fn cluster_plan(
+    config: &LoaderConfig,
+    sizes: Option<&Arc<[u32]>>,
+    layout: &Layout,
+) -> Result<(), String> {
     if config.cache.peer_plan == PeerPlanChoice::Node {
         return Err("each node's own plan, as configured".into());
+    }
+    if layout.head.is_some() {
+        return Err(
+            "resumed within an epoch: the cluster plan resumes at an epoch's start only".into(),
+        );
     }
     if config.cache.policy != CachePolicy::Reuse {
         return Err(format!(
@@ -564,7 +562,7 @@ fn peers(
         .budgets
         .prefetch_iterations
         .max(config.budgets.window_iterations) as u64;
-    if let Err(why) = cluster_plan(config, sizes) {
+    if let Err(why) = cluster_plan(config, sizes, layout) {
         let plan = match (config.cache.policy.kind(), sizes) {
             (Some(policy), Some(sizes)) => {
                 let inputs = crate::pipeline::PeerPlanInputs {
@@ -579,7 +577,11 @@ fn peers(
                     capacity_bytes: config.cache.capacity_bytes,
                     margin_steps: ahead_steps + 1,
                 };
-                crate::pipeline::PeerPlan::build(&inputs, config.job.node)?
+                crate::pipeline::PeerPlan::build_resumed(
+                    &inputs,
+                    config.job.node,
+                    &(layout.start_epoch, layout.head.clone()),
+                )?
             }
             // Without caches no peer holds anything.
             _ => crate::pipeline::PeerPlan::empty(),

@@ -26,6 +26,10 @@ pub const STATE_VERSION: u32 = 1;
 /// enough that a wrong file is refused before it is parsed.
 pub const STATE_JSON_MAX_BYTES: usize = 16 << 20;
 
+/// Ranks a state's world may have: far above any job, low enough that a damaged state cannot
+/// ask for an epoch order of terabytes.
+pub const STATE_WORLD_MAX: usize = 1 << 20;
+
 /// A loader's position: what every local rank has been delivered, and the job it belongs to.
 /// Small and plain; [`LoaderState::to_json`] and [`LoaderState::from_json`] carry it with a
 /// checksum. [`LoaderBuilder::resume_from`](crate::LoaderBuilder::resume_from) continues from
@@ -133,6 +137,17 @@ impl LoaderState {
         Ok(state)
     }
 
+    /// Where the state resumes, as one line every node of a job must agree on (nodes
+    /// whose caches serve each other plan from the same point); `None` without ranks.
+    pub fn resume_point(&self) -> Option<String> {
+        self.ranks.first().map(|p| {
+            format!(
+                "epoch {} iteration {} of {} ranks, {} consumed",
+                p.epoch, p.iteration, p.epoch_world, p.consumed
+            )
+        })
+    }
+
     fn crc32(&self) -> u32 {
         crc32fast::hash(
             serde_json::to_string(self)
@@ -200,9 +215,12 @@ impl LoaderState {
                 });
             }
         }
-        if first.epoch_world == 0 {
+        if first.epoch_world == 0 || first.epoch_world > STATE_WORLD_MAX {
             return Err(Error::StateUnreadable {
-                reason: "epoch_world 0".into(),
+                reason: format!(
+                    "epoch_world {}: 1 to {STATE_WORLD_MAX} ranks",
+                    first.epoch_world
+                ),
             });
         }
         Ok(first)
@@ -406,6 +424,31 @@ impl Positions {
                 .map(|(rank, &t)| self.after(rank, t))
                 .collect(),
         }
+    }
+}
+
+/// The `loader_state` fuzz target: arbitrary bytes as a state file are read or refused, and a
+/// state that reads resumes a small job or is refused; never a panic, a loop, or an
+/// allocation beyond the job's size.
+#[cfg(fuzzing)]
+pub(crate) fn fuzz_check(data: &[u8]) {
+    let Ok(json) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(state) = LoaderState::from_json(json) else {
+        return;
+    };
+    assert_eq!(
+        LoaderState::from_json(&state.to_json()).ok(),
+        Some(state.clone())
+    );
+    let Ok(at) = state.position(&state.job) else {
+        return;
+    };
+    let sampler = DistributedSampler::new(100, 4, false, EpochOrder::Shuffle { seed: 1 })
+        .expect("a valid sampler");
+    if let Ok((_, Some(head))) = start(&at, &sampler, 3) {
+        assert_eq!(head.order.len(), head.per_rank * 4);
     }
 }
 

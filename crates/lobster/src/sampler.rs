@@ -273,13 +273,29 @@ fn check_permutation(perm: &[u32], n: usize) -> Result<(), String> {
 #[derive(Clone, Debug)]
 pub struct SamplerOrders {
     sampler: DistributedSampler,
+    /// The sampler's epoch the stream's first is.
+    first: u32,
     epochs: u32,
 }
 
 impl SamplerOrders {
     /// The orders of `epochs` epochs of `sampler`.
     pub fn new(sampler: DistributedSampler, epochs: u32) -> Self {
-        SamplerOrders { sampler, epochs }
+        SamplerOrders {
+            sampler,
+            first: 0,
+            epochs,
+        }
+    }
+
+    /// The orders of the sampler's epochs `first..epochs`, as a stream of `epochs - first`:
+    /// a run resumed at epoch `first`.
+    pub(crate) fn from_epoch(sampler: DistributedSampler, first: u32, epochs: u32) -> Self {
+        SamplerOrders {
+            sampler,
+            first: first.min(epochs),
+            epochs: epochs - first.min(epochs),
+        }
     }
 }
 
@@ -289,7 +305,7 @@ impl lobster_cache::StreamSource for SamplerOrders {
     }
 
     fn fill_epoch(&self, epoch: u32, out: &mut Vec<u32>) {
-        out.extend(self.sampler.epoch_indices(epoch));
+        out.extend(self.sampler.epoch_indices(self.first + epoch));
     }
 }
 

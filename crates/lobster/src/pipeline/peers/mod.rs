@@ -227,7 +227,8 @@ impl Served for ServedLandings {
             match inner.landings.get(&sample).cloned() {
                 Some(l) => Some(l),
                 None if inner.cluster && !inner.planned_all && inner.parked_count < PARKED_MAX => {
-                    let until = inner.taken + inner.park_steps;
+                    // Saturating: with every local rank gone, `taken` is the end of time.
+                    let until = inner.taken.saturating_add(inner.park_steps);
                     inner.parked.entry(sample).or_default().push((until, reply));
                     inner.parked_count += 1;
                     return;

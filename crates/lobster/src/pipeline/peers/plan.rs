@@ -18,7 +18,7 @@ use std::sync::Arc;
 use lobster_cache::{Planner, PolicyKind};
 
 use crate::error::Error;
-use crate::pipeline::plan::layout::Layout;
+use crate::pipeline::plan::layout::{Head, Layout};
 use crate::sampler::{DistributedSampler, EpochOrder};
 
 /// No peer serves the access.
@@ -73,14 +73,29 @@ impl PeerPlan {
     /// Inputs the sampler or the cache planner refuse (naming the parameter), or more than
     /// 65,535 nodes.
     pub fn build(inputs: &PeerPlanInputs, node: usize) -> Result<PeerPlan, Error> {
+        PeerPlan::build_resumed(inputs, node, &(0, None))
+    }
+
+    /// [`PeerPlan::build`] for a run resumed at `start` (its first epoch, and the rest of it
+    /// when it resumes within one): every node's stream begins there, its cache cold.
+    pub(crate) fn build_resumed(
+        inputs: &PeerPlanInputs,
+        node: usize,
+        start: &(u32, Option<Head>),
+    ) -> Result<PeerPlan, Error> {
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .clamp(1, REPLAY_THREADS_MAX);
-        PeerPlan::build_on(inputs, node, threads)
+        PeerPlan::build_on(inputs, node, threads, start)
     }
 
-    /// [`PeerPlan::build`] replaying peers on at most `threads` threads.
-    fn build_on(inputs: &PeerPlanInputs, node: usize, threads: usize) -> Result<PeerPlan, Error> {
+    /// [`PeerPlan::build_resumed`] replaying peers on at most `threads` threads.
+    fn build_on(
+        inputs: &PeerPlanInputs,
+        node: usize,
+        threads: usize,
+        start: &(u32, Option<Head>),
+    ) -> Result<PeerPlan, Error> {
         let nodes = inputs.nodes;
         if nodes >= usize::from(NO_PEER) {
             return Err(Error::invalid(
@@ -107,6 +122,7 @@ impl PeerPlan {
                 inputs.batch_size,
                 inputs.epochs,
             )
+            .resumed(start.0, start.1.clone())
         };
         let own = own_accesses(&layout(node));
         let peers: Vec<usize> = (0..nodes).filter(|&p| p != node).collect();
@@ -302,7 +318,7 @@ struct OwnAccess {
 
 fn own_accesses(layout: &Layout) -> Vec<OwnAccess> {
     let mut own = Vec::with_capacity(layout.ranks * layout.per_rank * layout.epochs as usize);
-    for epoch in 0..layout.epochs {
+    for epoch in layout.start_epoch..layout.epochs {
         layout.walk_epoch(epoch, |iteration, _, _, sample| {
             own.push(OwnAccess {
                 sample,
@@ -490,9 +506,9 @@ mod tests {
     #[test]
     fn the_plan_does_not_depend_on_the_replay_threads() {
         let inputs = inputs(PolicyKind::Reuse, 3_000, 1);
-        let one = PeerPlan::build_on(&inputs, 2, 1).unwrap();
+        let one = PeerPlan::build_on(&inputs, 2, 1, &(0, None)).unwrap();
         for threads in [2, 3, 8] {
-            let many = PeerPlan::build_on(&inputs, 2, threads).unwrap();
+            let many = PeerPlan::build_on(&inputs, 2, threads, &(0, None)).unwrap();
             assert_eq!(many.holders, one.holders, "{threads} threads");
             assert_eq!(many.replay_threads(), threads.min(2));
         }

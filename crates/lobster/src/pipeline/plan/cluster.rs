@@ -33,12 +33,16 @@ impl std::fmt::Debug for NodeShare {
     }
 }
 
-/// The cluster plan's layout of `nodes` nodes shaped as `layout` (this node's).
+/// The cluster plan's layout of `nodes` nodes shaped as `layout` (this node's), from the
+/// epoch the run starts at; a run resumed within an epoch is not planned as one cluster (see
+/// the loader's choice).
 pub(crate) fn cluster_layout(
     layout: &Layout,
     nodes: usize,
 ) -> Result<ClusterLayout<SamplerOrders>, Error> {
-    let orders = SamplerOrders::new(layout.sampler.clone(), layout.epochs);
+    debug_assert!(layout.head.is_none(), "the cluster plan starts at an epoch");
+    let orders =
+        SamplerOrders::from_epoch(layout.sampler.clone(), layout.start_epoch, layout.epochs);
     ClusterLayout::new(
         orders,
         layout.per_rank * layout.world,

@@ -241,4 +241,38 @@ mod tests {
         assert_eq!(layout.batch_len(0, 2), 1);
         assert_eq!(layout.steps(), 9);
     }
+
+    /// A resumed layout numbers its batches from 0 in walk order, and every access's step by
+    /// position is its batch's: with a head of another shape than a whole epoch, and without.
+    #[test]
+    fn a_resumed_layouts_steps_follow_its_walk() {
+        let sampler = DistributedSampler::new(23, 4, false, crate::EpochOrder::Sequential)
+            .expect("a valid sampler");
+        let whole = Layout::of_node(sampler, 2, 1, 2, 3);
+        let head = Head {
+            order: (0..12).collect::<Vec<u32>>().into(),
+            per_rank: 3,
+            first_iteration: 1,
+            epoch_world: 2,
+            consumed: 11,
+        };
+        for layout in [
+            whole.clone().resumed(1, Some(head)),
+            whole.clone().resumed(2, None),
+            whole.clone(),
+        ] {
+            let (mut steps, mut position) = (Vec::new(), 0u64);
+            for epoch in layout.start_epoch..layout.epochs {
+                layout.walk_epoch(epoch, |iteration, _, _, _| {
+                    let step = layout.step(epoch, iteration);
+                    assert_eq!(layout.step_at(position), step, "position {position}");
+                    position += 1;
+                    if steps.last() != Some(&step) {
+                        steps.push(step);
+                    }
+                });
+            }
+            assert_eq!(steps, (0..layout.steps()).collect::<Vec<_>>());
+        }
+    }
 }

@@ -75,8 +75,9 @@ def resumed(data, state):
     return out, m
 
 
-# 0: before any batch; 9: before the last of epoch 0; 10: epoch 0 done; 11: one into epoch 1.
-@pytest.mark.parametrize("k", [0, 1, 5, 9, 10, 11])
+# 0: before any batch; 9: before the last of epoch 0; 10: epoch 0 done; 11: one into epoch 1;
+# 30: the run done (the resumed loader has nothing left).
+@pytest.mark.parametrize("k", [0, 1, 5, 9, 10, 11, 30])
 def test_a_resumed_loader_gives_the_rest_of_the_run_bit_for_bit(data, reference, k):
     loader = build(data)
     taken = [record(b) for b in itertools.islice(batches(loader), k)]
@@ -90,8 +91,9 @@ def test_a_resumed_loader_gives_the_rest_of_the_run_bit_for_bit(data, reference,
     assert json.loads(json.dumps(state)) == state
     rest, m = resumed(data, json.loads(json.dumps(state)))
     same(rest, reference[k:])
-    # The decoded tier served the resumed run (a whole epoch follows every k here).
-    assert m["hits_decoded"] > 0 and m["decoded_hits_served"] > 0, m
+    if k < 20:
+        # The decoded tier served the resumed run (a whole epoch followed the cut).
+        assert m["hits_decoded"] > 0 and m["decoded_hits_served"] > 0, m
 
 
 def test_state_dict_of_a_resumed_loader_continues_the_count(data, reference):

@@ -277,3 +277,62 @@ fn a_missing_damaged_or_foreign_state_is_refused_naming_the_file_or_field() {
     let e = refused(&["--stop-after-iterations", "0"]);
     assert!(e.contains("--stop-after-iterations 0"), "{e}");
 }
+
+#[test]
+fn rank_processes_resume_as_rank_threads_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    gen(&data, 48);
+    let json = |n: &str| dir.path().join(format!("{n}.json"));
+    let state = json("state");
+    let state_s = state.to_str().unwrap();
+    let common = ["--strategy", "pytorch,lobster", "--decoder", "raw"];
+    fn with<'a>(common: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        common.iter().chain(extra).copied().collect()
+    }
+    let full = run_ok(&data, &json("full"), &with(&common, &[]));
+    let stop = ["--stop-after-iterations", "4", "--save-state", state_s];
+    let first = run_ok(&data, &json("first"), &with(&common, &stop));
+    let threads = run_ok(
+        &data,
+        &json("threads"),
+        &with(&common, &["--resume", state_s]),
+    );
+    let processes = run_ok(
+        &data,
+        &json("processes"),
+        &with(&common, &["--resume", state_s, "--ranks-as", "processes"]),
+    );
+    assert_eq!(processes["config"]["ranks_as"], "processes");
+    for i in 0..2 {
+        let (t, p) = (&threads["results"][i], &processes["results"][i]);
+        // The same rest of the run, with the same cache decisions, whichever runs the ranks.
+        for key in ["strategy", "samples", "hits", "accesses"] {
+            assert_eq!(t[key], p[key], "{key} of {}", t["strategy"]);
+        }
+        let samples = |r: &serde_json::Value| r["results"][i]["samples"].as_u64().unwrap();
+        assert_eq!(samples(&first) + samples(&threads), samples(&full));
+    }
+    // Stopping is the rank threads' alone.
+    let out = run(
+        &data,
+        &json("refused"),
+        &with(
+            &common,
+            &[
+                "--ranks-as",
+                "processes",
+                "--stop-after-iterations",
+                "4",
+                "--save-state",
+                state_s,
+            ],
+        ),
+    );
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("--save-state") && e.contains("--ranks-as processes"),
+        "{e}"
+    );
+}

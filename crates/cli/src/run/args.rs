@@ -377,10 +377,10 @@ impl RunArgs {
 
     /// The modes a state cannot be saved in or resumed from, named.
     fn validate_resume(&self) -> Result<()> {
-        let option = match (&self.resume, &self.save_state, self.stop_after_iterations) {
-            (Some(_), _, _) => "--resume",
-            (None, Some(_), _) => "--save-state",
-            (None, None, Some(_)) => "--stop-after-iterations",
+        let option = match (&self.save_state, self.stop_after_iterations, &self.resume) {
+            (Some(_), _, _) => "--save-state",
+            (None, Some(_), _) => "--stop-after-iterations",
+            (None, None, Some(_)) => "--resume",
             (None, None, None) => return Ok(()),
         };
         // A node with peers replans with them from the run's start only (the library refuses
@@ -394,9 +394,10 @@ impl RunArgs {
                  mid-run"
             );
         }
-        // Rank processes train until the node host ends the run, and report no batch digest
-        // that would show a resume delivered the right batches.
-        if self.ranks_as == RanksAs::Processes {
+        // The node host takes a rank process that leaves before the run's end for a failed
+        // one (lobster-node has no early detach), so a run cannot stop there; a resumed
+        // loader is hosted as any other.
+        if self.ranks_as == RanksAs::Processes && option != "--resume" {
             bail!(
                 "{option} is not supported with --ranks-as processes: rank processes cannot \
                  stop before the run's end; use --ranks-as threads"

@@ -193,6 +193,11 @@ fn a_stopped_run_resumed_twice_gives_every_batch_of_the_uninterrupted_run_once()
             (sc["steps"].as_u64(), sc["first_epoch_steps"].as_u64()),
             (Some(2), Some(2))
         );
+        for s in [&sa, &sb, &sc] {
+            assert!(s["build_s"].as_f64().unwrap() >= 0.0, "{s}");
+            assert!(s["first_batch_s"].as_f64().unwrap() >= 0.0, "{s}");
+        }
+        assert!(sc["stopped_after_iterations"].is_null(), "{sc}");
         // A first epoch run to its end is timed; a stopped run's first epoch samples count.
         assert!(
             sc["first_epoch_samples_per_second"].as_f64().unwrap() > 0.0,

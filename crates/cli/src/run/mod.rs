@@ -334,12 +334,14 @@ fn run_strategy(
         epoch: at.epoch,
         iteration: at.iteration,
         steps,
-        stopped_after_iterations: stop_after,
+        // Only a run that stopped before its end.
+        stopped_after_iterations: stop_after.filter(|&k| k < steps),
         build_s,
         first_batch_s: runs
             .iter()
-            .filter_map(|r| r.first_batch.map(since))
-            .fold(0.0, f64::max),
+            .map(|r| r.first_batch.map(since))
+            .collect::<Option<Vec<f64>>>()
+            .and_then(|t| t.into_iter().reduce(f64::max)),
         first_epoch_steps,
         first_epoch_samples,
         first_epoch_s,

@@ -92,8 +92,9 @@ pub(crate) struct StartFigures {
     pub stopped_after_iterations: Option<u64>,
     /// Building the loader (a resume's replanning included).
     pub build_s: f64,
-    /// Until every local rank had its first batch: when the first training step can begin.
-    pub first_batch_s: f64,
+    /// Until every local rank had its first batch: when the first training step can begin
+    /// (None when the run had no batch: resumed at its end).
+    pub first_batch_s: Option<f64>,
     /// Steps of the run's first epoch (a resumed one: what was left of its epoch).
     pub first_epoch_steps: u64,
     /// Samples the node's ranks were delivered in it.
@@ -267,10 +268,10 @@ pub(crate) fn print_start(results: &[StrategyResult]) {
         let opt =
             |x: Option<f64>, digits: usize| x.map_or("-".to_string(), |x| format!("{x:.digits$}"));
         println!(
-            "{:<20} {from:>16} {:>9.3} {:>12.3} {:>12} {:>16}",
+            "{:<20} {from:>16} {:>9.3} {:>12} {:>12} {:>16}",
             r.strategy.name(),
             s.build_s,
-            s.first_batch_s,
+            opt(s.first_batch_s, 3),
             opt(s.first_epoch_s, 2),
             opt(s.first_epoch_samples_per_second, 0),
         );

@@ -34,7 +34,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// The main job: simulated synchronous training, Lobster against its baselines.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Generate a synthetic ImageFolder of real JPEG files.
     Gen(gen::GenArgs),
     /// Print one rank's sample indices for an epoch as a JSON list.

@@ -186,6 +186,21 @@ pub struct RunArgs {
     /// each node's own, for comparison. Best with `--decoder raw` on few cores.
     #[arg(help_heading = "Job", long, conflicts_with = "mpi")]
     pub cluster: bool,
+    /// Every rank takes this many batches of this run, then the run stops cleanly (counted
+    /// from where it starts: a resumed run stops K batches after its state).
+    #[arg(help_heading = "Resume", long)]
+    pub stop_after_iterations: Option<u64>,
+    /// With --stop-after-iterations: write the loader's state (where every rank is) to this
+    /// file as JSON when the run stops, for --resume. Several strategies stop at the same
+    /// batch, so they share the one state; it is written once.
+    #[arg(help_heading = "Resume", long, requires = "stop_after_iterations")]
+    pub save_state: Option<PathBuf>,
+    /// Continue from the state in this file (written by --save-state): every rank is given
+    /// the batches the uninterrupted run would have given from there; the cache starts cold.
+    /// Every strategy of the run resumes from it. A missing or unreadable file, or a state of
+    /// another job (dataset, seed, batch size), is an error.
+    #[arg(help_heading = "Resume", long)]
+    pub resume: Option<PathBuf>,
     /// Internal: run as this local rank of a `--ranks-as processes` run.
     #[arg(long, hide = true, requires = "node_job")]
     pub rank_process: Option<usize>,
@@ -351,8 +366,43 @@ impl RunArgs {
         if self.cluster && self.nodes < 2 {
             bail!("--cluster needs --nodes 2 or more, got {}", self.nodes);
         }
+        if self.stop_after_iterations == Some(0) {
+            bail!("--stop-after-iterations 0: allowed 1 or more");
+        }
+        self.validate_resume()?;
         self.workers_per_rank()?;
         self.on_error_rule()?;
+        Ok(())
+    }
+
+    /// The modes a state cannot be saved in or resumed from, named.
+    fn validate_resume(&self) -> Result<()> {
+        let option = match (&self.save_state, self.stop_after_iterations, &self.resume) {
+            (Some(_), _, _) => "--save-state",
+            (None, Some(_), _) => "--stop-after-iterations",
+            (None, None, Some(_)) => "--resume",
+            (None, None, None) => return Ok(()),
+        };
+        // A node with peers replans with them from the run's start only (the library refuses
+        // a resume elsewhere), so neither can be resumed mid-run.
+        if self.mpi {
+            bail!("{option} is not supported with --mpi: a job with peers cannot resume mid-run");
+        }
+        if self.cluster {
+            bail!(
+                "{option} is not supported with --cluster: a job with peers cannot resume \
+                 mid-run"
+            );
+        }
+        // The node host takes a rank process that leaves before the run's end for a failed
+        // one (lobster-node has no early detach), so a run cannot stop there; a resumed
+        // loader is hosted as any other.
+        if self.ranks_as == RanksAs::Processes && option != "--resume" {
+            bail!(
+                "{option} is not supported with --ranks-as processes: rank processes cannot \
+                 stop before the run's end; use --ranks-as threads"
+            );
+        }
         Ok(())
     }
 

@@ -4,15 +4,15 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use lobster_io::net::Transport;
-use lobster_io::{Dataset, Loader, LoaderBuilder, LoaderConfig, SampleMeta};
+use lobster_io::{Dataset, Loader, LoaderBuilder, LoaderConfig, LoaderState, SampleMeta};
 
 use super::args::{RanksAs, RunArgs};
 use super::decode::{self, Decoded, Decoder};
 use super::processes;
 use super::strategy::Strategy;
 
-/// The loader of node `node` for `strategy`, with `peers` if the job has them, and the
-/// configuration it runs with.
+/// The loader of node `node` for `strategy`, with `peers` if the job has them, resumed from
+/// `resume` if given, and the configuration it runs with.
 pub(crate) fn loader(
     args: &RunArgs,
     dataset: &Arc<Dataset>,
@@ -20,6 +20,7 @@ pub(crate) fn loader(
     strategy: Strategy,
     node: usize,
     peers: Option<Arc<dyn Transport>>,
+    resume: Option<LoaderState>,
 ) -> Result<(Loader<Decoded>, LoaderConfig)> {
     let peers = match peers {
         Some(p) if args.net_mbps > 0.0 => {
@@ -65,6 +66,9 @@ pub(crate) fn loader(
     }
     if let Some(peers) = peers {
         builder = builder.peers(peers);
+    }
+    if let Some(state) = resume {
+        builder = builder.resume_from(state);
     }
     let loader = builder
         .build()

@@ -9,14 +9,16 @@ mod decode;
 mod nodes;
 mod processes;
 mod report;
+mod state;
 mod strategy;
 mod train;
 
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use lobster_io::{Dataset, OnError, RunMetrics};
+use lobster_io::{Dataset, LoaderState, OnError, RunMetrics};
 
 pub(crate) use args::BackendArg;
 use args::RanksAs;
@@ -27,13 +29,20 @@ pub(crate) use strategy::{Budgets, Strategies, Strategy};
 pub(crate) use train::{batches_crc32, train, RankTotals};
 
 use crate::process;
-use report::{Measured, RunConfig, StrategyResult};
+use report::{Measured, RunConfig, StartFigures, StepDigest, StrategyResult};
+use train::{train_steps, RankRun, TrainSteps};
 
 pub fn run(args: &RunArgs) -> Result<()> {
     args.validate()?;
     if let (Some(r), Some(job)) = (args.rank_process, &args.node_job) {
         return processes::rank_process(args, r, job);
     }
+    // Read before anything is built: a state that cannot be used never becomes a fresh start.
+    let resume = args
+        .resume
+        .as_ref()
+        .map(|path| state::read(path).map(|s| (path.clone(), s)))
+        .transpose()?;
     let cluster = cluster::Cluster::start(args.mpi, args.nodes, !args.no_remote)?;
     let node = cluster.as_ref().map_or(args.node, cluster::Cluster::node);
     // Node 0 alone speaks for an MPI job.
@@ -123,10 +132,34 @@ pub fn run(args: &RunArgs) -> Result<()> {
         return run_nodes(args, &dataset, cache_bytes, &config);
     }
     let mut results = Vec::with_capacity(args.strategy.0.len());
+    // The state every strategy stopped at: the same batches taken, the same state.
+    let mut saved: Option<(Strategy, LoaderState)> = None;
     for &strategy in &args.strategy.0 {
-        let (metrics, measured) =
-            run_strategy(args, &dataset, cache_bytes, strategy, cluster.as_ref())?;
+        let (metrics, measured, stopped) = run_strategy(
+            args,
+            &dataset,
+            cache_bytes,
+            strategy,
+            cluster.as_ref(),
+            resume.as_ref(),
+        )?;
         results.push(StrategyResult::new(strategy, metrics, measured));
+        if let (Some(path), Some(state)) = (&args.save_state, stopped) {
+            match &saved {
+                None => {
+                    state::write(path, &state)?;
+                    saved = Some((strategy, state));
+                }
+                Some((first, s)) if *s != state => anyhow::bail!(
+                    "{strategy} stopped at another state than {first} (written to {}): {:?} \
+                     against {:?}",
+                    path.display(),
+                    state.ranks,
+                    s.ranks
+                ),
+                Some(_) => {}
+            }
+        }
     }
     report::set_speedups(&mut results);
     let per_node = match &cluster {
@@ -142,11 +175,20 @@ pub fn run(args: &RunArgs) -> Result<()> {
         return Ok(());
     }
     report::print_table(&results);
+    report::print_start(&results);
     report::print_forms(&results);
     report::print_skipped(&results);
     if let Some(nodes) = &per_node {
         report::print_nodes(nodes);
         report::print_cluster(nodes, &config);
+    }
+    if let (Some(path), Some((_, state))) = (&args.save_state, &saved) {
+        let at = state.ranks.first().map(|r| (r.epoch, r.iteration));
+        let (epoch, iteration) = at.unwrap_or_default();
+        println!(
+            "wrote the loader state to {} (next batch: epoch {epoch}, iteration {iteration})",
+            path.display()
+        );
     }
     if let Some(path) = &args.json {
         report::write_json(path, &config, &results, per_node.as_deref())?;
@@ -189,19 +231,34 @@ fn run_nodes(
     Ok(())
 }
 
-/// Runs one strategy to the end with its own loader.
+/// Runs one strategy with its own loader, resumed from `resume` if given, to its end or to
+/// --stop-after-iterations; returns the loader's state when it stopped early.
 fn run_strategy(
     args: &RunArgs,
     dataset: &Arc<Dataset>,
     cache_bytes: u64,
     strategy: Strategy,
     cluster: Option<&cluster::Cluster>,
-) -> Result<(RunMetrics, Measured)> {
+    resume: Option<&(PathBuf, LoaderState)>,
+) -> Result<(RunMetrics, Measured, Option<LoaderState>)> {
     process::reset_peak_rss();
     let cpu_before = process::cpu_seconds();
     let peers = cluster.and_then(cluster::Cluster::peers);
-    let (mut loader, loader_config) =
-        build::loader(args, dataset, cache_bytes, strategy, args.node, peers)?;
+    let started = Instant::now();
+    let (mut loader, loader_config) = build::loader(
+        args,
+        dataset,
+        cache_bytes,
+        strategy,
+        args.node,
+        peers,
+        resume.map(|(_, s)| s.clone()),
+    )
+    .with_context(|| match resume {
+        Some((path, _)) => format!("resuming from {}", path.display()),
+        None => "starting".into(),
+    })?;
+    let build_s = started.elapsed().as_secs_f64();
     let cache_capacity_bytes = loader_config.cache.capacity_bytes;
     let backend = loader
         .backend()
@@ -220,11 +277,25 @@ fn run_strategy(
             cache_capacity_bytes,
             cpu_seconds: process::cpu_seconds() - cpu_before + node.ranks_cpu_seconds,
             batches_crc32: None,
+            start: None,
+            step_crc32: Vec::new(),
         };
-        return Ok((metrics, measured));
+        return Ok((metrics, measured, None));
     }
-    let steps = loader.iterations_per_epoch() as u64 * u64::from(args.epochs);
-    let bar = report::progress_bar(args.quiet, strategy, steps);
+    let positions = loader.positions();
+    let steps = loader.steps();
+    // A resumed run's first epoch is what is left of the interrupted one.
+    let first_epoch_steps = positions
+        .head
+        .map_or(positions.iterations, |h| h.0)
+        .min(steps);
+    let at = positions.after(0, 0);
+    let stop_after = args.stop_after_iterations;
+    let bar = report::progress_bar(
+        args.quiet,
+        strategy,
+        stop_after.map_or(steps, |k| k.min(steps)),
+    );
     let handles = loader.ranks().context("rank handles already taken")?;
     let compute = Duration::from_secs_f64(args.compute_ms / 1e3);
     let job_barrier = cluster.map(|c| move || c.barrier());
@@ -232,10 +303,14 @@ fn run_strategy(
         // Every node's loader is built (its peers' plans replayed) before any trains.
         c.barrier()?;
     }
-    let totals = train(
+    let runs = train_steps(
         handles,
         compute,
         strategy.name(),
+        TrainSteps {
+            stop_after,
+            first_epoch: first_epoch_steps,
+        },
         |_| bar.inc(1),
         job_barrier
             .as_ref()
@@ -244,8 +319,37 @@ fn run_strategy(
     )?;
     bar.finish_and_clear();
     let metrics = loader.metrics();
+    let stopped = stop_after.map(|_| loader.state());
     // Dropping joins the loader's threads, so their CPU time is counted.
     drop(loader);
+    let since = |t: Instant| t.duration_since(started).as_secs_f64();
+    let first_epoch_s = runs
+        .iter()
+        .map(|r| r.first_epoch_end.map(since))
+        .collect::<Option<Vec<f64>>>()
+        .and_then(|t| t.into_iter().reduce(f64::max));
+    let first_epoch_samples = runs.iter().map(|r| r.first_epoch_delivered).sum::<u64>();
+    let start = StartFigures {
+        resumed_from: resume.map(|(p, _)| p.clone()),
+        epoch: at.epoch,
+        iteration: at.iteration,
+        steps,
+        // Only a run that stopped before its end.
+        stopped_after_iterations: stop_after.filter(|&k| k < steps),
+        build_s,
+        first_batch_s: runs
+            .iter()
+            .map(|r| r.first_batch.map(since))
+            .collect::<Option<Vec<f64>>>()
+            .and_then(|t| t.into_iter().reduce(f64::max)),
+        first_epoch_steps,
+        first_epoch_samples,
+        first_epoch_s,
+        first_epoch_samples_per_second: first_epoch_s
+            .filter(|&t| t > 0.0)
+            .map(|t| first_epoch_samples as f64 / t),
+    };
+    let totals: Vec<RankTotals> = runs.iter().map(|r| r.totals).collect();
     let measured = Measured {
         backend,
         peak_rss_bytes: process::status_bytes("VmHWM"),
@@ -254,8 +358,29 @@ fn run_strategy(
         cache_capacity_bytes,
         cpu_seconds: process::cpu_seconds() - cpu_before,
         batches_crc32: Some(batches_crc32(&totals)),
+        start: Some(start),
+        step_crc32: step_digests(&runs),
     };
-    Ok((metrics, measured))
+    Ok((metrics, measured, stopped))
+}
+
+/// Each step's batches as one digest: the ranks' batch CRCs in rank order.
+fn step_digests(runs: &[RankRun]) -> Vec<StepDigest> {
+    let kept = runs.iter().map(|r| r.steps.len()).min().unwrap_or(0);
+    (0..kept)
+        .map(|i| {
+            let mut crc = crc32fast::Hasher::new();
+            for r in runs {
+                crc.update(&r.steps[i].2.to_le_bytes());
+            }
+            let (epoch, iteration, _) = runs[0].steps[i];
+            StepDigest {
+                epoch,
+                iteration,
+                crc32: crc.finalize(),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -38,6 +38,7 @@ pub(crate) fn run_strategy(
             strategy,
             node,
             Some(peers),
+            None,
         )?);
     }
     let steps = loaders[0].0.iterations_per_epoch() as u64 * u64::from(args.epochs);
@@ -114,6 +115,8 @@ pub(crate) fn run_strategy(
                 cache_capacity_bytes: capacity,
                 cpu_seconds,
                 batches_crc32: Some(crc),
+                start: None,
+                step_crc32: Vec::new(),
             };
             (metrics, m)
         })

@@ -57,8 +57,15 @@ pub(super) fn sample_bytes(args: &RunArgs) -> u64 {
 /// This program's arguments for rank process `local_rank` of `strategy`: the run's own,
 /// without the options only the host acts on.
 fn rank_argv(args: &RunArgs, strategy: Strategy, job: &str, local_rank: usize) -> Vec<OsString> {
-    // `--policy` is `--strategy`'s old name.
-    const HOST_ONLY: [&str; 5] = ["--json", "--ranks-as", "--strategy", "--policy", "--data"];
+    // `--policy` is `--strategy`'s old name; the host alone resumes its loader.
+    const HOST_ONLY: [&str; 6] = [
+        "--json",
+        "--ranks-as",
+        "--strategy",
+        "--policy",
+        "--data",
+        "--resume",
+    ];
     let mut out = Vec::new();
     let mut skip_value = false;
     for a in std::env::args_os().skip(1) {

@@ -71,6 +71,46 @@ pub(crate) struct Measured {
     pub cpu_seconds: f64,
     /// The CRC of every batch delivered (ranks as threads; see [`super::RankTotals`]).
     pub batches_crc32: Option<u32>,
+    /// Where the run started and how long its start took (ranks as threads, one node).
+    pub start: Option<StartFigures>,
+    /// Each step's batches as one CRC, for the run's first steps (ranks as threads).
+    pub step_crc32: Vec<StepDigest>,
+}
+
+/// Where a strategy's run started and what its start cost: the figures that compare a resume
+/// with a fresh start. Times are from the start of the loader's build.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct StartFigures {
+    /// The state file the run resumed from; None for a fresh start.
+    pub resumed_from: Option<PathBuf>,
+    /// The epoch and iteration of the run's first batch.
+    pub epoch: u32,
+    pub iteration: u32,
+    /// Batches each rank is given by this loader (fewer when resumed).
+    pub steps: u64,
+    /// Batches each rank took before the run stopped (--stop-after-iterations), else None.
+    pub stopped_after_iterations: Option<u64>,
+    /// Building the loader (a resume's replanning included).
+    pub build_s: f64,
+    /// Until every local rank had its first batch: when the first training step can begin
+    /// (None when the run had no batch: resumed at its end).
+    pub first_batch_s: Option<f64>,
+    /// Steps of the run's first epoch (a resumed one: what was left of its epoch).
+    pub first_epoch_steps: u64,
+    /// Samples the node's ranks were delivered in it.
+    pub first_epoch_samples: u64,
+    /// Until its last step ended, and its samples over that time (None when the run stopped
+    /// before).
+    pub first_epoch_s: Option<f64>,
+    pub first_epoch_samples_per_second: Option<f64>,
+}
+
+/// One training step's batches: the CRC-32 of the ranks' batch CRCs in rank order.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub(crate) struct StepDigest {
+    pub epoch: u32,
+    pub iteration: u32,
+    pub crc32: u32,
 }
 
 /// One strategy's figures, an entry of the JSON's `results`.
@@ -97,6 +137,11 @@ pub(crate) struct StrategyResult {
     /// which the reads follow under `--io-order shares` only.
     pub predicted_imbalance_equal_split_p50: Option<f64>,
     pub predicted_imbalance_allocated_p50: Option<f64>,
+    /// Where the run started and what its start cost (ranks as threads, one node).
+    pub start: Option<StartFigures>,
+    /// Each step's batches as one CRC, the run's first `STEP_DIGESTS_MAX` steps (ranks as
+    /// threads): a resumed run's are the uninterrupted run's from the state on.
+    pub step_crc32: Vec<StepDigest>,
 }
 
 impl StrategyResult {
@@ -114,6 +159,8 @@ impl StrategyResult {
             batches_crc32: measured.batches_crc32,
             predicted_imbalance_equal_split_p50: predicted(|a| a.predicted_imbalance_equal),
             predicted_imbalance_allocated_p50: predicted(|a| a.predicted_imbalance),
+            start: measured.start,
+            step_crc32: measured.step_crc32,
             metrics,
         }
     }
@@ -197,6 +244,45 @@ pub(crate) fn print_table(results: &[StrategyResult]) {
             r.speedup_vs_pytorch
                 .map_or("-".to_string(), |s| format!("{s:.2}x")),
         );
+    }
+}
+
+/// Where each strategy's run started and what its start cost, when measured.
+pub(crate) fn print_start(results: &[StrategyResult]) {
+    let measured: Vec<(&StrategyResult, &StartFigures)> = results
+        .iter()
+        .filter_map(|r| r.start.as_ref().map(|s| (r, s)))
+        .collect();
+    if measured.is_empty() {
+        return;
+    }
+    println!(
+        "\n{:<20} {:>16} {:>9} {:>12} {:>12} {:>16}",
+        "strategy", "start", "build s", "1st batch s", "1st epoch s", "1st epoch smp/s"
+    );
+    for (r, s) in &measured {
+        let from = match &s.resumed_from {
+            Some(_) => format!("resume e{} i{}", s.epoch, s.iteration),
+            None => format!("fresh e{} i{}", s.epoch, s.iteration),
+        };
+        let opt =
+            |x: Option<f64>, digits: usize| x.map_or("-".to_string(), |x| format!("{x:.digits$}"));
+        println!(
+            "{:<20} {from:>16} {:>9.3} {:>12} {:>12} {:>16}",
+            r.strategy.name(),
+            s.build_s,
+            opt(s.first_batch_s, 3),
+            opt(s.first_epoch_s, 2),
+            opt(s.first_epoch_samples_per_second, 0),
+        );
+    }
+    if let Some((_, s)) = measured.first() {
+        if let Some(path) = &s.resumed_from {
+            println!("resumed from {}", path.display());
+        }
+        if let Some(k) = s.stopped_after_iterations {
+            println!("stopped after {k} iterations per rank");
+        }
     }
 }
 

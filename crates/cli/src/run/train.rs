@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use lobster_io::RankHandle;
@@ -50,6 +50,58 @@ pub(crate) fn train<T: Send + AsRef<[u8]>, C: Default>(
     job_barrier: Option<&(dyn Fn() -> Result<()> + Sync)>,
     consume: impl Fn(&lobster_io::Batch<T>, &mut C) + Sync,
 ) -> Result<Vec<RankTotals>> {
+    let runs = train_steps(
+        handles,
+        compute,
+        label,
+        TrainSteps::default(),
+        after_step,
+        job_barrier,
+        consume,
+    )?;
+    Ok(runs.into_iter().map(|r| r.totals).collect())
+}
+
+/// Where [`train_steps`] stops and what it times.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct TrainSteps {
+    /// Steps after which every rank stops (None: the handles' end).
+    pub stop_after: Option<u64>,
+    /// Steps of the run's first epoch (a resumed run's first is what is left of its epoch):
+    /// the steps [`RankRun::first_epoch_delivered`] and `first_epoch_end` cover.
+    pub first_epoch: u64,
+}
+
+/// Steps whose digest a rank keeps: enough for a test or a short run to compare every
+/// batch, bounded for a long one.
+pub(crate) const STEP_DIGESTS_MAX: usize = 4096;
+
+/// What one rank did over [`train_steps`]: its totals, when its batches came, and a digest
+/// of each of its first [`STEP_DIGESTS_MAX`] batches.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RankRun {
+    pub totals: RankTotals,
+    /// When its first batch was taken.
+    pub first_batch: Option<Instant>,
+    /// When the last step of the run's first epoch ended (its barrier met).
+    pub first_epoch_end: Option<Instant>,
+    /// Samples delivered in the run's first epoch.
+    pub first_epoch_delivered: u64,
+    /// (epoch, iteration, CRC-32 of the batch as [`RankTotals::crc32`] digests it), in order.
+    pub steps: Vec<(u32, u32, u32)>,
+}
+
+/// [`train`], stopping after `steps.stop_after` steps if given, and returning each rank's
+/// [`RankRun`] in the handles' order.
+pub(crate) fn train_steps<T: Send + AsRef<[u8]>, C: Default>(
+    handles: Vec<RankHandle<T>>,
+    compute: Duration,
+    label: &str,
+    steps: TrainSteps,
+    after_step: impl Fn(usize) + Sync,
+    job_barrier: Option<&(dyn Fn() -> Result<()> + Sync)>,
+    consume: impl Fn(&lobster_io::Batch<T>, &mut C) + Sync,
+) -> Result<Vec<RankRun>> {
     let barrier = Barrier::new(handles.len());
     // The first failed step: a failure in step k + 1 cannot stop a rank just released from
     // step k's barrier before it reaches k + 1, so no rank waits forever at a barrier.
@@ -62,17 +114,32 @@ pub(crate) fn train<T: Send + AsRef<[u8]>, C: Default>(
                 let (barrier, failed_step, after_step) = (&barrier, &failed_step, &after_step);
                 let job_failure = &job_failure;
                 let consume = &consume;
-                s.spawn(move || -> Result<RankTotals> {
+                s.spawn(move || -> Result<RankRun> {
                     let rank = handle.rank();
-                    let mut totals = RankTotals::default();
+                    let mut run = RankRun::default();
+                    let totals = &mut run.totals;
                     let mut state = C::default();
                     let mut crc = crc32fast::Hasher::new();
+                    let stop_after = steps.stop_after.unwrap_or(u64::MAX);
                     for (step, batch) in handle.enumerate() {
+                        run.first_batch.get_or_insert_with(Instant::now);
+                        let first_epoch = (step as u64) < steps.first_epoch;
                         match &batch {
                             Ok(batch) => {
                                 totals.delivered += batch.samples.len() as u64;
                                 totals.skipped += batch.skipped.len() as u64;
-                                digest_batch(&mut crc, batch);
+                                if first_epoch {
+                                    run.first_epoch_delivered += batch.samples.len() as u64;
+                                }
+                                // The batch's own CRC, combined into the running one
+                                // (the same as digesting it there): each byte read once.
+                                let mut one = crc32fast::Hasher::new();
+                                digest_batch(&mut one, batch);
+                                crc.combine(&one);
+                                if run.steps.len() < STEP_DIGESTS_MAX {
+                                    let digest = (batch.epoch, batch.iteration, one.finalize());
+                                    run.steps.push(digest);
+                                }
                                 consume(batch, &mut state);
                                 std::hint::black_box(batch);
                                 if !compute.is_zero() {
@@ -101,9 +168,16 @@ pub(crate) fn train<T: Send + AsRef<[u8]>, C: Default>(
                             batch.with_context(|| format!("{label}: rank {rank}"))?;
                             break;
                         }
+                        if step as u64 + 1 == steps.first_epoch {
+                            run.first_epoch_end = Some(Instant::now());
+                        }
+                        // Every rank stops at the same step, its barrier met by all.
+                        if step as u64 + 1 >= stop_after {
+                            break;
+                        }
                     }
-                    totals.crc32 = crc.finalize();
-                    Ok(totals)
+                    run.totals.crc32 = crc.finalize();
+                    Ok(run)
                 })
             })
             .collect();

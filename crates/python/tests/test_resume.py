@@ -195,14 +195,28 @@ def torchrun(tmp_path, data, job, stop_after):
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_a_job_killed_after_saving_resumes_every_rank_bit_for_bit(tmp_path, data):
+@pytest.fixture(scope="module")
+def torch_reference(tmp_path_factory, data):
+    """The uninterrupted torchrun job's batches, per rank."""
     pytest.importorskip("torch")
-    tag = f"pytest-{os.getpid()}"
-    # The reference: uninterrupted.
-    done = torchrun(tmp_path, data, f"{tag}-ref", -1)
+    out = tmp_path_factory.mktemp("torchrun-ref")
+    done = torchrun(out, data, "ref", -1)
     assert done.returncode == 0, done.stdout + done.stderr
-    # Saves every rank's state after 7 batches (epoch 1, iteration 2), then is killed.
-    killed = torchrun(tmp_path, data, f"{tag}-cut", 7)
+    refs = [np.load(out / f"ref.rank{r}.npz") for r in range(2)]
+    # 37 samples over 2 ranks: 19 each, 5 batches an epoch, 15 in all.
+    for ref in refs:
+        assert len(ref["sizes"]) == 15 and ref["sizes"].sum() == 3 * 19
+    return refs
+
+
+# 1: one batch in; 4: before the last batch of epoch 0; 5: epoch 0 done; 7: mid epoch 1.
+@pytest.mark.parametrize("stop_after", [1, 4, 5, 7])
+def test_a_job_killed_after_saving_resumes_every_rank_bit_for_bit(
+    tmp_path, data, torch_reference, stop_after
+):
+    tag = f"pytest-{os.getpid()}-{stop_after}"
+    # Saves every rank's state after `stop_after` batches, then is killed.
+    killed = torchrun(tmp_path, data, f"{tag}-cut", stop_after)
     assert killed.returncode != 0, "the interrupted job was meant to die"
     for r in range(2):
         assert (tmp_path / f"{tag}-cut.state{r}.json").exists(), killed.stdout + killed.stderr
@@ -213,15 +227,15 @@ def test_a_job_killed_after_saving_resumes_every_rank_bit_for_bit(tmp_path, data
         saved = json.loads((tmp_path / f"{tag}-cut.state{r}.json").read_text())
         reloaded = json.loads((tmp_path / f"{tag}-cut.reloaded{r}.json").read_text())
         assert reloaded == saved and saved["lobster_loader_state"]["ranks"][0]["rank"] == r
-        ref = np.load(tmp_path / f"{tag}-ref.rank{r}.npz")
+        ref = torch_reference[r]
         cut = np.load(tmp_path / f"{tag}-cut.rank{r}.npz")
         got = np.load(tmp_path / f"{tag}-cut.resumed.rank{r}.npz")
-        # 37 samples over 2 ranks: 19 each, 5 batches an epoch, 15 in all.
-        assert len(ref["sizes"]) == 15 and ref["sizes"].sum() == 3 * 19
-        assert len(cut["sizes"]) == 7 and len(got["sizes"]) == 8
+        assert len(cut["sizes"]) == stop_after and len(got["sizes"]) == 15 - stop_after
         for key in ("sizes", "epochs", "ids", "labels", "images"):
             whole = np.concatenate([cut[key], got[key]])
             assert np.array_equal(whole, ref[key]), (r, key)
+    if stop_after != 7:
+        return
     # Elastic: rank 0's state in one process (a world of 1) takes what both ranks had left
     # of epoch 1, each sample with the pixels the two ranks would have given it, then
     # epoch 2 as one rank's.
@@ -232,7 +246,7 @@ def test_a_job_killed_after_saving_resumes_every_rank_bit_for_bit(tmp_path, data
     loader.close()
     left, pixels = [], {}
     for r in range(2):
-        ref = np.load(tmp_path / f"{tag}-ref.rank{r}.npz")
+        ref = torch_reference[r]
         n = int(ref["sizes"][:7].sum())
         in_epoch = ref["epochs"][n:] == 1
         left.extend(ref["ids"][n:][in_epoch].tolist())

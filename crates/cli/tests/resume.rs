@@ -270,8 +270,11 @@ fn a_missing_damaged_or_foreign_state_is_refused_naming_the_file_or_field() {
 
     // The modes that cannot resume name themselves.
     std::fs::write(&state, &good).unwrap();
-    let e = refused(&["--resume", state_s, "--cluster"]);
-    assert!(e.contains("--resume") && e.contains("--cluster"), "{e}");
+    let e = refused(&["--stop-after-iterations", "2", "--cluster"]);
+    assert!(
+        e.contains("--stop-after-iterations") && e.contains("--cluster"),
+        "{e}"
+    );
     let e = refused(&["--stop-after-iterations", "2", "--ranks-as", "processes"]);
     assert!(
         e.contains("--stop-after-iterations") && e.contains("--ranks-as processes"),
@@ -340,4 +343,54 @@ fn rank_processes_resume_as_rank_threads_do() {
         e.contains("--save-state") && e.contains("--ranks-as processes"),
         "{e}"
     );
+}
+
+/// Every node of a job in one process (`--cluster`) resumes from a state saved by one node of
+/// it: each node delivers what was left, and peers serve every remote hit planned.
+#[test]
+fn a_job_of_nodes_in_one_process_resumes_from_a_saved_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    gen(&data, 64);
+    let json = |n: &str| dir.path().join(format!("{n}.json"));
+    let state = json("state");
+    let state_s = state.to_str().unwrap();
+    let common = [
+        "--strategy",
+        "lobster",
+        "--decoder",
+        "raw",
+        "--cache-frac",
+        "0.3",
+    ];
+    let with =
+        |extra: &[&'static str]| -> Vec<&str> { common.iter().chain(extra).copied().collect() };
+    let full = run_ok(&data, &json("full"), &with(&["--cluster"]));
+    let stop = ["--stop-after-iterations", "5", "--save-state", state_s];
+    run_ok(
+        &data,
+        &json("first"),
+        &common.iter().chain(&stop).copied().collect::<Vec<_>>(),
+    );
+    let resumed = run_ok(
+        &data,
+        &json("resumed"),
+        &common
+            .iter()
+            .chain(&["--cluster", "--resume", state_s])
+            .copied()
+            .collect::<Vec<_>>(),
+    );
+    let samples = |r: &serde_json::Value, n: usize| r["nodes"][n][0]["samples"].as_u64().unwrap();
+    for n in 0..2 {
+        let node = &resumed["nodes"][n][0];
+        // 64 samples over 4 ranks, batches of 4: 4 steps an epoch, 12 in all; 5 taken.
+        assert_eq!(samples(&full, n), 2 * 16 * 3, "node {n}");
+        assert_eq!(samples(&resumed, n), 2 * 4 * (12 - 5), "node {n}");
+        assert_eq!(
+            node["remote_hits"], node["planned_remote_hits"],
+            "node {n}: {node}"
+        );
+        assert_eq!(node["remote_misses"], 0, "node {n}");
+    }
 }

@@ -383,15 +383,12 @@ impl RunArgs {
             (None, None, Some(_)) => "--resume",
             (None, None, None) => return Ok(()),
         };
-        // A node with peers replans with them from the run's start only (the library refuses
-        // a resume elsewhere), so neither can be resumed mid-run.
-        if self.mpi {
-            bail!("{option} is not supported with --mpi: a job with peers cannot resume mid-run");
-        }
-        if self.cluster {
+        // In one process the nodes run to the end together; a state is saved by an MPI job
+        // (node 0 writes it), and any job of nodes resumes from one.
+        if self.cluster && option != "--resume" {
             bail!(
-                "{option} is not supported with --cluster: a job with peers cannot resume \
-                 mid-run"
+                "{option} is not supported with --cluster: its nodes run to the end together; \
+                 stop an MPI job (--mpi) or a single node instead"
             );
         }
         // The node host takes a rank process that leaves before the run's end for a failed

@@ -123,13 +123,17 @@ pub fn run(args: &RunArgs) -> Result<()> {
         remote_hits: args.cluster || cluster.as_ref().is_some_and(|c| c.peers().is_some()),
     };
     if let Some(c) = &cluster {
-        c.agree(report::plan_fields(&config)?)?;
+        // Nodes plan each other's caches from where they start: a resume must be the same.
+        let mut fields = report::plan_fields(&config)?;
+        let point = resume.as_ref().and_then(|(_, s)| s.resume_point());
+        fields.push(("resume".into(), point.unwrap_or_else(|| "none".into())));
+        c.agree(fields)?;
     }
     if lead {
         report::print_header(&config);
     }
     if args.cluster {
-        return run_nodes(args, &dataset, cache_bytes, &config);
+        return run_nodes(args, &dataset, cache_bytes, &config, resume.as_ref());
     }
     let mut results = Vec::with_capacity(args.strategy.0.len());
     // The state every strategy stopped at: the same batches taken, the same state.
@@ -147,7 +151,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
         if let (Some(path), Some(state)) = (&args.save_state, stopped) {
             match &saved {
                 None => {
-                    state::write(path, &state)?;
+                    // Every node is at the same step; node 0 speaks for the job.
+                    if lead {
+                        state::write(path, &state)?;
+                    }
                     saved = Some((strategy, state));
                 }
                 Some((first, s)) if *s != state => anyhow::bail!(
@@ -204,10 +211,11 @@ fn run_nodes(
     dataset: &Arc<Dataset>,
     cache_bytes: u64,
     config: &RunConfig,
+    resume: Option<&(PathBuf, LoaderState)>,
 ) -> Result<()> {
     let mut per_node: Vec<Vec<StrategyResult>> = (0..args.nodes).map(|_| Vec::new()).collect();
     for &strategy in &args.strategy.0 {
-        let results = nodes::run_strategy(args, dataset, cache_bytes, strategy)?;
+        let results = nodes::run_strategy(args, dataset, cache_bytes, strategy, resume)?;
         for (node, (metrics, measured)) in results.into_iter().enumerate() {
             per_node[node].push(StrategyResult::new(strategy, metrics, measured));
         }

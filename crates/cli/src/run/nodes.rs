@@ -24,6 +24,7 @@ pub(crate) fn run_strategy(
     dataset: &Arc<Dataset>,
     cache_bytes: u64,
     strategy: Strategy,
+    resume: Option<&(std::path::PathBuf, lobster_io::LoaderState)>,
 ) -> Result<Vec<(RunMetrics, Measured)>> {
     process::reset_peak_rss();
     let cpu_before = process::cpu_seconds();
@@ -31,17 +32,23 @@ pub(crate) fn run_strategy(
     let mut loaders = Vec::with_capacity(args.nodes);
     for (node, t) in transports.iter().enumerate() {
         let peers = t.clone() as Arc<dyn Transport>;
-        loaders.push(build::loader(
-            args,
-            dataset,
-            cache_bytes,
-            strategy,
-            node,
-            Some(peers),
-            None,
-        )?);
+        loaders.push(
+            build::loader(
+                args,
+                dataset,
+                cache_bytes,
+                strategy,
+                node,
+                Some(peers),
+                resume.map(|(_, s)| s.clone()),
+            )
+            .with_context(|| match resume {
+                Some((path, _)) => format!("node {node}: resuming from {}", path.display()),
+                None => format!("node {node}: starting"),
+            })?,
+        );
     }
-    let steps = loaders[0].0.iterations_per_epoch() as u64 * u64::from(args.epochs);
+    let steps = loaders[0].0.steps();
     let bar = report::progress_bar(args.quiet, strategy, steps);
     let bar = &bar;
     let compute = Duration::from_secs_f64(args.compute_ms / 1e3);

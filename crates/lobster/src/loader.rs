@@ -593,6 +593,7 @@ fn peers(
             read_ahead_bytes: 0,
             served: Arc::default(),
             counters: pipeline::PeerCounters::default(),
+            gate: Arc::default(),
         };
         return Ok((peers, Mode::because(PeerPlanKind::Node, why)));
     }
@@ -609,6 +610,7 @@ fn peers(
         // not yet read here waits that long and a little more.
         served: Arc::new(pipeline::ServedLandings::for_cluster(2 * ahead_steps + 4)),
         counters: pipeline::PeerCounters::default(),
+        gate: Arc::default(),
     };
     Ok((peers, Mode::chosen(PeerPlanKind::Cluster)))
 }

@@ -263,7 +263,11 @@ impl Drop for EmulatedLink {
             .stopping = true;
         self.link.cv.notify_all();
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            // An answer's callback may drop the last handle on the link's own thread (a
+            // loader stopped mid-run): that thread ends by itself once the callback returns.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
     }
 }
@@ -314,6 +318,46 @@ mod tests {
                 other => panic!("{rate} {latency}: {other:?}"),
             }
         }
+    }
+
+    /// The last handle on the link dropped by an answer's callback, on the link's thread,
+    /// ends the link without it joining itself.
+    #[test]
+    fn an_answer_that_drops_the_last_handle_ends_the_link() {
+        let nodes = InProcessNodes::connect(2);
+        nodes[1].serve(Arc::new(Holds(vec![7; 100])));
+        let link = Arc::new(
+            EmulatedLink::wrap(
+                nodes[0].clone() as Arc<dyn Transport>,
+                LinkParams::new(10.0, 1000).unwrap(),
+            )
+            .unwrap(),
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        let held = std::sync::Mutex::new(Some(link.clone()));
+        let owner = Arc::new(held);
+        let in_callback = owner.clone();
+        link.fetch(
+            1,
+            3,
+            Box::new(move |_| {
+                // By now the test dropped its handle: this one is the last.
+                std::thread::sleep(Duration::from_millis(20));
+                drop(in_callback.lock().unwrap().take());
+                tx.send(std::thread::current().name().map(str::to_owned))
+                    .unwrap();
+            }),
+        );
+        drop(link);
+        let on = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the callback finished: dropping the link there did not panic");
+        assert_eq!(
+            on.as_deref(),
+            Some("lobster-link-0"),
+            "dropped on the link's thread"
+        );
+        drop(owner);
     }
 
     #[test]

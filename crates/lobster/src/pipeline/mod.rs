@@ -183,6 +183,9 @@ impl<T> Pipeline<T> {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        if let Some(peers) = &self.context.peers {
+            peers.gate.close();
+        }
         self.reader = None;
     }
 }

@@ -27,13 +27,23 @@ pub(crate) fn start<T: Send + 'static>(
 ) {
     let peers = ctx.peers.as_ref().expect("a peer fetch has peers");
     peers.counters.planned.fetch_add(1, Ordering::Relaxed);
-    let (c, s) = (ctx.clone(), state.clone());
+    // Weak: an answer must not keep a dropped loader alive on the transport's thread, whose
+    // teardown (the link's, MPI's) belongs to the thread that drops the loader.
+    let (c, s) = (Arc::downgrade(ctx), Arc::downgrade(state));
+    let gate = peers.gate.clone();
     let sample = access.sample;
     let issued = Instant::now();
     peers.transport.fetch(
         peer,
         sample,
-        Box::new(move |answer| answered(&c, &s, access, peer, issued, answer)),
+        Box::new(move |answer| {
+            let Some(_open) = gate.enter() else {
+                return;
+            };
+            if let (Some(c), Some(s)) = (c.upgrade(), s.upgrade()) {
+                answered(&c, &s, access, peer, issued, answer);
+            }
+        }),
     );
 }
 

@@ -30,6 +30,51 @@ pub(crate) struct Peers {
     pub(crate) read_ahead_bytes: u64,
     pub(crate) served: Arc<ServedLandings>,
     pub(crate) counters: PeerCounters,
+    /// Answers being handled; closed when the loader stops.
+    pub(crate) gate: Arc<FetchGate>,
+}
+
+/// The answers of fetches being handled, so that a stopping loader waits for them and none
+/// starts after: the loader is then dropped by the thread that drops it, never by a
+/// transport's thread finishing an answer.
+#[derive(Debug, Default)]
+pub(crate) struct FetchGate {
+    state: Mutex<(bool, usize)>,
+    idle: std::sync::Condvar,
+}
+
+/// An answer being handled; leaving lets a stopping loader go on.
+pub(crate) struct InGate<'a>(&'a FetchGate);
+
+impl FetchGate {
+    /// Whether an answer may be handled (the loader has not stopped); held while it is.
+    pub(crate) fn enter(&self) -> Option<InGate<'_>> {
+        let mut s = lock(&self.state);
+        if s.0 {
+            return None;
+        }
+        s.1 += 1;
+        Some(InGate(self))
+    }
+
+    /// No answer is handled from now on; waits for those being handled.
+    pub(crate) fn close(&self) {
+        let mut s = lock(&self.state);
+        s.0 = true;
+        while s.1 > 0 {
+            s = self.idle.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+impl Drop for InGate<'_> {
+    fn drop(&mut self) {
+        let mut s = lock(&self.0.state);
+        s.1 -= 1;
+        if s.1 == 0 {
+            self.0.idle.notify_all();
+        }
+    }
 }
 
 /// What the peers did for this node.

@@ -10,7 +10,8 @@
 //!
 //! The engine starts when the first batch (or the node's arena, or the metrics) is asked
 //! for, not in the constructor, so that `load_state_dict` can come between the two, as with
-//! StatefulDataLoader; with MPI peers (building a loader is collective) it starts at once.
+//! StatefulDataLoader; with MPI peers (building a loader is collective) it starts at once,
+//! and `load_state_dict` before the first batch starts it again, resumed (collectively).
 //! `state_dict` counts the batches `__next__` returned, not those the feeder prefetched.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -530,6 +531,9 @@ fn start(
         // Every node must plan from the same inputs; the dataset's root may differ.
         let mut fields = agreed(&dataset, &config, &s);
         fields.retain(|(k, _)| k != "node" && k != "dataset");
+        // Nodes plan each other's caches from where they start: a resume must be the same.
+        let point = resume.as_ref().and_then(LoaderState::resume_point);
+        fields.push(("resume".into(), point.unwrap_or_else(|| "none".into())));
         w.agree(fields)?;
     }
     let peers = world.map(World::transport);
@@ -724,8 +728,8 @@ impl Loader {
             decode,
         };
         let prepared = py.detach(|| prepare(&settings, &env))?;
-        let origin = (env.local_world_size == 1 && world.is_none())
-            .then(|| (settings.clone_ref(py), prepared.clone()));
+        let origin =
+            (env.local_world_size == 1).then(|| (settings.clone_ref(py), prepared.clone()));
         let loader = Loader {
             origin,
             engine: Arc::new(Mutex::new(None)),
@@ -1098,7 +1102,7 @@ impl Loader {
     }
 
     /// `load_state_dict` on a started loader: only a state at the run's start, of this job,
-    /// before the first batch (a loader with peers starts when built).
+    /// before the first batch.
     fn load_when_started(&self, state: &LoaderState) -> PyResult<()> {
         let run = lock(&self.run);
         let Some(run) = run.as_ref() else {
@@ -1108,11 +1112,7 @@ impl Loader {
         let here = run.positions.after(self.env.local_rank, 0);
         let given = self.given.load(Ordering::SeqCst);
         if given > 0 || (at.epoch, at.consumed) != (here.epoch, here.consumed) {
-            let why = if self.world.is_some() {
-                "with MPI peers the loader starts when built, and resumes only at the run's \
-                 start"
-                    .to_owned()
-            } else if given > 0 {
+            let why = if given > 0 {
                 format!(
                     "this loader already gave {given} batches: load the state into a new \
                      Loader, before its first batch"

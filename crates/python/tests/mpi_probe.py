@@ -13,6 +13,8 @@ import lobster_io
 
 BATCH = 8
 EPOCHS = 3
+# Steps the resumed round's first loader takes: mid-epoch 0 (6 steps an epoch).
+STOP = 4
 LEFT_OPEN = []
 
 
@@ -62,6 +64,28 @@ def main():
             # process that exits without MPI_Finalize).
             LEFT_OPEN.append(loader)
         seen["rounds"].append(node)
+    # Stopped after STOP steps, its state saved, and resumed in a new Loader: the rest of
+    # the first round's batches, the peers serving every remote hit planned.
+    first = lobster_io.Loader(data, BATCH, **settings)
+    taken = []
+    first.set_epoch(0)
+    for batch in first:
+        taken.append(batch.ids.tolist())
+        first.step_barrier()
+        if len(taken) == STOP:
+            break
+    state = json.loads(json.dumps(first.state_dict()))
+    first.close()
+    again = lobster_io.Loader(data, BATCH, **settings)
+    again.load_state_dict(state)
+    rest = []
+    for epoch in range(state["lobster_loader_state"]["ranks"][0]["epoch"], EPOCHS):
+        again.set_epoch(epoch)
+        for batch in again:
+            rest.append(batch.ids.tolist())
+            again.step_barrier()
+    seen["resumed"] = {"taken": taken, "rest": rest, "metrics": again.metrics()}
+    again.close()
     with open(os.path.join(out, f"node-{seen['rounds'][0]['node']}.json"), "w") as f:
         json.dump(seen, f)
 

@@ -121,6 +121,15 @@ def test_two_nodes_over_mpirun_serve_every_planned_remote_hit(tmp_path):
             assert m["remote_misses"] == 0 and m["skipped"] == 0, m
             assert [len(ids) for ids in r["ids"]] == [share] * 3
             assert m["samples"] == 3 * share, m
+    for k, seen in enumerate(nodes):
+        # The resumed round gives the rest of the uninterrupted round's batches.
+        r = seen["resumed"]
+        whole = seen["rounds"][0]["ids"]
+        flat = [i for epoch in whole for i in epoch]
+        got = [i for b in r["taken"] + r["rest"] for i in b]
+        assert got == flat, (k, len(got), len(flat))
+        m = r["metrics"]
+        assert m["remote_hits"] == m["planned_remote_hits"] and m["remote_misses"] == 0, m
     for rnd in range(2):
         for epoch in range(3):
             ids = [set(seen["rounds"][rnd]["ids"][epoch]) for seen in nodes]

@@ -13,26 +13,7 @@ use lobster_io::{CacheForms, Dataset, LoaderBuilder, Mode};
 
 /// A folder of 3 classes x 4 JPEGs, each a gradient of its own size (so that crops differ).
 fn folder(dir: &Path) -> Arc<Dataset> {
-    for i in 0..12u16 {
-        let class = dir.join(format!("c{}", i % 3));
-        std::fs::create_dir_all(&class).unwrap();
-        let (w, h) = (20 + 3 * i, 16 + 2 * i);
-        let mut rgb = Vec::with_capacity(usize::from(w) * usize::from(h) * 3);
-        for y in 0..h {
-            for x in 0..w {
-                rgb.extend_from_slice(&[(x * 9) as u8, (y * 13) as u8, ((x + y) * 5 + i) as u8]);
-            }
-        }
-        jpeg_encoder::Encoder::new_file(class.join(format!("{i:02}.jpg")), 95)
-            .unwrap()
-            .encode(&rgb, w, h, jpeg_encoder::ColorType::Rgb)
-            .unwrap();
-    }
-    let options = lobster_io::FolderOptions {
-        table_dir: None,
-        ..Default::default()
-    };
-    Arc::new(Dataset::open_folder(dir, &options).unwrap())
+    common::gradient_jpegs(dir, 12, 3, |i| (20 + 3 * i, 16 + 2 * i), 95)
 }
 
 fn loader(ds: &Arc<Dataset>, transform: Transform, seed: u64) -> lobster_io::Loader<Pixels> {

@@ -52,26 +52,7 @@ fn crc32(crc: u32, bytes: &[u8]) -> u32 {
 
 /// A folder of 4 classes x 10 JPEGs of different sizes, so that crops and flips differ.
 fn jpegs(dir: &Path) -> Arc<Dataset> {
-    for i in 0..40u16 {
-        let class = dir.join(format!("c{}", i % 4));
-        std::fs::create_dir_all(&class).unwrap();
-        let (w, h) = (24 + i, 18 + (i * 7) % 13);
-        let mut rgb = Vec::with_capacity(usize::from(w) * usize::from(h) * 3);
-        for y in 0..h {
-            for x in 0..w {
-                rgb.extend_from_slice(&[(x * 9) as u8, (y * 13) as u8, ((x + y) * 5 + i) as u8]);
-            }
-        }
-        jpeg_encoder::Encoder::new_file(class.join(format!("{i:02}.jpg")), 90)
-            .unwrap()
-            .encode(&rgb, w, h, jpeg_encoder::ColorType::Rgb)
-            .unwrap();
-    }
-    let options = lobster_io::FolderOptions {
-        table_dir: None,
-        ..Default::default()
-    };
-    Arc::new(Dataset::open_folder(dir, &options).unwrap())
+    common::gradient_jpegs(dir, 40, 4, |i| (24 + i, 18 + (i * 7) % 13), 90)
 }
 
 /// 2 ranks of batch 3 over 40 images, 3 epochs: 7 iterations an epoch, the last of 2.
@@ -307,16 +288,18 @@ fn a_state_from_another_job_is_refused_naming_the_field() {
     refused(builder().seed(4), "order");
     refused(builder().batch_size(5), "batch_size");
     refused(builder().drop_last(true), "drop_last");
+    let resumed_on = |ds: Arc<Dataset>| {
+        LoaderBuilder::new(ds)
+            .world(1, 2, 0)
+            .batch_size(4)
+            .seed(3)
+            .decode(|bytes: &[u8], _| Ok::<_, std::io::Error>(bytes.to_vec()))
+            .resume_from(state.clone())
+            .build()
+            .unwrap_err()
+    };
     let other = tempfile::tempdir().unwrap();
-    let ds2 = common::make_dataset(other.path(), 51, 2);
-    let err = LoaderBuilder::new(ds2)
-        .world(1, 2, 0)
-        .batch_size(4)
-        .seed(3)
-        .decode(|bytes: &[u8], _| Ok::<_, std::io::Error>(bytes.to_vec()))
-        .resume_from(state.clone())
-        .build()
-        .unwrap_err();
+    let err = resumed_on(common::make_dataset(other.path(), 51, 2));
     assert!(
         matches!(
             err,
@@ -331,15 +314,7 @@ fn a_state_from_another_job_is_refused_naming_the_field() {
     let third = tempfile::tempdir().unwrap();
     common::make_dataset(third.path(), 50, 2);
     std::fs::write(third.path().join("c0").join("000000.jpg"), b"other bytes").unwrap();
-    let ds3 = Arc::new(Dataset::open_image_folder(third.path()).unwrap());
-    let err = LoaderBuilder::new(ds3)
-        .world(1, 2, 0)
-        .batch_size(4)
-        .seed(3)
-        .decode(|bytes: &[u8], _| Ok::<_, std::io::Error>(bytes.to_vec()))
-        .resume_from(state.clone())
-        .build()
-        .unwrap_err();
+    let err = resumed_on(Arc::new(Dataset::open_image_folder(third.path()).unwrap()));
     assert!(
         matches!(
             err,

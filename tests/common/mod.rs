@@ -30,6 +30,38 @@ pub fn make_dataset(dir: &Path, samples: u32, classes: u32) -> Arc<Dataset> {
     Arc::new(Dataset::open_image_folder(dir).unwrap())
 }
 
+/// A folder of `count` JPEGs spread round-robin over `classes` classes, image `i` a gradient of
+/// `size(i)` pixels (so that crops and flips differ between images), opened without a kept
+/// table.
+pub fn gradient_jpegs(
+    dir: &Path,
+    count: u16,
+    classes: u16,
+    size: impl Fn(u16) -> (u16, u16),
+    quality: u8,
+) -> Arc<Dataset> {
+    for i in 0..count {
+        let class = dir.join(format!("c{}", i % classes));
+        std::fs::create_dir_all(&class).unwrap();
+        let (w, h) = size(i);
+        let mut rgb = Vec::with_capacity(usize::from(w) * usize::from(h) * 3);
+        for y in 0..h {
+            for x in 0..w {
+                rgb.extend_from_slice(&[(x * 9) as u8, (y * 13) as u8, ((x + y) * 5 + i) as u8]);
+            }
+        }
+        jpeg_encoder::Encoder::new_file(class.join(format!("{i:02}.jpg")), quality)
+            .unwrap()
+            .encode(&rgb, w, h, jpeg_encoder::ColorType::Rgb)
+            .unwrap();
+    }
+    let options = lobster_io::FolderOptions {
+        table_dir: None,
+        ..Default::default()
+    };
+    Arc::new(Dataset::open_folder(dir, &options).unwrap())
+}
+
 /// The job's shape, as the loader is built with it (shuffled order, tails padded).
 #[derive(Clone, Copy, Debug)]
 pub struct Shape {

@@ -1,7 +1,7 @@
-"""One rank of a torchrun job for test_resume.py: argv is data, out_dir, job, stop_after.
+"""One rank of a torchrun job for test_resume.py: argv is data, out_dir, job, mode.
 
-stop_after -1: the whole run. stop_after > 0: after that many batches every rank saves its
-state_dict, the ranks meet (gloo), and each kills itself with SIGKILL. stop_after 0: loads
+mode "whole": the whole run. "cut:K": after K batches (0: before the first) every rank saves
+its state_dict, the ranks meet (gloo), and each kills itself with SIGKILL. "resume": loads
 the saved state and runs to the end. The batches seen go to an .npz per rank."""
 
 import json
@@ -17,7 +17,8 @@ import lobster_io
 
 
 def main():
-    data, out, job, stop_after = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    data, out, job, mode = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+    stop_after = int(mode[4:]) if mode.startswith("cut:") else None
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     loader = lobster_io.Loader(
@@ -26,7 +27,7 @@ def main():
     )
     start = 0
     name = f"{job}.rank{rank}.npz"
-    if stop_after == 0:
+    if mode == "resume":
         state = json.loads((out / f"{job}.state{rank}.json").read_text())
         loader.load_state_dict(state)
         # Attached to the resumed host, the rank says where it stands before any batch.
@@ -40,6 +41,14 @@ def main():
         flat = {k: np.concatenate(v) if v else np.zeros(0) for k, v in seen.items()}
         np.savez(out / name, **flat)
 
+    def cut():
+        (out / f"{job}.state{rank}.json").write_text(json.dumps(loader.state_dict()))
+        save()
+        dist.barrier()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if stop_after == 0:
+        cut()
     for epoch in range(start, loader.epochs):
         loader.set_epoch(epoch)
         for b in loader:
@@ -50,10 +59,7 @@ def main():
             seen["images"].append(np.array(b.images))
             del b
             if len(seen["sizes"]) == stop_after:
-                (out / f"{job}.state{rank}.json").write_text(json.dumps(loader.state_dict()))
-                save()
-                dist.barrier()
-                os.kill(os.getpid(), signal.SIGKILL)
+                cut()
     save()
     loader.close()
     dist.destroy_process_group()

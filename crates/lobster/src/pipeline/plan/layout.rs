@@ -81,6 +81,11 @@ impl Layout {
 
     /// The same layout, resumed at `start_epoch` with `head` the rest of that epoch.
     pub(crate) fn resumed(mut self, start_epoch: u32, head: Option<Head>) -> Layout {
+        // A head with nothing left (the rest cut by drop_last) is a finished epoch.
+        let start_epoch = match &head {
+            Some(h) if h.per_rank == 0 => start_epoch.saturating_add(1),
+            _ => start_epoch,
+        };
         self.start_epoch = start_epoch.min(self.epochs);
         self.head = head.filter(|h| h.per_rank > 0 && self.start_epoch < self.epochs);
         self
@@ -274,5 +279,22 @@ mod tests {
             }
             assert_eq!(steps, (0..layout.steps()).collect::<Vec<_>>());
         }
+    }
+
+    /// A head that `drop_last` cut to nothing ends its epoch: the run starts at the next.
+    #[test]
+    fn an_empty_head_starts_the_run_at_the_next_epoch() {
+        let sampler = DistributedSampler::new(23, 4, true, crate::EpochOrder::Sequential)
+            .expect("a valid sampler");
+        let head = Head {
+            order: Vec::new().into(),
+            per_rank: 0,
+            first_iteration: 3,
+            epoch_world: 2,
+            consumed: 20,
+        };
+        let layout = Layout::of_node(sampler, 2, 0, 2, 3).resumed(1, Some(head));
+        assert_eq!((layout.start_epoch, layout.head.is_none()), (2, true));
+        assert_eq!(layout.steps(), layout.iterations() as u64);
     }
 }

@@ -132,6 +132,14 @@ fn a_resumed_loader_gives_the_uninterrupted_runs_batches_bit_for_bit() {
         assert_eq!(resumed.steps(), 21 - k as u64, "after {k}");
         let rest = take(&mut resumed, None);
         assert_eq!(rest, after(&full, k), "resumed after {k} batches");
+        // The steady state is measured after the resumed run's own first epoch.
+        let m = resumed.metrics();
+        assert_eq!(
+            m.steady_samples_per_second > 0.0,
+            k < 14,
+            "after {k}: steady {} (more than one epoch left: measured)",
+            m.steady_samples_per_second
+        );
         // Nothing delivered twice: the resumed run counts only its own batches.
         assert_eq!(
             resumed.metrics().samples,

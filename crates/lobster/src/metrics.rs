@@ -192,8 +192,9 @@ pub struct RunMetrics {
     pub epoch_seconds: Vec<f64>,
     /// `samples / elapsed_s`.
     pub samples_per_second: f64,
-    /// Samples per second after the first epoch (from its last batch taken to the last batch
-    /// taken): the steady state, without the cold cache's first pass. Zero with one epoch.
+    /// Samples per second after the run's first epoch (from its last batch taken to the last
+    /// batch taken): the steady state, without the cold cache's first pass (a resumed run's
+    /// first is the rest of the interrupted epoch). Zero with one epoch.
     pub steady_samples_per_second: f64,
     /// Time ranks waited for batches over the ranks' total time.
     pub stall_fraction: f64,
@@ -458,6 +459,8 @@ pub(crate) struct Collector {
     epoch_taken: Vec<(usize, Option<Instant>)>,
     /// Samples of every epoch after the first.
     steady_samples: u64,
+    /// The run's first epoch (a resumed run's may be past 0): its cold pass is not steady.
+    first_epoch: u32,
     skipped: u64,
     skipped_samples: Vec<SkippedSample>,
     /// Per epoch: skipped accesses and the first few (sample, cause).
@@ -465,7 +468,7 @@ pub(crate) struct Collector {
 }
 
 impl Collector {
-    pub(crate) fn new(ranks: usize, epochs: u32) -> Self {
+    pub(crate) fn new(ranks: usize, epochs: u32, first_epoch: u32) -> Self {
         let now = Instant::now();
         Self {
             ranks,
@@ -483,6 +486,7 @@ impl Collector {
             epoch_started: vec![None; epochs as usize],
             epoch_taken: vec![(0, None); epochs as usize],
             steady_samples: 0,
+            first_epoch,
             skipped: 0,
             skipped_samples: Vec::new(),
             epoch_skipped: vec![(0, Vec::new()); epochs as usize],
@@ -512,7 +516,7 @@ impl Collector {
         let now = Instant::now();
         self.last_taken = now;
         self.samples += samples as u64;
-        if m.epoch > 0 {
+        if m.epoch > self.first_epoch {
             self.steady_samples += samples as u64;
         }
         self.hits += u64::from(m.hits);
@@ -576,7 +580,7 @@ impl Collector {
         let rank_time_s = elapsed_s * self.ranks as f64;
         let steady_s = self
             .epoch_taken
-            .first()
+            .get(self.first_epoch as usize)
             .and_then(|e| e.1)
             .map_or(0.0, |end| (self.last_taken - end).as_secs_f64());
         RunMetrics {
@@ -672,7 +676,7 @@ mod tests {
 
     #[test]
     fn an_iteration_counts_once_every_rank_took_it() {
-        let mut c = Collector::new(2, 1);
+        let mut c = Collector::new(2, 1, 0);
         let m = |rank, load_s| IterationMetrics {
             rank,
             load_s,
@@ -687,7 +691,7 @@ mod tests {
 
     #[test]
     fn job_stall_counts_each_iterations_longest_wait() {
-        let mut c = Collector::new(2, 1);
+        let mut c = Collector::new(2, 1, 0);
         let m = |iteration, rank, stall_s| IterationMetrics {
             iteration,
             rank,

@@ -94,7 +94,11 @@ impl<T: Send + 'static> Pipeline<T> {
                 },
             ),
             progress: plan::progress::Progress::new(ranks),
-            collector: Mutex::new(Collector::new(ranks, ctx.layout.epochs)),
+            collector: Mutex::new(Collector::new(
+                ranks,
+                ctx.layout.epochs,
+                ctx.layout.start_epoch,
+            )),
             model: Mutex::new(CostModel::new()),
             failure: Mutex::new(None),
             on_error: config.on_error,

@@ -109,6 +109,7 @@ fn run_case(
             _ => panic!("mode {mode}: auto, cluster or local"),
         },
         batch_accesses_max: None,
+        ..ClusterConfig::default()
     };
     let (cpu0, wall0) = (thread_cpu(), Instant::now());
     let mut planner =
@@ -145,6 +146,7 @@ fn run_case(
         let config = ClusterConfig {
             mode: Some(Mode::Local),
             batch_accesses_max: None,
+            ..ClusterConfig::default()
         };
         let s = ClusterPlanner::with_config(layout, sizes, capacity, config)
             .expect("local plan")
@@ -193,6 +195,7 @@ fn run_margin(set: &str, nodes: usize, fraction: f64, margin: u64, ranks: usize,
     let config = ClusterConfig {
         mode: Some(Mode::Cluster),
         batch_accesses_max: None,
+        ..ClusterConfig::default()
     };
     let capacity = (dataset as f64 * fraction) as u64;
     let mut planner =

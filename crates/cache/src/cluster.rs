@@ -40,6 +40,20 @@
 //!   bytes of its distinct samples. [`cluster_optimum`](crate::cluster_optimum) finds both
 //!   optima by exhaustive search on small cases, and the tests compare.
 //!
+//! # Locality-aware assignment
+//! With [`Assign::Locality`] (cluster mode only) the global stream keeps its samples and their
+//! positions (so every next use is the same), but which node makes each access is decided at
+//! the start of each step from the holders at that moment. Each node makes exactly its ranks'
+//! batches' worth of the step. In stream order, the accesses nobody holds go first, one at a
+//! time, to the node with room that reads the fewest bytes from storage in the step so far
+//! (the step's storage reads spread over every node's link); then an access whose sample a
+//! node holds goes to that node while it has room; the rest (held by a node without room:
+//! remote hits) fill the remaining room. A node's accesses of a step are its
+//! ranks' batches in stream order ([`ClusterDecision::slot`]). The step's content and every
+//! rank's batch size are unchanged; which rank sees which sample is not the sampler's. The
+//! rule is a heuristic: it turns remote hits into local ones where that leaves the storage
+//! reads spread, but does not search the assignments.
+//!
 //! # Local mode
 //! Where `capacity_bytes * nodes^2 <= F` (`F` the bytes of the size table) the cluster gains
 //! little (per-node Belady already reads about the floor), so the plan is today's: each node
@@ -54,8 +68,12 @@
 //! The index over the global stream (as [`Planner`]'s: about 6 bytes per sample + 8 per access
 //! of its batch, by default one epoch, + 4 per access of an epoch), 2 bytes per sample of holder table, 1 bit per
 //! sample per node (each policy's cached bits), and each policy's heap (at most `1.25 *
-//! cached + 1024` entries of 16 bytes). [`ClusterPlanner::memory_bytes`] reports it.
+//! cached + 1024` entries of 16 bytes). Locality-aware assignment adds 4 bytes per access of
+//! an epoch (the epoch's stream, which it reads a step ahead) and 6 per access of a step.
+//! [`ClusterPlanner::memory_bytes`] reports it.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::fmt;
 use std::mem::size_of;
 use std::sync::Arc;
@@ -90,6 +108,9 @@ pub enum ClusterError {
     },
     /// The stream or the size table was refused by the cache planner.
     Cache(CacheError),
+    /// [`Assign::Locality`] with [`Mode::Local`]: the local plan runs each node's own stream
+    /// as the sampler splits it.
+    LocalityInLocalMode,
 }
 
 impl fmt::Display for ClusterError {
@@ -101,6 +122,11 @@ impl fmt::Display for ClusterError {
                 expected,
             } => write!(f, "cluster plan: {parameter} = {value}: must be {expected}"),
             ClusterError::Cache(e) => write!(f, "cluster plan: {e}"),
+            ClusterError::LocalityInLocalMode => write!(
+                f,
+                "cluster plan: locality-aware assignment needs cluster mode \
+                 (the local plan runs each node's stream as the sampler splits it)"
+            ),
         }
     }
 }
@@ -109,7 +135,7 @@ impl std::error::Error for ClusterError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ClusterError::Cache(e) => Some(e),
-            ClusterError::Shape { .. } => None,
+            ClusterError::Shape { .. } | ClusterError::LocalityInLocalMode => None,
         }
     }
 }
@@ -232,12 +258,34 @@ impl<O: StreamSource> ClusterLayout<O> {
             .min(self.per_rank - iteration * self.batch_size)
     }
 
-    /// The node making the access at `index` of an epoch of the global stream.
+    /// The node making the access at `index` of an epoch of the global stream, as the sampler
+    /// assigns it.
     pub fn node_at(&self, index: u64) -> u16 {
+        (self.within_step(index) % self.nodes as u64) as u16
+    }
+
+    /// The access's place among its node's accesses of its step (see
+    /// [`ClusterDecision::slot`]), as the sampler assigns it.
+    fn slot_at(&self, index: u64) -> u32 {
+        (self.within_step(index) / self.nodes as u64) as u32
+    }
+
+    /// The iteration, within its epoch, of the access at `index` of an epoch.
+    pub fn iteration_at(&self, index: u64) -> usize {
         let block = (self.nodes * self.ranks_per_node * self.batch_size) as u64;
-        let iteration = (index / block).min(self.iterations() as u64 - 1);
-        let within = index - iteration * block;
-        (within % self.nodes as u64) as u16
+        (index / block).min(self.iterations() as u64 - 1) as usize
+    }
+
+    fn within_step(&self, index: u64) -> u64 {
+        let block = (self.nodes * self.ranks_per_node * self.batch_size) as u64;
+        index - self.iteration_at(index) as u64 * block
+    }
+
+    /// The positions of an epoch's step `iteration`, within the epoch.
+    fn step_range(&self, iteration: usize) -> std::ops::Range<u64> {
+        let block = (self.nodes * self.ranks_per_node * self.batch_size) as u64;
+        let start = iteration as u64 * block;
+        start..start + (self.nodes * self.ranks_per_node * self.batch_len(iteration)) as u64
     }
 
     /// The step (iteration since the first epoch's first) of the access at `position` of the
@@ -349,6 +397,17 @@ impl Mode {
     }
 }
 
+/// Which node (and rank) makes each access of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Assign {
+    /// As the sampler splits each epoch's order (PyTorch's `DistributedSampler`).
+    #[default]
+    Sampler,
+    /// Within each step, a sample goes to a node that holds it (see the module docs). Cluster
+    /// mode only.
+    Locality,
+}
+
 /// Where an access's bytes come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Served {
@@ -369,6 +428,10 @@ pub struct ClusterDecision {
     pub epoch: u32,
     /// The node making the access.
     pub node: u16,
+    /// The access's place among the node's accesses of its step, in stream order: its local
+    /// rank is `slot / batch_len` and its place in that rank's batch `slot % batch_len`, where
+    /// `batch_len` is the step's batch size.
+    pub slot: u32,
     /// The sample accessed.
     pub sample: SampleId,
     /// Its size.
@@ -520,6 +583,125 @@ pub struct ClusterConfig {
     /// epoch in cluster mode; 2.5 per sample in local mode, where each node's index takes this
     /// divided by the nodes.
     pub batch_accesses_max: Option<usize>,
+    /// Which node makes each access. [`Assign::Locality`] needs cluster mode.
+    pub assign: Assign,
+}
+
+/// Locality-aware assignment's state: the epoch's stream and the current step's nodes.
+#[derive(Debug, Default)]
+struct Locality {
+    /// The epoch whose global stream `stream` holds.
+    epoch: Option<u32>,
+    stream: Vec<SampleId>,
+    /// Global position of the current step's first access; its `i`-th access is made by
+    /// `nodes[i]` at `slots[i]`.
+    step_start: u64,
+    nodes: Vec<u16>,
+    slots: Vec<u32>,
+    room: Vec<u32>,
+    /// Min-heap of (storage bytes in the step, tie rank, node) over the nodes with room.
+    by_storage: BinaryHeap<Reverse<(u64, u32, u16)>>,
+}
+
+impl Locality {
+    /// The node and slot of the access at global `position` (in `epoch`), its step assigned
+    /// first if it is not yet: from `holder` as it is before the step's first access.
+    fn at<O: StreamSource>(
+        &mut self,
+        layout: &ClusterLayout<O>,
+        epoch: u32,
+        position: u64,
+        holder: &[u16],
+        sizes: &[u32],
+    ) -> (u16, u32) {
+        let i = position.wrapping_sub(self.step_start);
+        if i >= self.nodes.len() as u64 {
+            let index = position % layout.epoch_accesses();
+            let iteration = layout.iteration_at(index);
+            let range = layout.step_range(iteration);
+            debug_assert_eq!(index, range.start, "a step is assigned at its first access");
+            self.step_start = position - (index - range.start);
+            self.assign(layout, epoch, iteration, range, holder, sizes);
+        }
+        let i = (position - self.step_start) as usize;
+        (self.nodes[i], self.slots[i])
+    }
+
+    fn assign<O: StreamSource>(
+        &mut self,
+        layout: &ClusterLayout<O>,
+        epoch: u32,
+        iteration: usize,
+        range: std::ops::Range<u64>,
+        holder: &[u16],
+        sizes: &[u32],
+    ) {
+        if self.epoch != Some(epoch) {
+            self.stream.clear();
+            layout.fill(epoch, None, &mut self.stream);
+            self.epoch = Some(epoch);
+        }
+        let step = &self.stream[range.start as usize..range.end as usize];
+        let nodes = layout.nodes;
+        let quota = (layout.ranks_per_node * layout.batch_len(iteration)) as u32;
+        self.room.clear();
+        self.room.resize(nodes, quota);
+        self.nodes.clear();
+        self.nodes.resize(step.len(), NONE);
+        // What nobody holds (storage reads) first, each to the node with room reading the
+        // fewest bytes of the step so far, so that every node's link carries its share; ties
+        // go first to a node that rotates with the step, so no node is always first.
+        self.by_storage.clear();
+        let first = iteration % nodes;
+        for n in 0..nodes {
+            let rank = ((n + nodes - first) % nodes) as u32;
+            self.by_storage.push(Reverse((0, rank, n as u16)));
+        }
+        for (j, &s) in step.iter().enumerate() {
+            if holder[s as usize] != NONE {
+                continue;
+            }
+            let Reverse((bytes, rank, n)) = self.by_storage.pop().expect("room for every access");
+            self.nodes[j] = n;
+            let room = &mut self.room[usize::from(n)];
+            *room -= 1;
+            if *room > 0 {
+                let bytes = bytes + u64::from(sizes[s as usize]);
+                self.by_storage.push(Reverse((bytes, rank, n)));
+            }
+        }
+        // Then what a node holds, to that node while it has room: a local hit.
+        for (j, &s) in step.iter().enumerate() {
+            let h = holder[s as usize];
+            if h != NONE && self.room[usize::from(h)] > 0 {
+                self.nodes[j] = h;
+                self.room[usize::from(h)] -= 1;
+            }
+        }
+        // The rest are held by a node without room (remote hits): any room left.
+        let mut n = 0;
+        for node in self.nodes.iter_mut().filter(|n| **n == NONE) {
+            while self.room[n] == 0 {
+                n += 1;
+            }
+            *node = n as u16;
+            self.room[n] -= 1;
+        }
+        // A node's accesses, in stream order, are its ranks' batches one after another.
+        self.room.fill(0);
+        self.slots.clear();
+        for &n in &self.nodes {
+            self.slots.push(self.room[usize::from(n)]);
+            self.room[usize::from(n)] += 1;
+        }
+    }
+
+    fn memory_bytes(&self) -> usize {
+        self.stream.capacity() * size_of::<SampleId>()
+            + self.nodes.capacity() * size_of::<u16>()
+            + (self.slots.capacity() + self.room.capacity()) * size_of::<u32>()
+            + self.by_storage.capacity() * size_of::<Reverse<(u64, u32, u16)>>()
+    }
 }
 
 #[derive(Debug)]
@@ -531,6 +713,7 @@ enum Engine<O> {
         holder: Vec<u16>,
         scratch: Vec<SampleId>,
         until_warm: usize,
+        locality: Option<Box<Locality>>,
     },
     Local {
         planners: Vec<Planner<ClusterView<O>>>,
@@ -587,9 +770,16 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
         }
         let nodes = layout.nodes();
         let dataset_bytes: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
-        let mode = config
-            .mode
-            .unwrap_or_else(|| Mode::auto(dataset_bytes, nodes, capacity_bytes));
+        let mode = match config.assign {
+            Assign::Sampler => config
+                .mode
+                .unwrap_or_else(|| Mode::auto(dataset_bytes, nodes, capacity_bytes)),
+            // Only the cluster plan knows every node's holdings.
+            Assign::Locality => match config.mode {
+                Some(Mode::Local) => return Err(ClusterError::LocalityInLocalMode),
+                _ => Mode::Cluster,
+            },
+        };
         let batch = config.batch_accesses_max.unwrap_or(match mode {
             // Every sample of a shuffled global epoch comes back in the next one, so a batch of
             // one epoch finds every next use in the near look-ahead.
@@ -605,6 +795,7 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
                 holder: vec![NONE; n],
                 scratch: Vec::new(),
                 until_warm: 0,
+                locality: (config.assign == Assign::Locality).then(Box::default),
             },
             Mode::Local => {
                 let planner_config = PlannerConfig {
@@ -679,6 +870,7 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
                 holder,
                 scratch,
                 until_warm,
+                locality,
             } => {
                 if *until_warm == 0 {
                     // Load the holder and size entries of the group after next all at once, so
@@ -698,7 +890,13 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
                 let Some(a) = index.next_access()? else {
                     return Ok(None);
                 };
-                let node = self.layout.node_at(a.position % epoch_accesses);
+                let (node, slot) = match locality {
+                    Some(l) => l.at(&self.layout, a.epoch, a.position, holder, &self.sizes),
+                    None => {
+                        let index = a.position % epoch_accesses;
+                        (self.layout.node_at(index), self.layout.slot_at(index))
+                    }
+                };
                 let s = a.sample;
                 let h = holder[s as usize];
                 scratch.clear();
@@ -723,6 +921,7 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
                     position: a.position,
                     epoch: a.epoch,
                     node,
+                    slot,
                     sample: s,
                     size_bytes: self.sizes[s as usize],
                     served,
@@ -742,6 +941,7 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
                 let p = *position;
                 *position += 1;
                 let node = self.layout.node_at(p % epoch_accesses);
+                let slot = self.layout.slot_at(p % epoch_accesses);
                 let a = usize::from(node);
                 let d = planners[a]
                     .next(scratch)?
@@ -771,6 +971,7 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
                     position: p,
                     epoch: d.epoch,
                     node,
+                    slot,
                     sample: s,
                     size_bytes: d.size_bytes,
                     served,
@@ -826,9 +1027,11 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
                 policies,
                 holder,
                 scratch,
+                locality,
                 ..
             } => {
-                index.memory_bytes()
+                locality.as_ref().map_or(0, |l| l.memory_bytes())
+                    + index.memory_bytes()
                     + policies.iter().map(|p| p.memory_bytes()).sum::<usize>()
                     + policies.capacity() * size_of::<ReusePolicy>()
                     + holder.capacity() * size_of::<u16>()
@@ -913,7 +1116,7 @@ mod tests {
                     .unwrap();
             let config = ClusterConfig {
                 mode: Some(mode),
-                batch_accesses_max: None,
+                ..ClusterConfig::default()
             };
             let sizes: Arc<[u32]> = vec![1; 3].into();
             let mut planner = ClusterPlanner::with_config(layout, sizes, 1, config).unwrap();
@@ -931,6 +1134,8 @@ mod tests {
         assert_eq!(layout.epoch_accesses(), 12);
         let nodes: Vec<u16> = (0..12).map(|i| layout.node_at(i)).collect();
         assert_eq!(nodes, [0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2]);
+        let slots: Vec<u32> = (0..12).map(|i| layout.slot_at(i)).collect();
+        assert_eq!(slots, [0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1]);
         let steps: Vec<u64> = (0..14).map(|p| layout.step_at(p)).collect();
         assert_eq!(steps, [0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2]);
         let mut ids = Vec::new();
@@ -952,7 +1157,7 @@ mod tests {
         let run = |mode| {
             let config = ClusterConfig {
                 mode: Some(mode),
-                batch_accesses_max: None,
+                ..ClusterConfig::default()
             };
             ClusterPlanner::with_config(layout.clone(), sizes.clone(), capacity, config)
                 .unwrap()
@@ -972,5 +1177,152 @@ mod tests {
             assert!(local.epoch(e).storage_bytes as f64 > 1.3 * floor as f64);
         }
         assert_eq!(cluster.epoch(0).storage_bytes, total);
+    }
+
+    fn locality(mode: Option<Mode>) -> ClusterConfig {
+        ClusterConfig {
+            mode,
+            assign: Assign::Locality,
+            ..ClusterConfig::default()
+        }
+    }
+
+    /// Checks one step's decisions against the rule, from the holders before its first access.
+    fn check_step(step: &[ClusterDecision], before: &[u16], nodes: usize, ranks: usize) {
+        let quota = (step.len() / (nodes * ranks) * ranks) as u32;
+        assert_eq!(
+            step.len() as u32,
+            quota * nodes as u32,
+            "every node makes its share"
+        );
+        // Storage reads are placed first; a held sample then goes to its holder while the
+        // holder has room.
+        let mut room = vec![quota; nodes];
+        for d in step.iter().filter(|d| before[d.sample as usize] == NONE) {
+            room[usize::from(d.node)] -= 1;
+        }
+        let mut slots = vec![0u32; nodes];
+        for d in step {
+            let n = usize::from(d.node);
+            assert_eq!(d.slot, slots[n], "a node's slots follow the stream");
+            slots[n] += 1;
+            let h = before[d.sample as usize];
+            if h != NONE && room[usize::from(h)] > 0 {
+                assert_eq!(
+                    d.node, h,
+                    "sample {} at {}: to its holder",
+                    d.sample, d.position
+                );
+                room[usize::from(h)] -= 1;
+            }
+        }
+        assert!(slots.iter().all(|&s| s == quota), "{slots:?} of {quota}");
+    }
+
+    #[test]
+    fn locality_gives_each_step_to_its_holders_and_keeps_the_stream() {
+        for (n, nodes, ranks, batch, frac, seed) in [
+            (400u32, 4, 2, 4, 0.2, 1u64),
+            (401, 3, 2, 5, 0.3, 2),
+            (97, 2, 3, 4, 0.5, 3),
+            (50, 5, 1, 3, 0.25, 4),
+        ] {
+            let sizes: Arc<[u32]> = lognormal_sizes(n as usize, 1000.0, 0.5, seed).into();
+            let total: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
+            let layout =
+                ClusterLayout::new(shuffled(n, 3, seed), n as usize, nodes, ranks, batch).unwrap();
+            let capacity = (total as f64 * frac) as u64;
+            let mut planner =
+                ClusterPlanner::with_config(layout.clone(), sizes, capacity, locality(None))
+                    .unwrap();
+            assert_eq!(planner.mode(), Mode::Cluster);
+            let mut stream = Vec::new();
+            for e in 0..3 {
+                layout.global().fill_epoch(e, &mut stream);
+            }
+            let (mut holder, mut before) = (vec![NONE; n as usize], vec![NONE; n as usize]);
+            let (mut step, mut evicted, mut local) = (Vec::new(), Vec::new(), 0);
+            while let Some(d) = planner.next(&mut evicted).unwrap() {
+                assert_eq!(
+                    d.sample, stream[d.position as usize],
+                    "the stream is the sampler's"
+                );
+                if step.last().is_some_and(|p: &ClusterDecision| {
+                    layout.step_at(p.position) != layout.step_at(d.position)
+                }) {
+                    check_step(&step, &before, nodes, ranks);
+                    step.clear();
+                }
+                if step.is_empty() {
+                    before.clone_from(&holder);
+                }
+                let h = holder[d.sample as usize];
+                let want = match h {
+                    NONE => Served::Storage,
+                    h if h == d.node => Served::Local,
+                    h => Served::Remote(h),
+                };
+                assert_eq!(d.served, want, "at {}", d.position);
+                local += u64::from(d.served == Served::Local);
+                for &(e, _) in &evicted {
+                    holder[e as usize] = NONE;
+                }
+                holder[d.sample as usize] = d.kept_at.unwrap_or(NONE);
+                step.push(d);
+            }
+            check_step(&step, &before, nodes, ranks);
+            assert_eq!(stream.len(), step[0].position as usize + step.len());
+            assert!(local > 0, "{n} samples: some local hits");
+        }
+    }
+
+    #[test]
+    fn locality_turns_remote_hits_local_and_keeps_the_floor() {
+        let n = 4000;
+        let sizes: Arc<[u32]> = lognormal_sizes(n as usize, 110_000.0, 0.5, 5).into();
+        let total: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
+        let layout = ClusterLayout::new(shuffled(n, 4, 9), n as usize, 4, 2, 8).unwrap();
+        let capacity = total / 5;
+        let run = |config| {
+            ClusterPlanner::with_config(layout.clone(), sizes.clone(), capacity, config)
+                .unwrap()
+                .run_to_end()
+                .unwrap()
+        };
+        let sampler = run(ClusterConfig::default());
+        let near = run(locality(None));
+        let floor = near.floor_bytes_per_epoch();
+        for e in 1..4 {
+            let (s, l) = (sampler.epoch(e), near.epoch(e));
+            assert!(l.storage_bytes >= floor && (l.storage_bytes as f64) < 1.1 * floor as f64);
+            assert!(
+                l.local_hits > 3 * s.local_hits,
+                "epoch {e}: {} local hits against the sampler's {}",
+                l.local_hits,
+                s.local_hits
+            );
+            let per_node: Vec<u64> = (0..4).map(|a| near.of(e, a).storage_bytes).collect();
+            let (lo, hi) = (
+                per_node.iter().min().unwrap(),
+                per_node.iter().max().unwrap(),
+            );
+            assert!(
+                (*hi as f64) < 1.1 * *lo as f64,
+                "epoch {e}: storage per node {per_node:?}"
+            );
+        }
+        assert_eq!(near.epoch(0).storage_bytes, total);
+    }
+
+    #[test]
+    fn locality_needs_cluster_mode() {
+        let layout = ClusterLayout::new(shuffled(10, 1, 1), 10, 2, 1, 2).unwrap();
+        let sizes: Arc<[u32]> = vec![10; 10].into();
+        match ClusterPlanner::with_config(layout, sizes, 1, locality(Some(Mode::Local))) {
+            Err(e @ ClusterError::LocalityInLocalMode) => {
+                assert!(e.to_string().contains("cluster mode"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -314,6 +314,7 @@ fn run_checked(case: &ClusterCase, mode: Mode, batch: usize) -> (Vec<Step>, u64)
     let config = ClusterConfig {
         mode: Some(mode),
         batch_accesses_max: Some(batch),
+        ..ClusterConfig::default()
     };
     let mut planner =
         ClusterPlanner::with_config(layout.clone(), sizes, case.capacity_bytes, config).unwrap();

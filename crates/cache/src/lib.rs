@@ -56,8 +56,8 @@ pub mod trace;
 mod check;
 
 pub use cluster::{
-    ClusterConfig, ClusterCounts, ClusterDecision, ClusterError, ClusterLayout, ClusterPlanner,
-    ClusterStats, ClusterView, Mode, Served,
+    Assign, ClusterConfig, ClusterCounts, ClusterDecision, ClusterError, ClusterLayout,
+    ClusterPlanner, ClusterStats, ClusterView, Mode, Served,
 };
 pub use error::{CacheError, StoreError, TraceError};
 pub use forms::{

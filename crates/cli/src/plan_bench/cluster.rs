@@ -153,6 +153,7 @@ pub fn run_case(case: &Case) -> Result<Report> {
             ModeChoice::Local => Some(Mode::Local),
         },
         batch_accesses_max: None,
+        ..ClusterConfig::default()
     };
 
     let (cpu0, wall0) = (thread_cpu()?, Instant::now());

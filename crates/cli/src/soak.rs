@@ -205,6 +205,7 @@ fn soak(args: &SoakArgs, strategy: Strategy, dataset: &Arc<Dataset>) -> Result<S
             batch_size: args.batch_size,
             epochs: args.epochs,
             drop_last: false,
+            ..JobConfig::default()
         },
         budgets: BudgetConfig {
             io_depth: 4 * args.ranks_per_node,

@@ -220,6 +220,44 @@ pub struct JobConfig {
     pub epochs: u32,
     /// Drop the tail of each epoch instead of padding (PyTorch's `drop_last`).
     pub drop_last: bool,
+    /// Which rank of a step (global batch) gets which of its samples.
+    pub assign: Assign,
+}
+
+/// Which rank of a step (global batch) gets which of its samples.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Assign {
+    /// As PyTorch's `DistributedSampler` splits each epoch's order: every rank's samples are
+    /// the ones a PyTorch job's rank would get.
+    #[default]
+    Sampler,
+    /// Locality-aware (Yang and Cong, HiPC '19), under the cluster plan only: within each
+    /// step, a sample goes to a rank of a node whose cache holds it, once the step's storage
+    /// reads are spread over the nodes (see `lobster_cache::cluster`). The step's samples and
+    /// every rank's batch size are unchanged; which rank sees which sample is not PyTorch's.
+    Locality,
+}
+
+impl fmt::Display for Assign {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Assign::Sampler => "sampler",
+            Assign::Locality => "locality",
+        })
+    }
+}
+
+impl FromStr for Assign {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "sampler" => Ok(Assign::Sampler),
+            "locality" => Ok(Assign::Locality),
+            other => Err(Error::invalid("assign", other, "sampler or locality")),
+        }
+    }
 }
 
 impl Default for JobConfig {
@@ -231,6 +269,7 @@ impl Default for JobConfig {
             batch_size: 32,
             epochs: 1,
             drop_last: false,
+            assign: Assign::Sampler,
         }
     }
 }

@@ -100,7 +100,7 @@ pub fn fuzz_check_loader_state(data: &[u8]) {
 
 pub use batch::{Batch, Sample};
 pub use config::{
-    BudgetConfig, CacheConfig, CachePolicy, Execution, IoOrder, JobConfig, LoaderConfig,
+    Assign, BudgetConfig, CacheConfig, CachePolicy, Execution, IoOrder, JobConfig, LoaderConfig,
     PeerPlanChoice, PipelineThreads, ReadConfig, ResidentReads, SampleLimits, Schedule,
 };
 pub use dataset::{

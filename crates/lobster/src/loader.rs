@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use crate::batch::Batch;
 use crate::config::{
-    CachePolicy, Execution, IoOrder, LoaderConfig, PeerPlanChoice, PipelineThreads, Schedule,
+    Assign, CachePolicy, Execution, IoOrder, LoaderConfig, PeerPlanChoice, PipelineThreads,
+    Schedule,
 };
 use crate::dataset::{Dataset, SampleMeta};
 use crate::emulate::StorageEmulation;
@@ -162,6 +163,9 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         epochs => job.epochs: u32,
         /// Drop each epoch's tail instead of padding it.
         drop_last => job.drop_last: bool,
+        /// Which rank of a step gets which of its samples: the sampler's (the default) or
+        /// locality-aware under the cluster plan (see [`Assign`](crate::Assign)).
+        assign => job.assign: Assign,
         /// Reads in flight the node's ranks share.
         io_depth => budgets.io_depth: usize,
         /// Decode threads the node's ranks share (0: the machine's cores, at least one per
@@ -376,6 +380,16 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             }
             None => (None, Mode::because(PeerPlanKind::Node, "no peers")),
         };
+        let assign = match (config.job.assign, &peer_plan) {
+            (Assign::Locality, Mode { mode, reason }) if *mode != PeerPlanKind::Cluster => {
+                let why = reason.as_deref().unwrap_or("each node's own plan");
+                Mode::because(
+                    Assign::Sampler,
+                    format!("locality-aware assignment needs the cluster plan: {why}"),
+                )
+            }
+            (chosen, _) => Mode::chosen(chosen),
+        };
         let read_ahead_bytes = peers.as_ref().map_or(0, |p| p.read_ahead_bytes);
         let pool = config
             .execution
@@ -426,6 +440,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             window_bytes,
             cache_forms,
             peer_plan,
+            assign,
             fingerprint,
         })
     }
@@ -590,6 +605,7 @@ fn peers(
             transport,
             plan,
             cluster: false,
+            locality: false,
             read_ahead_bytes: 0,
             served: Arc::default(),
             counters: pipeline::PeerCounters::default(),
@@ -601,6 +617,7 @@ fn peers(
         transport,
         plan: crate::pipeline::PeerPlan::empty(),
         cluster: true,
+        locality: config.job.assign == Assign::Locality,
         read_ahead_bytes: crate::pipeline::read_ahead_budget_bytes(
             sizes.map_or(0, |s| s.iter().map(|&b| u64::from(b)).sum()),
             config.job.nodes,
@@ -783,6 +800,8 @@ pub struct Loader<T> {
     cache_forms: Mode<CacheForms>,
     /// How the nodes' caches are planned, as the metrics report it.
     peer_plan: Mode<PeerPlanKind>,
+    /// Which rank of a step gets which sample, as the metrics report it.
+    assign: Mode<Assign>,
     /// What a saved state must share with a loader it resumes.
     fingerprint: JobFingerprint,
 }
@@ -892,6 +911,7 @@ impl<T> Loader<T> {
             m.remote_hit_bytes = count(&c.hit_bytes);
         }
         m.peer_plan = self.peer_plan.clone();
+        m.assign = self.assign.clone();
         if let Some(plan) = pipeline::lock(&shared.cluster_plan).clone() {
             m.peer_planned_accesses = plan.epochs.iter().map(|e| e.remote_hits).sum();
             m.cluster_plan = Some(plan);

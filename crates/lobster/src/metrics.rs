@@ -277,6 +277,10 @@ pub struct RunMetrics {
     /// How the nodes' caches were planned: `cluster` (one plan for the job's caches) or
     /// `node` (each node's own), and why.
     pub peer_plan: Mode<PeerPlanKind>,
+    /// Which rank of a step got which of its samples: `sampler` (PyTorch's split) or
+    /// `locality` (to the nodes holding them, under the cluster plan), and why not locality
+    /// where it was asked for.
+    pub assign: Mode<crate::config::Assign>,
     /// This node's share of the cluster plan (under it).
     pub cluster_plan: Option<ClusterPlanMetrics>,
     /// What the cache kept of samples, and why encoded where a decoded tier was not
@@ -640,6 +644,7 @@ impl Collector {
             storage_reads_by_epoch: Vec::new(),
             storage_bytes_by_epoch: Vec::new(),
             peer_plan: Mode::default(),
+            assign: Mode::default(),
             cluster_plan: None,
             read_retries: 0,
             reads_recovered: 0,

@@ -89,7 +89,8 @@ struct Run {
 
 /// Loader(data, batch_size, *, epochs=1, seed=0, drop_last=False, transform="train",
 ///        image_size=224, channels_first=False, on_error="fail", max_failures=None,
-///        decode=None, cache=Cache(), budgets=Budgets(), launch=Launch(), limits=Limits())
+///        decode=None, assign="sampler", cache=Cache(), budgets=Budgets(), launch=Launch(),
+///        limits=Limits())
 ///
 /// One rank's batches of the image folder (or packed dataset) `data`: `len(loader)`
 /// batches an epoch, `epochs` epochs, in `DistributedSampler(shuffle=True, seed=seed)`
@@ -112,7 +113,10 @@ struct Run {
 /// process is a node of one rank (as in `lobster run --mpi`) whose loader fetches planned
 /// misses from its peers' caches: building a Loader is then collective (every process
 /// builds its loaders in the same order, with the same settings), and nodes must stay in
-/// lock-step (DDP's all-reduce, or `step_barrier()`). Under a launcher of several processes
+/// lock-step (DDP's all-reduce, or `step_barrier()`). There, `assign="locality"` gives each
+/// step's samples to the processes whose caches hold them where the nodes' caches are
+/// planned as one (every step's samples and batch sizes unchanged; `metrics()["assign"]`
+/// says which ran and why). Under a launcher of several processes
 /// that it cannot join, a loader runs without peers and says so once (a RuntimeWarning).
 /// `help(lobster_io.Cache)` and the others say what each field does.
 #[pyclass(frozen, module = "lobster_io")]
@@ -159,6 +163,7 @@ struct Settings {
     decoded_max_side: Option<u32>,
     output: Output,
     drop_last: bool,
+    assign: lobster_io::Assign,
     errors: lobster_io::OnError,
     decode_threads: usize,
     io_depth: usize,
@@ -190,6 +195,7 @@ impl Settings {
                 batch_size: self.batch_size,
                 epochs: self.epochs,
                 drop_last: self.drop_last,
+                assign: self.assign,
             },
             cache: CacheConfig {
                 // A cache of nothing is no cache, whatever the policy.
@@ -669,7 +675,8 @@ impl Loader {
     #[pyo3(signature = (
         data, batch_size, *, epochs = 1, seed = 0, drop_last = false, transform = "train",
         image_size = 224, channels_first = false, on_error = "fail", max_failures = None,
-        decode = None, cache = None, budgets = None, launch = None, limits = None, **moved
+        decode = None, assign = "sampler", cache = None, budgets = None, launch = None,
+        limits = None, **moved
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -685,6 +692,7 @@ impl Loader {
         on_error: &str,
         max_failures: Option<f64>,
         decode: Option<Py<PyAny>>,
+        assign: &str,
         cache: Option<Bound<'_, PyAny>>,
         budgets: Option<Bound<'_, PyAny>>,
         launch: Option<Bound<'_, PyAny>>,
@@ -719,6 +727,7 @@ impl Loader {
             decoded_max_side: cache.decoded_max_side,
             output: params::output(transform, image_size, decode.is_some())?,
             drop_last,
+            assign: params::assign(assign)?,
             errors: params::on_error_rule(on_error, max_failures)?,
             decode_threads: budgets.decode_threads,
             io_depth: budgets.io_depth,
@@ -1017,6 +1026,8 @@ impl Loader {
             m.peer_plan.reason.clone(),
         )?;
         dict.set_item("peer_plan", plan)?;
+        let a = &m.assign;
+        dict.set_item("assign", mode(a.mode.to_string(), a.reason.clone())?)?;
         dict.set_item("hits_encoded", m.hits_encoded)?;
         dict.set_item("hits_decoded", m.hits_decoded)?;
         dict.set_item("decoded_hits_served", m.decoded_hits_served)?;

@@ -70,6 +70,15 @@ pub(crate) fn cache_policy(name: &str) -> PyResult<CachePolicy> {
     }
 }
 
+/// `assign`: which rank of a step gets which of its samples.
+pub(crate) fn assign(name: &str) -> PyResult<lobster_io::Assign> {
+    name.parse().map_err(|_| {
+        PyValueError::new_err(format!(
+            "assign = {name:?}: one of \"sampler\", \"locality\""
+        ))
+    })
+}
+
 /// `cache_forms`: `None` leaves the loader's default (auto for transformed images).
 pub(crate) fn cache_forms(name: Option<&str>) -> PyResult<Option<lobster_io::FormChoice>> {
     name.map(|n| {

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use lobster_io::uring::Backend;
 use lobster_io::{
-    BudgetConfig, CacheConfig, FailureBudget, FaultInjection, IoOrder, JobConfig, LoaderConfig,
-    OnError, PipelineThreads, ReadConfig, Schedule, StorageEmulation,
+    Assign, BudgetConfig, CacheConfig, FailureBudget, FaultInjection, IoOrder, JobConfig,
+    LoaderConfig, OnError, PipelineThreads, ReadConfig, Schedule, StorageEmulation,
 };
 use serde::Serialize;
 
@@ -186,6 +186,13 @@ pub struct RunArgs {
     /// each node's own, for comparison. Best with `--decoder raw` on few cores.
     #[arg(help_heading = "Job", long, conflicts_with = "mpi")]
     pub cluster: bool,
+    /// Which rank of a step (global batch) gets which of its samples: `sampler` (PyTorch's
+    /// DistributedSampler split) or `locality` (with --cluster or --mpi, under the cluster
+    /// plan: a sample goes to a rank of a node whose cache holds it; every step's samples and
+    /// every rank's batch size unchanged). The JSON's `assign` says which ran, and why not
+    /// locality where the cluster plan was not used.
+    #[arg(help_heading = "Job", long, value_enum, default_value_t = AssignArg::Sampler)]
+    pub assign: AssignArg,
     /// Every rank takes this many batches of this run, then the run stops cleanly (counted
     /// from where it starts: a resumed run stops K batches after its state).
     #[arg(help_heading = "Resume", long)]
@@ -306,6 +313,16 @@ pub enum IoOrderArg {
     Shares,
 }
 
+/// Which rank of a step gets which sample, as the CLI spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AssignArg {
+    /// PyTorch's DistributedSampler split.
+    Sampler,
+    /// To the nodes holding the samples, under the cluster plan.
+    Locality,
+}
+
 /// The skip budget when --max-failures is not given.
 pub(crate) const DEFAULT_MAX_FAILURES: FailureBudget = FailureBudget::Fraction(0.01);
 
@@ -365,6 +382,9 @@ impl RunArgs {
         }
         if self.cluster && self.nodes < 2 {
             bail!("--cluster needs --nodes 2 or more, got {}", self.nodes);
+        }
+        if self.assign == AssignArg::Locality && !(self.cluster || self.mpi) {
+            bail!("--assign locality needs peers' caches: add --cluster or --mpi");
         }
         if self.stop_after_iterations == Some(0) {
             bail!("--stop-after-iterations 0: allowed 1 or more");
@@ -453,6 +473,10 @@ impl RunArgs {
                 batch_size: self.batch_size,
                 epochs: self.epochs,
                 drop_last: false,
+                assign: match self.assign {
+                    AssignArg::Sampler => Assign::Sampler,
+                    AssignArg::Locality => Assign::Locality,
+                },
             },
             cache: CacheConfig {
                 forms: self.cache_forms.map(CacheFormsArg::choice),

@@ -103,6 +103,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         net_latency_us: args.net_latency_us,
         backend: args.backend,
         io_order: args.io_order,
+        assign: args.assign,
         cache_forms: args.cache_forms,
         decoded_max_side: args.decoded_max_side,
         direct: args.direct,

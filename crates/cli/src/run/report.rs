@@ -8,7 +8,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use lobster_io::{AllocationRecord, RunMetrics};
 use serde::Serialize;
 
-use super::args::{BackendArg, CacheFormsArg, IoOrderArg, OnErrorArg, RanksAs, ScheduleArg};
+use super::args::{
+    AssignArg, BackendArg, CacheFormsArg, IoOrderArg, OnErrorArg, RanksAs, ScheduleArg,
+};
 use super::decode::{Decoder, TransformArg};
 use super::strategy::Strategy;
 
@@ -43,6 +45,9 @@ pub(crate) struct RunConfig {
     pub net_latency_us: u64,
     pub backend: BackendArg,
     pub io_order: IoOrderArg,
+    /// Which rank of a step gets which sample, as asked (each strategy's `assign` says what
+    /// ran).
+    pub assign: AssignArg,
     pub cache_forms: Option<CacheFormsArg>,
     pub decoded_max_side: Option<u32>,
     pub direct: bool,
@@ -423,7 +428,7 @@ pub(crate) fn print_cluster(nodes: &[serde_json::Value], config: &RunConfig) {
         config.cache_bytes as f64 / 1e6
     );
     println!(
-        "{:>20} {:>10} {:>14} {:>10} {:>8} {:>8} {:>8} {:>12} {:>10} {:>12}",
+        "{:>20} {:>12} {:>14} {:>10} {:>8} {:>8} {:>8} {:>12} {:>10} {:>12}",
         "strategy",
         "plan",
         "storage MB/ep",
@@ -438,9 +443,15 @@ pub(crate) fn print_cluster(nodes: &[serde_json::Value], config: &RunConfig) {
     let strategies = nodes.first().and_then(|n| n.as_array()).map_or(0, Vec::len);
     for p in 0..strategies {
         let figures = job_figures(nodes, p);
-        let plan = nodes[0][p]["peer_plan"]["mode"].as_str().unwrap_or("?");
+        let mut plan = nodes[0][p]["peer_plan"]["mode"]
+            .as_str()
+            .unwrap_or("?")
+            .to_owned();
+        if nodes[0][p]["assign"]["mode"].as_str() == Some("locality") {
+            plan.push_str(",loc");
+        }
         println!(
-            "{:>20} {plan:>10} {:>14.1} {:>10} {:>8.3} {:>8.3} {:>8.3} {:>12.1} {:>10.0} {:>12.0}",
+            "{:>20} {plan:>12} {:>14.1} {:>10} {:>8.3} {:>8.3} {:>8.3} {:>12.1} {:>10.0} {:>12.0}",
             nodes[0][p]["strategy"].as_str().unwrap_or("?"),
             figures.steady_storage_bytes_per_epoch / 1e6,
             if floor > 0 {

@@ -95,6 +95,7 @@ class Loader:
         on_error: str = "fail",
         max_failures: Optional[float] = None,
         decode: Optional[Callable[[bytes], Any]] = None,
+        assign: str = "sampler",
         cache: Optional[Cache] = None,
         budgets: Optional[Budgets] = None,
         launch: Optional[Launch] = None,

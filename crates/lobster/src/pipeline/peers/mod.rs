@@ -25,6 +25,9 @@ pub(crate) struct Peers {
     pub(crate) plan: PeerPlan,
     /// The nodes' caches are planned as one (see `lobster_cache::cluster`).
     pub(crate) cluster: bool,
+    /// Under the cluster plan: each step's samples go to the ranks of the nodes that hold
+    /// them (`lobster_cache::Assign::Locality`).
+    pub(crate) locality: bool,
     /// Under the cluster plan: the storage bytes the planner may read ahead of the prefetch
     /// distance (the pool holds them on top of its window).
     pub(crate) read_ahead_bytes: u64,

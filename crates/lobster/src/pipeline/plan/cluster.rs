@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use lobster_cache::{
-    ClusterConfig, ClusterCounts, ClusterDecision, ClusterLayout, ClusterPlanner, Mode,
+    Assign, ClusterConfig, ClusterCounts, ClusterDecision, ClusterLayout, ClusterPlanner, Mode,
 };
 
 use crate::error::Error;
@@ -22,6 +22,7 @@ pub(crate) struct NodeShare {
     evicted: Vec<(u32, u16)>,
     /// Accesses of other nodes this node's cache is planned to serve.
     serves_planned: u64,
+    locality: bool,
 }
 
 impl std::fmt::Debug for NodeShare {
@@ -54,16 +55,22 @@ pub(crate) fn cluster_layout(
 }
 
 impl NodeShare {
-    /// Node `node`'s share of the plan of `nodes` nodes each caching `capacity_bytes`.
+    /// Node `node`'s share of the plan of `nodes` nodes each caching `capacity_bytes`; with
+    /// `locality`, each step's samples go to the nodes that hold them.
     pub(crate) fn new(
         layout: &Layout,
-        nodes: usize,
-        node: usize,
+        (nodes, node): (usize, usize),
         sizes: Arc<[u32]>,
         capacity_bytes: u64,
+        locality: bool,
     ) -> Result<NodeShare, Error> {
         let config = ClusterConfig {
             mode: Some(Mode::Cluster),
+            assign: if locality {
+                Assign::Locality
+            } else {
+                Assign::Sampler
+            },
             ..ClusterConfig::default()
         };
         let planner = ClusterPlanner::with_config(
@@ -78,6 +85,7 @@ impl NodeShare {
             node: u16::try_from(node).map_err(|_| Error::invalid("node", node, "below 65535"))?,
             evicted: Vec::new(),
             serves_planned: 0,
+            locality,
         })
     }
 
@@ -110,6 +118,17 @@ impl NodeShare {
                 self.serves_planned += 1;
             }
         }
+    }
+
+    /// The iteration (within its epoch) of this node's access `d`.
+    pub(crate) fn iteration_of(&self, d: &ClusterDecision) -> usize {
+        let layout = self.planner.layout();
+        layout.iteration_at(d.position % layout.epoch_accesses())
+    }
+
+    /// Whether this node's accesses are the plan's (locality) rather than the sampler's.
+    pub(crate) fn assigns(&self) -> bool {
+        self.locality
     }
 
     /// This node.

@@ -43,6 +43,10 @@ enum Decider {
 
 /// One access's cache decision: what it finds and keeps, and the peer planned to serve it.
 struct Decided {
+    sample: u32,
+    /// Under locality-aware assignment: the access's iteration and its slot among this node's
+    /// accesses of that step (local rank `slot / batch_len`, position `slot % batch_len`).
+    placed: Option<(usize, usize)>,
     cached: Cached,
     landing: Arc<AccessLanding>,
     /// Under the cluster plan, the peer whose cache serves this miss.
@@ -72,10 +76,10 @@ impl Cache {
         let decider = match &ctx.forms {
             _ if cluster => Decider::Cluster(Box::new(cluster::NodeShare::new(
                 &ctx.layout,
-                config.job.nodes,
-                config.job.node,
+                (config.job.nodes, config.job.node),
                 sizes.clone(),
                 config.cache.capacity_bytes,
+                ctx.peers.as_ref().is_some_and(|p| p.locality),
             )?)),
             Some(tier) => {
                 let policy = FormPolicy::new(
@@ -107,19 +111,24 @@ impl Cache {
         }))
     }
 
-    /// Decides the next access of the stream, which must be `sample`: what the cache does,
-    /// and the landing the access's bytes appear in.
-    fn decide(&mut self, sample: u32) -> Result<Decided, Error> {
+    /// Decides the next access of the stream, which must be `expected` unless the plan
+    /// assigns the accesses: what the cache does, and the landing the access's bytes appear
+    /// in.
+    fn decide(&mut self, expected: Option<u32>) -> Result<Decided, Error> {
         let engine = |e| Error::engine("cache planner", e);
         let stopped = || Error::Stopped {
             reason: "cache planner ended early".into(),
         };
         let mut peer = None;
+        let mut placed = None;
         // (the form hit, the form the access stores the sample in (none for a hit that stays
         // as it was), that form's size, the position, the sample)
         let (hit_form, kept, kept_bytes, position, decided) = match &mut self.decider {
             Decider::Cluster(share) => {
                 let d = share.next_own(&mut self.leaving)?;
+                if share.assigns() {
+                    placed = Some((share.iteration_of(&d), d.slot as usize));
+                }
                 let me = share.node();
                 let form = |b: bool| b.then_some(Form::Encoded);
                 let hit = d.served == lobster_cache::Served::Local;
@@ -163,10 +172,13 @@ impl Cache {
                 (o.hit, o.kept, bytes, d.position, d.sample)
             }
         };
-        assert_eq!(
-            decided, sample,
-            "the planner and the node stream disagree at {position}"
-        );
+        if let Some(want) = expected {
+            assert_eq!(
+                decided, want,
+                "the planner and the node stream disagree at {position}"
+            );
+        }
+        let sample = decided;
         let landing = if hit_form.is_some() {
             self.landings.get(sample).cloned().expect("a hit is cached")
         } else {
@@ -200,6 +212,8 @@ impl Cache {
             }
         }
         Ok(Decided {
+            sample,
+            placed,
             cached: Cached {
                 found: hit_form,
                 kept,
@@ -215,6 +229,11 @@ impl Cache {
             Decider::Forms(planner) => Some(planner.stats()),
             Decider::Encoded(_) | Decider::Cluster(_) => None,
         }
+    }
+
+    /// Whether the plan assigns this node's accesses (locality) instead of the sampler.
+    fn assigns(&self) -> bool {
+        self.cluster().is_some_and(cluster::NodeShare::assigns)
     }
 
     /// This node's share of the cluster plan, if it plans with one.
@@ -264,11 +283,16 @@ pub(crate) fn planner<T: Send + 'static>(
     let mut global_iteration = 0usize;
     let mut seq = 0u64;
     for epoch in layout.start_epoch..layout.epochs {
-        // The node stream of this epoch, grouped by window.
-        let mut accesses = Vec::with_capacity(layout.per_rank * layout.ranks);
-        layout.walk_epoch(epoch, |it, rank, pos, sample| {
-            accesses.push((it, rank, pos, sample))
-        });
+        // The node stream of this epoch, grouped by window; under locality-aware assignment
+        // the plan makes it as it goes.
+        let assigned = cache.as_ref().is_some_and(Cache::assigns);
+        let mut accesses = Vec::new();
+        if !assigned {
+            accesses.reserve(layout.per_rank * layout.ranks);
+            layout.walk_epoch(epoch, |it, rank, pos, sample| {
+                accesses.push((it, rank, pos, sample))
+            });
+        }
         let mut next = 0;
         let std::ops::Range {
             start: mut first,
@@ -289,21 +313,52 @@ pub(crate) fn planner<T: Send + 'static>(
             }
             window.clear();
             let mut storage_bytes = 0;
-            while next < accesses.len() && accesses[next].0 < last {
-                let (iteration, rank, pos, sample) = accesses[next];
+            let mut to_place: usize = if assigned {
+                (first..last)
+                    .map(|it| layout.ranks * layout.batch_len(epoch, it))
+                    .sum()
+            } else {
+                0
+            };
+            loop {
+                let expected = if assigned {
+                    if to_place == 0 {
+                        break;
+                    }
+                    to_place -= 1;
+                    None
+                } else {
+                    match accesses.get(next) {
+                        Some(&a) if a.0 < last => Some(a),
+                        _ => break,
+                    }
+                };
                 next += 1;
                 seq += 1;
                 let Decided {
+                    sample,
+                    placed,
                     cached,
                     landing,
                     peer,
                 } = match cache.as_mut() {
                     None => Decided {
+                        sample: expected.expect("without a plan, the sampler's stream").3,
+                        placed: None,
                         cached: Cached::default(),
                         landing: AccessLanding::new(),
                         peer: None,
                     },
-                    Some(c) => c.decide(sample)?,
+                    Some(c) => c.decide(expected.map(|a| a.3))?,
+                };
+                let (iteration, rank, pos) = match (expected, placed) {
+                    (Some((it, rank, pos, _)), _) => (it, rank, pos),
+                    (None, Some((it, slot))) => {
+                        debug_assert!((first..last).contains(&it), "planned in its window");
+                        let len = layout.batch_len(epoch, it);
+                        (it, slot / len, slot % len)
+                    }
+                    (None, None) => unreachable!("an assigning plan places every access"),
                 };
 
                 // A miss is read from storage unless the hand-out below finds it a cheaper way.

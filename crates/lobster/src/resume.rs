@@ -369,7 +369,7 @@ impl Positions {
             start_epoch: layout.start_epoch,
             head: layout.head.as_ref().map(|h| {
                 (
-                    h.per_rank.div_ceil(layout.batch) as u64,
+                    h.steps(layout.batch) as u64,
                     h.first_iteration as u32,
                     h.epoch_world,
                     h.consumed,

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 
 use common::{make_dataset, rank_plan, Shape};
 use lobster_io::net::{InProcessNode, InProcessNodes, Transport};
@@ -82,33 +82,7 @@ fn run_job_with(
     if let Some(n) = silent {
         nodes[n].silence();
     }
-    let barrier = Barrier::new(NODES * RANKS);
-    let handles: Vec<_> = loaders.iter_mut().map(|l| l.ranks().unwrap()).collect();
-    let got: Vec<Got> = std::thread::scope(|s| {
-        let threads: Vec<Vec<_>> = handles
-            .into_iter()
-            .map(|ranks| {
-                ranks
-                    .into_iter()
-                    .map(|h| {
-                        let barrier = &barrier;
-                        s.spawn(move || {
-                            let mut batches = Vec::new();
-                            for b in h {
-                                batches.push(b);
-                                barrier.wait();
-                            }
-                            batches
-                        })
-                    })
-                    .collect()
-            })
-            .collect();
-        threads
-            .into_iter()
-            .map(|ranks| ranks.into_iter().map(|t| t.join().unwrap()).collect())
-            .collect()
-    });
+    let got = common::run_lock_step(&mut loaders, None, |b| b);
     got.into_iter()
         .zip(&loaders)
         .map(|(g, l)| (g, l.metrics()))

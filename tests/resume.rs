@@ -414,38 +414,6 @@ fn node_loader(
     b.build().unwrap()
 }
 
-/// Every node's ranks in lock-step (a barrier across the job after each step), each taking
-/// at most `k` batches; what each node's ranks saw.
-fn run_nodes(loaders: &mut [Loader<Vec<u8>>], k: Option<usize>) -> Vec<Vec<Vec<Seen>>> {
-    let barrier = std::sync::Barrier::new(NODES * RANKS);
-    let handles: Vec<_> = loaders.iter_mut().map(|l| l.ranks().unwrap()).collect();
-    std::thread::scope(|s| {
-        let threads: Vec<Vec<_>> = handles
-            .into_iter()
-            .map(|ranks| {
-                ranks
-                    .into_iter()
-                    .map(|h| {
-                        let barrier = &barrier;
-                        s.spawn(move || {
-                            let mut got = Vec::new();
-                            for b in h.take(k.unwrap_or(usize::MAX)) {
-                                got.push(seen(&b.unwrap()));
-                                barrier.wait();
-                            }
-                            got
-                        })
-                    })
-                    .collect()
-            })
-            .collect();
-        threads
-            .into_iter()
-            .map(|node| node.into_iter().map(|t| t.join().unwrap()).collect())
-            .collect()
-    })
-}
-
 /// A job of several nodes whose caches serve each other resumes exactly too: at an epoch's
 /// start under the cluster plan, within an epoch under each node's own plan (the cluster plan
 /// starts at an epoch), and every remote hit planned after the resume is served.
@@ -458,7 +426,7 @@ fn a_job_of_nodes_with_peers_resumes_exactly_and_serves_every_planned_remote_hit
         .map(|n| node_loader(&ds, n, nodes[n].clone(), None))
         .collect();
     let per_epoch = whole[0].iterations_per_epoch();
-    let full = run_nodes(&mut whole, None);
+    let full = common::run_lock_step(&mut whole, None, |b| seen(&b.unwrap()));
     drop(whole);
     for (k, plan) in [
         (per_epoch, lobster_io::PeerPlanKind::Cluster),
@@ -468,7 +436,7 @@ fn a_job_of_nodes_with_peers_resumes_exactly_and_serves_every_planned_remote_hit
         let mut first: Vec<_> = (0..NODES)
             .map(|n| node_loader(&ds, n, nodes[n].clone(), None))
             .collect();
-        run_nodes(&mut first, Some(k));
+        common::run_lock_step(&mut first, Some(k), |b| seen(&b.unwrap()));
         let states: Vec<LoaderState> = first.iter().map(Loader::state).collect();
         drop(first);
         let nodes = lobster_io::net::InProcessNodes::connect(NODES);
@@ -477,7 +445,7 @@ fn a_job_of_nodes_with_peers_resumes_exactly_and_serves_every_planned_remote_hit
             .enumerate()
             .map(|(n, s)| node_loader(&ds, n, nodes[n].clone(), Some(s)))
             .collect();
-        let rest = run_nodes(&mut resumed, None);
+        let rest = common::run_lock_step(&mut resumed, None, |b| seen(&b.unwrap()));
         for (n, (got, want)) in rest.iter().zip(&full).enumerate() {
             assert_eq!(got, &after(want, k), "node {n} resumed after {k}");
             let m = resumed[n].metrics();

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -105,6 +105,43 @@ pub fn run_ranks<T: Send>(loader: &mut Loader<T>) -> Vec<Vec<Result<Batch<T>, lo
             .map(|h| s.spawn(move || h.collect::<Vec<_>>()))
             .collect();
         threads.into_iter().map(|t| t.join().unwrap()).collect()
+    })
+}
+
+/// Drives every node's ranks in lock-step (one barrier across the job after each step, as
+/// synchronous training's all-reduce), each rank taking at most `take` batches; each node's
+/// ranks' items, each as `each` makes it.
+pub fn run_lock_step<T: Send, R: Send>(
+    loaders: &mut [Loader<T>],
+    take: Option<usize>,
+    each: impl Fn(Result<Batch<T>, lobster_io::Error>) -> R + Sync,
+) -> Vec<Vec<Vec<R>>> {
+    let handles: Vec<_> = loaders.iter_mut().map(|l| l.ranks().unwrap()).collect();
+    let barrier = Barrier::new(handles.iter().map(Vec::len).sum());
+    std::thread::scope(|s| {
+        let threads: Vec<Vec<_>> = handles
+            .into_iter()
+            .map(|ranks| {
+                ranks
+                    .into_iter()
+                    .map(|h| {
+                        let (barrier, each) = (&barrier, &each);
+                        s.spawn(move || {
+                            let mut got = Vec::new();
+                            for b in h.take(take.unwrap_or(usize::MAX)) {
+                                got.push(each(b));
+                                barrier.wait();
+                            }
+                            got
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|node| node.into_iter().map(|t| t.join().unwrap()).collect())
+            .collect()
     })
 }
 

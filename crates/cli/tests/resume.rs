@@ -1,26 +1,12 @@
 //! `lobster run --stop-after-iterations K --save-state F` and `--resume F`, through the built
 //! binary: a stopped run resumed gives the uninterrupted run's batches, a bad state is refused.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
-fn lobster() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_lobster"))
-}
-
-fn gen(dir: &Path, samples: u32) {
-    let out = lobster()
-        .args(["gen", "--samples", &samples.to_string()])
-        .args(["--classes", "3", "--mean-kb", "4", "--out"])
-        .arg(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+use common::{gen, lobster};
 
 /// `lobster run` on `data` (node 0 of 2, 2 ranks, batches of 4 unless `args` say, 3 epochs, JPEG decoding, no
 /// compute or emulated storage) with `args`, its report written to `json`.
@@ -91,7 +77,7 @@ fn a_stopped_run_resumed_twice_gives_every_batch_of_the_uninterrupted_run_once()
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     // 48 samples over 4 ranks: 3 batches of 4 per rank per epoch, 9 in the run.
-    gen(&data, 48);
+    gen(&data, 48, 4);
     let json = |n: &str| dir.path().join(format!("{n}.json"));
     let strategies = ["--strategy", "pytorch,nopfs,lobster"];
     let full = run_ok(&data, &json("full"), &strategies);
@@ -216,7 +202,7 @@ fn a_stopped_run_resumed_twice_gives_every_batch_of_the_uninterrupted_run_once()
 fn a_missing_damaged_or_foreign_state_is_refused_naming_the_file_or_field() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    gen(&data, 32);
+    gen(&data, 32, 4);
     let json = dir.path().join("run.json");
     let state = dir.path().join("state.json");
     let state_s = state.to_str().unwrap();
@@ -290,7 +276,7 @@ fn a_missing_damaged_or_foreign_state_is_refused_naming_the_file_or_field() {
 fn rank_processes_resume_as_rank_threads_do() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    gen(&data, 48);
+    gen(&data, 48, 4);
     let json = |n: &str| dir.path().join(format!("{n}.json"));
     let state = json("state");
     let state_s = state.to_str().unwrap();
@@ -351,7 +337,7 @@ fn rank_processes_resume_as_rank_threads_do() {
 fn a_job_of_nodes_in_one_process_resumes_from_a_saved_state() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    gen(&data, 64);
+    gen(&data, 64, 4);
     let json = |n: &str| dir.path().join(format!("{n}.json"));
     let state = json("state");
     let state_s = state.to_str().unwrap();

@@ -1,10 +1,10 @@
 //! `lobster gen`, `lobster order` and `lobster run` end to end, through the built binary.
 
+mod common;
+
 use std::process::Command;
 
-fn lobster() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_lobster"))
-}
+use common::{gen, lobster};
 
 /// Runs `cmd` (`lobster` with its environment) as `lobster run --quiet` with no compute and
 /// no emulated storage, 2 ranks per node and batches of 4 unless `args` say otherwise,
@@ -42,33 +42,11 @@ fn run_ok(
     run_json(lobster(), &dir.join("run.json"), &all)
 }
 
-fn gen(dir: &std::path::Path, samples: u32) {
-    let out = lobster()
-        .args([
-            "gen",
-            "--samples",
-            &samples.to_string(),
-            "--classes",
-            "3",
-            "--mean-kb",
-            "8",
-        ])
-        .arg("--out")
-        .arg(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn run_writes_every_strategy_with_the_documented_keys() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    gen(&data, 64);
+    gen(&data, 64, 8);
     let (stdout, report) = run_ok(
         dir.path(),
         &data,
@@ -164,7 +142,7 @@ fn run_writes_every_strategy_with_the_documented_keys() {
 fn run_rejects_nonsense_parameters_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    gen(&data, 16);
+    gen(&data, 16, 8);
     for (flag, value, name) in [
         ("--ranks-per-node", "0", "ranks_per_node"),
         ("--batch", "0", "batch_size"),
@@ -198,7 +176,7 @@ fn run_rejects_nonsense_parameters_by_name() {
 fn workers_per_rank_defaults_to_the_io_depth_share() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    gen(&data, 16);
+    gen(&data, 16, 8);
     let (_, report) = run_ok(
         dir.path(),
         &data,
@@ -291,7 +269,7 @@ fn order_prints_the_rank_indices_torch_distributed_sampler_yields() {
 fn ranks_as_processes_make_the_same_decisions_as_threads_with_faults_skipped_alike() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    gen(&data, 96);
+    gen(&data, 96, 8);
     let common = [
         "--epochs",
         "3",
@@ -345,7 +323,7 @@ fn ranks_as_processes_make_the_same_decisions_as_threads_with_faults_skipped_ali
 fn a_failed_read_in_a_rank_process_fails_the_run_naming_the_sample() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    gen(&data, 48);
+    gen(&data, 48, 8);
     let out = lobster()
         .args(["run", "--quiet", "--compute-ms", "0", "--storage-mbps", "0"])
         .args([
@@ -392,7 +370,7 @@ fn the_built_in_dataset_keeps_the_synthetic_decoder_in_both_rank_modes() {
 fn cache_forms_are_reported_per_strategy() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    gen(&data, 48);
+    gen(&data, 48, 8);
     let args = [
         "--decoder",
         "jpeg",
@@ -438,7 +416,7 @@ fn cache_forms_are_reported_per_strategy() {
 fn auto_forms_make_the_same_plan_run_after_run_and_in_processes_as_in_threads() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    gen(&data, 48);
+    gen(&data, 48, 8);
     let common = [
         "--decoder",
         "jpeg",

@@ -117,13 +117,7 @@ impl LoaderState {
                 reason: format!("not a lobster loader state: {e}"),
             })?;
         let state = envelope.lobster_loader_state;
-        if state.version != STATE_VERSION {
-            return Err(Error::Resume {
-                field: "version",
-                saved: state.version.to_string(),
-                now: STATE_VERSION.to_string(),
-            });
-        }
+        state.check_version()?;
         let crc = state.crc32();
         if crc != envelope.crc32 {
             return Err(Error::StateUnreadable {
@@ -148,6 +142,18 @@ impl LoaderState {
         })
     }
 
+    /// Whether this build reads the state's format.
+    fn check_version(&self) -> Result<(), Error> {
+        if self.version == STATE_VERSION {
+            return Ok(());
+        }
+        Err(Error::Resume {
+            field: "version",
+            saved: self.version.to_string(),
+            now: STATE_VERSION.to_string(),
+        })
+    }
+
     fn crc32(&self) -> u32 {
         crc32fast::hash(
             serde_json::to_string(self)
@@ -159,13 +165,7 @@ impl LoaderState {
     /// Where the node's ranks resume: the position every one of them agrees on, checked
     /// against this loader's job.
     pub(crate) fn position(&self, now: &JobFingerprint) -> Result<RankPosition, Error> {
-        if self.version != STATE_VERSION {
-            return Err(Error::Resume {
-                field: "version",
-                saved: self.version.to_string(),
-                now: STATE_VERSION.to_string(),
-            });
-        }
+        self.check_version()?;
         let saved = &self.job;
         let same = |field, a: String, b: String| {
             if a == b {
@@ -369,7 +369,7 @@ impl Positions {
             start_epoch: layout.start_epoch,
             head: layout.head.as_ref().map(|h| {
                 (
-                    h.per_rank.div_ceil(layout.batch) as u64,
+                    h.steps(layout.batch) as u64,
                     h.first_iteration as u32,
                     h.epoch_world,
                     h.consumed,

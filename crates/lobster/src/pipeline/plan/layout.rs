@@ -39,6 +39,13 @@ pub(crate) struct Head {
     pub(crate) consumed: u64,
 }
 
+impl Head {
+    /// The head's batches per rank, `batch` samples each (its last may be short).
+    pub(crate) fn steps(&self, batch: usize) -> usize {
+        self.per_rank.div_ceil(batch)
+    }
+}
+
 /// Where each epoch's batches end: a whole epoch's iterations, and a resumed head's end.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct EpochEnds {
@@ -109,7 +116,7 @@ impl Layout {
     /// The iteration numbers of `epoch`'s batches: `first..end`.
     pub(crate) fn iteration_range(&self, epoch: u32) -> std::ops::Range<usize> {
         match self.head_of(epoch) {
-            Some(h) => h.first_iteration..h.first_iteration + h.per_rank.div_ceil(self.batch),
+            Some(h) => h.first_iteration..h.first_iteration + h.steps(self.batch),
             None => 0..self.iterations(),
         }
     }
@@ -118,7 +125,7 @@ impl Layout {
     pub(crate) fn steps(&self) -> u64 {
         let whole = u64::from(self.epochs - self.start_epoch) * self.iterations() as u64;
         match &self.head {
-            Some(h) => whole - self.iterations() as u64 + h.per_rank.div_ceil(self.batch) as u64,
+            Some(h) => whole - self.iterations() as u64 + h.steps(self.batch) as u64,
             None => whole,
         }
     }
@@ -129,7 +136,7 @@ impl Layout {
         match &self.head {
             Some(h) if epoch == self.start_epoch => (iteration - h.first_iteration) as u64,
             Some(h) => {
-                h.per_rank.div_ceil(self.batch) as u64
+                h.steps(self.batch) as u64
                     + u64::from(epoch - self.start_epoch - 1) * iterations
                     + iteration as u64
             }
@@ -144,7 +151,7 @@ impl Layout {
         let (mut position, mut base) = (position, 0);
         if let Some(h) = &self.head {
             let head_accesses = (self.ranks * h.per_rank) as u64;
-            let head_steps = h.per_rank.div_ceil(self.batch) as u64;
+            let head_steps = h.steps(self.batch) as u64;
             if position < head_accesses {
                 return (position / per_iteration).min(head_steps - 1);
             }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use common::{make_dataset, rank_plan, Shape};
 use lobster_io::net::{InProcessNode, InProcessNodes, Transport};
 use lobster_io::{
-    Batch, CachePolicy, Dataset, Error, Execution, LoaderBuilder, PeerPlanChoice, PeerPlanKind,
-    RunMetrics, StorageEmulation,
+    Assign, Batch, CachePolicy, Dataset, Error, Execution, LoaderBuilder, PeerPlanChoice,
+    PeerPlanKind, RunMetrics, StorageEmulation,
 };
 
 const NODES: usize = 3;
@@ -41,17 +41,18 @@ fn run_job(
     let capacity = ds.samples().iter().map(|s| s.size_bytes).sum::<u64>() / 3;
     run_job_with(
         ds,
-        (policy, capacity, PeerPlanChoice::Auto),
+        (policy, capacity, PeerPlanChoice::Auto, Assign::Sampler),
         execution,
         nodes,
         silent,
     )
 }
 
-/// [`run_job`] with the cache's capacity and how the nodes plan it.
+/// [`run_job`] with the cache's capacity, how the nodes plan it, and which rank of a step
+/// gets which sample.
 fn run_job_with(
     ds: &Arc<Dataset>,
-    (policy, capacity, peer_plan): (CachePolicy, u64, PeerPlanChoice),
+    (policy, capacity, peer_plan, assign): (CachePolicy, u64, PeerPlanChoice, Assign),
     execution: Execution,
     nodes: &[Arc<InProcessNode>],
     silent: Option<usize>,
@@ -65,6 +66,7 @@ fn run_job_with(
                 .epochs(shape(node).epochs)
                 .cache(policy, capacity)
                 .peer_plan(peer_plan)
+                .assign(assign)
                 .execution(execution)
                 .decode_threads(2)
                 .io_depth(4)
@@ -226,7 +228,7 @@ fn the_cluster_plan_reads_less_from_storage_than_each_nodes_own_and_serves_all_i
         let nodes = InProcessNodes::connect(NODES);
         let results = run_job_with(
             &ds,
-            (CachePolicy::Reuse, capacity, choice),
+            (CachePolicy::Reuse, capacity, choice, Assign::Sampler),
             Execution::Pipelined,
             &nodes,
             None,
@@ -260,7 +262,7 @@ fn where_caches_are_small_the_cluster_plan_changes_nothing() {
         let nodes = InProcessNodes::connect(NODES);
         let results = run_job_with(
             &ds,
-            (CachePolicy::Reuse, capacity, choice),
+            (CachePolicy::Reuse, capacity, choice, Assign::Sampler),
             Execution::Pipelined,
             &nodes,
             None,
@@ -322,7 +324,12 @@ fn reading_ahead_under_the_cluster_plan_loses_nothing() {
         let nodes = InProcessNodes::connect(NODES);
         let results = run_job_with(
             &ds,
-            (CachePolicy::Reuse, capacity, PeerPlanChoice::Auto),
+            (
+                CachePolicy::Reuse,
+                capacity,
+                PeerPlanChoice::Auto,
+                Assign::Sampler,
+            ),
             Execution::Pipelined,
             &nodes,
             silent,
@@ -346,6 +353,141 @@ fn reading_ahead_under_the_cluster_plan_loses_nothing() {
         assert!(
             steady_bytes >= epochs * floor,
             "silent {silent:?}: {steady_bytes} bytes read in {epochs} steady epochs, floor {floor}"
+        );
+    }
+}
+
+/// A step's samples over every node and rank, by (epoch, iteration), sorted; and each rank's
+/// batch sizes, node after node, rank after rank.
+type Steps = (Vec<((u32, u32), Vec<u32>)>, Vec<Vec<usize>>);
+
+/// The [`Steps`] of every node's ranks' batches (epoch, iteration, ids).
+fn steps_of(ranks: impl Iterator<Item = Vec<(u32, u32, Vec<u32>)>>) -> Steps {
+    let mut steps = std::collections::BTreeMap::<(u32, u32), Vec<u32>>::new();
+    let mut sizes = Vec::new();
+    for batches in ranks {
+        sizes.push(batches.iter().map(|b| b.2.len()).collect());
+        for (epoch, iteration, ids) in batches {
+            steps.entry((epoch, iteration)).or_default().extend(ids);
+        }
+    }
+    for ids in steps.values_mut() {
+        ids.sort_unstable();
+    }
+    (steps.into_iter().collect(), sizes)
+}
+
+/// What each rank got, as (epoch, iteration, ids), every sample's bytes checked.
+fn delivered(ds: &Dataset, got: Got, what: &str) -> Vec<Vec<(u32, u32, Vec<u32>)>> {
+    got.into_iter()
+        .map(|batches| {
+            batches
+                .into_iter()
+                .map(|b| {
+                    let b = b.unwrap_or_else(|e| panic!("{what}: {e}"));
+                    for s in &b.samples {
+                        let file = std::fs::read(&ds.samples()[s.id as usize].path).unwrap();
+                        assert_eq!(s.value, file, "{what}: bytes of sample {}", s.id);
+                    }
+                    (
+                        b.epoch,
+                        b.iteration,
+                        b.samples.iter().map(|s| s.id).collect(),
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Locality-aware assignment changes which rank sees which sample, nothing else: every
+/// step holds the sampler's step's samples, every rank's batches are as many and as large,
+/// every sample arrives with its bytes and every planned remote hit is served (a silent
+/// peer's read from storage). More accesses hit the node's own cache than under the
+/// sampler's split.
+#[test]
+fn locality_keeps_every_steps_samples_and_hits_the_own_cache_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), 96, 3);
+    let total = ds.samples().iter().map(|s| s.size_bytes).sum::<u64>();
+    let capacity = total / 5;
+    let want = steps_of((0..NODES).flat_map(|node| rank_plan(ds.len(), shape(node))));
+    let mut local_hits = Vec::new();
+    for (assign, silent) in [
+        (Assign::Sampler, None),
+        (Assign::Locality, None),
+        (Assign::Locality, Some(2)),
+    ] {
+        let what = format!("{assign:?}, silent {silent:?}");
+        let nodes = InProcessNodes::connect(NODES);
+        let results = run_job_with(
+            &ds,
+            (CachePolicy::Reuse, capacity, PeerPlanChoice::Auto, assign),
+            Execution::Pipelined,
+            &nodes,
+            silent,
+        );
+        let mut ranks = Vec::new();
+        let mut hits = 0;
+        for (node, (g, m)) in results.into_iter().enumerate() {
+            assert_eq!(
+                m.peer_plan.mode,
+                PeerPlanKind::Cluster,
+                "{what}: {:?}",
+                m.peer_plan
+            );
+            assert_eq!(m.assign.mode, assign, "{what}: {:?}", m.assign);
+            assert_eq!(
+                m.remote_hits + m.remote_misses,
+                m.planned_remote_hits,
+                "{what}, node {node}: {m:?}"
+            );
+            if silent.is_none() {
+                assert_eq!(m.remote_misses, 0, "{what}, node {node}: {m:?}");
+            }
+            hits += m.hits;
+            ranks.extend(delivered(&ds, g, &format!("{what}, node {node}")));
+        }
+        assert_eq!(steps_of(ranks.into_iter()), want, "{what}");
+        if silent.is_none() {
+            local_hits.push(hits);
+        }
+    }
+    assert!(
+        local_hits[1] > local_hits[0],
+        "own-cache hits: locality {}, the sampler's split {}",
+        local_hits[1],
+        local_hits[0]
+    );
+}
+
+/// Asked for where the nodes' caches are not planned as one, locality-aware assignment is not
+/// used, and the metrics say why: each rank gets the sampler's batches.
+#[test]
+fn locality_without_the_cluster_plan_is_the_samplers_split_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make_dataset(dir.path(), 96, 3);
+    let capacity = ds.samples().iter().map(|s| s.size_bytes).sum::<u64>() / 3;
+    let nodes = InProcessNodes::connect(NODES);
+    let results = run_job_with(
+        &ds,
+        (
+            CachePolicy::Reuse,
+            capacity,
+            PeerPlanChoice::Node,
+            Assign::Locality,
+        ),
+        Execution::Pipelined,
+        &nodes,
+        None,
+    );
+    for (node, (got, m)) in results.into_iter().enumerate() {
+        check(&ds, got, node, "locality without the cluster plan");
+        assert_eq!(m.assign.mode, Assign::Sampler);
+        let why = m.assign.reason.as_deref().unwrap_or_default();
+        assert!(
+            why.contains("cluster plan") && why.contains("own plan"),
+            "{why}"
         );
     }
 }

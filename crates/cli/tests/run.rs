@@ -151,6 +151,8 @@ fn run_rejects_nonsense_parameters_by_name() {
         ("--cache-frac", "2", "--cache-frac"),
         ("--io-order", "fifo", "--io-order"),
         ("--workers-per-rank", "0", "--workers-per-rank"),
+        ("--assign", "locality", "--assign locality"),
+        ("--assign", "nearest", "--assign"),
     ] {
         let mut args = vec![
             ("--ranks-per-node", "2"),
@@ -455,4 +457,43 @@ fn auto_forms_make_the_same_plan_run_after_run_and_in_processes_as_in_threads() 
     let costs = &first["results"][0]["form_costs"];
     assert_eq!(costs["decode_source"], "model", "{costs}");
     assert!(costs["model_pixels"].as_u64().unwrap() > 0, "{costs}");
+}
+
+/// `--cluster --assign locality`: the lobster strategy's steps go to the nodes holding their
+/// samples, and the JSON says so; the node plan cannot, and says why. Every node takes every
+/// step's batches: as many samples as the sampler's split.
+#[test]
+fn locality_under_the_cluster_plan_is_reported_per_strategy() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    gen(&data, 96, 8);
+    let (stdout, report) = run_ok(
+        dir.path(),
+        &data,
+        &[
+            "--cluster",
+            "--nodes",
+            "3",
+            "--epochs",
+            "3",
+            "--cache-frac",
+            "0.2",
+            "--decoder",
+            "raw",
+            "--assign",
+            "locality",
+            "--strategy",
+            "lobster-node-plan,lobster",
+        ],
+    );
+    assert!(stdout.contains("cluster,loc"), "{stdout}");
+    assert_eq!(report["config"]["assign"], "locality");
+    for node in report["nodes"].as_array().unwrap() {
+        let (plan, lobster) = (&node[0], &node[1]);
+        assert_eq!(lobster["assign"]["mode"], "locality", "{lobster}");
+        assert_eq!(plan["assign"]["mode"], "sampler");
+        let why = plan["assign"]["reason"].as_str().unwrap();
+        assert!(why.contains("cluster plan"), "{why}");
+        assert_eq!(plan["samples"], lobster["samples"]);
+    }
 }

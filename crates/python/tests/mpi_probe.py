@@ -1,7 +1,7 @@
 """One node of a test MPI job (`mpirun -np N python mpi_probe.py DATA OUT`): builds two
-lobster_io Loaders in turn (MPI is joined once), iterates each in lock-step with the other
-nodes (leaving the second open for exit to close), and writes what it saw (ids per epoch,
-batches, metrics), and the errors a launch= that disagrees with the MPI world and a seed that
+lobster_io Loaders in turn (MPI is joined once; the second assigns each step's samples to the
+nodes holding them), iterates each in lock-step with the other nodes (leaving the second open
+for exit to close), and writes what it saw (ids per epoch and per batch, metrics), and the errors a launch= that disagrees with the MPI world and a seed that
 differs between nodes got, as JSON to OUT/node-<node>.json."""
 
 import json
@@ -41,19 +41,21 @@ def main():
         lobster_io.Loader(data, BATCH, **dict(settings, seed=rank))
     except lobster_io.NodeError as e:
         seen["disagree_error"] = str(e)
-    for _ in range(2):
-        loader = lobster_io.Loader(data, BATCH, **settings)
+    for assign in ("sampler", "locality"):
+        loader = lobster_io.Loader(data, BATCH, assign=assign, **settings)
         node = {"node": loader.node, "nodes": loader.nodes, "peers": loader.peers,
-                "len": len(loader), "ids": [], "error": None}
+                "len": len(loader), "ids": [], "batches": [], "error": None}
         try:
             for epoch in range(EPOCHS):
                 loader.set_epoch(epoch)
-                ids = []
+                ids, batches = [], []
                 for batch in loader:
                     ids.extend(batch.ids.tolist())
+                    batches.append(batch.ids.tolist())
                     # No DDP here: the step ends for the whole job at this barrier.
                     loader.step_barrier()
                 node["ids"].append(ids)
+                node["batches"].append(batches)
         except lobster_io.Error as e:
             node["error"] = f"{type(e).__name__}: {e}"
         node["metrics"] = loader.metrics()

@@ -112,11 +112,13 @@ def test_two_nodes_over_mpirun_serve_every_planned_remote_hit(tmp_path):
         assert "MPI job of 2 processes" in seen["launch_error"]
         assert "seed" in (seen["disagree_error"] or ""), seen["disagree_error"]
         assert len(seen["rounds"]) == 2
-        for r in seen["rounds"]:
+        for r, assign in zip(seen["rounds"], ("sampler", "locality")):
             assert (r["node"], r["nodes"], r["peers"], r["error"]) == (k, 2, True, None), r
             m = r["metrics"]
             assert m["peer_plan"]["mode"] == "cluster", m["peer_plan"]
-            assert m["remote_hits"] > 0, m
+            assert m["assign"] == {"mode": assign, "reason": None}, m["assign"]
+            # Under locality, what a node holds is mostly its own to read.
+            assert m["remote_hits"] > 0 or assign == "locality", m
             assert m["remote_hits"] == m["planned_remote_hits"], m
             assert m["remote_misses"] == 0 and m["skipped"] == 0, m
             assert [len(ids) for ids in r["ids"]] == [share] * 3
@@ -135,3 +137,12 @@ def test_two_nodes_over_mpirun_serve_every_planned_remote_hit(tmp_path):
             ids = [set(seen["rounds"][rnd]["ids"][epoch]) for seen in nodes]
             # The nodes split each epoch between them: together every sample.
             assert ids[0] | ids[1] == set(range(n))
+    # Locality changes which node takes which of a step's samples, not the step's samples.
+    for epoch in range(3):
+        steps = [sorted(nodes[0]["rounds"][rnd]["batches"][epoch][i]
+                        + nodes[1]["rounds"][rnd]["batches"][epoch][i]
+                        for i in range(len(nodes[0]["rounds"][rnd]["batches"][epoch])))
+                 for rnd in range(2)]
+        assert steps[0] == steps[1], epoch
+    local = [sum(seen["rounds"][rnd]["metrics"]["hits"] for seen in nodes) for rnd in range(2)]
+    assert local[1] > local[0], local

@@ -37,6 +37,11 @@ pub struct PlanBenchArgs {
     /// C*N^2 > F, else each node's own plan with peers serving what they hold).
     #[arg(long, value_enum, default_value_t = cluster::ModeChoice::Auto)]
     pub mode: cluster::ModeChoice,
+    /// With `--plan cluster`: which node makes each access of a step, `sampler` (the
+    /// DistributedSampler's split) or `locality` (each step's samples to the nodes holding
+    /// them; cluster mode only).
+    #[arg(long, value_enum, default_value_t = crate::run::AssignArg::Sampler)]
+    pub assign: crate::run::AssignArg,
     /// Run the cluster plan over a grid (every `--sweep-samples` x `--sweep-cache-fracs` x
     /// `--sweep-nodes`), each case in a fresh process of this binary so each peak RSS is its
     /// own, and print one table (one JSON array with `--json`). Shape, epochs, sizes, seed
@@ -124,6 +129,7 @@ pub fn run(args: &PlanBenchArgs) -> Result<()> {
             cache_frac: args.cache_frac,
             seed: args.seed,
             mode: args.mode,
+            assign: args.assign,
         };
         if args.sweep {
             let sweep = cluster::Sweep {

@@ -34,10 +34,15 @@ const SHAPE: [&str; 8] = [
 ];
 
 fn case(nodes: usize, cache_frac: f64) -> Value {
+    case_with(nodes, cache_frac, &[])
+}
+
+fn case_with(nodes: usize, cache_frac: f64, more: &[&str]) -> Value {
     let (nodes, frac) = (nodes.to_string(), cache_frac.to_string());
     let mut args = vec!["plan-bench", "--plan", "cluster", "--json"];
     args.extend(SHAPE);
     args.extend(["--nodes", &nodes, "--cache-frac", &frac]);
+    args.extend(more);
     serde_json::from_str(&ok_stdout(&lobster(&args))).expect("one JSON object")
 }
 
@@ -113,6 +118,42 @@ fn cluster_plan_at_four_nodes_reads_within_a_tenth_of_the_floor() {
         f(&r, "remote_hit_frac_bytes") > f(&r, "local_hit_frac_bytes"),
         "{r}"
     );
+}
+
+#[test]
+fn locality_turns_the_remote_hits_local_at_the_same_storage_reads() {
+    let (sampler, near) = (case(4, 0.2), case_with(4, 0.2, &["--assign", "locality"]));
+    check_consistent(&near);
+    assert_eq!(
+        (&sampler["assign"], &near["assign"]),
+        (&"sampler".into(), &"locality".into())
+    );
+    let ratio = near["storage_over_floor"]
+        .as_f64()
+        .expect("a floor above 0");
+    assert!((1.0..1.1).contains(&ratio), "{near}");
+    assert!(
+        f(&near, "local_hit_frac_bytes") > 2.0 * f(&sampler, "local_hit_frac_bytes"),
+        "{near} against {sampler}"
+    );
+    assert!(
+        f(&near, "remote_hit_frac_bytes") < f(&near, "local_hit_frac_bytes"),
+        "{near}"
+    );
+    // Each node's own plan knows no other node's holdings.
+    let out = lobster(&[
+        "plan-bench",
+        "--plan",
+        "cluster",
+        "--mode",
+        "local",
+        "--assign",
+        "locality",
+        "--samples",
+        "1000",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cluster mode"));
 }
 
 #[test]

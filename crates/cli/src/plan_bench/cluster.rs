@@ -11,9 +11,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use lobster_io::cache::gen::lognormal_sizes;
-use lobster_io::cache::{ClusterConfig, ClusterLayout, ClusterPlanner, ClusterStats, Mode};
+use lobster_io::cache::{Assign, ClusterConfig, ClusterLayout, ClusterPlanner, ClusterStats, Mode};
 use lobster_io::{DistributedSampler, EpochOrder, SamplerOrders};
 use serde::{Deserialize, Serialize};
+
+use crate::run::AssignArg;
 
 /// Which mode the cluster plan runs in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -38,6 +40,7 @@ pub struct Case {
     pub cache_frac: f64,
     pub seed: u64,
     pub mode: ModeChoice,
+    pub assign: AssignArg,
 }
 
 /// What one case measured; the sweep's children print it as JSON for the parent.
@@ -53,6 +56,8 @@ pub struct Report {
     pub mode: String,
     /// Whether the mode came from the `C * N^2` rule (else it was forced).
     pub mode_auto: bool,
+    /// Which node made each access of a step: "sampler" or "locality".
+    pub assign: AssignArg,
     pub dataset_bytes: u64,
     pub capacity_bytes_per_node: u64,
     pub floor_bytes_per_epoch: u64,
@@ -153,7 +158,10 @@ pub fn run_case(case: &Case) -> Result<Report> {
             ModeChoice::Local => Some(Mode::Local),
         },
         batch_accesses_max: None,
-        ..ClusterConfig::default()
+        assign: match case.assign {
+            AssignArg::Sampler => Assign::Sampler,
+            AssignArg::Locality => Assign::Locality,
+        },
     };
 
     let (cpu0, wall0) = (thread_cpu()?, Instant::now());
@@ -215,6 +223,7 @@ fn report(
         cache_frac: case.cache_frac,
         mode: mode_name(mode).to_owned(),
         mode_auto: case.mode == ModeChoice::Auto,
+        assign: case.assign,
         dataset_bytes: stats.dataset_bytes(),
         capacity_bytes_per_node: capacity_bytes,
         floor_bytes_per_epoch: floor,
@@ -249,9 +258,13 @@ fn ratio_text(r: &Report) -> String {
 }
 
 fn mode_text(r: &Report) -> String {
+    let assign = match r.assign {
+        AssignArg::Sampler => "",
+        AssignArg::Locality => ", locality",
+    };
     match r.mode_auto {
-        true => r.mode.clone(),
-        false => format!("{} (forced)", r.mode),
+        true => format!("{}{assign}", r.mode),
+        false => format!("{} (forced){assign}", r.mode),
     }
 }
 
@@ -325,6 +338,13 @@ fn mode_arg(mode: ModeChoice) -> &'static str {
     }
 }
 
+fn assign_arg(assign: AssignArg) -> &'static str {
+    match assign {
+        AssignArg::Sampler => "sampler",
+        AssignArg::Locality => "locality",
+    }
+}
+
 /// Runs `case` in a fresh process of this binary and reads its JSON report.
 fn run_child(case: &Case) -> Result<Report> {
     let exe = std::env::current_exe().context("this binary's path")?;
@@ -339,6 +359,7 @@ fn run_child(case: &Case) -> Result<Report> {
         .args(["--cache-frac", &case.cache_frac.to_string()])
         .args(["--seed", &case.seed.to_string()])
         .args(["--mode", mode_arg(case.mode)])
+        .args(["--assign", assign_arg(case.assign)])
         .output()
         .context("run a case")?;
     if !out.status.success() {
@@ -365,7 +386,7 @@ pub fn run_sweep(sweep: &Sweep, json: bool) -> Result<()> {
     if !json {
         println!(
             "cluster plan sweep: {} ranks per node, batch {}, {} epochs (steady: epochs 1-{}), \
-             cache per node {} of F, mode {}; sizes log-normal, median {} KiB; each case in its \
+             cache per node {} of F, mode {}, assign {}; sizes log-normal, median {} KiB; each case in its \
              own process; CPU is the planning thread's",
             b.ranks_per_node,
             b.batch_size,
@@ -378,6 +399,7 @@ pub fn run_sweep(sweep: &Sweep, json: bool) -> Result<()> {
                 .collect::<Vec<_>>()
                 .join(" and "),
             mode_arg(b.mode),
+            assign_arg(b.assign),
             b.median_kb
         );
         println!(

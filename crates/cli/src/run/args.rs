@@ -314,7 +314,7 @@ pub enum IoOrderArg {
 }
 
 /// Which rank of a step gets which sample, as the CLI spells it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AssignArg {
     /// PyTorch's DistributedSampler split.

@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use lobster_io::{Dataset, LoaderState, OnError, RunMetrics};
 
-pub(crate) use args::BackendArg;
 use args::RanksAs;
 pub use args::RunArgs;
+pub(crate) use args::{AssignArg, BackendArg};
 pub(crate) use dataset::default_dataset;
 pub(crate) use decode::{decode, Decoder, TransformArg};
 pub(crate) use strategy::{Budgets, Strategies, Strategy};

@@ -139,9 +139,9 @@ def test_two_nodes_over_mpirun_serve_every_planned_remote_hit(tmp_path):
             assert ids[0] | ids[1] == set(range(n))
     # Locality changes which node takes which of a step's samples, not the step's samples.
     for epoch in range(3):
-        steps = [sorted(nodes[0]["rounds"][rnd]["batches"][epoch][i]
-                        + nodes[1]["rounds"][rnd]["batches"][epoch][i]
-                        for i in range(len(nodes[0]["rounds"][rnd]["batches"][epoch])))
+        steps = [[sorted(nodes[0]["rounds"][rnd]["batches"][epoch][i]
+                         + nodes[1]["rounds"][rnd]["batches"][epoch][i])
+                  for i in range(len(nodes[0]["rounds"][rnd]["batches"][epoch]))]
                  for rnd in range(2)]
         assert steps[0] == steps[1], epoch
     local = [sum(seen["rounds"][rnd]["metrics"]["hits"] for seen in nodes) for rnd in range(2)]

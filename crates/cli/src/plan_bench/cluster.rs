@@ -54,7 +54,8 @@ pub struct Report {
     pub cache_frac: f64,
     /// "cluster" or "local".
     pub mode: String,
-    /// Whether the mode came from the `C * N^2` rule (else it was forced).
+    /// Whether the mode came from the `C * N^2` rule (else it was forced: by `--mode`, or by
+    /// `--assign locality`, which needs cluster mode).
     pub mode_auto: bool,
     /// Which node made each access of a step: "sampler" or "locality".
     pub assign: AssignArg,
@@ -222,7 +223,9 @@ fn report(
         epochs: case.epochs,
         cache_frac: case.cache_frac,
         mode: mode_name(mode).to_owned(),
-        mode_auto: case.mode == ModeChoice::Auto,
+        // Locality needs cluster mode: where the rule says local, it forces it.
+        mode_auto: case.mode == ModeChoice::Auto
+            && mode == Mode::auto(stats.dataset_bytes(), case.nodes, capacity_bytes),
         assign: case.assign,
         dataset_bytes: stats.dataset_bytes(),
         capacity_bytes_per_node: capacity_bytes,

@@ -1146,27 +1146,32 @@ mod tests {
         assert_eq!(distinct, (0..11).collect::<Vec<_>>());
     }
 
-    #[test]
-    fn cluster_mode_reaches_the_floor_where_per_node_belady_does_not() {
-        // 4 nodes of 20% each: the floor is 20% of the dataset per epoch.
+    /// 4,000 samples (about 110 kB) on 4 nodes of 2 ranks, batch 8, 4 epochs, each node
+    /// caching 20% of the dataset (the floor: 20% of it per epoch), planned with `config`;
+    /// and the dataset's bytes.
+    fn twenty_percent_of_four(config: ClusterConfig) -> (ClusterStats, u64) {
         let n = 4000;
         let sizes: Arc<[u32]> = lognormal_sizes(n as usize, 110_000.0, 0.5, 5).into();
         let total: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
         let layout = ClusterLayout::new(shuffled(n, 4, 9), n as usize, 4, 2, 8).unwrap();
-        let capacity = total / 5;
+        let stats = ClusterPlanner::with_config(layout, sizes, total / 5, config)
+            .unwrap()
+            .run_to_end()
+            .unwrap();
+        (stats, total)
+    }
+
+    #[test]
+    fn cluster_mode_reaches_the_floor_where_per_node_belady_does_not() {
         let run = |mode| {
-            let config = ClusterConfig {
+            twenty_percent_of_four(ClusterConfig {
                 mode: Some(mode),
                 ..ClusterConfig::default()
-            };
-            ClusterPlanner::with_config(layout.clone(), sizes.clone(), capacity, config)
-                .unwrap()
-                .run_to_end()
-                .unwrap()
+            })
         };
-        let (cluster, local) = (run(Mode::Cluster), run(Mode::Local));
+        let ((cluster, total), (local, _)) = (run(Mode::Cluster), run(Mode::Local));
         let floor = cluster.floor_bytes_per_epoch();
-        assert_eq!(floor, total - 4 * capacity);
+        assert_eq!(floor, total - 4 * (total / 5));
         for e in 1..4 {
             let c = cluster.epoch(e).storage_bytes;
             assert!(c >= floor, "epoch {e}: below the floor");
@@ -1278,19 +1283,8 @@ mod tests {
 
     #[test]
     fn locality_turns_remote_hits_local_and_keeps_the_floor() {
-        let n = 4000;
-        let sizes: Arc<[u32]> = lognormal_sizes(n as usize, 110_000.0, 0.5, 5).into();
-        let total: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
-        let layout = ClusterLayout::new(shuffled(n, 4, 9), n as usize, 4, 2, 8).unwrap();
-        let capacity = total / 5;
-        let run = |config| {
-            ClusterPlanner::with_config(layout.clone(), sizes.clone(), capacity, config)
-                .unwrap()
-                .run_to_end()
-                .unwrap()
-        };
-        let sampler = run(ClusterConfig::default());
-        let near = run(locality(None));
+        let (sampler, _) = twenty_percent_of_four(ClusterConfig::default());
+        let (near, total) = twenty_percent_of_four(locality(None));
         let floor = near.floor_bytes_per_epoch();
         for e in 1..4 {
             let (s, l) = (sampler.epoch(e), near.epoch(e));

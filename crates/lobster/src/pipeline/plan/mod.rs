@@ -313,26 +313,12 @@ pub(crate) fn planner<T: Send + 'static>(
             }
             window.clear();
             let mut storage_bytes = 0;
-            let mut to_place: usize = if assigned {
-                (first..last)
-                    .map(|it| layout.ranks * layout.batch_len(epoch, it))
-                    .sum()
-            } else {
-                0
-            };
-            loop {
-                let expected = if assigned {
-                    if to_place == 0 {
-                        break;
-                    }
-                    to_place -= 1;
-                    None
-                } else {
-                    match accesses.get(next) {
-                        Some(&a) if a.0 < last => Some(a),
-                        _ => break,
-                    }
-                };
+            // Both streams hold every rank's batches of the window, the sampler's or the plan's.
+            let in_window: usize = (first..last)
+                .map(|it| layout.ranks * layout.batch_len(epoch, it))
+                .sum();
+            for _ in 0..in_window {
+                let expected = (!assigned).then(|| accesses[next]);
                 next += 1;
                 seq += 1;
                 let Decided {
@@ -352,7 +338,10 @@ pub(crate) fn planner<T: Send + 'static>(
                     Some(c) => c.decide(expected.map(|a| a.3))?,
                 };
                 let (iteration, rank, pos) = match (expected, placed) {
-                    (Some((it, rank, pos, _)), _) => (it, rank, pos),
+                    (Some((it, rank, pos, _)), _) => {
+                        debug_assert!((first..last).contains(&it), "walked in its window");
+                        (it, rank, pos)
+                    }
                     (None, Some((it, slot))) => {
                         debug_assert!((first..last).contains(&it), "planned in its window");
                         let len = layout.batch_len(epoch, it);

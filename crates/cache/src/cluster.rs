@@ -40,6 +40,21 @@
 //!   bytes of its distinct samples. [`cluster_optimum`](crate::cluster_optimum) finds both
 //!   optima by exhaustive search on small cases, and the tests compare.
 //!
+//! # Priced remote hits
+//! With [`LinkPrices`] (cluster mode only) a remote hit may be served by storage instead, so
+//! that a slow interconnect does not become the bound. The caches and holders are exactly the
+//! unpriced plan's (the holder's policy takes the access either way); only where the bytes of
+//! an access come from changes. Within each epoch the plan counts, per node, the bytes each
+//! node received and sent over the interconnect and the storage bytes it read in place of a
+//! remote hit, and takes the compulsory storage reads as the node's floor share
+//! `max(0, F - nodes * capacity_bytes) / nodes` spread evenly over the epoch (they come late
+//! in it, and the read-ahead spreads them). A remote hit of `b` bytes of holder `h` for node
+//! `a` goes to storage when `a`'s storage time with it, `(floor share so far + rerouted + b) /
+//! storage bandwidth`, is below the busier link's time with it, `max(in(a), out(h)) + b` over
+//! the interconnect bandwidth. The rule is a heuristic (a greedy balance of each node's two
+//! links over the epoch so far) from configured bandwidths, never from timings; on a fast
+//! interconnect it reroutes nothing.
+//!
 //! # Locality-aware assignment
 //! With [`Assign::Locality`] (cluster mode only) the global stream keeps its samples and their
 //! positions (so every next use is the same), but which node makes each access is decided at
@@ -419,6 +434,16 @@ pub enum Served {
     Storage,
 }
 
+/// Each node's bandwidths, as the plan prices a remote hit against a storage read (see the
+/// module docs). Configured, never timed: every node must plan with the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkPrices {
+    /// A node's storage bandwidth, bytes per second.
+    pub storage_bytes_per_s: u64,
+    /// A node's interconnect bandwidth each way, bytes per second.
+    pub net_bytes_per_s: u64,
+}
+
 /// One decision of the cluster plan, for the access at `position` of the global stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClusterDecision {
@@ -458,6 +483,11 @@ pub struct ClusterCounts {
     pub storage_reads: u64,
     /// Their bytes.
     pub storage_bytes: u64,
+    /// Of the storage reads, those of a sample a peer held, read from storage because the
+    /// interconnect was priced dearer ([`LinkPrices`]).
+    pub rerouted_reads: u64,
+    /// Their bytes.
+    pub rerouted_bytes: u64,
 }
 
 impl ClusterCounts {
@@ -486,6 +516,8 @@ impl ClusterCounts {
         self.remote_hit_bytes += o.remote_hit_bytes;
         self.storage_reads += o.storage_reads;
         self.storage_bytes += o.storage_bytes;
+        self.rerouted_reads += o.rerouted_reads;
+        self.rerouted_bytes += o.rerouted_bytes;
     }
 
     /// Accesses counted.
@@ -585,6 +617,73 @@ pub struct ClusterConfig {
     pub batch_accesses_max: Option<usize>,
     /// Which node makes each access. [`Assign::Locality`] needs cluster mode.
     pub assign: Assign,
+    /// `None`: a remote hit is always served by its holder; otherwise it may be read from
+    /// storage where the interconnect is the dearer link (see the module docs). Cluster mode
+    /// only: the local plan ignores it.
+    pub prices: Option<LinkPrices>,
+}
+
+/// Priced remote hits' state: this epoch's bytes per node (see the module docs).
+#[derive(Debug)]
+struct Pricing {
+    prices: LinkPrices,
+    /// Each node's share of the floor, bytes per epoch.
+    floor_share_bytes: u64,
+    epoch: u32,
+    received: Vec<u64>,
+    sent: Vec<u64>,
+    rerouted: Vec<u64>,
+}
+
+impl Pricing {
+    fn new(prices: LinkPrices, nodes: usize, floor_bytes: u64) -> Self {
+        Pricing {
+            prices,
+            floor_share_bytes: floor_bytes / nodes as u64,
+            epoch: 0,
+            received: vec![0; nodes],
+            sent: vec![0; nodes],
+            rerouted: vec![0; nodes],
+        }
+    }
+
+    /// Whether node `a`'s access of `size_bytes` held by node `h`, at `index` of an epoch of
+    /// `epoch_accesses`, is read from storage; counts it either way.
+    fn reroutes(
+        &mut self,
+        epoch: u32,
+        (index, epoch_accesses): (u64, u64),
+        (a, h): (usize, usize),
+        size_bytes: u32,
+    ) -> bool {
+        if epoch != self.epoch {
+            self.epoch = epoch;
+            for v in [&mut self.received, &mut self.sent, &mut self.rerouted] {
+                v.fill(0);
+            }
+        }
+        let b = u128::from(size_bytes);
+        let floor_so_far =
+            u128::from(self.floor_share_bytes) * u128::from(index + 1) / u128::from(epoch_accesses);
+        let storage = floor_so_far + u128::from(self.rerouted[a]) + b;
+        let link = u128::from(self.received[a].max(self.sent[h])) + b;
+        // storage / S < link / L, without division.
+        let reroute = storage * u128::from(self.prices.net_bytes_per_s)
+            < link * u128::from(self.prices.storage_bytes_per_s);
+        if reroute {
+            self.rerouted[a] += u64::from(size_bytes);
+        } else {
+            self.received[a] += u64::from(size_bytes);
+            self.sent[h] += u64::from(size_bytes);
+        }
+        reroute
+    }
+
+    fn memory_bytes(&self) -> usize {
+        size_of::<Self>()
+            + (self.received.capacity() + self.sent.capacity() + self.rerouted.capacity())
+                * size_of::<u64>()
+    }
 }
 
 /// Locality-aware assignment's state: the epoch's stream and the current step's nodes.
@@ -714,6 +813,7 @@ enum Engine<O> {
         scratch: Vec<SampleId>,
         until_warm: usize,
         locality: Option<Box<Locality>>,
+        pricing: Option<Box<Pricing>>,
     },
     Local {
         planners: Vec<Planner<ClusterView<O>>>,
@@ -796,6 +896,11 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
                 scratch: Vec::new(),
                 until_warm: 0,
                 locality: (config.assign == Assign::Locality).then(Box::default),
+                pricing: config.prices.map(|p| {
+                    let floor =
+                        dataset_bytes.saturating_sub((nodes as u64).saturating_mul(capacity_bytes));
+                    Box::new(Pricing::new(p, nodes, floor))
+                }),
             },
             Mode::Local => {
                 let planner_config = PlannerConfig {
@@ -863,6 +968,7 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
     ) -> Result<Option<ClusterDecision>, ClusterError> {
         evicted.clear();
         let epoch_accesses = self.layout.epoch_accesses();
+        let mut rerouted = false;
         let d = match &mut self.engine {
             Engine::Cluster {
                 index,
@@ -871,6 +977,7 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
                 scratch,
                 until_warm,
                 locality,
+                pricing,
             } => {
                 if *until_warm == 0 {
                     // Load the holder and size entries of the group after next all at once, so
@@ -900,10 +1007,21 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
                 let s = a.sample;
                 let h = holder[s as usize];
                 scratch.clear();
+                let size_bytes = self.sizes[s as usize];
                 let (served, keeper) = if h == NONE {
                     (Served::Storage, node)
                 } else if h == node {
                     (Served::Local, h)
+                } else if pricing.as_mut().is_some_and(|p| {
+                    p.reroutes(
+                        a.epoch,
+                        (a.position % epoch_accesses, epoch_accesses),
+                        (usize::from(node), usize::from(h)),
+                        size_bytes,
+                    )
+                }) {
+                    rerouted = true;
+                    (Served::Storage, h)
                 } else {
                     (Served::Remote(h), h)
                 };
@@ -923,7 +1041,7 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
                     node,
                     slot,
                     sample: s,
-                    size_bytes: self.sizes[s as usize],
+                    size_bytes,
                     served,
                     kept_at,
                 }
@@ -979,8 +1097,13 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
                 }
             }
         };
-        self.stats.counts[d.epoch as usize * self.layout.nodes + usize::from(d.node)]
-            .record(d.served, d.size_bytes);
+        let counts =
+            &mut self.stats.counts[d.epoch as usize * self.layout.nodes + usize::from(d.node)];
+        counts.record(d.served, d.size_bytes);
+        if rerouted {
+            counts.rerouted_reads += 1;
+            counts.rerouted_bytes += u64::from(d.size_bytes);
+        }
         if d.position % 65_536 == 0 {
             self.peak_memory_bytes = self.peak_memory_bytes.max(self.memory_bytes());
         }
@@ -1028,9 +1151,11 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
                 holder,
                 scratch,
                 locality,
+                pricing,
                 ..
             } => {
                 locality.as_ref().map_or(0, |l| l.memory_bytes())
+                    + pricing.as_ref().map_or(0, |p| p.memory_bytes())
                     + index.memory_bytes()
                     + policies.iter().map(|p| p.memory_bytes()).sum::<usize>()
                     + policies.capacity() * size_of::<ReusePolicy>()
@@ -1306,6 +1431,115 @@ mod tests {
             );
         }
         assert_eq!(near.epoch(0).storage_bytes, total);
+    }
+
+    /// Every decision and eviction of [`twenty_percent_of_four`]'s plan with `config`.
+    fn decisions_of_four(config: ClusterConfig) -> (Vec<ClusterDecision>, Vec<Vec<(u32, u16)>>) {
+        let n = 4000;
+        let sizes: Arc<[u32]> = lognormal_sizes(n as usize, 110_000.0, 0.5, 5).into();
+        let total: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
+        let layout = ClusterLayout::new(shuffled(n, 4, 9), n as usize, 4, 2, 8).unwrap();
+        let mut planner = ClusterPlanner::with_config(layout, sizes, total / 5, config).unwrap();
+        let (mut decisions, mut evictions, mut evicted) = (Vec::new(), Vec::new(), Vec::new());
+        while let Some(d) = planner.next(&mut evicted).unwrap() {
+            decisions.push(d);
+            evictions.push(evicted.clone());
+        }
+        (decisions, evictions)
+    }
+
+    fn priced(storage_mbps: u64, net_mbps: u64, assign: Assign) -> ClusterConfig {
+        ClusterConfig {
+            prices: Some(LinkPrices {
+                storage_bytes_per_s: storage_mbps * 1_000_000,
+                net_bytes_per_s: net_mbps * 1_000_000,
+            }),
+            assign,
+            ..ClusterConfig::default()
+        }
+    }
+
+    /// Per warm epoch, the busiest node's time in the prices' model: the most of its storage
+    /// bytes over the storage bandwidth and its bytes in or out over the interconnect's.
+    fn busiest_s(decisions: &[ClusterDecision], prices: LinkPrices) -> Vec<f64> {
+        let epochs = decisions.last().map_or(0, |d| d.epoch as usize + 1);
+        let mut bytes = vec![[0u64; 3]; epochs * 4];
+        for d in decisions {
+            let b = u64::from(d.size_bytes);
+            let at = |n: u16| d.epoch as usize * 4 + usize::from(n);
+            match d.served {
+                Served::Storage => bytes[at(d.node)][0] += b,
+                Served::Remote(h) => {
+                    bytes[at(d.node)][1] += b;
+                    bytes[at(h)][2] += b;
+                }
+                Served::Local => {}
+            }
+        }
+        let (s, l) = (
+            prices.storage_bytes_per_s as f64,
+            prices.net_bytes_per_s as f64,
+        );
+        (1..epochs)
+            .map(|e| {
+                (0..4)
+                    .map(|n| {
+                        let [st, i, o] = bytes[e * 4 + n];
+                        (st as f64 / s).max(i.max(o) as f64 / l)
+                    })
+                    .fold(0.0, f64::max)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn priced_remote_hits_change_only_where_the_bytes_come_from() {
+        let (plain, plain_evictions) = decisions_of_four(ClusterConfig::default());
+        let config = priced(30, 40, Assign::Sampler);
+        let (slow, slow_evictions) = decisions_of_four(config);
+        assert_eq!(plain_evictions, slow_evictions, "the caches are the same");
+        let mut rerouted = 0;
+        for (p, s) in plain.iter().zip(&slow) {
+            assert_eq!(
+                (p.position, p.node, p.slot, p.sample, p.kept_at),
+                (s.position, s.node, s.slot, s.sample, s.kept_at)
+            );
+            if p.served != s.served {
+                // The holder keeps it, or lets it go after its last use.
+                assert!(matches!(p.served, Served::Remote(h) if p.kept_at.is_none_or(|k| k == h)));
+                assert_eq!(s.served, Served::Storage, "at {}", s.position);
+                rerouted += 1;
+            }
+        }
+        assert_eq!(plain.len(), slow.len());
+        let (stats, _) = twenty_percent_of_four(config);
+        assert_eq!(stats.total().rerouted_reads, rerouted);
+        assert!(
+            rerouted > 0,
+            "a 40 MB/s interconnect against 30 MB/s storage"
+        );
+        assert_eq!(
+            stats.epoch(0).rerouted_reads,
+            0,
+            "the cold epoch has no hits"
+        );
+        // The busiest node's time in the model is lower in every warm epoch.
+        let prices = config.prices.unwrap();
+        let (before, after) = (busiest_s(&plain, prices), busiest_s(&slow, prices));
+        for (e, (b, a)) in before.iter().zip(&after).enumerate() {
+            assert!(a < &(0.85 * b), "epoch {}: {a} s against {b} s", e + 1);
+        }
+    }
+
+    #[test]
+    fn a_fast_interconnect_reroutes_nothing() {
+        for assign in [Assign::Sampler, Assign::Locality] {
+            let plain = decisions_of_four(ClusterConfig {
+                assign,
+                ..ClusterConfig::default()
+            });
+            assert_eq!(decisions_of_four(priced(30, 12_500, assign)), plain);
+        }
     }
 
     #[test]

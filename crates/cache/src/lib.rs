@@ -57,7 +57,7 @@ mod check;
 
 pub use cluster::{
     Assign, ClusterConfig, ClusterCounts, ClusterDecision, ClusterError, ClusterLayout,
-    ClusterPlanner, ClusterStats, ClusterView, Mode, Served,
+    ClusterPlanner, ClusterStats, ClusterView, LinkPrices, Mode, Served,
 };
 pub use error::{CacheError, StoreError, TraceError};
 pub use forms::{

@@ -14,14 +14,19 @@ fn run_json(
     json: &std::path::Path,
     args: &[&std::ffi::OsStr],
 ) -> (String, serde_json::Value) {
-    let out = cmd
-        .args(["run", "--quiet", "--compute-ms", "0", "--storage-mbps", "0"])
-        .args(["--ranks-per-node", "2", "--batch", "4"])
-        .args(args)
-        .arg("--json")
-        .arg(json)
-        .output()
-        .unwrap();
+    cmd.args(["run", "--quiet", "--compute-ms", "0", "--storage-mbps", "0"])
+        .args(["--ranks-per-node", "2", "--batch", "4"]);
+    run_report(cmd, json, args)
+}
+
+/// Runs `cmd` with `args`, writing its report to `json`; asserts it succeeded and returns its
+/// output and report.
+fn run_report(
+    mut cmd: Command,
+    json: &std::path::Path,
+    args: &[&std::ffi::OsStr],
+) -> (String, serde_json::Value) {
+    let out = cmd.args(args).arg("--json").arg(json).output().unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -496,4 +501,76 @@ fn locality_under_the_cluster_plan_is_reported_per_strategy() {
         assert!(why.contains("cluster plan"), "{why}");
         assert_eq!(plan["samples"], lobster["samples"]);
     }
+}
+
+/// `--link-prices`: on an interconnect about as slow as storage, the cluster plan reads some
+/// remote hits from storage instead. Every node delivers the same batches either way, every
+/// planned remote hit is served, and each storage byte more is a rerouted one.
+#[test]
+fn link_prices_send_remote_hits_to_storage_on_a_slow_interconnect() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    gen(&data, 192, 8);
+    let run = |prices: &str| {
+        let mut cmd = lobster();
+        cmd.args([
+            "run",
+            "--quiet",
+            "--compute-ms",
+            "0",
+            "--cluster",
+            "--nodes",
+            "4",
+        ])
+        .args(["--ranks-per-node", "2", "--batch", "4", "--epochs", "3"])
+        .args([
+            "--cache-frac",
+            "0.2",
+            "--decoder",
+            "raw",
+            "--strategy",
+            "lobster",
+        ])
+        .args([
+            "--storage-mbps",
+            "3",
+            "--net-mbps",
+            "4",
+            "--link-prices",
+            prices,
+        ])
+        .arg("--data")
+        .arg(&data);
+        run_report(cmd, &dir.path().join(format!("{prices}.json")), &[]).1
+    };
+    let (on, off) = (run("on"), run("off"));
+    assert_eq!(on["config"]["link_prices"]["net_bytes_per_s"], 4_000_000);
+    assert!(off["config"]["link_prices"].is_null());
+    let storage = |r: &serde_json::Value| -> u64 {
+        let epochs = r["storage_bytes_by_epoch"].as_array().unwrap();
+        epochs.iter().map(|x| x.as_u64().unwrap()).sum()
+    };
+    let mut rerouted_all = 0;
+    for n in 0..4 {
+        let (a, b) = (&on["nodes"][n][0], &off["nodes"][n][0]);
+        assert_eq!(a["batches_crc32"], b["batches_crc32"], "node {n}");
+        assert_eq!(a["samples"], b["samples"], "node {n}");
+        for r in [a, b] {
+            assert_eq!(r["remote_hits"], r["planned_remote_hits"], "node {n}: {r}");
+            assert_eq!(r["remote_misses"], 0, "node {n}");
+        }
+        let epochs = a["cluster_plan"]["epochs"].as_array().unwrap();
+        let rerouted: u64 = epochs
+            .iter()
+            .map(|e| e["rerouted_bytes"].as_u64().unwrap())
+            .sum();
+        assert_eq!(storage(a), storage(b) + rerouted, "node {n}");
+        let remote = |r: &serde_json::Value| r["remote_hit_bytes"].as_u64().unwrap();
+        assert_eq!(remote(a) + rerouted, remote(b), "node {n}");
+        rerouted_all += rerouted;
+    }
+    assert!(
+        rerouted_all > 0,
+        "a 4 MB/s interconnect against 3 MB/s storage"
+    );
 }

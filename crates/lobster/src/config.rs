@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use lobster_cache::{FormChoice, FormCosts};
+use lobster_cache::{FormChoice, FormCosts, LinkPrices};
 
 use crate::emulate::StorageEmulation;
 use crate::error::Error;
@@ -300,6 +300,12 @@ pub struct CacheConfig {
     /// With peer nodes, whether their caches are planned as one (see
     /// `lobster_cache::cluster`).
     pub peer_plan: PeerPlanChoice,
+    /// Under the cluster plan, each node's storage and interconnect bandwidths: a remote hit
+    /// is then read from storage where the interconnect is the dearer link (see
+    /// `lobster_cache::cluster`, priced remote hits). Configured, never timed, so every node
+    /// plans the same; give every node the same. `None`: a peer always serves what it holds,
+    /// right for an interconnect much faster than storage.
+    pub link_prices: Option<LinkPrices>,
 }
 
 impl Default for CacheConfig {
@@ -311,6 +317,7 @@ impl Default for CacheConfig {
             form_costs: None,
             decoded_max_side: None,
             peer_plan: PeerPlanChoice::Auto,
+            link_prices: None,
         }
     }
 }
@@ -473,6 +480,16 @@ impl LoaderConfig {
                 ));
             }
         }
+        if let Some(p) = self.cache.link_prices {
+            for (name, value) in [
+                ("link_prices.storage_bytes_per_s", p.storage_bytes_per_s),
+                ("link_prices.net_bytes_per_s", p.net_bytes_per_s),
+            ] {
+                if !(1..=1 << 50).contains(&value) {
+                    return Err(Error::invalid(name, value, "1..=2^50 bytes per second"));
+                }
+            }
+        }
         if let Some(side) = self.cache.decoded_max_side {
             range("decoded_max_side", side as usize, 1, 1 << 16)?;
         }
@@ -576,6 +593,24 @@ mod tests {
             (
                 with(&|c| c.limits.decoded_sample_bytes_max = Some(0)),
                 "decoded_sample_bytes_max",
+            ),
+            (
+                with(&|c| {
+                    c.cache.link_prices = Some(LinkPrices {
+                        storage_bytes_per_s: 0,
+                        net_bytes_per_s: 1,
+                    })
+                }),
+                "link_prices.storage_bytes_per_s",
+            ),
+            (
+                with(&|c| {
+                    c.cache.link_prices = Some(LinkPrices {
+                        storage_bytes_per_s: 1,
+                        net_bytes_per_s: u64::MAX,
+                    })
+                }),
+                "link_prices.net_bytes_per_s",
             ),
         ];
         for (config, parameter) in cases {

@@ -110,11 +110,11 @@ pub use emulate::StorageEmulation;
 pub use error::{Cause, Error};
 pub use faults::{AttemptFaults, FailureBudget, Fault, FaultInjection, OnError, READ_ATTEMPTS};
 pub use loader::{Loader, LoaderBuilder, RankHandle, RankStream};
-pub use lobster_cache::{Form, FormChoice, FormCosts};
+pub use lobster_cache::{Form, FormChoice, FormCosts, LinkPrices};
 pub use metrics::{
     AllocationRecord, CacheForms, CacheStore, ClusterEpochMetrics, ClusterPlanMetrics,
-    FormCostsReport, IterationMetrics, Mode, PeerPlanKind, ReadPath, RunMetrics, SkippedSample,
-    ThreadClass,
+    FormCostsReport, IterationMetrics, LinkPricesReport, Mode, PeerPlanKind, ReadPath, RunMetrics,
+    SkippedSample, ThreadClass,
 };
 pub use pipeline::{PeerPlan, PeerPlanInputs};
 pub use resume::{

@@ -17,7 +17,7 @@ use crate::metrics::{
 use crate::pipeline::{self, Context, DecodeFn, Layout, Pipeline, PipelineState};
 use crate::resume::{self, JobFingerprint, LoaderState, Positions};
 use crate::sampler::{DistributedSampler, EpochOrder};
-use lobster_cache::{FormChoice, FormCosts};
+use lobster_cache::{FormChoice, FormCosts, LinkPrices};
 
 /// Builds a [`Loader`]: the dataset, the job's layout, the cache, the budgets and the decode
 /// function. Every setting is checked by [`build`](LoaderBuilder::build) before any thread
@@ -239,6 +239,13 @@ impl<T: Send + 'static> LoaderBuilder<T> {
     /// side (see [`CacheConfig::decoded_max_side`](crate::CacheConfig::decoded_max_side)).
     pub fn decoded_max_side(mut self, max_side: u32) -> Self {
         self.config.cache.decoded_max_side = Some(max_side);
+        self
+    }
+
+    /// Each node's storage and interconnect bandwidths, with which the cluster plan prices a
+    /// remote hit against a storage read (see [`CacheConfig::link_prices`](crate::CacheConfig::link_prices)).
+    pub fn link_prices(mut self, prices: LinkPrices) -> Self {
+        self.config.cache.link_prices = Some(prices);
         self
     }
 

@@ -333,6 +333,11 @@ pub struct ClusterEpochMetrics {
     pub storage_reads: u64,
     /// Their bytes.
     pub storage_bytes: u64,
+    /// Of the storage reads, those of a sample a peer held, read from storage because the
+    /// link prices made the interconnect the dearer link.
+    pub rerouted_reads: u64,
+    /// Their bytes.
+    pub rerouted_bytes: u64,
 }
 
 /// This node's share of the cluster plan, as planned.
@@ -349,6 +354,26 @@ pub struct ClusterPlanMetrics {
     pub epochs: Vec<ClusterEpochMetrics>,
     /// Other nodes' accesses this node's cache was planned to serve.
     pub serves_planned: u64,
+    /// The bandwidths remote hits were priced with, if any.
+    pub link_prices: Option<LinkPricesReport>,
+}
+
+/// [`lobster_cache::LinkPrices`] as the metrics report them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct LinkPricesReport {
+    /// A node's storage bandwidth, bytes per second.
+    pub storage_bytes_per_s: u64,
+    /// A node's interconnect bandwidth each way, bytes per second.
+    pub net_bytes_per_s: u64,
+}
+
+impl From<lobster_cache::LinkPrices> for LinkPricesReport {
+    fn from(p: lobster_cache::LinkPrices) -> Self {
+        LinkPricesReport {
+            storage_bytes_per_s: p.storage_bytes_per_s,
+            net_bytes_per_s: p.net_bytes_per_s,
+        }
+    }
 }
 
 /// [`lobster_cache::FormCosts`] as the metrics report them, with where they came from.

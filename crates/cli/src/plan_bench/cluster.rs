@@ -163,6 +163,8 @@ pub fn run_case(case: &Case) -> Result<Report> {
             AssignArg::Sampler => Assign::Sampler,
             AssignArg::Locality => Assign::Locality,
         },
+        // The floor counts storage reads; rerouting remote hits only adds to them.
+        prices: None,
     };
 
     let (cpu0, wall0) = (thread_cpu()?, Instant::now());

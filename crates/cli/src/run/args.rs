@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use lobster_io::uring::Backend;
 use lobster_io::{
     Assign, BudgetConfig, CacheConfig, FailureBudget, FaultInjection, IoOrder, JobConfig,
-    LoaderConfig, OnError, PipelineThreads, ReadConfig, Schedule, StorageEmulation,
+    LinkPrices, LoaderConfig, OnError, PipelineThreads, ReadConfig, Schedule, StorageEmulation,
 };
 use serde::Serialize;
 
@@ -193,6 +193,11 @@ pub struct RunArgs {
     /// locality where the cluster plan was not used.
     #[arg(help_heading = "Job", long, value_enum, default_value_t = AssignArg::Sampler)]
     pub assign: AssignArg,
+    /// Under the cluster plan, price a remote hit against a storage read with the emulated
+    /// bandwidths (--storage-mbps, --net-mbps, both above 0), so that a slow interconnect
+    /// sends some remote hits to storage: `on`, or `off` (a peer serves all it holds).
+    #[arg(help_heading = "Job", long, value_enum, default_value_t = LinkPricesArg::On)]
+    pub link_prices: LinkPricesArg,
     /// Every rank takes this many batches of this run, then the run stops cleanly (counted
     /// from where it starts: a resumed run stops K batches after its state).
     #[arg(help_heading = "Resume", long)]
@@ -321,6 +326,16 @@ pub enum AssignArg {
     Sampler,
     /// To the nodes holding the samples, under the cluster plan.
     Locality,
+}
+
+/// Whether the cluster plan prices remote hits, as the CLI spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LinkPricesArg {
+    /// With the emulated storage and interconnect bandwidths, where both are emulated.
+    On,
+    /// Not priced: a peer serves every sample it holds.
+    Off,
 }
 
 /// The skip budget when --max-failures is not given.
@@ -462,6 +477,16 @@ impl RunArgs {
         })
     }
 
+    /// The bandwidths the cluster plan prices remote hits with: the emulated ones, where
+    /// both storage and interconnect are emulated and prices are on.
+    pub(crate) fn link_prices(&self) -> Option<LinkPrices> {
+        let emulated = self.storage_mbps > 0.0 && self.net_mbps > 0.0;
+        (self.link_prices == LinkPricesArg::On && emulated).then_some(LinkPrices {
+            storage_bytes_per_s: (self.storage_mbps * 1e6) as u64,
+            net_bytes_per_s: (self.net_mbps * 1e6) as u64,
+        })
+    }
+
     /// The loader settings every strategy shares: layout, io_depth, storage, errors. A
     /// strategy sets its cache, execution, schedule and threads on top.
     pub(crate) fn loader_config(&self) -> Result<LoaderConfig> {
@@ -481,6 +506,7 @@ impl RunArgs {
             cache: CacheConfig {
                 forms: self.cache_forms.map(CacheFormsArg::choice),
                 decoded_max_side: self.decoded_max_side,
+                link_prices: self.link_prices(),
                 ..CacheConfig::default()
             },
             budgets: BudgetConfig {

@@ -104,6 +104,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         backend: args.backend,
         io_order: args.io_order,
         assign: args.assign,
+        link_prices: args.link_prices().map(Into::into),
         cache_forms: args.cache_forms,
         decoded_max_side: args.decoded_max_side,
         direct: args.direct,

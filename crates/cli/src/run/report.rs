@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use lobster_io::{AllocationRecord, RunMetrics};
+use lobster_io::{AllocationRecord, LinkPricesReport, RunMetrics};
 use serde::Serialize;
 
 use super::args::{
@@ -48,6 +48,9 @@ pub(crate) struct RunConfig {
     /// Which rank of a step gets which sample, as asked (each strategy's `assign` says what
     /// ran).
     pub assign: AssignArg,
+    /// Whether the cluster plan priced remote hits, and with which bandwidths (the emulated
+    /// ones, where both tiers are emulated and prices are on).
+    pub link_prices: Option<LinkPricesReport>,
     pub cache_forms: Option<CacheFormsArg>,
     pub decoded_max_side: Option<u32>,
     pub direct: bool,
@@ -217,6 +220,12 @@ pub(crate) fn print_header(config: &RunConfig) {
             "emulated interconnect: {} MB/s per node, {} us per fetch",
             config.net_mbps, config.net_latency_us
         );
+        if config.link_prices.is_some() {
+            println!(
+                "the cluster plan prices remote hits with these bandwidths (--link-prices off: \
+                 peers serve all they hold)"
+            );
+        }
     }
 }
 
@@ -428,7 +437,7 @@ pub(crate) fn print_cluster(nodes: &[serde_json::Value], config: &RunConfig) {
         config.cache_bytes as f64 / 1e6
     );
     println!(
-        "{:>20} {:>12} {:>14} {:>10} {:>8} {:>8} {:>8} {:>12} {:>10} {:>12}",
+        "{:>20} {:>12} {:>14} {:>10} {:>8} {:>8} {:>8} {:>9} {:>12} {:>10} {:>12}",
         "strategy",
         "plan",
         "storage MB/ep",
@@ -436,6 +445,7 @@ pub(crate) fn print_cluster(nodes: &[serde_json::Value], config: &RunConfig) {
         "local",
         "remote",
         "storage",
+        "rerouted",
         "net MB",
         "job smp/s",
         "steady smp/s"
@@ -451,7 +461,7 @@ pub(crate) fn print_cluster(nodes: &[serde_json::Value], config: &RunConfig) {
             plan.push_str(",loc");
         }
         println!(
-            "{:>20} {plan:>12} {:>14.1} {:>10} {:>8.3} {:>8.3} {:>8.3} {:>12.1} {:>10.0} {:>12.0}",
+            "{:>20} {plan:>12} {:>14.1} {:>10} {:>8.3} {:>8.3} {:>8.3} {:>9.3} {:>12.1} {:>10.0} {:>12.0}",
             nodes[0][p]["strategy"].as_str().unwrap_or("?"),
             figures.steady_storage_bytes_per_epoch / 1e6,
             if floor > 0 {
@@ -465,6 +475,7 @@ pub(crate) fn print_cluster(nodes: &[serde_json::Value], config: &RunConfig) {
             figures.fractions[0],
             figures.fractions[1],
             figures.fractions[2],
+            figures.fractions[3],
             figures.remote_bytes / 1e6,
             figures.samples_per_second,
             figures.steady_samples_per_second,
@@ -476,8 +487,9 @@ pub(crate) fn print_cluster(nodes: &[serde_json::Value], config: &RunConfig) {
 struct JobFigures {
     /// Mean over the epochs after the first of the job's storage bytes per epoch.
     steady_storage_bytes_per_epoch: f64,
-    /// Local hits, remote hits and storage reads over accesses.
-    fractions: [f64; 3],
+    /// Local hits, remote hits, storage reads and, of those, the remote hits the link prices
+    /// sent to storage, over accesses.
+    fractions: [f64; 4],
     /// Bytes peers sent, all nodes.
     remote_bytes: f64,
     /// The nodes' samples per second, summed: overall, and after the first epoch.
@@ -489,6 +501,7 @@ fn job_figures(nodes: &[serde_json::Value], p: usize) -> JobFigures {
     let num = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap_or(0.0);
     let (mut steady, mut epochs) = (0.0, 0usize);
     let (mut accesses, mut hits, mut remote, mut remote_bytes) = (0.0, 0.0, 0.0, 0.0);
+    let mut rerouted = 0.0;
     let (mut samples_per_second, mut steady_samples_per_second) = (0.0, 0.0);
     for results in nodes {
         let r = &results[p];
@@ -502,6 +515,9 @@ fn job_figures(nodes: &[serde_json::Value], p: usize) -> JobFigures {
         hits += num(r, "hits");
         remote += num(r, "remote_hits");
         remote_bytes += num(r, "remote_hit_bytes");
+        if let Some(epochs) = r["cluster_plan"]["epochs"].as_array() {
+            rerouted += epochs.iter().map(|e| num(e, "rerouted_reads")).sum::<f64>();
+        }
         samples_per_second += num(r, "samples_per_second");
         steady_samples_per_second += num(r, "steady_samples_per_second");
     }
@@ -512,7 +528,12 @@ fn job_figures(nodes: &[serde_json::Value], p: usize) -> JobFigures {
         } else {
             0.0
         },
-        fractions: [share(hits), share(remote), share(accesses - hits - remote)],
+        fractions: [
+            share(hits),
+            share(remote),
+            share(accesses - hits - remote),
+            share(rerouted),
+        ],
         remote_bytes,
         samples_per_second,
         steady_samples_per_second,

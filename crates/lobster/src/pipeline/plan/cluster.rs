@@ -7,7 +7,8 @@
 use std::sync::Arc;
 
 use lobster_cache::{
-    Assign, ClusterConfig, ClusterCounts, ClusterDecision, ClusterLayout, ClusterPlanner, Mode,
+    Assign, ClusterConfig, ClusterCounts, ClusterDecision, ClusterLayout, ClusterPlanner,
+    LinkPrices, Mode,
 };
 
 use crate::error::Error;
@@ -23,6 +24,7 @@ pub(crate) struct NodeShare {
     /// Accesses of other nodes this node's cache is planned to serve.
     serves_planned: u64,
     locality: bool,
+    prices: Option<LinkPrices>,
 }
 
 impl std::fmt::Debug for NodeShare {
@@ -56,13 +58,14 @@ pub(crate) fn cluster_layout(
 
 impl NodeShare {
     /// Node `node`'s share of the plan of `nodes` nodes each caching `capacity_bytes`; with
-    /// `locality`, each step's samples go to the nodes that hold them.
+    /// `locality`, each step's samples go to the nodes that hold them; with `prices`, a remote
+    /// hit may be read from storage instead.
     pub(crate) fn new(
         layout: &Layout,
         (nodes, node): (usize, usize),
         sizes: Arc<[u32]>,
         capacity_bytes: u64,
-        locality: bool,
+        (locality, prices): (bool, Option<LinkPrices>),
     ) -> Result<NodeShare, Error> {
         let config = ClusterConfig {
             mode: Some(Mode::Cluster),
@@ -71,6 +74,7 @@ impl NodeShare {
             } else {
                 Assign::Sampler
             },
+            prices,
             ..ClusterConfig::default()
         };
         let planner = ClusterPlanner::with_config(
@@ -86,6 +90,7 @@ impl NodeShare {
             evicted: Vec::new(),
             serves_planned: 0,
             locality,
+            prices,
         })
     }
 
@@ -146,6 +151,8 @@ impl NodeShare {
             remote_hit_bytes: c.remote_hit_bytes,
             storage_reads: c.storage_reads,
             storage_bytes: c.storage_bytes,
+            rerouted_reads: c.rerouted_reads,
+            rerouted_bytes: c.rerouted_bytes,
         };
         ClusterPlanMetrics {
             nodes: self.planner.layout().nodes(),
@@ -155,6 +162,7 @@ impl NodeShare {
                 .map(|e| epoch(stats.of(e, usize::from(self.node))))
                 .collect(),
             serves_planned: self.serves_planned,
+            link_prices: self.prices.map(Into::into),
         }
     }
 }

@@ -79,7 +79,10 @@ impl Cache {
                 (config.job.nodes, config.job.node),
                 sizes.clone(),
                 config.cache.capacity_bytes,
-                ctx.peers.as_ref().is_some_and(|p| p.locality),
+                (
+                    ctx.peers.as_ref().is_some_and(|p| p.locality),
+                    config.cache.link_prices,
+                ),
             )?)),
             Some(tier) => {
                 let policy = FormPolicy::new(

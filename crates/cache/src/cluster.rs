@@ -46,14 +46,14 @@
 //! unpriced plan's (the holder's policy takes the access either way); only where the bytes of
 //! an access come from changes. Within each epoch the plan counts, per node, the bytes each
 //! node received and sent over the interconnect and the storage bytes it read in place of a
-//! remote hit, and takes the compulsory storage reads as the node's floor share
-//! `max(0, F - nodes * capacity_bytes) / nodes` spread evenly over the epoch (they come late
-//! in it, and the read-ahead spreads them). A remote hit of `b` bytes of holder `h` for node
-//! `a` goes to storage when `a`'s storage time with it, `(floor share so far + rerouted + b) /
+//! remote hit, and takes the node's compulsory storage reads as its floor share
+//! `max(0, F - nodes * capacity_bytes) / nodes`, counted from the epoch's start (hits come
+//! early in an epoch and the misses late). A remote hit of `b` bytes of holder `h` for node
+//! `a` goes to storage when `a`'s storage time with it, `(floor share + rerouted + b) /
 //! storage bandwidth`, is below the busier link's time with it, `max(in(a), out(h)) + b` over
-//! the interconnect bandwidth. The rule is a heuristic (a greedy balance of each node's two
-//! links over the epoch so far) from configured bandwidths, never from timings; on a fast
-//! interconnect it reroutes nothing.
+//! the interconnect bandwidth, so that each node's storage and interconnect times end the
+//! epoch about equal. The rule is a heuristic (a greedy balance from configured bandwidths,
+//! never from timings); on a fast interconnect it reroutes nothing.
 //!
 //! # Locality-aware assignment
 //! With [`Assign::Locality`] (cluster mode only) the global stream keeps its samples and their
@@ -647,15 +647,9 @@ impl Pricing {
         }
     }
 
-    /// Whether node `a`'s access of `size_bytes` held by node `h`, at `index` of an epoch of
-    /// `epoch_accesses`, is read from storage; counts it either way.
-    fn reroutes(
-        &mut self,
-        epoch: u32,
-        (index, epoch_accesses): (u64, u64),
-        (a, h): (usize, usize),
-        size_bytes: u32,
-    ) -> bool {
+    /// Whether node `a`'s access of `size_bytes` held by node `h` in `epoch` is read from
+    /// storage; counts it either way.
+    fn reroutes(&mut self, epoch: u32, (a, h): (usize, usize), size_bytes: u32) -> bool {
         if epoch != self.epoch {
             self.epoch = epoch;
             for v in [&mut self.received, &mut self.sent, &mut self.rerouted] {
@@ -663,9 +657,10 @@ impl Pricing {
             }
         }
         let b = u128::from(size_bytes);
-        let floor_so_far =
-            u128::from(self.floor_share_bytes) * u128::from(index + 1) / u128::from(epoch_accesses);
-        let storage = floor_so_far + u128::from(self.rerouted[a]) + b;
+        // The epoch's compulsory reads are counted from its start: hits come early in an
+        // epoch and misses late, so a share prorated over the accesses would let the early
+        // hits reroute more than the epoch's end can balance.
+        let storage = u128::from(self.floor_share_bytes) + u128::from(self.rerouted[a]) + b;
         let link = u128::from(self.received[a].max(self.sent[h])) + b;
         // storage / S < link / L, without division.
         let reroute = storage * u128::from(self.prices.net_bytes_per_s)
@@ -1013,12 +1008,7 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
                 } else if h == node {
                     (Served::Local, h)
                 } else if pricing.as_mut().is_some_and(|p| {
-                    p.reroutes(
-                        a.epoch,
-                        (a.position % epoch_accesses, epoch_accesses),
-                        (usize::from(node), usize::from(h)),
-                        size_bytes,
-                    )
+                    p.reroutes(a.epoch, (usize::from(node), usize::from(h)), size_bytes)
                 }) {
                     rerouted = true;
                     (Served::Storage, h)
@@ -1527,7 +1517,7 @@ mod tests {
         let prices = config.prices.unwrap();
         let (before, after) = (busiest_s(&plain, prices), busiest_s(&slow, prices));
         for (e, (b, a)) in before.iter().zip(&after).enumerate() {
-            assert!(a < &(0.85 * b), "epoch {}: {a} s against {b} s", e + 1);
+            assert!(a < &(0.82 * b), "epoch {}: {a} s against {b} s", e + 1);
         }
     }
 

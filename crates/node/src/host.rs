@@ -53,6 +53,8 @@ pub fn fingerprint(dataset: &Dataset, config: &LoaderConfig, seed: u64) -> Vec<(
         ("node", config.job.node.to_string()),
         ("ranks_per_node", config.job.ranks_per_node.to_string()),
         ("drop_last", config.job.drop_last.to_string()),
+        // Both change which node reads what: nodes that differ would plan different jobs.
+        ("assign", config.job.assign.to_string()),
     ];
     v.push((
         "cache",
@@ -64,6 +66,13 @@ pub fn fingerprint(dataset: &Dataset, config: &LoaderConfig, seed: u64) -> Vec<(
         format!(
             "{:?} {:?}",
             config.cache.forms, config.cache.decoded_max_side
+        ),
+    ));
+    v.push((
+        "link_prices",
+        config.cache.link_prices.map_or_else(
+            || "none".to_owned(),
+            |p| format!("{} {}", p.storage_bytes_per_s, p.net_bytes_per_s),
         ),
     ));
     v.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
@@ -776,5 +785,46 @@ fn feed<T: AsRef<[u8]>>(shared: &Arc<Shared>, handle: RankHandle<T>) {
             shared.lock().ranks[r].ended = true;
             send(&mut stream, &ToRank::End);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lobster_io::{Assign, FolderOptions, LinkPrices};
+
+    /// The fields in which two fingerprints differ.
+    fn differing(a: &[(String, String)], b: &[(String, String)]) -> Vec<String> {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(b)
+            .filter(|(x, y)| x != y)
+            .map(|(x, _)| x.0.clone())
+            .collect()
+    }
+
+    #[test]
+    fn what_changes_which_node_reads_what_is_in_the_fingerprint() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("c0")).unwrap();
+        std::fs::write(dir.path().join("c0/a.bin"), b"sample").unwrap();
+        let options = FolderOptions {
+            table_dir: None,
+            extensions: vec!["bin".into()],
+        };
+        let ds = Dataset::open_folder(dir.path(), &options).unwrap();
+        let base = LoaderConfig::default();
+        let mut locality = base.clone();
+        locality.job.assign = Assign::Locality;
+        let mut priced = base.clone();
+        priced.cache.link_prices = Some(LinkPrices {
+            storage_bytes_per_s: 30_000_000,
+            net_bytes_per_s: 40_000_000,
+        });
+        let of = |c: &LoaderConfig| fingerprint(&ds, c, 1);
+        assert_eq!(differing(&of(&base), &of(&locality)), ["assign"]);
+        assert_eq!(differing(&of(&base), &of(&priced)), ["link_prices"]);
+        let shown = of(&priced);
+        assert!(shown.contains(&("link_prices".into(), "30000000 40000000".into())));
     }
 }

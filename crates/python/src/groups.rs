@@ -17,6 +17,8 @@ pub(crate) struct CacheGroup {
     pub policy: String,
     pub forms: Option<String>,
     pub decoded_max_side: Option<u32>,
+    /// Both bandwidths, or neither: what a cluster plan prices a remote hit with.
+    pub link_prices: Option<lobster_io::LinkPrices>,
 }
 
 /// What `budgets=` says.
@@ -70,6 +72,10 @@ pub(crate) fn cache(py: Python<'_>, given: Option<Bound<'_, PyAny>>) -> PyResult
         policy: field(&g, "cache", "policy")?,
         forms: field(&g, "cache", "forms")?,
         decoded_max_side: field(&g, "cache", "decoded_max_side")?,
+        link_prices: link_prices(
+            field(&g, "cache", "storage_bytes_per_s")?,
+            field(&g, "cache", "net_bytes_per_s")?,
+        )?,
     };
     if !(0.0..=1.0).contains(&c.frac) {
         return Err(PyValueError::new_err(format!(
@@ -78,6 +84,29 @@ pub(crate) fn cache(py: Python<'_>, given: Option<Bound<'_, PyAny>>) -> PyResult
         )));
     }
     Ok(c)
+}
+
+/// `cache.storage_bytes_per_s` and `cache.net_bytes_per_s`: both, in the loader's range, or
+/// neither.
+fn link_prices(storage: Option<u64>, net: Option<u64>) -> PyResult<Option<lobster_io::LinkPrices>> {
+    for (name, value) in [("storage_bytes_per_s", storage), ("net_bytes_per_s", net)] {
+        if let Some(v) = value.filter(|v| !(1..=1 << 50).contains(v)) {
+            return Err(PyValueError::new_err(format!(
+                "cache.{name} = {v}: allowed 1 to 2^50 bytes per second"
+            )));
+        }
+    }
+    match (storage, net) {
+        (Some(storage_bytes_per_s), Some(net_bytes_per_s)) => Ok(Some(lobster_io::LinkPrices {
+            storage_bytes_per_s,
+            net_bytes_per_s,
+        })),
+        (None, None) => Ok(None),
+        _ => Err(PyValueError::new_err(
+            "cache.storage_bytes_per_s, cache.net_bytes_per_s: give both or neither (a cluster \
+             plan prices a remote hit against a storage read with both)",
+        )),
+    }
 }
 
 pub(crate) fn budgets(py: Python<'_>, given: Option<Bound<'_, PyAny>>) -> PyResult<BudgetGroup> {

@@ -101,7 +101,7 @@ struct Run {
 /// `max_failures` (a count, or a fraction of the epoch).
 ///
 /// The rest is grouped: `cache=lobster_io.Cache(bytes, frac, policy, forms,
-/// decoded_max_side)`, what the node's cache keeps; `budgets=lobster_io.Budgets(io_depth,
+/// decoded_max_side, storage_bytes_per_s, net_bytes_per_s)`, what the node's cache keeps; `budgets=lobster_io.Budgets(io_depth,
 /// decode_threads, slots, slot_bytes)`, what the node's ranks share, balanced across them
 /// every iteration; `launch=lobster_io.Launch(rank, world_size, local_rank,
 /// local_world_size, job_id)`, where this process stands when no launcher's variables
@@ -116,7 +116,9 @@ struct Run {
 /// lock-step (DDP's all-reduce, or `step_barrier()`). There, `assign="locality"` gives each
 /// step's samples to the processes whose caches hold them where the nodes' caches are
 /// planned as one (every step's samples and batch sizes unchanged; `metrics()["assign"]`
-/// says which ran and why). Under a launcher of several processes
+/// says which ran and why), and `Cache(storage_bytes_per_s=..., net_bytes_per_s=...)` lets
+/// the plan read a remote hit from storage where the interconnect is the dearer link
+/// (`metrics()["cluster_plan"]` counts those reads). Under a launcher of several processes
 /// that it cannot join, a loader runs without peers and says so once (a RuntimeWarning).
 /// `help(lobster_io.Cache)` and the others say what each field does.
 #[pyclass(frozen, module = "lobster_io")]
@@ -161,6 +163,7 @@ struct Settings {
     policy: CachePolicy,
     cache_forms: Option<lobster_io::FormChoice>,
     decoded_max_side: Option<u32>,
+    link_prices: Option<lobster_io::LinkPrices>,
     output: Output,
     drop_last: bool,
     assign: lobster_io::Assign,
@@ -207,6 +210,7 @@ impl Settings {
                 capacity_bytes: capacity,
                 forms: self.cache_forms,
                 decoded_max_side: self.decoded_max_side,
+                link_prices: self.link_prices,
                 ..CacheConfig::default()
             },
             budgets: BudgetConfig {
@@ -725,6 +729,7 @@ impl Loader {
             policy: params::cache_policy(&cache.policy)?,
             cache_forms: params::cache_forms(cache.forms.as_deref())?,
             decoded_max_side: cache.decoded_max_side,
+            link_prices: cache.link_prices,
             output: params::output(transform, image_size, decode.is_some())?,
             drop_last,
             assign: params::assign(assign)?,
@@ -1037,14 +1042,9 @@ impl Loader {
         dict.set_item("peak_cached_decoded_bytes", m.peak_cached_decoded_bytes)?;
         // The JSON's form_costs, field for field: what the two-form rule priced with and
         // where each cost came from.
-        let costs = match m.form_costs {
-            Some(c) => {
-                let json = serde_json::to_string(&c).expect("plain numbers and names");
-                Some(py.import("json")?.call_method1("loads", (json,))?)
-            }
-            None => None,
-        };
-        dict.set_item("form_costs", costs)?;
+        dict.set_item("form_costs", as_json(py, m.form_costs.as_ref())?)?;
+        // The JSON's cluster_plan: storage reads against the floor, what was rerouted.
+        dict.set_item("cluster_plan", as_json(py, m.cluster_plan.as_ref())?)?;
         Ok(Some(dict.into_any().unbind()))
     }
 
@@ -1061,6 +1061,19 @@ impl Loader {
         let complete = self.complete();
         py.detach(move || finish(engine, complete))
     }
+}
+
+/// `value` as Python's `json.loads` makes of its JSON (`None` for none).
+fn as_json<'py>(
+    py: Python<'py>,
+    value: Option<&impl serde::Serialize>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    value
+        .map(|v| {
+            let json = serde_json::to_string(v).expect("plain numbers and names");
+            py.import("json")?.call_method1("loads", (json,))
+        })
+        .transpose()
 }
 
 impl Loader {

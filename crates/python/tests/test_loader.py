@@ -145,6 +145,11 @@ def test_settings_are_grouped_and_a_moved_keyword_says_where_it_went(tmp_path):
         lobster_io.Loader(data, 4, budgets=lobster_io.Budgets(slots=0))
     with pytest.raises(ValueError, match='cache.policy = "belady"'):
         lobster_io.Loader(data, 4, cache=lobster_io.Cache(policy="belady"))
+    with pytest.raises(ValueError, match="give both or neither"):
+        lobster_io.Loader(data, 4, cache=lobster_io.Cache(storage_bytes_per_s=10**9))
+    with pytest.raises(ValueError, match="cache.net_bytes_per_s = 0"):
+        lobster_io.Loader(data, 4, cache=lobster_io.Cache(storage_bytes_per_s=10**9,
+                                                          net_bytes_per_s=0))
     with pytest.raises(ValueError, match='assign = "nearest"'):
         lobster_io.Loader(data, 4, assign="nearest")
     # Locality needs the peers' caches planned as one: alone, the sampler's split, and why.
@@ -152,6 +157,7 @@ def test_settings_are_grouped_and_a_moved_keyword_says_where_it_went(tmp_path):
     assert sum(len(b) for b in alone) == 8
     assign = alone.metrics()["assign"]
     assert assign["mode"] == "sampler" and "no peers" in assign["reason"], assign
+    assert alone.metrics()["cluster_plan"] is None
     alone.close()
     # The groups' defaults are the loader's: both loaders give the same batches.
     plain = lobster_io.Loader(data, 4, seed=5, image_size=8)

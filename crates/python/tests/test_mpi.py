@@ -111,6 +111,7 @@ def test_two_nodes_over_mpirun_serve_every_planned_remote_hit(tmp_path):
         assert "launch.world_size = 3" in seen["launch_error"], seen["launch_error"]
         assert "MPI job of 2 processes" in seen["launch_error"]
         assert "seed" in (seen["disagree_error"] or ""), seen["disagree_error"]
+        assert "assign" in (seen["assign_error"] or ""), seen["assign_error"]
         assert len(seen["rounds"]) == 2
         for r, assign in zip(seen["rounds"], ("sampler", "locality")):
             assert (r["node"], r["nodes"], r["peers"], r["error"]) == (k, 2, True, None), r
@@ -123,6 +124,19 @@ def test_two_nodes_over_mpirun_serve_every_planned_remote_hit(tmp_path):
             assert m["remote_misses"] == 0 and m["skipped"] == 0, m
             assert [len(ids) for ids in r["ids"]] == [share] * 3
             assert m["samples"] == 3 * share, m
+    for k, seen in enumerate(nodes):
+        # Priced: the same batches; the remote hits the link prices made dearer than a
+        # storage read came from storage, every one still planned remote served.
+        r, plain = seen["priced"], seen["rounds"][0]
+        assert r["error"] is None and r["ids"] == plain["ids"], r["error"]
+        m, was = r["metrics"], plain["metrics"]
+        plan = m["cluster_plan"]
+        assert plan["link_prices"] == {"storage_bytes_per_s": 10**9, "net_bytes_per_s": 1000}
+        assert was["cluster_plan"]["link_prices"] is None
+        rerouted = sum(e["rerouted_reads"] for e in plan["epochs"])
+        assert rerouted > 0, plan
+        assert m["remote_hits"] == m["planned_remote_hits"] and m["remote_misses"] == 0, m
+        assert m["remote_hits"] + rerouted == was["remote_hits"], (m, was)
     for k, seen in enumerate(nodes):
         # The resumed round gives the rest of the uninterrupted round's batches.
         r = seen["resumed"]

@@ -47,13 +47,21 @@ class Cache:
     (a hit skips the decode; about 3 to 10 times the bytes) or "auto" (either, per image, by
     the cost model; ``None``: auto for "train" and "eval", encoded otherwise). Batches are the
     same bit for bit whatever it keeps, unless ``decoded_max_side`` (lossy, off by default)
-    brings the images it keeps down to that many pixels a side."""
+    brings the images it keeps down to that many pixels a side.
+
+    ``storage_bytes_per_s`` and ``net_bytes_per_s`` (both or neither; ``None``: unpriced)
+    are a node's storage and interconnect bandwidths, the same on every node of an MPI job.
+    Where the nodes' caches are planned as one, the plan then reads a remote hit from
+    storage when the interconnect is the dearer link; the caches are unchanged. Configured,
+    never timed, so that every node plans the same job."""
 
     bytes: Optional[int] = None
     frac: float = 0.2
     policy: str = "lobster"
     forms: Optional[str] = None
     decoded_max_side: Optional[int] = None
+    storage_bytes_per_s: Optional[int] = None
+    net_bytes_per_s: Optional[int] = None
 
 
 @dataclass(frozen=True)

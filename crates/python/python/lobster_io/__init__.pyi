@@ -39,6 +39,8 @@ class Cache:
     policy: str
     forms: Optional[str]
     decoded_max_side: Optional[int]
+    storage_bytes_per_s: Optional[int]
+    net_bytes_per_s: Optional[int]
     def __init__(
         self,
         bytes: Optional[int] = None,
@@ -46,6 +48,8 @@ class Cache:
         policy: str = "lobster",
         forms: Optional[str] = None,
         decoded_max_side: Optional[int] = None,
+        storage_bytes_per_s: Optional[int] = None,
+        net_bytes_per_s: Optional[int] = None,
     ) -> None: ...
 
 class Budgets:

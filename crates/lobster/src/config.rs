@@ -308,6 +308,9 @@ pub struct CacheConfig {
     pub link_prices: Option<LinkPrices>,
 }
 
+/// The bandwidths [`CacheConfig::link_prices`] may give, bytes per second.
+pub const LINK_BYTES_PER_S: std::ops::RangeInclusive<u64> = 1..=1 << 50;
+
 impl Default for CacheConfig {
     fn default() -> Self {
         CacheConfig {
@@ -485,7 +488,7 @@ impl LoaderConfig {
                 ("link_prices.storage_bytes_per_s", p.storage_bytes_per_s),
                 ("link_prices.net_bytes_per_s", p.net_bytes_per_s),
             ] {
-                if !(1..=1 << 50).contains(&value) {
+                if !LINK_BYTES_PER_S.contains(&value) {
                     return Err(Error::invalid(name, value, "1..=2^50 bytes per second"));
                 }
             }

@@ -102,6 +102,7 @@ pub use batch::{Batch, Sample};
 pub use config::{
     Assign, BudgetConfig, CacheConfig, CachePolicy, Execution, IoOrder, JobConfig, LoaderConfig,
     PeerPlanChoice, PipelineThreads, ReadConfig, ResidentReads, SampleLimits, Schedule,
+    LINK_BYTES_PER_S,
 };
 pub use dataset::{
     Dataset, FolderOptions, Probe, SampleMeta, SampleRecord, CLASSES_MAX, IMAGE_EXTENSIONS,

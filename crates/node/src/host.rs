@@ -55,6 +55,13 @@ pub fn fingerprint(dataset: &Dataset, config: &LoaderConfig, seed: u64) -> Vec<(
         ("drop_last", config.job.drop_last.to_string()),
         // Both change which node reads what: nodes that differ would plan different jobs.
         ("assign", config.job.assign.to_string()),
+        (
+            "link_prices",
+            config.cache.link_prices.map_or_else(
+                || "none".to_owned(),
+                |p| format!("{} {}", p.storage_bytes_per_s, p.net_bytes_per_s),
+            ),
+        ),
     ];
     v.push((
         "cache",
@@ -66,13 +73,6 @@ pub fn fingerprint(dataset: &Dataset, config: &LoaderConfig, seed: u64) -> Vec<(
         format!(
             "{:?} {:?}",
             config.cache.forms, config.cache.decoded_max_side
-        ),
-    ));
-    v.push((
-        "link_prices",
-        config.cache.link_prices.map_or_else(
-            || "none".to_owned(),
-            |p| format!("{} {}", p.storage_bytes_per_s, p.net_bytes_per_s),
         ),
     ));
     v.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()

@@ -90,7 +90,7 @@ pub(crate) fn cache(py: Python<'_>, given: Option<Bound<'_, PyAny>>) -> PyResult
 /// neither.
 fn link_prices(storage: Option<u64>, net: Option<u64>) -> PyResult<Option<lobster_io::LinkPrices>> {
     for (name, value) in [("storage_bytes_per_s", storage), ("net_bytes_per_s", net)] {
-        if let Some(v) = value.filter(|v| !(1..=1 << 50).contains(v)) {
+        if let Some(v) = value.filter(|v| !lobster_io::LINK_BYTES_PER_S.contains(v)) {
             return Err(PyValueError::new_err(format!(
                 "cache.{name} = {v}: allowed 1 to 2^50 bytes per second"
             )));

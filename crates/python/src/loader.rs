@@ -101,10 +101,11 @@ struct Run {
 /// `max_failures` (a count, or a fraction of the epoch).
 ///
 /// The rest is grouped: `cache=lobster_io.Cache(bytes, frac, policy, forms,
-/// decoded_max_side, storage_bytes_per_s, net_bytes_per_s)`, what the node's cache keeps; `budgets=lobster_io.Budgets(io_depth,
-/// decode_threads, slots, slot_bytes)`, what the node's ranks share, balanced across them
-/// every iteration; `launch=lobster_io.Launch(rank, world_size, local_rank,
-/// local_world_size, job_id)`, where this process stands when no launcher's variables
+/// decoded_max_side, storage_bytes_per_s, net_bytes_per_s)`, what the node's cache keeps;
+/// `budgets=lobster_io.Budgets(io_depth, decode_threads, slots, slot_bytes)`, what the
+/// node's ranks share, balanced across them every iteration;
+/// `launch=lobster_io.Launch(rank, world_size, local_rank, local_world_size, job_id)`,
+/// where this process stands when no launcher's variables
 /// (torchrun, Open MPI, Slurm, LOBSTER_*) say, else one process alone;
 /// `limits=lobster_io.Limits(image_pixels_max)`, what a sample may cost. With
 /// several ranks a node, local rank 0 hosts the node's engine.

@@ -305,7 +305,19 @@ fn ranks_as_processes_make_the_same_decisions_as_threads_with_faults_skipped_ali
     );
     assert_eq!(t.len(), 2);
     for (t, p) in t.iter().zip(p) {
-        for key in ["strategy", "hits", "accesses", "samples", "skipped"] {
+        // The same batches, step by step, whether the ranks are threads or processes.
+        assert!(p["batches_crc32"].is_u64(), "{}", p["batches_crc32"]);
+        // 96 samples over 2 nodes of 2 ranks in batches of 4: 6 steps an epoch, 3 epochs.
+        assert_eq!(p["step_crc32"].as_array().map(Vec::len), Some(3 * 6));
+        for key in [
+            "strategy",
+            "hits",
+            "accesses",
+            "samples",
+            "skipped",
+            "batches_crc32",
+            "step_crc32",
+        ] {
             assert_eq!(t[key], p[key], "{key} of {}", t["strategy"]);
         }
         // The same samples skipped; ranks record theirs in whichever order they get there.

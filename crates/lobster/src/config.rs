@@ -387,8 +387,9 @@ pub struct ReadConfig {
     pub inject_faults: Option<FaultInjection>,
 }
 
-/// Bounds on the knobs, so a typo cannot ask for a million threads.
-pub(crate) const THREADS_MAX: usize = 1024;
+/// Bounds on the knobs, so a typo cannot ask for a million threads: the most decode
+/// threads (read-then-decode: workers) a node's loader may have.
+pub const THREADS_MAX: usize = 1024;
 pub(crate) const IO_DEPTH_MAX: usize = 65_536;
 pub(crate) const PREFETCH_MAX: usize = 1024;
 

@@ -15,7 +15,9 @@ use crate::error::Error;
 pub enum FailureBudget {
     /// At most this many skipped accesses per epoch on this node.
     Count(u64),
-    /// At most this fraction (0..=1) of the node's accesses in an epoch, rounded down.
+    /// At most this fraction (0..=1) of the node's accesses in an epoch, rounded up: any
+    /// fraction above 0 allows at least one failure however short the epoch (1% of 50
+    /// accesses allows 1, not 0).
     Fraction(f64),
 }
 
@@ -24,7 +26,17 @@ impl FailureBudget {
     pub fn allowed(&self, accesses: u64) -> u64 {
         match *self {
             FailureBudget::Count(n) => n,
-            FailureBudget::Fraction(f) => (f * accesses as f64).floor() as u64,
+            FailureBudget::Fraction(f) => {
+                let share = f * accesses as f64;
+                // 1% of 300 is 3.0000000000000004 in floats: a share within rounding of a
+                // whole number is that number.
+                let whole = share.round();
+                if (share - whole).abs() <= 1e-9 * whole.max(1.0) {
+                    whole as u64
+                } else {
+                    share.ceil() as u64
+                }
+            }
         }
     }
 }
@@ -442,7 +454,13 @@ mod tests {
         );
         assert!("150%".parse::<FailureBudget>().is_err());
         assert!("-1".parse::<FailureBudget>().is_err());
-        assert_eq!(FailureBudget::Fraction(0.1).allowed(95), 9);
+        // Rounded up, so a short epoch still tolerates a failure; exact shares stay exact.
+        assert_eq!(FailureBudget::Fraction(0.1).allowed(95), 10);
+        assert_eq!(FailureBudget::Fraction(0.01).allowed(50), 1);
+        assert_eq!(FailureBudget::Fraction(0.01).allowed(99), 1);
+        assert_eq!(FailureBudget::Fraction(0.01).allowed(300), 3);
+        assert_eq!(FailureBudget::Fraction(0.07).allowed(100), 7);
+        assert_eq!(FailureBudget::Fraction(0.0).allowed(1000), 0);
     }
 
     #[test]

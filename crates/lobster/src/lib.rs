@@ -68,6 +68,7 @@ mod error;
 mod faults;
 pub mod images;
 mod loader;
+mod memory;
 mod metrics;
 mod pipeline;
 mod resume;
@@ -102,7 +103,7 @@ pub use batch::{Batch, Sample};
 pub use config::{
     Assign, BudgetConfig, CacheConfig, CachePolicy, Execution, IoOrder, JobConfig, LoaderConfig,
     PeerPlanChoice, PipelineThreads, ReadConfig, ResidentReads, SampleLimits, Schedule,
-    LINK_BYTES_PER_S,
+    LINK_BYTES_PER_S, THREADS_MAX,
 };
 pub use dataset::{
     Dataset, FolderOptions, Probe, SampleMeta, SampleRecord, CLASSES_MAX, IMAGE_EXTENSIONS,
@@ -112,6 +113,7 @@ pub use error::{Cause, Error};
 pub use faults::{AttemptFaults, FailureBudget, Fault, FaultInjection, OnError, READ_ATTEMPTS};
 pub use loader::{Loader, LoaderBuilder, RankHandle, RankStream};
 pub use lobster_cache::{Form, FormChoice, FormCosts, LinkPrices};
+pub use memory::{MachineMemory, MemoryPart};
 pub use metrics::{
     AllocationRecord, CacheForms, CacheStore, ClusterEpochMetrics, ClusterPlanMetrics,
     FormCostsReport, IterationMetrics, LinkPricesReport, Mode, PeerPlanKind, ReadPath, RunMetrics,

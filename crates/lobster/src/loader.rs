@@ -11,6 +11,7 @@ use crate::dataset::{Dataset, SampleMeta};
 use crate::emulate::StorageEmulation;
 use crate::error::{Cause, Error};
 use crate::faults::{FaultInjection, OnError};
+use crate::memory::{MachineMemory, MemoryPart};
 use crate::metrics::{
     CacheForms, CacheStore, Mode, PeerPlanKind, ReadPath, RunMetrics, ThreadClass,
 };
@@ -35,6 +36,9 @@ pub struct LoaderBuilder<T> {
     measure: Option<fn(&T) -> u64>,
     /// Where a resumed loader starts.
     resume: Option<LoaderState>,
+    /// Memory the embedder allocates for the run beside the loader, counted in the check
+    /// `build` makes before anything is allocated.
+    reserved: Vec<MemoryPart>,
 }
 
 impl<T: AsRef<[u8]> + Send + 'static> LoaderBuilder<T> {
@@ -100,7 +104,16 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             peers: None,
             measure: None,
             resume: None,
+            reserved: Vec::new(),
         }
+    }
+
+    /// Memory the embedder will allocate for the run beside the loader (its collation
+    /// buffers, say), `what` naming the parameters that size it. `build` refuses a run whose
+    /// memory, this included, is more than the process may have (see [`MachineMemory`]).
+    pub fn reserve_memory(mut self, what: impl Into<String>, bytes: u64) -> Self {
+        self.reserved.push(MemoryPart::new(what, bytes));
+        self
     }
 
     /// Continues from `state` (from [`Loader::state`] of a loader of the same job): every rank
@@ -372,6 +385,16 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             Some(state) => {
                 let at = state.position(&fingerprint)?;
                 let (epoch, head) = resume::start(&at, &layout.sampler, config.job.batch_size)?;
+                // A state at the run's very end resumes to nothing; past it, the run asked for
+                // fewer epochs than the state has done.
+                let needed = epoch + u32::from(head.is_some());
+                if needed > config.job.epochs {
+                    return Err(Error::invalid(
+                        "epochs",
+                        config.job.epochs,
+                        format!("at least {needed}: the state resumes at epoch {epoch}"),
+                    ));
+                }
                 layout.resumed(epoch, head)
             }
             None => layout,
@@ -402,12 +425,15 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             .execution
             .dispatches()
             .then(|| pool_shape(&config, &dataset, read_ahead_bytes));
+        let window_bytes = window_bytes(&config, &dataset, pool.map(|(bytes, _)| bytes));
+        let mut memory = memory_parts(&config, &dataset, read_ahead_bytes);
+        memory.extend(self.reserved);
+        MachineMemory::now().check(&memory)?;
         let reader = match pool {
             Some(shape) => Some(build_reader(&config, shape)?),
             None => None,
         };
         let backend = reader.as_ref().map(|r| r.backend().clone());
-        let window_bytes = window_bytes(&config, &dataset, pool.map(|(bytes, _)| bytes));
         let dirs = config
             .execution
             .dispatches()
@@ -671,6 +697,54 @@ fn cache_arena(config: &LoaderConfig) -> Option<lobster_uring::Arena> {
         .capacity_bytes
         .saturating_add(config.cache.capacity_bytes / 8);
     lobster_uring::Arena::new(usize::try_from(budget).ok()?).ok()
+}
+
+impl LoaderConfig {
+    /// What the parameters make a loader of this configuration over `dataset` allocate: its
+    /// cache, the samples it reads ahead and, with a
+    /// [`decoded_sample_bytes_max`](crate::SampleLimits::decoded_sample_bytes_max), its
+    /// decoded samples in flight. [`LoaderBuilder::build`] checks them, with what the
+    /// embedder reserves, against [`MachineMemory`]; an embedder running several
+    /// configurations may check them all before building any.
+    pub fn memory_parts(&self, dataset: &Dataset) -> Vec<MemoryPart> {
+        memory_parts(self, dataset, 0)
+    }
+}
+
+/// [`LoaderConfig::memory_parts`] with `read_ahead_bytes` of peers' plan read ahead.
+fn memory_parts(
+    config: &LoaderConfig,
+    dataset: &Dataset,
+    read_ahead_bytes: u64,
+) -> Vec<MemoryPart> {
+    let pool = config
+        .execution
+        .dispatches()
+        .then(|| pool_shape(config, dataset, read_ahead_bytes).0);
+    let window_bytes = window_bytes(config, dataset, pool);
+    let cache = config.cache.capacity_bytes.min(dataset.total_bytes());
+    let mut parts = vec![
+        // The arena reserves an eighth over the capacity for its blocks' rounding.
+        MemoryPart::new(
+            "the cache (cache_bytes, at most the dataset)",
+            cache.saturating_add(cache / 8),
+        ),
+        MemoryPart::new(
+            "samples read ahead (prefetch_iterations, window_iterations, ranks_per_node, \
+             batch_size)",
+            window_bytes,
+        ),
+    ];
+    if let Some(bytes) = config.limits.decoded_sample_bytes_max {
+        // Decoded samples waiting in the ranks' reorder buffers, and each rank's batch.
+        let samples = window_samples(config) + config.job.ranks_per_node * config.job.batch_size;
+        parts.push(MemoryPart::new(
+            "decoded samples in flight (decoded_sample_bytes_max x (prefetch_iterations + \
+             window_iterations + 1) x ranks_per_node x batch_size)",
+            bytes.saturating_mul(samples as u64),
+        ));
+    }
+    parts
 }
 
 /// Accesses the planner may have handed out and not yet delivered.

@@ -79,7 +79,8 @@ pub struct RunArgs {
     pub decode_threads: usize,
     /// Workers per rank of the read-then-decode strategies (pytorch, nopfs,
     /// lobster-cache-only); each holds one read in flight [default: io_depth / ranks_per_node,
-    /// at least 1: the reads in flight of the pipelined strategies].
+    /// at least 1: the reads in flight of the pipelined strategies, at most the node's 1024
+    /// threads shared by its ranks].
     #[arg(help_heading = "Budgets", long)]
     pub workers_per_rank: Option<usize>,
     /// Iterations the loader may run ahead of the slowest rank.
@@ -224,7 +225,8 @@ pub struct RunArgs {
     #[arg(help_heading = "Decode", long, value_enum, default_value_t = OnErrorArg::Fail)]
     pub on_error: OnErrorArg,
     /// With --on-error skip: samples an epoch may skip on this node, a count N or a
-    /// percentage P% of the epoch's accesses [default: 1%].
+    /// percentage P% of the epoch's accesses, rounded up so that any P above 0 allows at least
+    /// one [default: 1%].
     #[arg(help_heading = "Decode", long)]
     pub max_failures: Option<FailureBudget>,
     /// Inject deterministic faults into storage reads:
@@ -454,7 +456,11 @@ impl RunArgs {
         match self.workers_per_rank {
             Some(0) => bail!("--workers-per-rank = 0: allowed 1 or more"),
             Some(n) => Ok(n),
-            None => Ok((self.io_depth / self.ranks_per_node.max(1)).max(1)),
+            // Reads in flight may go past the threads a node may have; workers may not.
+            None => {
+                let ranks = self.ranks_per_node.max(1);
+                Ok((self.io_depth / ranks).clamp(1, (lobster_io::THREADS_MAX / ranks).max(1)))
+            }
         }
     }
 

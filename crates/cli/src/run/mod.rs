@@ -37,6 +37,12 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if let (Some(r), Some(job)) = (args.rank_process, &args.node_job) {
         return processes::rank_process(args, r, job);
     }
+    // Files written at the end are checked now, not after the whole run.
+    for (option, path) in [("--json", &args.json), ("--save-state", &args.save_state)] {
+        if let Some(path) = path {
+            writable(option, path)?;
+        }
+    }
     // Read before anything is built: a state that cannot be used never becomes a fresh start.
     let resume = args
         .resume
@@ -75,6 +81,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             .with_context(|| format!("opening the dataset {}", data.display()))?,
     );
     let cache_bytes = args.cache_capacity_bytes(&dataset);
+    build::check_strategies(args, &dataset, cache_bytes)?;
     let config = RunConfig {
         data: data.clone(),
         samples: dataset.len(),
@@ -206,6 +213,25 @@ pub fn run(args: &RunArgs) -> Result<()> {
     Ok(())
 }
 
+/// Refuses `path` unless a file can be written there: its folder exists and takes a new
+/// file, and it is not itself a folder. Probed with a file made and removed beside it.
+fn writable(option: &str, path: &std::path::Path) -> Result<()> {
+    if path.is_dir() {
+        anyhow::bail!("{option} {}: a directory, not a file", path.display());
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    let probe = dir.join(format!(".lobster-probe-{}", std::process::id()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .and_then(|_| std::fs::remove_file(&probe))
+        .with_context(|| format!("{option} {}: cannot write there", path.display()))
+}
+
 /// `--cluster`: every strategy on every node of the job in this process; node 0's results
 /// head the report, every node's follow, as an MPI job reports them.
 fn run_nodes(
@@ -286,9 +312,11 @@ fn run_strategy(
             prefetch_window_bytes,
             cache_capacity_bytes,
             cpu_seconds: process::cpu_seconds() - cpu_before + node.ranks_cpu_seconds,
-            batches_crc32: None,
+            batches_crc32: Some(batches_crc32(
+                &node.runs.iter().map(|r| r.totals).collect::<Vec<_>>(),
+            )),
             start: None,
-            step_crc32: Vec::new(),
+            step_crc32: step_digests(&node.runs),
         };
         return Ok((metrics, measured, None));
     }

@@ -17,6 +17,7 @@ use lobster_node::{fingerprint, HostOptions, NodeEnv, NodeError, NodeHost, NodeR
 use super::args::RunArgs;
 use super::decode::{Decoded, Decoder, TransformArg};
 use super::strategy::Strategy;
+use super::train::{digest_parts, RankRun, RankTotals, STEP_DIGESTS_MAX};
 use crate::process;
 
 /// How long a rank waits for the host, and the host for the ranks.
@@ -28,6 +29,42 @@ pub(crate) struct NodeMeasured {
     pub peak_pss_bytes: u64,
     /// CPU seconds of the rank processes.
     pub ranks_cpu_seconds: f64,
+    /// What each rank was delivered, as a rank thread digests it, in rank order.
+    pub runs: Vec<RankRun>,
+}
+
+/// The line a rank process ends its standard output with: its batches' digests.
+const DIGESTS_LINE: &str = "lobster-rank-digests ";
+
+/// A rank process's batches as [`RankRun`] digests them, sent to the host when it ends.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct RankDigests {
+    delivered: u64,
+    skipped: u64,
+    crc32: u32,
+    /// (epoch, iteration, CRC-32) of its first [`STEP_DIGESTS_MAX`] batches.
+    steps: Vec<(u32, u32, u32)>,
+}
+
+impl RankDigests {
+    /// The digests in `said` (a rank process's standard output); an error when missing.
+    fn parse(said: &str) -> Result<RankRun> {
+        let line = said
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix(DIGESTS_LINE))
+            .context("it ended without its batches' digests")?;
+        let d: RankDigests = serde_json::from_str(line).context("its batches' digests")?;
+        Ok(RankRun {
+            totals: RankTotals {
+                delivered: d.delivered,
+                skipped: d.skipped,
+                crc32: d.crc32,
+            },
+            steps: d.steps,
+            ..RankRun::default()
+        })
+    }
 }
 
 /// Where this run's rank `local_rank` stands, in the job `job`.
@@ -126,28 +163,33 @@ pub(crate) fn host_and_ranks(
     .with_context(|| format!("starting the {strategy} host"))?;
     let cpu_before = process::children_cpu_seconds();
     let exe = std::env::current_exe().context("finding this program to run the ranks")?;
-    let mut ranks: Vec<(Child, std::thread::JoinHandle<String>)> = Vec::new();
+    type Said = std::thread::JoinHandle<String>;
+    let mut ranks: Vec<(Child, Said, Said)> = Vec::new();
+    let read_all = |mut from: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            // Bounded: a rank says a line of digests and at most an error.
+            let _ = (&mut from).take(64 << 20).read_to_string(&mut s);
+            s
+        })
+    };
     for r in 0..args.ranks_per_node {
         let mut child = Command::new(&exe)
             .args(rank_argv(args, strategy, &job, r))
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("starting rank process {r}"))?;
-        let mut err = child.stderr.take().expect("piped");
-        let said = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = err.read_to_string(&mut s);
-            s
-        });
-        ranks.push((child, said));
+        let out = read_all(Box::new(child.stdout.take().expect("piped")));
+        let err = read_all(Box::new(child.stderr.take().expect("piped")));
+        ranks.push((child, out, err));
     }
     // The node's memory: sampled while the ranks run.
     let mut peak_pss_bytes = 0;
     let mut codes: Vec<Option<std::process::ExitStatus>> = vec![None; ranks.len()];
     while codes.iter().any(Option::is_none) {
         let mut pss = process::pss_bytes("self");
-        for (i, (child, _)) in ranks.iter_mut().enumerate() {
+        for (i, (child, _, _)) in ranks.iter_mut().enumerate() {
             if codes[i].is_none() {
                 pss += process::pss_bytes(&child.id().to_string());
                 codes[i] = child.try_wait().context("waiting for a rank process")?;
@@ -161,10 +203,15 @@ pub(crate) fn host_and_ranks(
         peak_pss_bytes = peak_pss_bytes.max(pss);
         std::thread::sleep(Duration::from_millis(50));
     }
-    let said: Vec<String> = ranks
+    let (outs, said): (Vec<String>, Vec<String>) = ranks
         .into_iter()
-        .map(|(_, t)| t.join().unwrap_or_default())
-        .collect();
+        .map(|(_, out, err)| {
+            (
+                out.join().unwrap_or_default(),
+                err.join().unwrap_or_default(),
+            )
+        })
+        .unzip();
     let hosted = host.wait();
     let ranks_cpu_seconds = process::children_cpu_seconds() - cpu_before;
     // A rank's own failure names its cause; the others only say a rank stopped.
@@ -183,11 +230,19 @@ pub(crate) fn host_and_ranks(
         bail!("{strategy}: rank process {r}: {}", s.trim());
     }
     let metrics = hosted.map_err(|e| anyhow!("{strategy}: the host: {e}"))?;
+    let runs = outs
+        .iter()
+        .enumerate()
+        .map(|(r, out)| {
+            RankDigests::parse(out).with_context(|| format!("{strategy}: rank process {r}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
     Ok((
         metrics,
         NodeMeasured {
             peak_pss_bytes,
             ranks_cpu_seconds,
+            runs,
         },
     ))
 }
@@ -220,9 +275,25 @@ pub(crate) fn rank_process(args: &RunArgs, local_rank: usize, job: &str) -> Resu
     let images = sample_bytes(args) > 8;
     let mut collator: Option<Collator> = None;
     let mut step = 0u64;
+    let mut digests = RankDigests::default();
+    let mut crc = crc32fast::Hasher::new();
     while let Some(batch) = rank.next() {
         let failure = match batch {
             Ok(b) => {
+                // Digested as a rank thread digests its batch, so both modes' CRCs compare.
+                let mut one = crc32fast::Hasher::new();
+                let samples = b.samples.iter().enumerate();
+                digest_parts(
+                    &mut one,
+                    samples.map(|(i, p)| (p.id, p.label, b.bytes(i))),
+                    &b.skipped,
+                );
+                crc.combine(&one);
+                digests.delivered += b.samples.len() as u64;
+                digests.skipped += b.skipped.len() as u64;
+                if digests.steps.len() < STEP_DIGESTS_MAX {
+                    digests.steps.push((b.epoch, b.iteration, one.finalize()));
+                }
                 if images {
                     let c =
                         collator.get_or_insert_with(|| Collator::new(args.batch_size, side, side));
@@ -256,5 +327,7 @@ pub(crate) fn rank_process(args: &RunArgs, local_rank: usize, job: &str) -> Resu
         }
         step += 1;
     }
+    digests.crc32 = crc.finalize();
+    println!("{DIGESTS_LINE}{}", serde_json::to_string(&digests)?);
     Ok(())
 }

@@ -77,7 +77,8 @@ pub(crate) struct Measured {
     /// CPU seconds (user + system) of the whole process while the strategy ran, from
     /// building its loader to dropping it.
     pub cpu_seconds: f64,
-    /// The CRC of every batch delivered (ranks as threads; see [`super::RankTotals`]).
+    /// The CRC of every batch delivered (see [`super::RankTotals`]), by rank threads or rank
+    /// processes alike.
     pub batches_crc32: Option<u32>,
     /// Where the run started and how long its start took (ranks as threads, one node).
     pub start: Option<StartFigures>,

@@ -23,12 +23,27 @@ pub(crate) struct RankTotals {
 
 /// A rank's running CRC of what it was delivered.
 fn digest_batch<T: AsRef<[u8]>>(crc: &mut crc32fast::Hasher, batch: &lobster_io::Batch<T>) {
-    for s in &batch.samples {
-        crc.update(&s.id.to_le_bytes());
-        crc.update(&s.label.to_le_bytes());
-        crc.update(s.value.as_ref());
+    let samples = batch.samples.iter();
+    digest_parts(
+        crc,
+        samples.map(|s| (s.id, s.label, s.value.as_ref())),
+        &batch.skipped,
+    );
+}
+
+/// [`digest_batch`] of a batch given by its parts (id, label, bytes) and skipped ids, as a
+/// rank process reads it from the node's arena.
+pub(crate) fn digest_parts<'a>(
+    crc: &mut crc32fast::Hasher,
+    samples: impl Iterator<Item = (u32, u32, &'a [u8])>,
+    skipped: &[u32],
+) {
+    for (id, label, bytes) in samples {
+        crc.update(&id.to_le_bytes());
+        crc.update(&label.to_le_bytes());
+        crc.update(bytes);
     }
-    for s in &batch.skipped {
+    for s in skipped {
         crc.update(&s.to_le_bytes());
     }
 }

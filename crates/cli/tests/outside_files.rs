@@ -1,14 +1,15 @@
 //! Files from outside read by the built binary: a folder replaced under its kept table by
-//! one with the same modification times (as `tar --mtime` extracts it), and a loader state
-//! that never ends (`--resume /dev/zero`).
-
-mod common;
+//! one with the same modification times (as `tar --mtime` extracts it), a loader state
+//! that never ends (`--resume /dev/zero`), and a sample that is a symlink to a device.
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::lobster;
+/// The built `lobster` binary.
+fn lobster() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_lobster"))
+}
 
 /// `cmd` run to its end, killed (and the test failed) if it runs past `limit`: a guard
 /// against a hang, not a measure of time.
@@ -24,9 +25,7 @@ fn output_within(mut cmd: Command, limit: Duration) -> Output {
     match rx.recv_timeout(limit) {
         Ok(out) => out.unwrap(),
         Err(_) => {
-            let _ = Command::new("kill")
-                .args(["-9", &pid.to_string()])
-                .status();
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
             panic!("{cmd:?} still ran after {limit:?}: killed");
         }
     }
@@ -35,7 +34,10 @@ fn output_within(mut cmd: Command, limit: Duration) -> Output {
 /// The keys `lobster ls --data data` lists, tables kept under `cache`.
 fn ls_keys(data: &Path, cache: &Path) -> Vec<String> {
     let mut cmd = lobster();
-    cmd.env("XDG_CACHE_HOME", cache).arg("ls").arg("--data").arg(data);
+    cmd.env("XDG_CACHE_HOME", cache)
+        .arg("ls")
+        .arg("--data")
+        .arg(data);
     let out = output_within(cmd, Duration::from_secs(120));
     assert!(
         out.status.success(),
@@ -123,6 +125,32 @@ fn resume_from_dev_zero_is_refused_promptly_naming_the_file_and_the_bound() {
     assert!(!out.status.success(), "{err}");
     assert!(
         err.contains("/dev/zero") && err.contains(&(16u64 << 20).to_string()),
+        "{err}"
+    );
+}
+
+#[test]
+fn pack_refuses_a_sample_that_is_a_symlink_to_a_device_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("a")).unwrap();
+    std::fs::write(data.join("a/0.jpg"), b"0").unwrap();
+    std::os::unix::fs::symlink("/dev/zero", data.join("a/1.jpg")).unwrap();
+    // Under a 2 GB address space, so that reading without a bound fails the test rather
+    // than the machine.
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "ulimit -v 2000000 && exec \"$@\"", "sh"])
+        .arg(env!("CARGO_BIN_EXE_lobster"))
+        .arg("pack")
+        .arg("--data")
+        .arg(&data)
+        .arg("--out")
+        .arg(dir.path().join("shards"));
+    let out = output_within(cmd, Duration::from_secs(120));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("a/1.jpg") && err.contains("changed size"),
         "{err}"
     );
 }

@@ -407,10 +407,9 @@ fn from_bytes(
         let mut fields = split(line, b'\t');
         match fields.next() {
             Some(b"dir") => {
-                let (Some(stored), Some(rel)) = (
-                    Stamp::parse(&mut fields),
-                    fields.next().and_then(unescape),
-                ) else {
+                let (Some(stored), Some(rel)) =
+                    (Stamp::parse(&mut fields), fields.next().and_then(unescape))
+                else {
                     return bad("a dir line");
                 };
                 let dir = root.join(std::ffi::OsString::from_vec(rel));
@@ -747,7 +746,10 @@ mod tests {
         fs::remove_file(root.join("b/3.jpg")).unwrap();
         write(&root.join("b/4.jpg"), b"4");
         stamp_2024(&root.join("b"));
-        assert_eq!(keys(&open(&root, &o).unwrap()), ["a/0.jpg", "b/2.jpg", "b/4.jpg"]);
+        assert_eq!(
+            keys(&open(&root, &o).unwrap()),
+            ["a/0.jpg", "b/2.jpg", "b/4.jpg"]
+        );
     }
 
     /// A kept table is a file lobster-io wrote: anything else at its path (a FIFO, a
@@ -795,7 +797,10 @@ mod tests {
             .map(|_| ())
             .unwrap_err()
             .to_string();
-        assert!(e.contains("zero.table") && e.contains("not a regular file"), "{e}");
+        assert!(
+            e.contains("zero.table") && e.contains("not a regular file"),
+            "{e}"
+        );
     }
 
     #[test]

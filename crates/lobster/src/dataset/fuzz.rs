@@ -76,7 +76,11 @@ fn stamp_fields() -> String {
 pub(crate) fn check_shard_index(data: &[u8]) {
     let mut head = shards::MAGIC.to_vec();
     head.extend_from_slice(
-        format!("\nshard\t{TAR}\t{SHARD_LEN}\t{}\t9000000000000\n", stamp_fields()).as_bytes(),
+        format!(
+            "\nshard\t{TAR}\t{SHARD_LEN}\t{}\t9000000000000\n",
+            stamp_fields()
+        )
+        .as_bytes(),
     );
     let now = ShardNow {
         absolute: TAR.as_bytes(),

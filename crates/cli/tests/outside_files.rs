@@ -1,6 +1,7 @@
 //! Files from outside read by the built binary: a folder replaced under its kept table by
 //! one with the same modification times (as `tar --mtime` extracts it), a loader state
-//! that never ends (`--resume /dev/zero`), and a sample that is a symlink to a device.
+//! that never ends (`--resume /dev/zero`), a sample that is a symlink to a device, and a
+//! trace without line ends.
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -151,6 +152,24 @@ fn pack_refuses_a_sample_that_is_a_symlink_to_a_device_naming_it() {
     assert!(!out.status.success(), "{err}");
     assert!(
         err.contains("a/1.jpg") && err.contains("changed size"),
+        "{err}"
+    );
+}
+
+#[test]
+fn replay_refuses_a_trace_without_line_ends_naming_the_bound() {
+    // Under a 2 GB address space, so that reading without a bound fails the test rather
+    // than the machine.
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "ulimit -v 2000000 && exec \"$@\"", "sh"])
+        .arg(env!("CARGO_BIN_EXE_lobster"))
+        .args(["replay", "--trace", "/dev/zero", "--capacity-bytes", "1"])
+        .args(["--policy", "lru"]);
+    let out = output_within(cmd, Duration::from_secs(120));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("/dev/zero") && err.contains("line 1") && err.contains("4096"),
         "{err}"
     );
 }

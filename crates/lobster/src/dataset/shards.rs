@@ -186,7 +186,8 @@ pub(super) struct ShardSamples {
 /// A shard as found: from its index, or read and not yet judged.
 enum Shard {
     Indexed(ShardSamples),
-    Read(Grouped),
+    /// Read, and the shard's stamp before it was.
+    Read(Grouped, Stamp),
 }
 
 /// The samples of `shards`, in order, each shard from its index in `index_dir` when that
@@ -217,7 +218,7 @@ pub(super) fn indexed(
             Some(samples) => Shard::Indexed(samples),
             None => {
                 let file = fs::File::open(shard).map_err(|e| Error::dataset(shard, e))?;
-                Shard::Read(group(&file, shard)?)
+                Shard::Read(group(&file, shard)?, Stamp::of(&meta))
             }
         });
     }
@@ -227,7 +228,7 @@ pub(super) fn indexed(
         .iter()
         .map(|f| match f {
             Shard::Indexed(s) => s.samples.len(),
-            Shard::Read(g) => g.order.len(),
+            Shard::Read(g, _) => g.order.len(),
         })
         .sum();
     let mut seen: HashMap<&str, usize, ahash::RandomState> =
@@ -235,7 +236,7 @@ pub(super) fn indexed(
     for (s, shard) in found.iter().enumerate() {
         let keys: Box<dyn Iterator<Item = &str>> = match shard {
             Shard::Indexed(s) => Box::new(s.samples.iter().map(|x| &*x.key)),
-            Shard::Read(g) => Box::new(g.order.iter().map(String::as_str)),
+            Shard::Read(g, _) => Box::new(g.order.iter().map(String::as_str)),
         };
         for key in keys {
             if let Some(other) = seen.insert(key, s) {
@@ -255,12 +256,12 @@ pub(super) fn indexed(
     for (shard, found) in shards.iter().zip(found) {
         let samples = match found {
             Shard::Indexed(samples) => samples,
-            Shard::Read(grouped) => {
+            Shard::Read(grouped, read_at) => {
                 let samples = judge(shard, grouped)?;
                 let mut kept = None;
                 if let Some(dir) = index_dir {
                     let at = index_path(dir, shard);
-                    match store_index(&at, shard, &samples) {
+                    match store_index(&at, shard, &samples, read_at) {
                         Ok(Some(check)) => {
                             kept = Some((at.clone(), check));
                             wrote = Some(at);
@@ -418,13 +419,19 @@ fn index_path(dir: &Path, shard: &Path) -> PathBuf {
     ))
 }
 
-/// Keeps `samples` as `shard`'s index at `at`, unless the shard changed too recently to
-/// be trusted (then `Ok(None)`); returns its check.
-fn store_index(at: &Path, shard: &Path, samples: &[Indexed]) -> std::io::Result<Option<u64>> {
+/// Keeps `samples` as `shard`'s index at `at`, unless the shard changed since it was read
+/// (its stamp then was `read_at`) or too recently to be trusted (then `Ok(None)`); returns
+/// its check.
+fn store_index(
+    at: &Path,
+    shard: &Path,
+    samples: &[Indexed],
+    read_at: Stamp,
+) -> std::io::Result<Option<u64>> {
     let written = now_ns();
     let meta = fs::metadata(shard)?;
     let stamp = Stamp::of(&meta);
-    if !stamp.settled_at(written) {
+    if stamp != read_at || !stamp.settled_at(written) {
         return Ok(None);
     }
     let absolute = std::path::absolute(shard)?;

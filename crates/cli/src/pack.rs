@@ -61,16 +61,11 @@ pub(crate) fn pack(ds: &Dataset, out: &Path, shard_bytes: u64) -> Result<usize> 
             .extension()
             .map(|e| e.to_string_lossy().to_lowercase())
             .unwrap_or_default();
-        let image =
-            std::fs::read(&s.path).with_context(|| format!("reading {}", s.path.display()))?;
-        if image.len() as u64 != s.size_bytes {
-            bail!(
-                "{} changed while packing: {} bytes, {} when the folder was opened",
-                s.path.display(),
-                image.len(),
-                s.size_bytes
-            );
-        }
+        // Read at most its size and one byte more: a sample that changed while packing (or
+        // a symlink to a device) is refused, not read on.
+        let image = s
+            .read_bytes()
+            .with_context(|| format!("packing {}", s.path.display()))?;
         let key = format!("{:08}", s.id);
         let label = s.label.to_string();
         let bytes = member_bytes(image.len()) + member_bytes(label.len());

@@ -1,7 +1,7 @@
 //! `lobster replay`: replay an access trace through a cache policy and count hits.
 
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Read};
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -24,10 +24,41 @@ pub struct ReplayArgs {
     pub json: bool,
 }
 
+/// The longest trace line read: an access is two 32-bit numbers, and a comment may follow.
+const TRACE_LINE_MAX_BYTES: usize = 4096;
+
+/// A trace's bytes, refused at the first line past [`TRACE_LINE_MAX_BYTES`]: a file
+/// without line ends (a device, a binary file) is not read into one line without end. The
+/// trace as a whole is streamed, held as 4 bytes an access up to the parser's bound.
+struct BoundedLines<R> {
+    inner: R,
+    line_bytes: usize,
+}
+
+impl<R: Read> Read for BoundedLines<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        for &b in &buf[..n] {
+            self.line_bytes = if b == b'\n' { 0 } else { self.line_bytes + 1 };
+            if self.line_bytes > TRACE_LINE_MAX_BYTES {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::FileTooLarge,
+                    format!("a line of more than {TRACE_LINE_MAX_BYTES} bytes"),
+                ));
+            }
+        }
+        Ok(n)
+    }
+}
+
 pub fn run(args: &ReplayArgs) -> Result<()> {
     let file = File::open(&args.trace)
         .with_context(|| format!("opening trace {}", args.trace.display()))?;
-    let parsed = trace::parse(BufReader::new(file))
+    let lines = BoundedLines {
+        inner: file,
+        line_bytes: 0,
+    };
+    let parsed = trace::parse(BufReader::new(lines))
         .with_context(|| format!("parsing trace {}", args.trace.display()))?;
     let stats = trace::replay(&parsed, args.capacity_bytes, args.policy)?;
     if args.json {

@@ -101,6 +101,26 @@ impl LoaderState {
         serde_json::to_string_pretty(&envelope).expect("a state serialises")
     }
 
+    /// The state in the file at `path`, read through its bound ([`STATE_JSON_MAX_BYTES`])
+    /// whatever the file is: a pipe (`--resume <(...)`) is read, a device or a file past the
+    /// bound is refused after at most one byte more than it.
+    ///
+    /// # Errors
+    /// A file that cannot be read, holds more than the bound, or is not a state (see
+    /// [`from_json`](LoaderState::from_json)), naming the file.
+    pub fn read_file(path: &std::path::Path) -> Result<LoaderState, Error> {
+        let named = |what: String| Error::StateUnreadable {
+            reason: format!("{}: {what}", path.display()),
+        };
+        let bytes = crate::dataset::read_at_most(path, STATE_JSON_MAX_BYTES as u64)
+            .map_err(|e| named(e.to_string()))?;
+        let json = String::from_utf8(bytes).map_err(|_| named("not UTF-8".into()))?;
+        LoaderState::from_json(&json).map_err(|e| match e {
+            Error::StateUnreadable { reason } => named(reason),
+            other => other,
+        })
+    }
+
     /// A state written by [`to_json`](LoaderState::to_json); anything else (truncated,
     /// edited, another format version) is an error saying what is wrong.
     pub fn from_json(json: &str) -> Result<LoaderState, Error> {
@@ -455,6 +475,45 @@ pub(crate) fn fuzz_check(data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A state file is read through its bound whatever it is: a pipe holding a state is
+    /// read, a device or a pipe past the bound refused naming the file and the bound.
+    #[test]
+    fn a_state_file_is_read_at_most_its_bound_whatever_it_is() {
+        let bound = STATE_JSON_MAX_BYTES.to_string();
+        let e = LoaderState::read_file(std::path::Path::new("/dev/zero"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/dev/zero") && e.contains(&bound), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = |name: &str, bytes: Vec<u8>| {
+            let at = dir.path().join(name);
+            let made = std::process::Command::new("mkfifo")
+                .arg(&at)
+                .status()
+                .unwrap();
+            assert!(made.success());
+            let path = at.clone();
+            let writer = std::thread::spawn(move || {
+                use std::io::Write;
+                let mut f = std::fs::File::options().write(true).open(&path).unwrap();
+                let _ = f.write_all(&bytes);
+            });
+            (at, writer)
+        };
+        let (at, writer) = fifo("state.json", state().to_json().into_bytes());
+        assert_eq!(LoaderState::read_file(&at).unwrap(), state());
+        writer.join().unwrap();
+        let (at, writer) = fifo("long.json", vec![b' '; STATE_JSON_MAX_BYTES + 1]);
+        let e = LoaderState::read_file(&at).unwrap_err().to_string();
+        writer.join().unwrap();
+        assert!(e.contains("long.json") && e.contains(&bound), "{e}");
+        let big = dir.path().join("big.json");
+        let f = std::fs::File::create(&big).unwrap();
+        f.set_len(STATE_JSON_MAX_BYTES as u64 + 1).unwrap();
+        let e = LoaderState::read_file(&big).unwrap_err().to_string();
+        assert!(e.contains("big.json") && e.contains(&bound), "{e}");
+    }
 
     fn state() -> LoaderState {
         LoaderState {

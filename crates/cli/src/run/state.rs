@@ -4,21 +4,12 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use lobster_io::{LoaderState, STATE_JSON_MAX_BYTES};
+use lobster_io::LoaderState;
 
-/// The state in `path`; a missing, unreadable or damaged file is an error naming it.
+/// The state in `path`, read through its bound whatever the file is; a missing,
+/// unreadable, oversized or damaged file is an error naming it.
 pub(crate) fn read(path: &Path) -> Result<LoaderState> {
-    let named = || format!("--resume {}", path.display());
-    let len = std::fs::metadata(path).with_context(named)?.len();
-    // A wrong file (a dataset, a log) is refused before it is read whole.
-    if len > STATE_JSON_MAX_BYTES as u64 {
-        anyhow::bail!(
-            "--resume {}: {len} bytes, more than a loader state's {STATE_JSON_MAX_BYTES}",
-            path.display()
-        );
-    }
-    let text = std::fs::read_to_string(path).with_context(named)?;
-    LoaderState::from_json(&text).with_context(named)
+    LoaderState::read_file(path).with_context(|| format!("--resume {}", path.display()))
 }
 
 /// Writes `state` to `path` whole or not at all: a temporary file beside it, synced, then

@@ -3,11 +3,15 @@
 //! files again.
 //!
 //! A table stays valid while no directory of the folder changes: adding, removing or
-//! renaming a file changes its directory's modification time, which the table records for
-//! every directory it walked (one stat each on reopen, not one per file). A file whose size
-//! changed in place is caught when it is read. As git does for its index, a directory
-//! modified less than [`RACY_NS`] before the table was written is not trusted (a change in
-//! the same clock tick would not show), so such a folder is scanned again.
+//! renaming a file changes its directory's status change time, which the table records for
+//! every directory it walked with its device and inode (one stat each on reopen, not one
+//! per file). The modification time is not enough: tar, `rsync -a` and reproducible
+//! archives set it, so a folder replaced by another extracted the same way would keep it;
+//! the change time cannot be set, and a directory put in another's place has another
+//! inode. A file whose size changed in place is caught when it is read. As git does for
+//! its index, a directory changed less than [`RACY_NS`](super::table_file::RACY_NS) before the table was written is
+//! not trusted (a change in the same clock tick would not show), so such a folder is
+//! scanned again.
 
 use std::fs;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -19,18 +23,18 @@ use super::table::{
     held_probes, Dataset, Kept, Key, LinesFrom, Probe, SampleMeta, IMAGE_EXTENSIONS,
 };
 use super::table_file::{
-    default_dir, escape, fnv, mtime_ns, now_ns, parse_sealed, prune, seal, split, unescape,
-    unescape_into, write_atomically, Sealed, RACY_NS,
+    default_dir, escape, fnv, now_ns, parse_sealed, prune, read_kept, seal, split, unescape,
+    unescape_into, write_atomically, Sealed, Stamp, KEPT_MAX_BYTES,
 };
 use crate::error::Error;
 
-/// How close to the table's writing a directory's change makes it untrusted.
 /// Tables kept in a table directory; the least recently written go first.
 const TABLES_MAX: usize = 64;
 /// Version 2 added each sample's image probe, version 3 a check in four lanes
-/// ([`super::table_file::check_of`]); a table of an older version is scanned over and
-/// made again.
-pub(super) const MAGIC: &[u8] = b"lobster-folder-table 3";
+/// ([`super::table_file::check_of`]), version 4 each directory's device, inode and change
+/// time in place of its modification time; a table of an older version is scanned over
+/// and made again.
+pub(super) const MAGIC: &[u8] = b"lobster-folder-table 4";
 
 /// Which files of a folder are samples, and where its table is kept.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,10 +66,10 @@ impl FolderOptions {
     }
 }
 
-/// A directory the scan walked, relative to the root, and its modification time.
+/// A directory the scan walked, relative to the root, and its stamp.
 struct Walked {
     rel: PathBuf,
-    mtime_ns: i128,
+    stamp: Stamp,
 }
 
 /// Opens `root`: from its table if one is valid, else by scanning (and then keeping the
@@ -121,7 +125,7 @@ fn scan(root: &Path, options: &FolderOptions) -> Result<(Dataset, Vec<Walked>), 
     let root_meta = fs::metadata(root).map_err(|e| Error::dataset(root, e))?;
     let mut walked = vec![Walked {
         rel: PathBuf::new(),
-        mtime_ns: mtime_ns(&root_meta),
+        stamp: Stamp::of(&root_meta),
     }];
     let entries = fs::read_dir(root).map_err(|e| Error::dataset(root, e))?;
     let mut class_dirs = Vec::new();
@@ -235,7 +239,7 @@ fn walk_class(
         ancestors.push(id);
         walked.push(Walked {
             rel: path.strip_prefix(root).unwrap_or(&path).to_path_buf(),
-            mtime_ns: mtime_ns(&meta),
+            stamp: Stamp::of(&meta),
         });
         let mut files = Vec::new();
         for entry in fs::read_dir(&path).map_err(|e| Error::dataset(&path, e))? {
@@ -274,7 +278,7 @@ fn store(
     options: &FolderOptions,
 ) -> std::io::Result<Option<Kept>> {
     let written = now_ns();
-    if walked.iter().any(|w| w.mtime_ns > written - RACY_NS) {
+    if walked.iter().any(|w| !w.stamp.settled_at(written)) {
         return Ok(None);
     }
     let mut out = Vec::with_capacity(64 * ds.samples.len());
@@ -288,7 +292,9 @@ fn store(
     }
     out.extend_from_slice(format!("\nwritten\t{written}\n").as_bytes());
     for w in walked {
-        out.extend_from_slice(format!("dir\t{}\t", w.mtime_ns).as_bytes());
+        out.extend_from_slice(b"dir\t");
+        w.stamp.write(&mut out);
+        out.push(b'\t');
         escape(w.rel.as_os_str().as_bytes(), &mut out);
         out.push(b'\n');
     }
@@ -332,7 +338,7 @@ fn load(
     options: &FolderOptions,
     parallel_from_bytes: usize,
 ) -> Result<Option<Dataset>, Error> {
-    let bytes = match fs::read(path) {
+    let bytes = match read_kept(path, KEPT_MAX_BYTES) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::dataset(path, format!("sample table: {e}"))),
@@ -402,14 +408,13 @@ fn from_bytes(
         match fields.next() {
             Some(b"dir") => {
                 let (Some(stored), Some(rel)) =
-                    (number(fields.next()), fields.next().and_then(unescape))
+                    (Stamp::parse(&mut fields), fields.next().and_then(unescape))
                 else {
                     return bad("a dir line");
                 };
                 let dir = root.join(std::ffi::OsString::from_vec(rel));
                 match fs::metadata(&dir) {
-                    Ok(m)
-                        if mtime_ns(&m) == stored && stored <= written.saturating_sub(RACY_NS) => {}
+                    Ok(m) if Stamp::of(&m) == stored && stored.settled_at(written) => {}
                     _ => return Ok(None),
                 }
             }
@@ -583,8 +588,10 @@ mod tests {
     }
 
     /// Sets every directory under `root` (and itself) an hour back, as a folder made long
-    /// before it is opened.
+    /// before it is opened; its directories' change times cannot be set back, so the tables
+    /// this thread keeps say they were written an hour ahead instead.
     fn age(root: &Path) {
+        super::super::table_file::WRITTEN_AHEAD_NS.set(3600 * 1_000_000_000);
         let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
         let mut dirs = vec![root.to_path_buf()];
         while let Some(d) = dirs.pop() {
@@ -684,6 +691,116 @@ mod tests {
         let ds = open(&root, &o).unwrap();
         assert_eq!(ds.classes(), ["a", "b"]);
         assert_eq!(ds.len(), 2);
+    }
+
+    /// Sets `path`'s modification time to 2024-01-01, as tar --mtime, rsync -a or a
+    /// reproducible archive does.
+    fn stamp_2024(path: &Path) {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_704_067_200);
+        let f = fs::File::options()
+            .read(true)
+            .write(path.is_file())
+            .open(path)
+            .unwrap();
+        f.set_modified(t).unwrap();
+    }
+
+    /// A folder (its directories and files stamped 2024-01-01) holding `files`.
+    fn stamped_folder(root: &Path, files: &[&str]) {
+        for f in files {
+            write(&root.join(f), f.as_bytes());
+            stamp_2024(&root.join(f));
+        }
+        for f in files {
+            stamp_2024(root.join(f).parent().unwrap());
+        }
+        stamp_2024(root);
+    }
+
+    /// A directory replaced by another with the same modification times (as two extracted
+    /// tarballs made with `tar --mtime`) is another directory: its table is not trusted.
+    #[test]
+    fn a_folder_replaced_by_one_with_the_same_mtimes_is_scanned_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, tables) = (dir.path().join("data"), dir.path().join("tables"));
+        stamped_folder(&root, &["a/0.jpg", "a/1.jpg", "b/2.jpg"]);
+        // The directories' status changes must be older than the racy window for the table
+        // to be kept: a real wait, as a folder extracted before a job starts.
+        std::thread::sleep(std::time::Duration::from_millis(2100));
+        let o = options(&tables);
+        open(&root, &o).unwrap();
+        let kept = open(&root, &o).unwrap();
+        assert!(kept.table().is_some(), "the table is kept and read");
+        let keys = |ds: &Dataset| -> Vec<String> {
+            ds.samples().iter().map(|s| s.key().into_owned()).collect()
+        };
+        assert_eq!(keys(&kept), ["a/0.jpg", "a/1.jpg", "b/2.jpg"]);
+        fs::remove_dir_all(&root).unwrap();
+        stamped_folder(&root, &["a/0.jpg", "b/2.jpg", "b/3.jpg"]);
+        let ds = open(&root, &o).unwrap();
+        assert_eq!(keys(&ds), ["a/0.jpg", "b/2.jpg", "b/3.jpg"]);
+        // A file removed and added within one directory, its time set back: the same.
+        std::thread::sleep(std::time::Duration::from_millis(2100));
+        open(&root, &o).unwrap();
+        assert!(open(&root, &o).unwrap().table().is_some());
+        fs::remove_file(root.join("b/3.jpg")).unwrap();
+        write(&root.join("b/4.jpg"), b"4");
+        stamp_2024(&root.join("b"));
+        assert_eq!(
+            keys(&open(&root, &o).unwrap()),
+            ["a/0.jpg", "b/2.jpg", "b/4.jpg"]
+        );
+    }
+
+    /// A kept table is a file lobster-io wrote: anything else at its path (a FIFO, a
+    /// device) is refused without being read, naming it, and the folder is scanned.
+    #[test]
+    fn a_table_that_is_not_a_regular_file_is_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, tables) = (dir.path().join("data"), dir.path().join("tables"));
+        write(&root.join("a/0.jpg"), b"1");
+        let o = options(&tables);
+        let at = table_path(&tables, &root, &o);
+        fs::create_dir_all(&tables).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(&at)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        // A bounded writer, so that a reader without a bound still ends.
+        let writer = {
+            let at = at.clone();
+            std::thread::spawn(move || {
+                use std::io::Write;
+                let mut f = fs::File::options().write(true).open(&at).unwrap();
+                let zeros = vec![0u8; 1 << 16];
+                for _ in 0..64 {
+                    if f.write_all(&zeros).is_err() {
+                        break;
+                    }
+                }
+            })
+        };
+        let e = load(&at, &root, &o, PARALLEL_FROM_BYTES)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        // Refused unopened: the writer waits for a reader that never comes.
+        drop(writer);
+        assert!(
+            e.contains(&*at.to_string_lossy()) && e.contains("not a regular file"),
+            "{e}"
+        );
+        let symlink = dir.path().join("zero.table");
+        std::os::unix::fs::symlink("/dev/zero", &symlink).unwrap();
+        let e = load(&symlink, &root, &o, PARALLEL_FROM_BYTES)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("zero.table") && e.contains("not a regular file"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -7,15 +7,19 @@ use std::path::Path;
 
 use super::folder::{self, FolderOptions};
 use super::shards::{self, ShardNow};
-use super::table_file::seal;
+use super::table_file::{seal, Stamp};
 use super::tar_index::members;
 
 const TAR: &str = "/fuzz/shard.tar";
 const INDEX: &str = "/fuzz/shard-0.idx";
 const TABLE: &str = "/fuzz/folder-0.table";
-/// The shard an index is checked against: its size and modification time.
+/// The shard an index is checked against: its size, device, inode and change time.
 const SHARD_LEN: u64 = 1 << 20;
-const SHARD_MTIME_NS: i128 = 1_000_000_000_000;
+const SHARD_STAMP: Stamp = Stamp {
+    dev: 2049,
+    ino: 77,
+    ctime_ns: 1_000_000_000_000,
+};
 
 /// `data` as a tar shard: indexed, grouped into samples, labels read.
 pub(crate) fn check_tar(data: &[u8]) {
@@ -61,16 +65,27 @@ fn file(head: &[u8], data: &[u8]) -> Vec<u8> {
     }
 }
 
+/// [`SHARD_STAMP`] as an index's shard line holds it.
+fn stamp_fields() -> String {
+    let mut out = Vec::new();
+    SHARD_STAMP.write(&mut out);
+    String::from_utf8(out).expect("digits and tabs")
+}
+
 /// `data` as a shard's index, for a shard of [`SHARD_LEN`] bytes.
 pub(crate) fn check_shard_index(data: &[u8]) {
     let mut head = shards::MAGIC.to_vec();
     head.extend_from_slice(
-        format!("\nshard\t{TAR}\t{SHARD_LEN}\t{SHARD_MTIME_NS}\t9000000000000\n").as_bytes(),
+        format!(
+            "\nshard\t{TAR}\t{SHARD_LEN}\t{}\t9000000000000\n",
+            stamp_fields()
+        )
+        .as_bytes(),
     );
     let now = ShardNow {
         absolute: TAR.as_bytes(),
         len: SHARD_LEN,
-        mtime_ns: SHARD_MTIME_NS,
+        stamp: SHARD_STAMP,
     };
     match shards::index_from_file(file(&head, data), Path::new(INDEX), &now) {
         Ok(Some(found)) => {
@@ -243,7 +258,8 @@ mod tests {
         let mut index = shards::MAGIC.to_vec();
         index.extend_from_slice(
             format!(
-                "\nshard\t{TAR}\t{SHARD_LEN}\t{SHARD_MTIME_NS}\t{}\n",
+                "\nshard\t{TAR}\t{SHARD_LEN}\t{}\t{}\n",
+                stamp_fields(),
                 i128::MIN
             )
             .as_bytes(),
@@ -255,7 +271,7 @@ mod tests {
         let now = ShardNow {
             absolute: TAR.as_bytes(),
             len: SHARD_LEN,
-            mtime_ns: SHARD_MTIME_NS,
+            stamp: SHARD_STAMP,
         };
         assert!(shards::index_from_file(index, Path::new(INDEX), &now)
             .unwrap()

@@ -24,6 +24,7 @@ pub use folder::FolderOptions;
 pub const CLASSES_MAX: u32 = 1 << 20;
 pub use table::{Dataset, Probe, SampleMeta, SampleRecord, IMAGE_EXTENSIONS};
 use table::{Kept, LinesFrom};
+pub(crate) use table_file::read_at_most;
 impl Dataset {
     /// Opens what `spec` names: WebDataset shards (a brace pattern, a `.tar` file, a list
     /// file, or a directory holding `.tar` files and no sub-directory) or an ImageFolder
@@ -57,7 +58,8 @@ impl Dataset {
 
     /// Opens shards as [`Dataset::open_shards`] does, keeping each shard's index in
     /// `index_dir` (`None`: read every shard's headers and labels each time). An index is
-    /// reused while its shard keeps its size and modification time.
+    /// reused while its shard is the same file, unchanged: its size, device, inode and
+    /// status change time (not its modification time, which tar and `rsync -a` set).
     ///
     /// # Errors
     /// As [`Dataset::open_shards`]. An index that cannot be read or written is not an

@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use super::table::{Dataset, Kept, LinesFrom, Probe, SampleMeta};
-use super::table_file::{read_sealed_any, seal, split, write_atomically};
+use super::table_file::{read_sealed_any, seal, split, write_atomically, KEPT_MAX_BYTES};
 
 /// Bytes of a sample read first to find its header: a JPEG's frame header follows its
 /// APPn segments, most within the first few KiB.
@@ -112,7 +112,7 @@ pub(crate) fn probe_bytes(bytes: &[u8]) -> Option<Probe> {
 /// Rewrites `kept` with `probes` (its samples') in its sample lines' probe field, the
 /// fourth, if it is still the file this dataset read or wrote.
 fn keep_probes(kept: &Kept, probes: &[Probe]) -> Result<(), String> {
-    let (bytes, check) = read_sealed_any(&kept.path)?;
+    let (bytes, check) = read_sealed_any(&kept.path, KEPT_MAX_BYTES)?;
     if check != kept.check {
         // Replaced since (another process kept its probes, or the folder changed).
         return Ok(());

@@ -12,11 +12,15 @@
 //! **Shard indexes.** Indexing a shard reads every member's header and every label, which
 //! on a parallel file system is a read per member. So each shard's index is kept in the
 //! index directory (by default the one folders' tables use) as `shard-<hash of its
-//! path>.idx`, and reused while the shard keeps its size and modification time:
+//! path>.idx`, and reused while the shard is the same file, unchanged: its size, device,
+//! inode and status change time. The modification time is not enough: tar, `rsync -a` and
+//! reproducible archives set it, so a shard replaced by another of the same size would
+//! keep it; the change time cannot be set, and a file renamed into its place has another
+//! inode.
 //!
 //! ```text
-//! lobster-shard-index 3
-//! shard   <path>  <size bytes>  <modification time, ns>  <written, ns>
+//! lobster-shard-index 4
+//! shard   <path>  <size bytes>  <device>  <inode>  <change time, ns>  <written, ns>
 //! <label> <image member's data offset> <its size> <probe> <key>   (a line per sample)
 //! end     <check of the lines above>
 //! ```
@@ -25,9 +29,12 @@
 //! (`\t`, `\n`, `\\`). A probe is what the image's header says, added once the decoded
 //! tier first asks ([`Dataset::image_probes`](crate::Dataset::image_probes)): `?` not yet
 //! probed, `-` no JPEG or PNG header, `j<width>x<height>` or `p<width>x<height>`. An index
-//! of another version (1 had no probes, 2 a check in one lane) is read over and made again. DALI's `wds2idx` format was the candidate to reuse, but it holds
-//! members' offsets without labels: reopening would still read every `.cls` member. A
-//! shard modified within 2 s of indexing is not kept (it may still be being written).
+//! of another version (1 had no probes, 2 a check in one lane, 3 the modification time in
+//! place of the device, inode and change time) is read over and made again. DALI's
+//! `wds2idx` format was the candidate to reuse, but it holds members' offsets without
+//! labels: reopening would still read every `.cls` member. A shard changed within 2 s of
+//! indexing is not kept (it may still be being written, or change again within the same
+//! timestamp).
 
 use std::collections::HashMap;
 use std::fs;
@@ -37,8 +44,8 @@ use std::sync::Arc;
 
 use super::table::{Probe, IMAGE_EXTENSIONS};
 use super::table_file::{
-    escape, fnv, mtime_ns, now_ns, parse_sealed, prune, seal, split, unescape, unescape_into,
-    write_atomically, Sealed, RACY_NS,
+    escape, fnv, now_ns, parse_sealed, prune, read_at_most, read_kept, seal, split, unescape,
+    unescape_into, write_atomically, Sealed, Stamp, KEPT_MAX_BYTES,
 };
 use super::tar_index::{members, Member, ReadAt};
 use crate::error::Error;
@@ -49,16 +56,21 @@ const LABEL_MAX_BYTES: u64 = 64;
 const JSON_MAX_BYTES: u64 = 64 << 10;
 /// Shard indexes kept in one directory, the least recently written removed first.
 const INDEXES_MAX: usize = 1 << 16;
-/// Version 3: a check in four lanes ([`super::table_file::check_of`]); an index of an older
-/// version is made again.
-pub(super) const MAGIC: &[u8] = b"lobster-shard-index 3";
+/// Version 3: a check in four lanes ([`super::table_file::check_of`]); version 4: the
+/// shard's device, inode and change time in place of its modification time. An index of an
+/// older version is made again.
+pub(super) const MAGIC: &[u8] = b"lobster-shard-index 4";
+/// The most a list of shards may hold: a million shards named by 64 bytes each.
+const SHARD_LIST_MAX_BYTES: u64 = 64 << 20;
 
 /// The shards a specification names: `dir/train-{000000..000127}.tar` (brace ranges, zero
 /// padding kept), a directory (its `.tar` files, sorted), one `.tar` file, or a list file
-/// (one shard per line, relative to the list's directory).
+/// (one shard per line, relative to the list's directory) of at most
+/// [`SHARD_LIST_MAX_BYTES`].
 ///
 /// # Errors
-/// A bad brace range, an unreadable directory or list, or no shard named.
+/// A bad brace range, an unreadable directory or list, a list past its bound or not UTF-8,
+/// or no shard named.
 pub(crate) fn shard_paths(spec: &str) -> Result<Vec<PathBuf>, Error> {
     let paths = if spec.contains('{') {
         expand_braces(spec)?
@@ -80,7 +92,10 @@ pub(crate) fn shard_paths(spec: &str) -> Result<Vec<PathBuf>, Error> {
         } else if path.extension().is_some_and(|e| e == "tar") {
             vec![path.to_path_buf()]
         } else {
-            let text = std::fs::read_to_string(path).map_err(|e| Error::dataset(path, e))?;
+            let bytes = read_at_most(path, SHARD_LIST_MAX_BYTES)
+                .map_err(|e| Error::dataset(path, format!("list of shards: {e}")))?;
+            let text = String::from_utf8(bytes)
+                .map_err(|_| Error::dataset(path, "list of shards: not UTF-8"))?;
             let base = path.parent().unwrap_or(Path::new("."));
             text.lines()
                 .map(str::trim)
@@ -171,7 +186,8 @@ pub(super) struct ShardSamples {
 /// A shard as found: from its index, or read and not yet judged.
 enum Shard {
     Indexed(ShardSamples),
-    Read(Grouped),
+    /// Read, and the shard's stamp before it was.
+    Read(Grouped, Stamp),
 }
 
 /// The samples of `shards`, in order, each shard from its index in `index_dir` when that
@@ -202,7 +218,7 @@ pub(super) fn indexed(
             Some(samples) => Shard::Indexed(samples),
             None => {
                 let file = fs::File::open(shard).map_err(|e| Error::dataset(shard, e))?;
-                Shard::Read(group(&file, shard)?)
+                Shard::Read(group(&file, shard)?, Stamp::of(&meta))
             }
         });
     }
@@ -212,7 +228,7 @@ pub(super) fn indexed(
         .iter()
         .map(|f| match f {
             Shard::Indexed(s) => s.samples.len(),
-            Shard::Read(g) => g.order.len(),
+            Shard::Read(g, _) => g.order.len(),
         })
         .sum();
     let mut seen: HashMap<&str, usize, ahash::RandomState> =
@@ -220,7 +236,7 @@ pub(super) fn indexed(
     for (s, shard) in found.iter().enumerate() {
         let keys: Box<dyn Iterator<Item = &str>> = match shard {
             Shard::Indexed(s) => Box::new(s.samples.iter().map(|x| &*x.key)),
-            Shard::Read(g) => Box::new(g.order.iter().map(String::as_str)),
+            Shard::Read(g, _) => Box::new(g.order.iter().map(String::as_str)),
         };
         for key in keys {
             if let Some(other) = seen.insert(key, s) {
@@ -240,12 +256,12 @@ pub(super) fn indexed(
     for (shard, found) in shards.iter().zip(found) {
         let samples = match found {
             Shard::Indexed(samples) => samples,
-            Shard::Read(grouped) => {
+            Shard::Read(grouped, read_at) => {
                 let samples = judge(shard, grouped)?;
                 let mut kept = None;
                 if let Some(dir) = index_dir {
                     let at = index_path(dir, shard);
-                    match store_index(&at, shard, &samples) {
+                    match store_index(&at, shard, &samples, read_at) {
                         Ok(Some(check)) => {
                             kept = Some((at.clone(), check));
                             wrote = Some(at);
@@ -403,12 +419,19 @@ fn index_path(dir: &Path, shard: &Path) -> PathBuf {
     ))
 }
 
-/// Keeps `samples` as `shard`'s index at `at`, unless the shard changed too recently to
-/// be trusted (then `Ok(None)`); returns its check.
-fn store_index(at: &Path, shard: &Path, samples: &[Indexed]) -> std::io::Result<Option<u64>> {
+/// Keeps `samples` as `shard`'s index at `at`, unless the shard changed since it was read
+/// (its stamp then was `read_at`) or too recently to be trusted (then `Ok(None)`); returns
+/// its check.
+fn store_index(
+    at: &Path,
+    shard: &Path,
+    samples: &[Indexed],
+    read_at: Stamp,
+) -> std::io::Result<Option<u64>> {
     let written = now_ns();
     let meta = fs::metadata(shard)?;
-    if mtime_ns(&meta) > written - RACY_NS {
+    let stamp = Stamp::of(&meta);
+    if stamp != read_at || !stamp.settled_at(written) {
         return Ok(None);
     }
     let absolute = std::path::absolute(shard)?;
@@ -416,7 +439,9 @@ fn store_index(at: &Path, shard: &Path, samples: &[Indexed]) -> std::io::Result<
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(b"\nshard\t");
     escape(absolute.as_os_str().as_bytes(), &mut out);
-    out.extend_from_slice(format!("\t{}\t{}\t{written}\n", meta.len(), mtime_ns(&meta)).as_bytes());
+    out.extend_from_slice(format!("\t{}\t", meta.len()).as_bytes());
+    stamp.write(&mut out);
+    out.extend_from_slice(format!("\t{written}\n").as_bytes());
     for x in samples {
         out.extend_from_slice(format!("{}\t{}\t{}\t", x.label, x.offset, x.size).as_bytes());
         x.probe.write(&mut out);
@@ -430,14 +455,14 @@ fn store_index(at: &Path, shard: &Path, samples: &[Indexed]) -> std::io::Result<
 }
 
 /// `shard`'s samples from its index at `at`, if the index exists and was written for the
-/// shard as it is now (its path, size and modification time), not too soon after the
-/// shard changed.
+/// shard as it is now (its path, size, device, inode and change time), not too soon after
+/// the shard changed.
 ///
 /// # Errors
 /// An index that cannot be read or is malformed, naming it.
 fn load_index(at: &Path, shard: &Path, meta: &fs::Metadata) -> Result<Option<ShardSamples>, Error> {
     let named = |e: String| Error::dataset(at, format!("shard index: {e}"));
-    let bytes = match fs::read(at) {
+    let bytes = match read_kept(at, KEPT_MAX_BYTES) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(named(e.to_string())),
@@ -446,7 +471,7 @@ fn load_index(at: &Path, shard: &Path, meta: &fs::Metadata) -> Result<Option<Sha
     let now = ShardNow {
         absolute: absolute.as_os_str().as_bytes(),
         len: meta.len(),
-        mtime_ns: mtime_ns(meta),
+        stamp: Stamp::of(meta),
     };
     index_from_file(bytes, at, &now)
 }
@@ -469,7 +494,7 @@ pub(super) fn index_from_file(
 pub(super) struct ShardNow<'a> {
     pub(super) absolute: &'a [u8],
     pub(super) len: u64,
-    pub(super) mtime_ns: i128,
+    pub(super) stamp: Stamp,
 }
 
 /// [`load_index`] on the index's bytes: its samples and its check.
@@ -498,17 +523,13 @@ fn index_from_bytes(
         // Another shard with the same hash.
         return Ok(None);
     }
-    let (Some(size), Some(mtime), Some(written)) = (
-        number(head.next()),
-        number(head.next()),
-        number(head.next()),
-    ) else {
+    let size = number(head.next());
+    let (Some(size), Some(stamp), Some(written)) =
+        (size, Stamp::parse(&mut head), number(head.next()))
+    else {
         return bad("the shard line");
     };
-    if size != i128::from(shard.len)
-        || mtime != shard.mtime_ns
-        || shard.mtime_ns > written.saturating_sub(RACY_NS)
-    {
+    if size != i128::from(shard.len) || stamp != shard.stamp || !stamp.settled_at(written) {
         return Ok(None);
     }
     let mut samples = Vec::new();
@@ -566,6 +587,70 @@ mod tests {
         );
         assert_eq!(split("noext"), None);
         assert_eq!(split("dir/.hidden"), None);
+    }
+
+    /// A FIFO at `at` whose writer (returned) writes `chunks` of `chunk` and stops at the
+    /// first refused write: a reader without a bound still ends.
+    fn fifo(at: &Path, chunk: &'static [u8], chunks: usize) -> std::thread::JoinHandle<()> {
+        let made = std::process::Command::new("mkfifo")
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let at = at.to_path_buf();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut f = fs::File::options().write(true).open(&at).unwrap();
+            for _ in 0..chunks {
+                if f.write_all(chunk).is_err() {
+                    break;
+                }
+            }
+        })
+    }
+
+    /// A list of shards is the user's file, and may be a pipe: read up to its bound, and
+    /// refused past it naming the list and the bound.
+    #[test]
+    fn a_shard_list_past_its_bound_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let list = dir.path().join("shards.list");
+        // 65 MiB of lines of 1 KiB, past the bound (64 MiB).
+        let mut line = vec![b'x'; 1023];
+        line.push(b'\n');
+        let chunk: &'static [u8] = line.repeat(64).leak();
+        let writer = fifo(&list, chunk, 65 * 16);
+        let e = shard_paths(list.to_str().unwrap())
+            .map(|paths| paths.len())
+            .unwrap_err()
+            .to_string();
+        writer.join().unwrap();
+        assert!(
+            e.contains("shards.list") && e.contains(&(64u64 << 20).to_string()),
+            "{e}"
+        );
+    }
+
+    /// A kept index is a file lobster-io wrote: anything else at its path (a FIFO, a
+    /// device) is refused without being read, naming it.
+    #[test]
+    fn an_index_that_is_not_a_regular_file_is_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let shard = dir.path().join("s.tar");
+        fs::write(&shard, [0u8; 1024]).unwrap();
+        let at = index_path(dir.path(), &shard);
+        let writer = fifo(&at, &[0u8; 1 << 16], 64);
+        let meta = fs::metadata(&shard).unwrap();
+        let e = load_index(&at, &shard, &meta)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        // Refused unopened: the writer waits for a reader that never comes.
+        drop(writer);
+        assert!(
+            e.contains(&*at.to_string_lossy()) && e.contains("not a regular file"),
+            "{e}"
+        );
     }
 
     #[test]

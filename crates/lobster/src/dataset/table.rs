@@ -44,6 +44,44 @@ impl SampleMeta {
         self.size_bytes as usize + usize::from(self.whole_file)
     }
 
+    /// The sample's bytes, read from its file now through one bounded read: a range reads
+    /// exactly its bytes, a whole file at most one byte past its size, whatever the file is
+    /// (a symlink to a device is not read on and on).
+    ///
+    /// # Errors
+    /// [`Error::Read`] naming the sample, its file and the OS error;
+    /// [`Error::SizeChanged`] for a whole file that is no longer the size it had when the
+    /// dataset was opened.
+    pub fn read_bytes(&self) -> Result<Vec<u8>, Error> {
+        let failed = |e: std::io::Error| Error::Read {
+            sample: self.id,
+            path: self.path.to_path_buf(),
+            offset: self.offset,
+            cause: std::sync::Arc::new(e),
+        };
+        let changed = |actual_bytes: u64| Error::SizeChanged {
+            sample: self.id,
+            path: self.path.to_path_buf(),
+            expected_bytes: self.size_bytes,
+            actual_bytes,
+        };
+        if !self.whole_file {
+            let mut bytes = vec![0u8; self.size_bytes as usize];
+            let file = std::fs::File::open(&self.path).map_err(failed)?;
+            std::os::unix::fs::FileExt::read_exact_at(&file, &mut bytes, self.offset)
+                .map_err(failed)?;
+            return Ok(bytes);
+        }
+        match super::table_file::read_at_most(&self.path, self.size_bytes) {
+            Ok(bytes) if bytes.len() as u64 == self.size_bytes => Ok(bytes),
+            Ok(bytes) => Err(changed(bytes.len() as u64)),
+            Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
+                Err(changed(self.size_bytes + 1))
+            }
+            Err(e) => Err(failed(e)),
+        }
+    }
+
     /// The sample's name in its source: its path under the root for a folder (lossily
     /// UTF-8), its key for a shard's member or a caller's record.
     pub fn key(&self) -> std::borrow::Cow<'_, str> {

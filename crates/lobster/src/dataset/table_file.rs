@@ -1,15 +1,113 @@
 //! The files lobster-io keeps beside a dataset to open it again without scanning it (a
 //! folder's table, a shard's index): lines of tab-separated fields, escaped so a field
 //! holds any bytes, ended by a check line so that a file cut short or damaged is not read.
+//! Also the one bounded read of a whole file from outside ([`read_at_most`]).
 
 use std::fs;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+
+/// The most a kept file may hold: a folder's table of 2^26 samples (ImageNet-22k has 14
+/// million) at 64 bytes a line.
+pub(super) const KEPT_MAX_BYTES: u64 = 4 << 30;
 
 /// A source changed this close to when its file was written may change again within the
 /// same timestamp: such a file is not trusted.
 pub(super) const RACY_NS: i128 = 2_000_000_000;
+
+/// What a kept file records of a directory or a shard to see that it changed: its device
+/// and inode (another directory or file put in its place, even within one clock tick) and
+/// its status change time. Unlike the modification time, which tar, `rsync -a` and
+/// reproducible archives set, no call from user space can set the change time: any change
+/// of the entry (its contents, its times, its mode) sets it to now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Stamp {
+    pub(super) dev: u64,
+    pub(super) ino: u64,
+    pub(super) ctime_ns: i128,
+}
+
+impl Stamp {
+    pub(super) fn of(meta: &fs::Metadata) -> Stamp {
+        Stamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
+        }
+    }
+
+    /// Whether a file written at `written_ns` may trust this stamp: as git does for its
+    /// index, a change within [`RACY_NS`] of the writing may be followed by another in the
+    /// same timestamp, which would not show.
+    pub(super) fn settled_at(self, written_ns: i128) -> bool {
+        self.ctime_ns <= written_ns.saturating_sub(RACY_NS)
+    }
+
+    /// Its three fields, tab-separated: `<dev> <inode> <change time, ns>`.
+    pub(super) fn write(self, out: &mut Vec<u8>) {
+        let _ = write!(out, "{}\t{}\t{}", self.dev, self.ino, self.ctime_ns);
+    }
+
+    /// The stamp [`Stamp::write`] wrote, from the next three of `fields`.
+    pub(super) fn parse<'a>(fields: &mut impl Iterator<Item = &'a [u8]>) -> Option<Stamp> {
+        fn number<T: std::str::FromStr>(field: Option<&[u8]>) -> Option<T> {
+            let field = field?;
+            // At most 39 digits and a sign: a longer field cannot parse.
+            (field.len() <= 40).then_some(())?;
+            std::str::from_utf8(field).ok()?.parse().ok()
+        }
+        Some(Stamp {
+            dev: number(fields.next())?,
+            ino: number(fields.next())?,
+            ctime_ns: number(fields.next())?,
+        })
+    }
+}
+
+/// `path` read whole, at most `max_bytes` of it whatever it is (a device, a FIFO, a /proc
+/// file, a file growing while read): a regular file larger is refused before it is read,
+/// anything else read through a limit of one byte past the bound, and refused when that
+/// byte is there. The error says which bound; the caller names the file.
+///
+/// # Errors
+/// The file cannot be opened or read, or holds more than `max_bytes` (`FileTooLarge`).
+pub(crate) fn read_at_most(path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
+    let file = fs::File::open(path)?;
+    let meta = file.metadata()?;
+    let too_long = || {
+        std::io::Error::new(
+            std::io::ErrorKind::FileTooLarge,
+            format!("more than {max_bytes} bytes, the most it may hold"),
+        )
+    };
+    if meta.is_file() && meta.len() > max_bytes {
+        return Err(too_long());
+    }
+    let mut bytes = Vec::new();
+    if meta.is_file() {
+        bytes.reserve_exact(usize::try_from(meta.len()).unwrap_or(0));
+    }
+    file.take(max_bytes.saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(too_long());
+    }
+    Ok(bytes)
+}
+
+/// A kept file read whole, at most `max_bytes`: one lobster-io wrote is a regular file, so
+/// anything else at its path (a FIFO, a device) is refused unread.
+pub(super) fn read_kept(path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
+    let meta = fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file: lobster-io keeps none other",
+        ));
+    }
+    read_at_most(path, max_bytes)
+}
 
 /// `$XDG_CACHE_HOME/lobster-io/tables`, else `~/.cache/lobster-io/tables`.
 pub(super) fn default_dir() -> Option<PathBuf> {
@@ -19,14 +117,21 @@ pub(super) fn default_dir() -> Option<PathBuf> {
     cache.map(|c| c.join("lobster-io").join("tables"))
 }
 
-pub(super) fn mtime_ns(meta: &fs::Metadata) -> i128 {
-    i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec())
+#[cfg(test)]
+thread_local! {
+    /// How far ahead of the real clock this thread's kept files say they were written: a
+    /// unit test's folder, made just now, is then old enough to be kept.
+    pub(super) static WRITTEN_AHEAD_NS: std::cell::Cell<i128> = const { std::cell::Cell::new(0) };
 }
 
+/// The time a kept file is written at.
 pub(super) fn now_ns() -> i128 {
-    std::time::SystemTime::now()
+    let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i128)
+        .map_or(0, |d| d.as_nanos() as i128);
+    #[cfg(test)]
+    let now = now + WRITTEN_AHEAD_NS.get();
+    now
 }
 
 /// FNV-1a over `parts`, eight bytes a step (a table is megabytes): stable across runs and
@@ -119,8 +224,8 @@ pub(super) fn parse_sealed(mut bytes: Vec<u8>, magic: &[u8]) -> Result<Sealed, S
 }
 
 /// The file at `path` without its check line, and its check, whatever its first line.
-pub(super) fn read_sealed_any(path: &Path) -> Result<(Vec<u8>, u64), String> {
-    let mut bytes = fs::read(path).map_err(|e| e.to_string())?;
+pub(super) fn read_sealed_any(path: &Path, max_bytes: u64) -> Result<(Vec<u8>, u64), String> {
+    let mut bytes = read_kept(path, max_bytes).map_err(|e| e.to_string())?;
     let (body_len, check) = unseal(&bytes)
         .map(|(b, c)| (b.len(), c))
         .ok_or("malformed: cut short or damaged (its check does not match)")?;

@@ -1,7 +1,11 @@
 //! `lobster soak`: many epochs with faults injected, checking that nothing is lost, memory
 //! levels off, and descriptors and threads come back once the loader is dropped.
+//!
+//! SIGINT and SIGTERM stop the run at the next step and remove a generated dataset; a signal
+//! during the generation is acted on once it ends.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -60,6 +64,13 @@ pub struct SoakArgs {
     /// Allowed growth of resident memory after epoch 2 over its level then.
     #[arg(long, default_value_t = 0.10)]
     pub rss_growth_max: f64,
+    /// The long-run check: from the end of this epoch (or of the run's middle epoch, in a
+    /// run of fewer than twice as many), the cache is full and memory must stay level.
+    #[arg(long, default_value_t = 20)]
+    pub rss_steady_epoch: u32,
+    /// Allowed growth of resident memory after `--rss-steady-epoch` over its level then.
+    #[arg(long, default_value_t = 0.05)]
+    pub rss_steady_growth_max: f64,
     /// Write the figures as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -81,6 +92,13 @@ struct SoakReport {
     rss_bytes_after_build: u64,
     rss_bytes_per_epoch: Vec<u64>,
     rss_growth_after_epoch2: f64,
+    /// The long-run check: the epoch memory is compared from (1-based), the resident bytes
+    /// then and at the end, and the growth of the most resident after it over its level.
+    rss_steady_epoch: u32,
+    rss_bytes_at_steady_epoch: u64,
+    rss_bytes_at_end: u64,
+    rss_growth_after_steady_epoch: f64,
+    rss_steady_growth_max: f64,
     /// The node cache's capacity: memory the run may still fill after the build.
     cache_capacity_bytes: u64,
     /// The loader's bound on bytes in flight or awaiting decode: pipelined reads land in a
@@ -100,9 +118,22 @@ pub fn run(args: &SoakArgs) -> Result<()> {
     if !(args.cache_frac.is_finite() && (0.0..=1.0).contains(&args.cache_frac)) {
         bail!("--cache-frac = {}: allowed 0 to 1", args.cache_frac);
     }
+    if args.rss_steady_epoch == 0 {
+        bail!("--rss-steady-epoch = 0: allowed 1 or more");
+    }
+    for (name, value) in [
+        ("--rss-growth-max", args.rss_growth_max),
+        ("--rss-steady-growth-max", args.rss_steady_growth_max),
+    ] {
+        if !(value.is_finite() && value >= 0.0) {
+            bail!("{name} = {value}: allowed 0 or more");
+        }
+    }
     let &[strategy] = args.strategy.0.as_slice() else {
         bail!("--strategy: soak runs one strategy at a time");
     };
+    // Before the dataset exists: a signal from here on lets the guard below remove it.
+    let signal = Signals::register()?;
     let (data, _generated) = match &args.data {
         Some(d) => (d.clone(), None),
         None => {
@@ -112,15 +143,18 @@ pub fn run(args: &SoakArgs) -> Result<()> {
                 args.samples,
                 dir.display()
             );
+            // Made before the generation, so a failed one is removed too.
+            let guard = RemoveOnDrop(dir.clone());
             crate::gen::generate(&dir, args.samples, 4, args.mean_kb, 0)?;
-            (dir.clone(), Some(RemoveOnDrop(dir)))
+            (dir, Some(guard))
         }
     };
+    signal.check()?;
     let dataset = Arc::new(
         Dataset::open_image_folder(&data)
             .with_context(|| format!("opening the dataset {}", data.display()))?,
     );
-    let report = soak(args, strategy, &dataset)?;
+    let report = soak(args, strategy, &dataset, &signal)?;
     println!(
         "{} epochs of {}: {} samples planned, {} delivered, {} skipped by --on-error, {} lost",
         report.epochs,
@@ -151,6 +185,15 @@ pub fn run(args: &SoakArgs) -> Result<()> {
         report.prefetch_window_bytes as f64 / f64::from(1 << 20)
     );
     println!(
+        "resident growth after epoch {} to the end: {:+.1}% (allowed {:.0}%); {:.1} MiB then, \
+         {:.1} MiB at the end",
+        report.rss_steady_epoch,
+        100.0 * report.rss_growth_after_steady_epoch,
+        100.0 * args.rss_steady_growth_max,
+        report.rss_bytes_at_steady_epoch as f64 / f64::from(1 << 20),
+        report.rss_bytes_at_end as f64 / f64::from(1 << 20)
+    );
+    println!(
         "open descriptors {} -> {}, threads {} -> {} (before build -> after drop); {:.1} s",
         report.fds_before,
         report.fds_after,
@@ -172,6 +215,13 @@ pub fn run(args: &SoakArgs) -> Result<()> {
             100.0 * report.rss_growth_after_epoch2
         ));
     }
+    if report.rss_growth_after_steady_epoch > args.rss_steady_growth_max {
+        failures.push(format!(
+            "resident memory grew {:.1}% after epoch {}",
+            100.0 * report.rss_growth_after_steady_epoch,
+            report.rss_steady_epoch
+        ));
+    }
     if report.fds_after != report.fds_before {
         failures.push(format!(
             "open descriptors {} -> {}",
@@ -191,7 +241,12 @@ pub fn run(args: &SoakArgs) -> Result<()> {
     Ok(())
 }
 
-fn soak(args: &SoakArgs, strategy: Strategy, dataset: &Arc<Dataset>) -> Result<SoakReport> {
+fn soak(
+    args: &SoakArgs,
+    strategy: Strategy,
+    dataset: &Arc<Dataset>,
+    signal: &Signals,
+) -> Result<SoakReport> {
     let world = args.nodes * args.ranks_per_node;
     let per_rank =
         DistributedSampler::new(dataset.len(), world, false, EpochOrder::Shuffle { seed: 0 })?
@@ -264,7 +319,8 @@ fn soak(args: &SoakArgs, strategy: Strategy, dataset: &Arc<Dataset>) -> Result<S
                     .push(process::status_bytes("VmRSS"));
             }
         },
-        None,
+        // Polled once a step: a signal stops every rank at the same step.
+        Some(&|| signal.check()),
         |_, _: &mut ()| {},
     )?;
     let metrics = loader.metrics();
@@ -273,6 +329,10 @@ fn soak(args: &SoakArgs, strategy: Strategy, dataset: &Arc<Dataset>) -> Result<S
     let rss_bytes_per_epoch = rss.into_inner().unwrap_or_else(|p| p.into_inner());
     let after_epoch2 = rss_bytes_per_epoch[1] as f64;
     let later_max = rss_bytes_per_epoch[1..].iter().copied().max().unwrap_or(0) as f64;
+    let rss_steady_epoch = steady_epoch(args.rss_steady_epoch, args.epochs);
+    let steady = rss_steady_epoch as usize - 1;
+    let rss_bytes_at_steady_epoch = rss_bytes_per_epoch[steady];
+    let steady_later_max = rss_bytes_per_epoch[steady..].iter().copied().max();
     let samples_planned = (per_rank * args.ranks_per_node) as u64 * u64::from(args.epochs);
     let (delivered, skipped) = totals.iter().fold((0, 0), |(d, s), t: &RankTotals| {
         (d + t.delivered, s + t.skipped)
@@ -300,6 +360,16 @@ fn soak(args: &SoakArgs, strategy: Strategy, dataset: &Arc<Dataset>) -> Result<S
             0.0
         },
         rss_bytes_after_build,
+        rss_steady_epoch,
+        rss_bytes_at_steady_epoch,
+        rss_bytes_at_end: rss_bytes_per_epoch.last().copied().unwrap_or(0),
+        rss_growth_after_steady_epoch: match steady_later_max {
+            Some(max) if rss_bytes_at_steady_epoch > 0 => {
+                max as f64 / rss_bytes_at_steady_epoch as f64 - 1.0
+            }
+            _ => 0.0,
+        },
+        rss_steady_growth_max: args.rss_steady_growth_max,
         rss_bytes_per_epoch,
         cache_capacity_bytes,
         prefetch_window_bytes,
@@ -309,6 +379,49 @@ fn soak(args: &SoakArgs, strategy: Strategy, dataset: &Arc<Dataset>) -> Result<S
         threads_after: process::threads(),
         elapsed_s,
     })
+}
+
+/// The epoch (1-based) the long-run check compares from: `wanted`, or the middle of a run
+/// shorter than twice that.
+fn steady_epoch(wanted: u32, epochs: u32) -> u32 {
+    wanted.min(epochs / 2).max(1)
+}
+
+/// SIGINT and SIGTERM, recorded for the run to poll instead of ending the process where it
+/// stands (which would leave a generated dataset behind). They stay recorded, not acted on,
+/// until the process exits: `soak` is the process's last work.
+#[derive(Debug)]
+struct Signals {
+    /// The last signal received, 0 for none.
+    received: Arc<AtomicUsize>,
+}
+
+impl Signals {
+    fn register() -> Result<Self> {
+        let received = Arc::new(AtomicUsize::new(0));
+        for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            let as_usize = usize::try_from(signal).expect("signal numbers are positive");
+            signal_hook::flag::register_usize(signal, received.clone(), as_usize)
+                .with_context(|| format!("handling signal {signal}"))?;
+        }
+        Ok(Signals { received })
+    }
+
+    /// An error naming the signal, once one came.
+    fn check(&self) -> Result<()> {
+        match self.received.load(Ordering::SeqCst) {
+            0 => Ok(()),
+            signal => bail!("stopped by signal {signal} ({})", signal_name(signal)),
+        }
+    }
+}
+
+fn signal_name(signal: usize) -> &'static str {
+    match i32::try_from(signal) {
+        Ok(signal_hook::consts::SIGINT) => "SIGINT",
+        Ok(signal_hook::consts::SIGTERM) => "SIGTERM",
+        _ => "unexpected",
+    }
 }
 
 /// A generated dataset, removed when the soak ends.

@@ -127,3 +127,192 @@ fn resident_memory_stops_growing_after_the_first_epoch() {
         );
     }
 }
+
+/// Resident bytes after each epoch, from a soak's JSON.
+fn rss_per_epoch(report: &serde_json::Value) -> Vec<u64> {
+    report["rss_bytes_per_epoch"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn resident_memory_stays_level_over_many_short_epochs() {
+    // One sample a batch: 220 iterations an epoch per rank, so whatever is kept per iteration
+    // (records of batches and allocations, failures, the ranks' step digests) adds up within
+    // tens of epochs of a small dataset, as over a long run of a large one. Every bounded
+    // record is at its bound by epoch 20.
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("soak.json");
+    let epochs = 60;
+    let report = soak(
+        &[
+            "--samples",
+            "440",
+            "--mean-kb",
+            "2",
+            "--decoder",
+            "raw",
+            "--nodes",
+            "1",
+            "--ranks-per-node",
+            "2",
+            "--batch",
+            "1",
+            "--epochs",
+            &epochs.to_string(),
+            "--inject-faults",
+            "seed=3,eio=0.01,short=0.05,delay=0.02,corrupt=0.01,delay_us=100",
+            "--max-failures",
+            "20%",
+            // The long-run check below decides, not the one from epoch 2.
+            "--rss-growth-max",
+            "100",
+        ],
+        &json,
+    );
+    let rss = rss_per_epoch(&report);
+    assert_eq!(rss.len(), epochs);
+    // From epoch 20 on the cache is long full: the run holds no more than then, within 5%.
+    let at_20 = rss[19];
+    let max_after = *rss[19..].iter().max().unwrap();
+    assert!(
+        max_after as f64 <= at_20 as f64 * 1.05,
+        "resident memory grew from {at_20} bytes after epoch 20 to {max_after}: {rss:?}"
+    );
+    // The soak checks the same itself and says so.
+    assert_eq!(report["rss_steady_epoch"], 20, "{report}");
+    let growth = report["rss_growth_after_steady_epoch"].as_f64().unwrap();
+    assert!(
+        (growth - (max_after as f64 / at_20 as f64 - 1.0)).abs() < 1e-9,
+        "{report}"
+    );
+}
+
+#[test]
+fn the_long_run_check_fails_the_soak_past_its_bound() {
+    // With a bound of 0, any growth after the steady epoch (2 of 4) fails the soak, named.
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lobster"))
+        .args([
+            "soak",
+            "--samples",
+            "40",
+            "--mean-kb",
+            "2",
+            "--decoder",
+            "raw",
+        ])
+        .args(["--epochs", "4", "--nodes", "1", "--ranks-per-node", "2"])
+        .args(["--rss-growth-max", "100", "--rss-steady-growth-max", "0"])
+        .arg("--json")
+        .arg(dir.path().join("soak.json"))
+        .output()
+        .unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("soak.json")).unwrap())
+            .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let grew = report["rss_growth_after_steady_epoch"].as_f64().unwrap() > 0.0;
+    assert_eq!(out.status.success(), !grew, "{report} {stderr}");
+    if grew {
+        assert!(stderr.contains("after epoch 2"), "{stderr}");
+    }
+}
+
+/// Runs a soak on a generated dataset with `TMPDIR` in a directory of the test's, sends it
+/// `signal` once its loader runs, and returns the process's outcome and what it left there.
+fn soak_stopped_by(signal: &str) -> (std::process::ExitStatus, String, Vec<std::path::PathBuf>) {
+    use std::io::{BufRead, Read};
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lobster"))
+        .args([
+            "soak",
+            "--samples",
+            "64",
+            "--mean-kb",
+            "2",
+            "--decoder",
+            "raw",
+        ])
+        .args([
+            "--epochs",
+            "100000",
+            "--nodes",
+            "1",
+            "--ranks-per-node",
+            "2",
+        ])
+        .env("TMPDIR", tmp.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.starts_with("generating"), "{line}");
+    // The loader's threads (planner, reader, decoders, 2 ranks) run once the dataset is made:
+    // the signal then comes mid-run, the dataset in use.
+    let threads = || std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while threads() < 6 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the loader never started"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the soak ended early");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let made: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+    assert_eq!(
+        made.len(),
+        1,
+        "the generated dataset is there while it runs"
+    );
+    let kill = Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    // A hang guard only: the soak stops at its next step.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the soak did not stop after SIG{signal}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let left = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    (status, stderr, left)
+}
+
+#[test]
+fn a_soak_stopped_by_sigterm_or_sigint_removes_its_generated_dataset() {
+    for signal in ["TERM", "INT"] {
+        let (status, stderr, left) = soak_stopped_by(signal);
+        assert!(left.is_empty(), "SIG{signal} left {left:?}; {stderr}");
+        assert!(!status.success(), "SIG{signal}: {status}");
+        assert!(
+            stderr.contains(&format!("SIG{signal}")),
+            "the error names the signal: {stderr}"
+        );
+    }
+}

@@ -215,14 +215,15 @@ pub struct RunMetrics {
     pub hits: u64,
     /// Accesses.
     pub accesses: u64,
-    /// The most recent per-iteration figures (bounded, oldest dropped first).
+    /// The most recent per-iteration figures: at most 4096 (256 KiB), oldest dropped first.
+    /// The run-wide figures above count every iteration.
     pub iterations: Vec<IterationMetrics>,
-    /// The most recent allocations (bounded, oldest dropped first).
+    /// The most recent allocations: at most 1024, oldest dropped first.
     pub allocations: Vec<AllocationRecord>,
     /// Accesses skipped by the error policy.
     pub skipped: u64,
-    /// The first skipped accesses, in the order ranks took their batches (bounded: later
-    /// ones are only counted in `skipped`).
+    /// The first skipped accesses, in the order ranks took their batches: at most 1024,
+    /// later ones are only counted in `skipped`.
     pub skipped_samples: Vec<SkippedSample>,
     /// Storage read attempts the fault injector changed (failed, shortened, delayed or
     /// corrupted).
@@ -405,11 +406,21 @@ pub struct FormCostsReport {
     pub model_png_s_per_pixel: f64,
 }
 
-/// Per-iteration records kept for the API and JSON; older ones are dropped.
-pub(crate) const HISTORY_MAX: usize = 1 << 16;
+/// Per-iteration records kept for the API and JSON; older ones are dropped. The run's
+/// summary figures count every iteration, so the records are for looking at recent
+/// behaviour; at 64 bytes each they hold 256 KiB, reached within an epoch or two of a job
+/// of many ranks, so memory levels off early however long the run.
+pub(crate) const ITERATIONS_MAX: usize = 4096;
 
-/// Skipped accesses listed in the metrics; later ones are counted only.
-pub(crate) const SKIPPED_MAX: usize = 4096;
+/// Allocation records kept (one per planning window); older ones are dropped.
+pub(crate) const ALLOCATIONS_MAX: usize = 1024;
+
+/// Iterations left open by a detached rank that are still tracked.
+const OPEN_ITERATIONS_MAX: usize = ITERATIONS_MAX;
+
+/// Skipped accesses listed in the metrics (each holds its path and cause, some 200
+/// bytes); later ones are counted only.
+pub(crate) const SKIPPED_MAX: usize = 1024;
 
 /// Failures per epoch kept for a budget error's summary.
 pub(crate) const FIRST_FAILURES_MAX: usize = 5;
@@ -492,7 +503,8 @@ pub(crate) struct Collector {
     first_epoch: u32,
     skipped: u64,
     skipped_samples: Vec<SkippedSample>,
-    /// Per epoch: skipped accesses and the first few (sample, cause).
+    /// Per epoch: skipped accesses and the first few (sample, cause), for a budget error's
+    /// summary; the causes are dropped once every rank took the epoch's last batch.
     epoch_skipped: Vec<(u64, Vec<(u32, String)>)>,
 }
 
@@ -510,8 +522,10 @@ impl Collector {
             job_stall_s: 0.0,
             imbalance: RatioHistogram::new(),
             open: VecDeque::new(),
-            history: VecDeque::new(),
-            allocations: VecDeque::new(),
+            // Allocated once: growing them by doubling through a long run leaves the
+            // allocator holes it may never give back.
+            history: VecDeque::with_capacity(ITERATIONS_MAX),
+            allocations: VecDeque::with_capacity(ALLOCATIONS_MAX),
             epoch_started: vec![None; epochs as usize],
             epoch_taken: vec![(0, None); epochs as usize],
             steady_samples: 0,
@@ -541,6 +555,8 @@ impl Collector {
     }
 
     /// A rank took a batch; `last_of_epoch` marks the epoch's final batch for that rank.
+    /// Record the batch's skipped accesses first: once every rank took the epoch's last
+    /// batch, the epoch's failures are dropped.
     pub(crate) fn batch_taken(&mut self, m: IterationMetrics, samples: usize, last_of_epoch: bool) {
         let now = Instant::now();
         self.last_taken = now;
@@ -556,6 +572,8 @@ impl Collector {
             entry.0 += 1;
             if entry.0 == self.ranks {
                 entry.1 = Some(now);
+                // The epoch's budget was decided: its failures' summary is not needed again.
+                self.epoch_skipped[m.epoch as usize].1 = Vec::new();
             }
         }
         let key = (m.epoch, m.iteration);
@@ -580,17 +598,17 @@ impl Collector {
             self.imbalance.record(lobster_sched::imbalance(&loads));
         }
         // A detached rank leaves iterations open forever; keep that bounded.
-        while self.open.len() > HISTORY_MAX {
+        while self.open.len() > OPEN_ITERATIONS_MAX {
             self.open.pop_front();
         }
-        if self.history.len() == HISTORY_MAX {
+        if self.history.len() == ITERATIONS_MAX {
             self.history.pop_front();
         }
         self.history.push_back(m);
     }
 
     pub(crate) fn allocation(&mut self, record: AllocationRecord) {
-        if self.allocations.len() == HISTORY_MAX {
+        if self.allocations.len() == ALLOCATIONS_MAX {
             self.allocations.pop_front();
         }
         self.allocations.push_back(record);

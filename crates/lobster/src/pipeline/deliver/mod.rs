@@ -79,7 +79,7 @@ fn finish<T>(
     }
     let last_of_epoch = ends.is_last(batch.epoch, batch.iteration);
     let mut collector = lock(&state.collector);
-    collector.batch_taken(metrics, len - failed.len(), last_of_epoch);
+    let delivered = len - failed.len();
     let mut skipped = Vec::with_capacity(failed.len());
     if let OnError::Skip { max_failures } = state.on_error {
         let allowed = max_failures.allowed(state.epoch_accesses);
@@ -105,6 +105,8 @@ fn finish<T>(
             }
         }
     }
+    // After the skips: the epoch's last batch lets the collector drop its failures.
+    collector.batch_taken(metrics, delivered, last_of_epoch);
     drop(collector);
     if let Some(e) = lock(&state.budget_failure).clone() {
         return Some(Err(e));

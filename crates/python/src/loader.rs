@@ -742,7 +742,10 @@ fn start(
             (None, Output::Raw) => dataset.max_sample_bytes(),
             (None, _) => HEADER_BYTES as u64 + 3 * NONE_MAX_PIXELS,
         };
-        let slot_bytes = s.slot_bytes.unwrap_or(sample_bytes * s.batch_size as u64);
+        // Saturating: the arena is checked against the memory available when made.
+        let slot_bytes = s
+            .slot_bytes
+            .unwrap_or(sample_bytes.saturating_mul(s.batch_size as u64));
         // A sample larger than its share of a slot is a bad sample (on_error), not a
         // stopped node.
         let share_bytes = slot_bytes / s.batch_size as u64;

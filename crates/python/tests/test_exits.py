@@ -51,18 +51,22 @@ def slow_decode(b):
 
 kw = dict(transform="none", decode=slow_decode) if output == "decode" else dict(image_size=32)
 loader = lobster_io.Loader(data, 16, epochs=3, **kw)
+taken = 0
 for epoch in range(3):
     loader.set_epoch(epoch)
-    for i, batch in enumerate(loader):
+    for batch in loader:
+        taken += 1
         if how == "interrupt":
             print("iterating", flush=True)
             time.sleep(0.05)
-        elif i == 2:
+        elif taken == 3:
+            # Mid-epoch: an epoch is 4 batches in one process, 2 for each of two ranks.
             if meet:
                 all_here()
             break
-    if how != "interrupt":
-        break
+    else:
+        continue
+    break
 if how == "close":
     loader.close()
 print("finished", flush=True)

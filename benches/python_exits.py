@@ -31,7 +31,7 @@ from test_loader import make_folder  # noqa: E402
 
 HANG_GUARD_S = 120
 BAD = ("Fatal Python error", "panicked", "SIGABRT", "SIGSEGV", "Signal 6", "Signal 11",
-       "core dumped", "Exception ignored")
+       "core dumped", "Exception ignored", "lost sys.stderr", "Error:")
 
 
 def env(**extra):
@@ -93,8 +93,8 @@ def run_torchrun(child, data, output, how, scratch):
     if any(b in err for b in BAD):
         return False
     if how == "interrupt":
-        # Both ranks end by their own KeyboardInterrupt, each traceback its last line.
-        return err.count("\nKeyboardInterrupt\n") >= 2
+        # Both ranks end by their own KeyboardInterrupt (their stderr lines may interleave).
+        return err.count("KeyboardInterrupt") >= 2
     return p.returncode == 0 and out.count("finished") == 2
 
 

@@ -1131,9 +1131,17 @@ impl Loader {
         }
         let made = loop {
             let rx = batches.clone();
-            match py.detach(move || rx.recv_timeout(SIGNAL_POLL)) {
+            let got = py.detach(move || rx.recv_timeout(SIGNAL_POLL));
+            if !matches!(got, Ok(Ok(_))) {
+                // A Ctrl-C that came during the wait wins over a failure it may have caused
+                // (local rank 0 interrupted stops the node's other ranks, which torchrun
+                // interrupts a moment later): the caller gets its KeyboardInterrupt, not an
+                // error that Python would still be printing when the signal lands.
+                py.check_signals()?;
+            }
+            match got {
                 Ok(b) => break b?,
-                Err(RecvTimeoutError::Timeout) => py.check_signals()?,
+                Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
                     return Err(StoppedError::new_err(
                         "the loader has no more batches (it stopped or ended)",
@@ -1278,6 +1286,11 @@ impl Loader {
             });
             if let Some(e) = interrupt {
                 return Err(e);
+            }
+            if started.is_err() {
+                // As in `__next__`: a Ctrl-C that came meanwhile wins over the failure it may
+                // have caused (the host interrupted while this rank attached).
+                py.check_signals()?;
             }
             let Started {
                 engine,

@@ -57,7 +57,7 @@ for epoch in range(3):
     for batch in loader:
         taken += 1
         if how == "interrupt":
-            print("iterating", flush=True)
+            print("iterating", os.environ.get("LOCAL_RANK", ""), flush=True)
             time.sleep(0.05)
         elif taken == 3:
             # Mid-epoch: an epoch is 4 batches in one process, 2 for each of two ranks.

@@ -25,6 +25,8 @@ pub enum NodeError {
     },
     /// No host answered in time.
     NoHost { address: String, waited_s: f64 },
+    /// The caller stopped the wait for the host (a signal arrived): what it waited for.
+    Interrupted { address: String, waited_s: f64 },
     /// The host's name is held by another process (a host of the same job id and node still
     /// running, or a squatter), so this host cannot listen.
     AddressTaken { address: String },
@@ -83,6 +85,10 @@ impl fmt::Display for NodeError {
                 f,
                 "no host answered at {address} after {waited_s:.1} s (is local rank 0 running \
                  with the same job id?)"
+            ),
+            NodeError::Interrupted { address, waited_s } => write!(
+                f,
+                "waiting for the host at @{address} interrupted after {waited_s:.1} s"
             ),
             NodeError::AddressTaken { address } => write!(
                 f,

@@ -83,7 +83,7 @@ pub use arena::SharedArena;
 pub use error::{Failure, NodeError};
 pub use host::{fingerprint, HostOptions, NodeHost, HELLOS_MAX};
 pub use launch::NodeEnv;
-pub use rank::{NodeBatch, NodeRank};
+pub use rank::{NodeBatch, NodeRank, RankStopper, ATTACH_POLL};
 pub use wire::Placed;
 
 /// Checker run by the fuzz target `node_wire`: arbitrary bytes through the decoders of the

@@ -5,6 +5,7 @@ use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,9 @@ use crate::error::NodeError;
 use crate::fdpass::recv_with_fd;
 use crate::launch::NodeEnv;
 use crate::wire::{read_body, read_frame, stop_error, Placed, ToHost, ToRank};
+
+/// How often a waiting attach asks its caller whether to keep waiting.
+pub const ATTACH_POLL: Duration = Duration::from_millis(50);
 
 struct Inner {
     arena: SharedArena,
@@ -34,6 +38,8 @@ pub struct NodeRank {
     local_rank: usize,
     /// The node's local ranks: the parties of a step.
     ranks: u32,
+    /// Set by a [`RankStopper`]: the rank ends rather than reading on.
+    stopped: Arc<AtomicBool>,
     /// How the host's run maps this rank's batch count to a position.
     positions: Positions,
     done: bool,
@@ -69,6 +75,21 @@ impl NodeRank {
         config: Vec<(String, String)>,
         timeout: Duration,
     ) -> Result<NodeRank, NodeError> {
+        NodeRank::attach_while(env, config, timeout, || true)
+    }
+
+    /// [`NodeRank::attach`], asking `keep_waiting` every [`ATTACH_POLL`] while it waits for
+    /// the host or its welcome: a caller that must answer signals (Python's Ctrl-C) stops
+    /// the wait by returning `false`.
+    ///
+    /// # Errors
+    /// As [`NodeRank::attach`], and [`NodeError::Interrupted`] when `keep_waiting` said no.
+    pub fn attach_while(
+        env: &NodeEnv,
+        config: Vec<(String, String)>,
+        timeout: Duration,
+        mut keep_waiting: impl FnMut() -> bool,
+    ) -> Result<NodeRank, NodeError> {
         let address = env.address();
         let addr =
             SocketAddr::from_abstract_name(address.as_bytes()).map_err(|e| NodeError::Os {
@@ -77,8 +98,19 @@ impl NodeRank {
                 source: e,
             })?;
         let started = Instant::now();
+        let interrupted = |address: &String| NodeError::Interrupted {
+            address: address.clone(),
+            waited_s: started.elapsed().as_secs_f64(),
+        };
         let mut said = false;
+        let mut polled = Instant::now();
         let mut stream = loop {
+            if polled.elapsed() >= ATTACH_POLL {
+                polled = Instant::now();
+                if !keep_waiting() {
+                    return Err(interrupted(&address));
+                }
+            }
             match UnixStream::connect_addr(&addr) {
                 Ok(s) => break s,
                 Err(e) if started.elapsed() >= timeout => {
@@ -153,12 +185,29 @@ impl NodeRank {
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => no_welcome(),
             _ => gone(format!("awaiting welcome: {e}")),
         };
-        left(&stream).map_err(waited)?;
-        let (n, fd) = match recv_with_fd(&stream, &mut len) {
-            Ok(got) => got,
-            Err(e) => {
-                sent.map_err(|e| gone(format!("sending the hello: {e}")))?;
-                return Err(waited(e));
+        // The welcome may wait for the node's other ranks: waited for in slices, so that
+        // `keep_waiting` is asked meanwhile.
+        let (n, fd) = loop {
+            let slice = welcome_by
+                .saturating_duration_since(Instant::now())
+                .clamp(Duration::from_millis(1), ATTACH_POLL);
+            stream.set_read_timeout(Some(slice)).map_err(waited)?;
+            match recv_with_fd(&stream, &mut len) {
+                Ok(got) => break got,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) && Instant::now() < welcome_by =>
+                {
+                    if !keep_waiting() {
+                        return Err(interrupted(&address));
+                    }
+                }
+                Err(e) => {
+                    sent.map_err(|e| gone(format!("sending the hello: {e}")))?;
+                    return Err(waited(e));
+                }
             }
         };
         if n == 0 {
@@ -222,8 +271,25 @@ impl NodeRank {
             host_pid,
             local_rank: env.local_rank,
             ranks: env.local_world_size as u32,
+            stopped: Arc::new(AtomicBool::new(false)),
             positions,
             done: false,
+        })
+    }
+
+    /// What ends this rank's iteration from another thread, while `next` waits for a batch.
+    ///
+    /// # Errors
+    /// The socket could not be duplicated.
+    pub fn stopper(&self) -> Result<RankStopper, NodeError> {
+        let stream = self.reader.try_clone().map_err(|e| NodeError::Os {
+            call: "dup",
+            what: self.address.clone(),
+            source: e,
+        })?;
+        Ok(RankStopper {
+            stream,
+            stopped: Arc::clone(&self.stopped),
         })
     }
 
@@ -314,7 +380,7 @@ impl Iterator for NodeRank {
     type Item = Result<NodeBatch, NodeError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.done {
+        if self.done || self.stopped.load(Ordering::Acquire) {
             return None;
         }
         let want = self
@@ -365,6 +431,11 @@ impl Iterator for NodeRank {
                 }),
                 Err(e) => Err(e),
             },
+            // Stopped by its stopper: an end, not a host gone.
+            Ok(false) | Err(_) if self.stopped.load(Ordering::Acquire) => {
+                self.done = true;
+                return None;
+            }
             Ok(false) => Err(self.host_gone("it closed the connection".into())),
             Err(e) => Err(self.host_gone(e.to_string())),
         };
@@ -375,6 +446,24 @@ impl Iterator for NodeRank {
             self.done = true;
         }
         Some(item)
+    }
+}
+
+/// Ends a [`NodeRank`]'s iteration from another thread: the rank stops reading (its `next`
+/// returns `None`), and the host, whose next message to it fails, counts it gone, as if its
+/// process had exited.
+#[derive(Debug)]
+pub struct RankStopper {
+    stream: UnixStream,
+    stopped: Arc<AtomicBool>,
+}
+
+impl RankStopper {
+    /// Stops the rank; a `next` waiting for a batch returns at once.
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+        // Wakes a blocked read (it returns 0); releases of batches still held can be sent.
+        let _ = self.stream.shutdown(std::net::Shutdown::Read);
     }
 }
 
@@ -524,6 +613,51 @@ mod tests {
         });
         let e = attach_within(env, Duration::from_secs(10)).unwrap_err();
         assert!(e.to_string().contains("F_GET_SEALS"), "{e}");
+    }
+
+    /// Attaches with `keep_waiting` saying no at its `n`th question, on a thread.
+    fn attach_asked(env: NodeEnv, n: usize) -> (Result<NodeRank, NodeError>, usize) {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut asked = 0;
+            let got = NodeRank::attach_while(&env, vec![], Duration::from_secs(300), || {
+                asked += 1;
+                asked < n
+            });
+            let _ = tx.send((got, asked));
+        });
+        rx.recv_timeout(Duration::from_secs(60))
+            .expect("the attach went on waiting after its caller said no")
+    }
+
+    #[test]
+    fn a_wait_for_a_host_not_there_ends_when_the_caller_says_no() {
+        let env = NodeEnv::new(
+            1,
+            2,
+            1,
+            2,
+            0,
+            1,
+            format!("unit-{}-absent", std::process::id()),
+        )
+        .unwrap();
+        let (got, asked) = attach_asked(env, 3);
+        assert!(matches!(got, Err(NodeError::Interrupted { .. })), "{got:?}");
+        assert_eq!(asked, 3);
+    }
+
+    #[test]
+    fn a_wait_for_the_welcome_ends_when_the_caller_says_no() {
+        let (hold, held) = mpsc::channel::<()>();
+        let env = squat("interrupted-welcome", move |stream| {
+            let _ = held.recv();
+            drop(stream);
+        });
+        let (got, asked) = attach_asked(env, 3);
+        drop(hold);
+        assert!(matches!(got, Err(NodeError::Interrupted { .. })), "{got:?}");
+        assert_eq!(asked, 3);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::params::Given;
+use crate::params::{Given, SLOTS_MAX};
 
 /// What `cache=` says.
 #[derive(Debug)]
@@ -117,8 +117,11 @@ pub(crate) fn budgets(py: Python<'_>, given: Option<Bound<'_, PyAny>>) -> PyResu
         slots: field(&g, "budgets", "slots")?,
         slot_bytes: field(&g, "budgets", "slot_bytes")?,
     };
-    if b.slots == 0 {
-        return Err(PyValueError::new_err("budgets.slots = 0: at least 1"));
+    if !(1..=SLOTS_MAX).contains(&b.slots) {
+        return Err(PyValueError::new_err(format!(
+            "budgets.slots = {}: allowed 1 to {SLOTS_MAX}",
+            b.slots
+        )));
     }
     if b.slot_bytes == Some(0) {
         return Err(PyValueError::new_err("budgets.slot_bytes = 0: at least 1"));

@@ -48,5 +48,5 @@ mod _lobster_io {
         TooManyFailures,
     };
     #[pymodule_export]
-    use super::loader::Loader;
+    use super::loader::{_close_at_exit, Loader};
 }

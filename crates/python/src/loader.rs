@@ -18,14 +18,14 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use lobster_io::images::{ImageBatches, Pixels};
 use lobster_io::{
     BudgetConfig, CacheConfig, CachePolicy, Dataset, DistributedSampler, EpochOrder, JobConfig,
     JobFingerprint, LoaderBuilder, LoaderConfig, LoaderState, Positions, RankHandle, RunMetrics,
     SampleLimits, SampleMeta, STATE_VERSION,
 };
-use lobster_node::{fingerprint, HostOptions, NodeBatch, NodeEnv, NodeHost, NodeRank};
+use lobster_node::{fingerprint, HostOptions, NodeBatch, NodeEnv, NodeHost, NodeRank, RankStopper};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -34,7 +34,7 @@ use crate::batch::{Batch, Holder, Images, Made, Span, HEADER_BYTES};
 use crate::errors::{loader_error, node_error, DecodeError, Error, StateError, StoppedError};
 use crate::groups;
 use crate::mpi::{self, Closable, World};
-use crate::params::{self, Output};
+use crate::params::{self, Int, Output};
 
 /// How long a waiting iteration sleeps between looks for Ctrl-C.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
@@ -124,8 +124,9 @@ struct Run {
 /// `help(lobster_io.Cache)` and the others say what each field does.
 #[pyclass(frozen, module = "lobster_io")]
 pub(crate) struct Loader {
-    /// Shared with the MPI job's exit, which closes the loader before finalising MPI.
-    engine: Arc<Mutex<Option<Engine>>>,
+    /// The engine, its feeder and how far the caller got: shared with the exit hooks that
+    /// close loaders left open.
+    core: Arc<Core>,
     /// Until the engine starts (the first batch asked for).
     pending: Mutex<Option<Pending>>,
     /// Once it started.
@@ -136,11 +137,6 @@ pub(crate) struct Loader {
     origin: Option<(Settings, Prepared)>,
     /// Batches `__next__` returned since the run's start: what `state_dict` saves.
     given: AtomicU64,
-    per_epoch: usize,
-    epochs: u32,
-    /// The epoch the next iteration yields, and the batches of it already taken.
-    next_epoch: AtomicU32,
-    taken: Mutex<usize>,
     /// A resumed run's first epoch when it resumed within it, and where that epoch ends
     /// (another world splits its rest into another number of batches).
     head_end: Mutex<Option<(u32, usize)>>,
@@ -151,6 +147,88 @@ pub(crate) struct Loader {
     /// The process that built it: a forked child has the loader's memory but none of its
     /// threads, so it must not wait on them.
     pid: u32,
+}
+
+/// What closing a loader needs: kept apart from the `Loader` so that the exit hooks (the
+/// package's `atexit`, an MPI job's exit) close loaders Python has not collected yet.
+struct Core {
+    /// `None` before the start and after the close.
+    engine: Mutex<Option<Engine>>,
+    /// The started engine's feeder thread, until the close waits for it.
+    feeder: Mutex<Option<Feeder>>,
+    per_epoch: usize,
+    epochs: u32,
+    /// The epoch the next iteration yields, and the batches of it already taken.
+    next_epoch: AtomicU32,
+    taken: Mutex<usize>,
+}
+
+/// The thread that takes the rank's batches (and runs a decode callable on them), and
+/// what stops it.
+struct Feeder {
+    /// Never sends: dropped, it tells the feeder to stop (between samples, or while it
+    /// waits to hand a batch over).
+    stop: Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+    /// Ends an attached rank's wait for its next batch.
+    rank: Option<RankStopper>,
+}
+
+/// Loaders not closed yet, for the package's `atexit` hook.
+static LIVE: Mutex<Vec<Weak<Core>>> = Mutex::new(Vec::new());
+
+/// Closes the loaders still open, before Python finalises: a feeder thread that is inside
+/// a decode callable then (or waits for the GIL to call it) would abort the interpreter.
+/// `lobster_io` registers it with `atexit` when imported.
+#[pyfunction]
+pub(crate) fn _close_at_exit(py: Python<'_>) {
+    let live: Vec<Arc<Core>> = std::mem::take(&mut *lock(&LIVE))
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect();
+    py.detach(move || {
+        for core in live {
+            if let Err(e) = core.close() {
+                log::warn!("lobster_io: closing a loader at exit: {e}");
+            }
+        }
+    });
+}
+
+impl Core {
+    /// Whether the caller took every batch of every epoch.
+    fn complete(&self) -> bool {
+        let epoch = self.next_epoch.load(Ordering::SeqCst);
+        epoch >= self.epochs || (epoch + 1 == self.epochs && *lock(&self.taken) == self.per_epoch)
+    }
+
+    /// Stops the feeder, ends the engine and waits for the feeder to finish: a decode call
+    /// under way ends first, so call it with the GIL released. A host waits for the node's
+    /// other ranks (or stops them if this rank stopped early).
+    fn close(&self) -> PyResult<()> {
+        let complete = self.complete();
+        let engine = lock(&self.engine).take();
+        let feeder = lock(&self.feeder).take();
+        let thread = feeder.map(|f| {
+            drop(f.stop);
+            // A rank that took every batch is told its end by the host; one that stopped
+            // early stops waiting (the host counts it gone, as if its process had exited).
+            if let (Some(rank), false) = (&f.rank, complete) {
+                rank.stop();
+            }
+            f.thread
+        });
+        let ended = finish(engine, complete);
+        // A decode callable may drop the last reference to its own loader: the feeder then
+        // closes it and cannot wait for itself.
+        let thread = thread.filter(|t| t.thread().id() != std::thread::current().id());
+        if let Some(t) = thread {
+            if t.join().is_err() {
+                log::warn!("lobster_io: the loader's feeder thread panicked");
+            }
+        }
+        ended
+    }
 }
 
 /// Everything `Loader(...)` was given, checked.
@@ -260,6 +338,7 @@ fn images(
     samples: Vec<&mut [u8]>,
     ids: &[u32],
     decode: Option<&(Py<PyAny>, Option<Arc<Dataset>>)>,
+    stop: &Receiver<()>,
 ) -> Result<Images, PyErr> {
     match output {
         Output::Stacked(_) => unreachable!("stacked batches are collated or contiguous"),
@@ -279,9 +358,17 @@ fn images(
         }
         Output::Raw => {
             let (f, dataset) = decode.expect("a raw batch has its decode callable");
+            let closing = || StoppedError::new_err("the loader was closed");
+            if stopping(stop) {
+                return Err(closing());
+            }
             Python::attach(|py| {
                 let mut out = Vec::with_capacity(samples.len());
                 for (bytes, &id) in samples.iter().zip(ids) {
+                    // A close waits for the call under way, not for the batch's rest.
+                    if stopping(stop) {
+                        return Err(closing());
+                    }
                     let arg = PyBytes::new(py, bytes);
                     match f.call1(py, (arg,)) {
                         Ok(o) => out.push(o),
@@ -311,6 +398,7 @@ fn feed_collated(
     dataset: Arc<Dataset>,
     buffers: usize,
     tx: &Sender<Fed>,
+    stop: &Receiver<()>,
 ) {
     for b in ImageBatches::new(rank, dataset, buffers) {
         let made = b.map_err(loader_error).map(|mut b| {
@@ -326,7 +414,7 @@ fn feed_collated(
                 _holder: Some(Box::new(b)),
             }
         });
-        if tx.send(made).is_err() {
+        if !hand_over(tx, stop, made) {
             return;
         }
     }
@@ -339,6 +427,7 @@ fn feed_samples(
     output: Output,
     decode: Option<(Py<PyAny>, Option<Arc<Dataset>>)>,
     tx: &Sender<Fed>,
+    stop: &Receiver<()>,
 ) {
     for b in rank {
         let made = b.map_err(loader_error).and_then(|mut b| {
@@ -347,10 +436,10 @@ fn feed_samples(
             let skipped = std::mem::take(&mut b.skipped);
             let (epoch, iteration) = (b.epoch, b.iteration);
             let bytes = b.samples.iter_mut().map(|s| &mut s.value[..]).collect();
-            let images = images(output, bytes, &ids, decode.as_ref())?;
+            let images = images(output, bytes, &ids, decode.as_ref(), stop)?;
             Ok(made(epoch, iteration, ids, labels, skipped, images, b))
         });
-        if tx.send(made).is_err() {
+        if !hand_over(tx, stop, made) {
             return;
         }
     }
@@ -362,14 +451,29 @@ fn feed_node(
     output: Output,
     decode: Option<(Py<PyAny>, Option<Arc<Dataset>>)>,
     tx: &Sender<Fed>,
+    stop: &Receiver<()>,
 ) {
     for b in rank {
         let made = b
             .map_err(node_error)
-            .and_then(|b| node_batch(b, output, decode.as_ref()));
-        if tx.send(made).is_err() {
+            .and_then(|b| node_batch(b, output, decode.as_ref(), stop));
+        if !hand_over(tx, stop, made) {
             return;
         }
+    }
+}
+
+/// Whether `stop` says the loader is closing (its sender gone).
+fn stopping(stop: &Receiver<()>) -> bool {
+    matches!(stop.try_recv(), Err(TryRecvError::Disconnected))
+}
+
+/// Hands a batch to `__next__`, waiting for room; `false` when the loader is closing (the
+/// batch is dropped, its buffer returned).
+fn hand_over(tx: &Sender<Fed>, stop: &Receiver<()>, made: Fed) -> bool {
+    crossbeam_channel::select! {
+        send(tx, made) -> sent => sent.is_ok(),
+        recv(stop) -> _ => false,
     }
 }
 
@@ -377,6 +481,7 @@ fn node_batch(
     mut b: NodeBatch,
     output: Output,
     decode: Option<&(Py<PyAny>, Option<Arc<Dataset>>)>,
+    stop: &Receiver<()>,
 ) -> Result<Made, PyErr> {
     let ids: Vec<u32> = b.samples.iter().map(|p| p.id).collect();
     let labels = b.samples.iter().map(|p| p.label).collect();
@@ -416,7 +521,7 @@ fn node_batch(
                     samples.push(one);
                     rest = tail;
                 }
-                images(output, samples, &ids, decode)?
+                images(output, samples, &ids, decode, stop)?
             }
         }
     };
@@ -449,11 +554,10 @@ fn made(
     }
 }
 
-fn spawn_feeder(f: impl FnOnce() + Send + 'static) -> PyResult<()> {
+fn spawn_feeder(f: impl FnOnce() + Send + 'static) -> PyResult<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("lobster-py-feeder".into())
         .spawn(f)
-        .map(drop)
         .map_err(|e| Error::new_err(format!("cannot start the feeder thread: {e}")))
 }
 
@@ -518,22 +622,26 @@ fn resume_fields(resume: Option<&LoaderState>) -> PyResult<Vec<(String, String)>
     Ok(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
 }
 
-/// A started rank: its engine, its batches, the node's arena and the run's positions.
-type Started = (
-    Engine,
-    Receiver<Fed>,
-    Option<std::ops::Range<usize>>,
-    Positions,
-);
+/// A started rank: its engine and feeder, its batches, the node's arena and the run's
+/// positions.
+struct Started {
+    engine: Engine,
+    batches: Receiver<Fed>,
+    arena: Option<std::ops::Range<usize>>,
+    positions: Positions,
+    feeder: Feeder,
+}
 
 /// Starts this rank: the loader in process, or the node's host and this rank attached;
-/// resumed from `resume` when given.
+/// resumed from `resume` when given. A wait for the node's host or ranks ends when
+/// `keep_waiting` says no.
 fn start(
     mut s: Settings,
     p: Prepared,
     env: &NodeEnv,
     world: Option<&World>,
     resume: Option<LoaderState>,
+    keep_waiting: &mut dyn FnMut() -> bool,
 ) -> PyResult<Started> {
     let Prepared {
         dataset, config, ..
@@ -555,6 +663,7 @@ fn start(
         ..r.clone()
     });
     let (tx, rx) = crossbeam_channel::bounded(FEEDER_AHEAD);
+    let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
     let buffers = s.buffers();
     // Taken, not cloned: a start needs no GIL (another thread may hold it, waiting for
     // this start to finish).
@@ -590,25 +699,36 @@ fn start(
     // Every node's loader is built (serving its cache) before any fetches from a peer.
     let all_built = || world.map_or(Ok(()), World::barrier);
     if env.local_world_size == 1 {
-        let engine: Box<dyn Metered> = match s.output {
+        let (engine, thread): (Box<dyn Metered>, _) = match s.output {
             Output::Stacked(t) => {
                 let mut loader = builder_pixels(t).build().map_err(loader_error)?;
                 let rank = take_rank(&mut loader)?;
                 all_built()?;
                 let ds = Arc::clone(&dataset);
-                spawn_feeder(move || feed_collated(rank, ds, buffers, &tx))?;
-                Box::new(loader)
+                let thread = spawn_feeder(move || feed_collated(rank, ds, buffers, &tx, &stopped))?;
+                (Box::new(loader), thread)
             }
             output => {
                 let mut loader = builder_bytes().build().map_err(loader_error)?;
                 let rank = take_rank(&mut loader)?;
                 all_built()?;
-                spawn_feeder(move || feed_samples(rank, output, decode, &tx))?;
-                Box::new(loader)
+                let thread =
+                    spawn_feeder(move || feed_samples(rank, output, decode, &tx, &stopped))?;
+                (Box::new(loader), thread)
             }
         };
         let positions = engine.positions();
-        return Ok((Engine::InProcess(engine), rx, None, positions));
+        return Ok(Started {
+            engine: Engine::InProcess(engine),
+            batches: rx,
+            arena: None,
+            positions,
+            feeder: Feeder {
+                stop,
+                thread,
+                rank: None,
+            },
+        });
     }
     assert!(
         world.is_none(),
@@ -622,7 +742,10 @@ fn start(
             (None, Output::Raw) => dataset.max_sample_bytes(),
             (None, _) => HEADER_BYTES as u64 + 3 * NONE_MAX_PIXELS,
         };
-        let slot_bytes = s.slot_bytes.unwrap_or(sample_bytes * s.batch_size as u64);
+        // Saturating: the arena is checked against the memory available when made.
+        let slot_bytes = s
+            .slot_bytes
+            .unwrap_or(sample_bytes.saturating_mul(s.batch_size as u64));
         // A sample larger than its share of a slot is a bad sample (on_error), not a
         // stopped node.
         let share_bytes = slot_bytes / s.batch_size as u64;
@@ -659,12 +782,24 @@ fn start(
     // The sample table is the host's: the others hold none of it (a decode callable's
     // error names its sample's file, so that path keeps it).
     drop(dataset);
-    let rank = NodeRank::attach(env, attaching, ATTACH_TIMEOUT).map_err(node_error)?;
+    let rank =
+        NodeRank::attach_while(env, attaching, ATTACH_TIMEOUT, keep_waiting).map_err(node_error)?;
     let arena = rank.arena_span();
     let positions = rank.positions().clone();
+    let rank_stopper = rank.stopper().map_err(node_error)?;
     let output = s.output;
-    spawn_feeder(move || feed_node(rank, output, decode, &tx))?;
-    Ok((engine, rx, Some(arena), positions))
+    let thread = spawn_feeder(move || feed_node(rank, output, decode, &tx, &stopped))?;
+    Ok(Started {
+        engine,
+        batches: rx,
+        arena: Some(arena),
+        positions,
+        feeder: Feeder {
+            stop,
+            thread,
+            rank: Some(rank_stopper),
+        },
+    })
 }
 
 fn take_rank<T: Send + 'static>(loader: &mut lobster_io::Loader<T>) -> PyResult<RankHandle<T>> {
@@ -678,21 +813,21 @@ fn take_rank<T: Send + 'static>(loader: &mut lobster_io::Loader<T>) -> PyResult<
 impl Loader {
     #[new]
     #[pyo3(signature = (
-        data, batch_size, *, epochs = 1, seed = 0, drop_last = false, transform = "train",
-        image_size = 224, channels_first = false, on_error = "fail", max_failures = None,
-        decode = None, assign = "sampler", cache = None, budgets = None, launch = None,
+        data, batch_size, *, epochs = Int::from(1), seed = Int::from(0), drop_last = false,
+        transform = "train", image_size = Int::from(224), channels_first = false,
+        on_error = "fail", max_failures = None, decode = None, assign = "sampler", cache = None, budgets = None, launch = None,
         limits = None, **moved
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        data: &str,
-        batch_size: usize,
-        epochs: u32,
-        seed: u64,
+        data: std::path::PathBuf,
+        batch_size: Int,
+        epochs: Int,
+        seed: Int,
         drop_last: bool,
         transform: &str,
-        image_size: u32,
+        image_size: Int,
         channels_first: bool,
         on_error: &str,
         max_failures: Option<f64>,
@@ -709,9 +844,10 @@ impl Loader {
         let budgets = groups::budgets(py, budgets)?;
         let given = groups::launch(py, launch)?;
         let image_pixels_max = groups::limits(py, limits)?;
-        if batch_size == 0 {
-            return Err(PyValueError::new_err("batch_size = 0: at least 1"));
-        }
+        let batch_size = params::int("batch_size", &batch_size, 1..=u32::MAX as usize)?;
+        let epochs = params::int("epochs", &epochs, 0..=u32::MAX)?;
+        let seed = params::int("seed", &seed, 0..=u64::MAX)?;
+        let data = params::data(data)?;
         if let Some(f) = &decode {
             if !f.bind(py).is_callable() {
                 return Err(PyValueError::new_err(
@@ -721,7 +857,7 @@ impl Loader {
         }
         let (env, world) = mpi::place(py, &given)?;
         let settings = Settings {
-            data: data.to_owned(),
+            data,
             batch_size,
             epochs,
             seed,
@@ -731,7 +867,7 @@ impl Loader {
             cache_forms: params::cache_forms(cache.forms.as_deref())?,
             decoded_max_side: cache.decoded_max_side,
             link_prices: cache.link_prices,
-            output: params::output(transform, image_size, decode.is_some())?,
+            output: params::output(transform, &image_size, decode.is_some())?,
             drop_last,
             assign: params::assign(assign)?,
             errors: params::on_error_rule(on_error, max_failures)?,
@@ -745,10 +881,22 @@ impl Loader {
         let prepared = py.detach(|| prepare(&settings, &env))?;
         let origin =
             (env.local_world_size == 1).then(|| (settings.clone_ref(py), prepared.clone()));
+        let core = Arc::new(Core {
+            engine: Mutex::new(None),
+            feeder: Mutex::new(None),
+            per_epoch: prepared.per_epoch,
+            epochs,
+            next_epoch: AtomicU32::new(0),
+            taken: Mutex::new(0),
+        });
+        {
+            let mut live = lock(&LIVE);
+            live.retain(|c| c.strong_count() > 0);
+            live.push(Arc::downgrade(&core));
+        }
         let loader = Loader {
             origin,
-            engine: Arc::new(Mutex::new(None)),
-            per_epoch: prepared.per_epoch,
+            core,
             pending: Mutex::new(Some(Pending {
                 settings,
                 prepared,
@@ -756,9 +904,6 @@ impl Loader {
             })),
             run: Mutex::new(None),
             given: AtomicU64::new(0),
-            epochs,
-            next_epoch: AtomicU32::new(0),
-            taken: Mutex::new(0),
             head_end: Mutex::new(None),
             channels_first,
             env,
@@ -767,7 +912,7 @@ impl Loader {
         };
         if let Some(w) = &loader.world {
             // Building a loader with peers is collective: it starts now, in every process.
-            w.track(Box::new(Arc::downgrade(&loader.engine)));
+            w.track(Box::new(Arc::downgrade(&loader.core)));
             loader.started(py)?;
         }
         Ok(loader)
@@ -826,10 +971,11 @@ impl Loader {
         if pending.is_none() && self.given.load(Ordering::SeqCst) == 0 {
             if let Some((settings, prepared)) = &self.origin {
                 // Started, no batch taken yet: stopped and started again, resumed.
-                let Some(engine) = lock(&self.engine).take() else {
+                if lock(&self.core.engine).is_none() {
                     return Err(StoppedError::new_err("the loader was closed"));
-                };
-                drop(engine);
+                }
+                let core = Arc::clone(&self.core);
+                py.detach(move || core.close())?;
                 lock(&self.run).take();
                 *pending = Some(Pending {
                     settings: settings.clone_ref(py),
@@ -843,8 +989,8 @@ impl Loader {
             return self.load_when_started(&state);
         };
         p.resume = Some(state);
-        self.next_epoch.store(at.epoch, Ordering::SeqCst);
-        *lock(&self.taken) = at.iteration as usize;
+        self.core.next_epoch.store(at.epoch, Ordering::SeqCst);
+        *lock(&self.core.taken) = at.iteration as usize;
         drop(pending);
         // Started now, so that a state of another job is refused here, not at the first
         // batch, and the resumed run prefetches while the caller sets up.
@@ -853,13 +999,13 @@ impl Loader {
 
     /// Batches per epoch.
     fn __len__(&self) -> usize {
-        self.per_epoch
+        self.core.per_epoch
     }
 
     /// Epochs the loader was built for.
     #[getter]
     fn epochs(&self) -> u32 {
-        self.epochs
+        self.core.epochs
     }
 
     /// This process's global rank.
@@ -933,14 +1079,24 @@ impl Loader {
     }
 
     /// Names the epoch the next iteration yields. Epochs come in order (the plan covers
-    /// them all from the start): `epoch` must be the next one, or the one under way.
+    /// them all from the start): `epoch` must be the next one, or the one under way. An
+    /// epoch whose every batch was given is over, whether or not its end was asked for
+    /// (the second loader of a `zip`).
     fn set_epoch(&self, epoch: u32) -> PyResult<()> {
-        let current = self.next_epoch.load(Ordering::SeqCst);
+        let mut taken = lock(&self.core.taken);
+        let current = self.core.next_epoch.load(Ordering::SeqCst);
+        if epoch < self.core.epochs && epoch == current + 1 && *taken >= self.epoch_end(current) {
+            // Every batch of the epoch was given, though nobody asked for its end (as
+            // `zip` does not of its second loader): the epoch is over.
+            *taken = 0;
+            self.core.next_epoch.store(epoch, Ordering::SeqCst);
+            return Ok(());
+        }
         if epoch != current {
             return Err(PyValueError::new_err(format!(
                 "epoch = {epoch}: the loader's next epoch is {current} (epochs are loaded in \
                  order, 0 to {})",
-                self.epochs.saturating_sub(1)
+                self.core.epochs.saturating_sub(1)
             )));
         }
         Ok(())
@@ -959,28 +1115,33 @@ impl Loader {
             ));
         }
         let batches = self.started(py)?;
-        let epoch = self.next_epoch.load(Ordering::SeqCst);
-        if epoch >= self.epochs {
+        let epoch = self.core.next_epoch.load(Ordering::SeqCst);
+        if epoch >= self.core.epochs {
             return Ok(None);
         }
         {
-            let end = match *lock(&self.head_end) {
-                Some((e, end)) if e == epoch => end,
-                _ => self.per_epoch,
-            };
-            let mut taken = lock(&self.taken);
+            let end = self.epoch_end(epoch);
+            let mut taken = lock(&self.core.taken);
             if *taken >= end {
                 // The epoch is over: this iteration ends, the next begins the next epoch.
                 *taken = 0;
-                self.next_epoch.store(epoch + 1, Ordering::SeqCst);
+                self.core.next_epoch.store(epoch + 1, Ordering::SeqCst);
                 return Ok(None);
             }
         }
         let made = loop {
             let rx = batches.clone();
-            match py.detach(move || rx.recv_timeout(SIGNAL_POLL)) {
+            let got = py.detach(move || rx.recv_timeout(SIGNAL_POLL));
+            if !matches!(got, Ok(Ok(_))) {
+                // A Ctrl-C that came during the wait wins over a failure it may have caused
+                // (local rank 0 interrupted stops the node's other ranks, which torchrun
+                // interrupts a moment later): the caller gets its KeyboardInterrupt, not an
+                // error that Python would still be printing when the signal lands.
+                py.check_signals()?;
+            }
+            match got {
                 Ok(b) => break b?,
-                Err(RecvTimeoutError::Timeout) => py.check_signals()?,
+                Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
                     return Err(StoppedError::new_err(
                         "the loader has no more batches (it stopped or ended)",
@@ -988,7 +1149,7 @@ impl Loader {
                 }
             }
         };
-        *lock(&self.taken) += 1;
+        *lock(&self.core.taken) += 1;
         self.given.fetch_add(1, Ordering::SeqCst);
         Ok(Some(Batch::new(made, self.channels_first)))
     }
@@ -997,7 +1158,7 @@ impl Loader {
     /// node's, from the process that runs its engine (a node's other ranks get `None`).
     fn metrics(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
         self.started(py)?;
-        let m = match &*lock(&self.engine) {
+        let m = match &*lock(&self.core.engine) {
             None => return Err(StoppedError::new_err("the loader was closed")),
             Some(Engine::InProcess(l)) => Some(l.metrics()),
             Some(Engine::Host(h)) => h.metrics(),
@@ -1049,18 +1210,20 @@ impl Loader {
         Ok(Some(dict.into_any().unbind()))
     }
 
-    /// Stops the loader; iterating afterwards raises `StoppedError`. On a node of several
-    /// ranks, local rank 0's close waits until every local rank has had its batches (the
-    /// node's engine runs in its process), or stops them all if it closes early.
+    /// Stops the loader and waits for its feeder thread (a `decode` call under way
+    /// finishes first), with the GIL released; iterating afterwards raises `StoppedError`.
+    /// On a node of several ranks, local rank 0's close waits until every local rank has
+    /// had its batches (the node's engine runs in its process), or stops them all if it
+    /// closes early. A loader left open is closed when collected, or at exit.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         if self.env.local_world_size > 1 && lock(&self.pending).is_some() {
             // Started so that the node's other ranks, waiting to attach, are told it stopped.
             self.started(py)?;
         }
         lock(&self.pending).take();
-        let engine = lock(&self.engine).take();
-        let complete = self.complete();
-        py.detach(move || finish(engine, complete))
+        // The GIL released: the feeder may need it to finish a decode call.
+        let core = Arc::clone(&self.core);
+        py.detach(move || core.close())
     }
 }
 
@@ -1078,6 +1241,14 @@ fn as_json<'py>(
 }
 
 impl Loader {
+    /// Where epoch `epoch` ends, in batches: a resumed run's first epoch may end elsewhere.
+    fn epoch_end(&self, epoch: u32) -> usize {
+        match *lock(&self.head_end) {
+            Some((e, end)) if e == epoch => end,
+            _ => self.core.per_epoch,
+        }
+    }
+
     /// Starts the engine if it has not started; its batches, or `StoppedError` once closed.
     fn started(&self, py: Python<'_>) -> PyResult<Receiver<Fed>> {
         if std::process::id() != self.pid {
@@ -1094,8 +1265,40 @@ impl Loader {
                 prepared,
                 resume,
             } = p;
-            let (engine, batches, arena, positions) =
-                py.detach(move || start(settings, prepared, &env, world.as_ref(), resume))?;
+            // Waits for the node's host or ranks answer Ctrl-C: the GIL is taken back now
+            // and then to run Python's signal handlers, whose error ends the wait.
+            let mut interrupt: Option<PyErr> = None;
+            let interrupted = &mut interrupt;
+            let started = py.detach(move || {
+                let mut keep_waiting = || {
+                    Python::attach(|py| py.check_signals())
+                        .map_err(|e| *interrupted = Some(e))
+                        .is_ok()
+                };
+                start(
+                    settings,
+                    prepared,
+                    &env,
+                    world.as_ref(),
+                    resume,
+                    &mut keep_waiting,
+                )
+            });
+            if let Some(e) = interrupt {
+                return Err(e);
+            }
+            if started.is_err() {
+                // As in `__next__`: a Ctrl-C that came meanwhile wins over the failure it may
+                // have caused (the host interrupted while this rank attached).
+                py.check_signals()?;
+            }
+            let Started {
+                engine,
+                batches,
+                arena,
+                positions,
+                feeder,
+            } = started?;
             // Where the run begins: a resumed run's first epoch may be cut (another world).
             let (first_epoch, first_taken, head_end) = match positions.head {
                 Some((steps, first, _, _)) => (
@@ -1105,11 +1308,12 @@ impl Loader {
                 ),
                 None => (positions.start_epoch, 0, None),
             };
-            self.next_epoch.store(first_epoch, Ordering::SeqCst);
-            *lock(&self.taken) = first_taken;
+            self.core.next_epoch.store(first_epoch, Ordering::SeqCst);
+            *lock(&self.core.taken) = first_taken;
             *lock(&self.head_end) = head_end;
             self.given.store(0, Ordering::SeqCst);
-            *lock(&self.engine) = Some(engine);
+            *lock(&self.core.engine) = Some(engine);
+            *lock(&self.core.feeder) = Some(feeder);
             *lock(&self.run) = Some(Run {
                 batches,
                 arena,
@@ -1117,7 +1321,7 @@ impl Loader {
             });
         }
         drop(pending);
-        if lock(&self.engine).is_none() {
+        if lock(&self.core.engine).is_none() {
             return Err(StoppedError::new_err("the loader was closed"));
         }
         lock(&self.run)
@@ -1154,24 +1358,25 @@ impl Loader {
         }
         same_job(&state.job, &run.positions.job)
     }
-
-    /// Whether this rank took every batch of every epoch.
-    fn complete(&self) -> bool {
-        let epoch = self.next_epoch.load(Ordering::SeqCst);
-        epoch >= self.epochs || (epoch + 1 == self.epochs && *lock(&self.taken) == self.per_epoch)
-    }
 }
 
 impl Drop for Loader {
     fn drop(&mut self) {
         if std::process::id() != self.pid {
             // A forked child: the engine's threads are not here to be waited for.
-            std::mem::forget(lock(&self.engine).take());
+            std::mem::forget(lock(&self.core.engine).take());
+            std::mem::forget(lock(&self.core.feeder).take());
             return;
         }
-        let engine = lock(&self.engine).take();
-        let complete = self.complete();
-        if let Err(e) = finish(engine, complete) {
+        let closed = if lock(&self.core.feeder).is_some() {
+            // Collected by Python, which holds the GIL: released while the feeder finishes
+            // (it may be waiting for the GIL to call a decode callable).
+            let core = &self.core;
+            Python::attach(|py| py.detach(|| core.close()))
+        } else {
+            self.core.close()
+        };
+        if let Err(e) = closed {
             log::warn!("lobster_io: closing the loader: {e}");
         }
     }
@@ -1232,16 +1437,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A loader's engine, closed at exit before MPI is finalised.
-impl Closable for Weak<Mutex<Option<Engine>>> {
+/// A loader, closed at exit before MPI is finalised.
+impl Closable for Weak<Core> {
     fn open(&self) -> bool {
-        self.upgrade().is_some_and(|e| lock(&e).is_some())
+        self.upgrade().is_some_and(|c| lock(&c.engine).is_some())
     }
 
     fn close(&self) {
-        if let Some(e) = self.upgrade() {
-            let engine = lock(&e).take();
-            if let Err(e) = finish(engine, true) {
+        if let Some(core) = self.upgrade() {
+            if let Err(e) = core.close() {
                 log::warn!("lobster_io: closing the loader at exit: {e}");
             }
         }

@@ -2,11 +2,98 @@
 
 use lobster_io::image::Transform;
 use lobster_io::{CachePolicy, FailureBudget, OnError};
+use std::fmt::Display;
+use std::ops::RangeInclusive;
+
 use lobster_node::NodeEnv;
-use pyo3::exceptions::PyValueError;
-use pyo3::PyResult;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyInt;
 
 use crate::errors::node_error;
+
+/// The largest `image_size`, as `lobster run --image-size` allows: a batch of 16 such
+/// images is already 3 GiB.
+pub(crate) const IMAGE_SIZE_MAX: u32 = 8192;
+
+/// The most batches a caller may hold at once (`budgets.slots`): each is a batch's buffer.
+pub(crate) const SLOTS_MAX: usize = 1024;
+
+/// An integer argument as Python gave it, checked against its range by [`int`], which
+/// names the parameter (Python's own conversion would raise an `OverflowError` that does
+/// not).
+pub(crate) enum Int {
+    Value(i128),
+    /// An int too large for `i128`, as Python shows it.
+    Huge(String),
+    /// Not an int: its repr and its type's name.
+    Other {
+        shown: String,
+        type_name: String,
+    },
+}
+
+impl From<i128> for Int {
+    fn from(v: i128) -> Int {
+        Int::Value(v)
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Int {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Int> {
+        let shown = || obj.repr().map_or_else(|_| "?".into(), |r| r.to_string());
+        // A bool is an int to Python, but never a count.
+        if !obj.is_instance_of::<PyInt>() || obj.is_instance_of::<pyo3::types::PyBool>() {
+            let type_name = obj
+                .get_type()
+                .name()
+                .map_or_else(|_| "?".into(), |n| n.to_string());
+            return Ok(Int::Other {
+                shown: shown(),
+                type_name,
+            });
+        }
+        Ok(obj
+            .extract::<i128>()
+            .map_or_else(|_| Int::Huge(shown()), Int::Value))
+    }
+}
+
+/// `value` of parameter `name` as a `T` within `range`: a `ValueError` naming the parameter
+/// and its range when outside, a `TypeError` naming it when not an integer.
+pub(crate) fn int<T>(name: &str, value: &Int, range: RangeInclusive<T>) -> PyResult<T>
+where
+    T: TryFrom<i128> + PartialOrd + Display + Copy,
+{
+    let outside = |shown: &dyn Display| {
+        PyValueError::new_err(format!(
+            "{name} = {shown}: allowed {} to {}",
+            range.start(),
+            range.end()
+        ))
+    };
+    match value {
+        Int::Value(v) => T::try_from(*v)
+            .ok()
+            .filter(|t| range.contains(t))
+            .ok_or_else(|| outside(v)),
+        Int::Huge(shown) => Err(outside(shown)),
+        Int::Other { shown, type_name } => Err(PyTypeError::new_err(format!(
+            "{name} = {shown}: an integer, not {type_name}"
+        ))),
+    }
+}
+
+/// The dataset's path or spec (`str` or any `os.PathLike`) as the facade opens it.
+pub(crate) fn data(path: std::path::PathBuf) -> PyResult<String> {
+    path.into_os_string().into_string().map_err(|p| {
+        PyValueError::new_err(format!(
+            "data = {p:?}: the path is not valid UTF-8, which dataset paths must be"
+        ))
+    })
+}
 
 /// What the loader's workers make of a sample.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -39,10 +126,8 @@ impl Output {
     }
 }
 
-pub(crate) fn output(name: &str, size: u32, python_decode: bool) -> PyResult<Output> {
-    if size == 0 {
-        return Err(PyValueError::new_err("image_size = 0: at least 1"));
-    }
+pub(crate) fn output(name: &str, size: &Int, python_decode: bool) -> PyResult<Output> {
+    let size = int("image_size", size, 1..=IMAGE_SIZE_MAX)?;
     match (name, python_decode) {
         ("train", false) => Ok(Output::Stacked(Transform::Train { size })),
         ("eval", false) => Ok(Output::Stacked(Transform::Eval { size })),

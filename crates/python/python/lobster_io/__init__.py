@@ -19,10 +19,12 @@ A package built with MPI (``built_with_mpi()``; ``pip install ./crates/python
 ``srun --mpi=pmix``) a node that fetches planned misses from its peers' caches.
 """
 
+import atexit
 from dataclasses import dataclass
 from typing import Optional
 
 from ._lobster_io import (
+    _close_at_exit,
     Batch,
     DatasetError,
     DecodeError,
@@ -37,6 +39,9 @@ from ._lobster_io import (
     decode_image,
 )
 
+# Loaders left open are closed before Python finalises: their feeder threads must not be
+# inside a decode callable (or waiting for the GIL to call one) when the interpreter goes.
+atexit.register(_close_at_exit)
 
 
 @dataclass(frozen=True)

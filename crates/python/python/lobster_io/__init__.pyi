@@ -1,3 +1,4 @@
+import os
 from typing import Any, Callable, Iterator, Optional, Union
 
 import numpy as np
@@ -87,7 +88,7 @@ class Limits:
 class Loader:
     def __init__(
         self,
-        data: str,
+        data: Union[str, os.PathLike[str]],
         batch_size: int,
         *,
         epochs: int = 1,

@@ -557,7 +557,15 @@ impl Collector {
     /// A rank took a batch; `last_of_epoch` marks the epoch's final batch for that rank.
     /// Record the batch's skipped accesses first: once every rank took the epoch's last
     /// batch, the epoch's failures are dropped.
-    pub(crate) fn batch_taken(&mut self, m: IterationMetrics, samples: usize, last_of_epoch: bool) {
+    /// Counts a rank's batch as taken; true when it was the last rank's last batch of its
+    /// epoch.
+    pub(crate) fn batch_taken(
+        &mut self,
+        m: IterationMetrics,
+        samples: usize,
+        last_of_epoch: bool,
+    ) -> bool {
+        let mut epoch_ended = false;
         let now = Instant::now();
         self.last_taken = now;
         self.samples += samples as u64;
@@ -574,6 +582,7 @@ impl Collector {
                 entry.1 = Some(now);
                 // The epoch's budget was decided: its failures' summary is not needed again.
                 self.epoch_skipped[m.epoch as usize].1 = Vec::new();
+                epoch_ended = true;
             }
         }
         let key = (m.epoch, m.iteration);
@@ -605,6 +614,7 @@ impl Collector {
             self.history.pop_front();
         }
         self.history.push_back(m);
+        epoch_ended
     }
 
     pub(crate) fn allocation(&mut self, record: AllocationRecord) {

@@ -1082,7 +1082,8 @@ impl Loader {
     /// them all from the start): `epoch` must be the next one, or the one under way. An
     /// epoch whose every batch was given is over, whether or not its end was asked for
     /// (the second loader of a `zip`).
-    fn set_epoch(&self, epoch: u32) -> PyResult<()> {
+    fn set_epoch(&self, epoch: params::Int) -> PyResult<()> {
+        let epoch = params::int("epoch", &epoch, 0..=u32::MAX)?;
         let mut taken = lock(&self.core.taken);
         let current = self.core.next_epoch.load(Ordering::SeqCst);
         if epoch < self.core.epochs && epoch == current + 1 && *taken >= self.epoch_end(current) {

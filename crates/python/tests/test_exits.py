@@ -237,6 +237,15 @@ def test_a_non_integer_raises_type_error_naming_the_parameter(data, name):
         lobster_io.Loader(str(data), **kw)
 
 
+def test_set_epoch_names_its_parameter_when_out_of_range(data):
+    loader = lobster_io.Loader(str(data), 16, image_size=8)
+    with pytest.raises(ValueError, match=r"^epoch = -1: "):
+        loader.set_epoch(-1)
+    with pytest.raises(TypeError, match=r"^epoch = '1': "):
+        loader.set_epoch("1")
+    loader.close()
+
+
 def test_a_path_like_dataset_path_is_taken(data):
     loader = lobster_io.Loader(pathlib.Path(data), 16, image_size=8)
     assert len(list(loader)) == 4

@@ -10,11 +10,13 @@
 //!   it is full.
 //! - [`mapping::Mapping`]: the private anonymous mapping under both, and under the pool.
 //! - [`threads::run_as_batch`]: `SCHED_BATCH` for the calling thread.
+//! - [`heap::release_free_heap`]: the C heap's free pages back to the system, once an epoch.
 //!
-//! Nothing here touches io_uring; the crate re-exports `Arena`, `copy_to_pages` and
-//! `run_as_batch` at its root.
+//! Nothing here touches io_uring; the crate re-exports `Arena`, `copy_to_pages`,
+//! `run_as_batch` and `release_free_heap` at its root.
 
 pub(crate) mod arena;
+pub(crate) mod heap;
 pub(crate) mod mapping;
 pub(crate) mod pages;
 pub(crate) mod threads;

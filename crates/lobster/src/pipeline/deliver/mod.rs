@@ -106,8 +106,13 @@ fn finish<T>(
         }
     }
     // After the skips: the epoch's last batch lets the collector drop its failures.
-    collector.batch_taken(metrics, delivered, last_of_epoch);
+    let epoch_ended = collector.batch_taken(metrics, delivered, last_of_epoch);
     drop(collector);
+    if epoch_ended {
+        // What the epoch's decodes and evictions freed goes back to the system, so resident
+        // memory follows the live heap over a long run.
+        lobster_uring::release_free_heap();
+    }
     if let Some(e) = lock(&state.budget_failure).clone() {
         return Some(Err(e));
     }

@@ -94,16 +94,7 @@ pub enum Error {
     },
     /// The run's parameters ask for more memory than this process may have (see
     /// [`MachineMemory`](crate::MachineMemory)); refused before anything is allocated.
-    Memory {
-        /// The parts' sum.
-        needed_bytes: u64,
-        /// What this process may have.
-        available_bytes: u64,
-        /// What sets that bound.
-        limit: &'static str,
-        /// What needs the memory, each naming the parameters that size it.
-        parts: Vec<crate::MemoryPart>,
-    },
+    Memory(crate::memory::MemoryShort),
     /// An engine crate rejected its inputs.
     Engine {
         /// Which part.
@@ -212,26 +203,7 @@ impl fmt::Display for Error {
                 )
             }
             Error::Stopped { reason } => write!(f, "loader stopped: {reason}"),
-            Error::Memory {
-                needed_bytes,
-                available_bytes,
-                limit,
-                parts,
-            } => {
-                use crate::memory::Human;
-                write!(
-                    f,
-                    "the run needs {} of memory, more than the {} this process may have \
-                     ({limit}):",
-                    Human(*needed_bytes),
-                    Human(*available_bytes)
-                )?;
-                for (i, p) in parts.iter().filter(|p| p.bytes > 0).enumerate() {
-                    let sep = if i == 0 { " " } else { "; " };
-                    write!(f, "{sep}{} {}", p.what, Human(p.bytes))?;
-                }
-                Ok(())
-            }
+            Error::Memory(short) => short.fmt(f),
             Error::TooManyFailures {
                 epoch,
                 failed,

@@ -113,7 +113,7 @@ pub use error::{Cause, Error};
 pub use faults::{AttemptFaults, FailureBudget, Fault, FaultInjection, OnError, READ_ATTEMPTS};
 pub use loader::{Loader, LoaderBuilder, RankHandle, RankStream};
 pub use lobster_cache::{Form, FormChoice, FormCosts, LinkPrices};
-pub use memory::{MachineMemory, MemoryPart};
+pub use memory::{MachineMemory, MemoryPart, MemoryShort};
 pub use metrics::{
     AllocationRecord, CacheForms, CacheStore, ClusterEpochMetrics, ClusterPlanMetrics,
     FormCostsReport, IterationMetrics, LinkPricesReport, Mode, PeerPlanKind, ReadPath, RunMetrics,

@@ -428,7 +428,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         let window_bytes = window_bytes(&config, &dataset, pool.map(|(bytes, _)| bytes));
         let mut memory = memory_parts(&config, &dataset, read_ahead_bytes);
         memory.extend(self.reserved);
-        MachineMemory::now().check(&memory)?;
+        MachineMemory::now().check(&memory).map_err(Error::Memory)?;
         let reader = match pool {
             Some(shape) => Some(build_reader(&config, shape)?),
             None => None,

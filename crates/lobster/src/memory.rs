@@ -4,8 +4,6 @@
 
 use std::fmt;
 
-use crate::error::Error;
-
 /// One part of a run's memory: what it is (naming the parameters that size it) and its bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemoryPart {
@@ -61,12 +59,12 @@ impl MachineMemory {
     }
 
     /// Refuses `parts` when together they need more than this process may have.
-    pub fn check(&self, parts: &[MemoryPart]) -> Result<(), Error> {
+    pub fn check(&self, parts: &[MemoryPart]) -> Result<(), MemoryShort> {
         let needed_bytes = parts
             .iter()
             .fold(0u64, |sum, p| sum.saturating_add(p.bytes));
         match self.bound() {
-            Some((bytes, limit)) if needed_bytes > bytes => Err(Error::Memory {
+            Some((bytes, limit)) if needed_bytes > bytes => Err(MemoryShort {
                 needed_bytes,
                 available_bytes: bytes,
                 limit,
@@ -76,6 +74,38 @@ impl MachineMemory {
         }
     }
 }
+
+/// A run refused by [`MachineMemory::check`]: what it needs, by part, and what it may have.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryShort {
+    /// The parts' sum.
+    pub needed_bytes: u64,
+    /// What this process may have.
+    pub available_bytes: u64,
+    /// What sets that bound.
+    pub limit: &'static str,
+    /// What needs the memory, each naming the parameters that size it.
+    pub parts: Vec<MemoryPart>,
+}
+
+impl fmt::Display for MemoryShort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the run needs {} of memory, more than the {} this process may have ({}):",
+            Human(self.needed_bytes),
+            Human(self.available_bytes),
+            self.limit
+        )?;
+        for (i, p) in self.parts.iter().filter(|p| p.bytes > 0).enumerate() {
+            let sep = if i == 0 { " " } else { "; " };
+            write!(f, "{sep}{} {}", p.what, Human(p.bytes))?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for MemoryShort {}
 
 /// A `Name:  N kB` line's value in bytes.
 fn kib_field(text: &str, name: &str) -> Option<u64> {
@@ -93,7 +123,7 @@ fn address_space_limit(limits: &str) -> Option<u64> {
 }
 
 /// Bytes as a person reads them.
-pub(crate) struct Human(pub u64);
+struct Human(u64);
 
 impl fmt::Display for Human {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -36,6 +36,19 @@ BAD = ("Fatal Python error", "panicked", "SIGABRT", "SIGSEGV", "Signal 6", "Sign
        "core dumped", "Exception ignored", "lost sys.stderr", "Error:")
 
 
+# Why the last unclean run was not clean, printed with its case.
+WHY = []
+
+
+def unclean(reason):
+    WHY.append(reason)
+    return False
+
+
+def judged(clean, err):
+    return True if clean else unclean(f"stderr ends: {err.strip()[-600:]!r}")
+
+
 def env(**extra):
     e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(TESTS), **extra)
     for v in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOBSTER_LOCAL_RANK"):
@@ -54,21 +67,22 @@ def run_single(child, data, output, how, _scratch):
     if how != "interrupt":
         p = subprocess.run(cmd, env=env(), capture_output=True, text=True,
                            timeout=HANG_GUARD_S)
-        return p.returncode == 0 and p.stderr == "" and "finished" in p.stdout
+        return judged(p.returncode == 0 and p.stderr == "" and "finished" in p.stdout,
+                      f"rc {p.returncode}: {p.stderr}")
     p = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     try:
         if "iterating" not in p.stdout.readline():
-            return False
+            return unclean("it ended before iterating")
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=HANG_GUARD_S)
     except subprocess.TimeoutExpired:
-        return False
+        return unclean("hang guard")
     finally:
         p.kill()
     lines = err.strip().splitlines()
-    return (p.returncode == -signal.SIGINT and lines[-1:] == ["KeyboardInterrupt"]
-            and not any(b in err for b in BAD))
+    return judged(p.returncode == -signal.SIGINT and lines[-1:] == ["KeyboardInterrupt"]
+                  and not any(b in err for b in BAD), f"rc {p.returncode}: {err}")
 
 
 def run_torchrun(child, data, output, how, scratch):
@@ -86,14 +100,14 @@ def run_torchrun(child, data, output, how, scratch):
             while seen != {"0", "1"}:
                 line = p.stdout.readline()
                 if not line:
-                    return False
+                    return unclean(f"a rank ended before iterating: {p.stderr.read()[-600:]!r}")
                 if line.startswith("iterating"):
                     seen.add(line.split()[-1])
             # Ctrl-C at a terminal: SIGINT to the whole foreground process group.
             os.killpg(p.pid, signal.SIGINT)
         out, err = p.communicate(timeout=HANG_GUARD_S)
     except subprocess.TimeoutExpired:
-        return False
+        return unclean("hang guard")
     finally:
         try:
             os.killpg(p.pid, signal.SIGKILL)
@@ -104,11 +118,11 @@ def run_torchrun(child, data, output, how, scratch):
         # instead: counted apart, with the ranks' part still checked.
         return "agent" if not any(b in err for b in BAD if b != "Error:") else False
     if any(b in err for b in BAD):
-        return False
+        return judged(False, err)
     if how == "interrupt":
         # Both ranks end by their own KeyboardInterrupt (their stderr lines may interleave).
-        return err.count("KeyboardInterrupt") >= 2
-    return p.returncode == 0 and out.count("finished") == 2
+        return judged(err.count("KeyboardInterrupt") >= 2, err)
+    return judged(p.returncode == 0 and out.count("finished") == 2, f"rc {p.returncode}: {err}")
 
 
 def main():
@@ -134,6 +148,9 @@ def main():
                              "SIGTERMed the ranks, which then exited cleanly)" if agent else "")
                     print(f"{launch:<10} {output:<8} {ends[how]:<12} {clean}/{args.runs - agent}"
                           f"{apart}", flush=True)
+                    for reason in WHY:
+                        print(f"  unclean: {reason}", file=sys.stderr, flush=True)
+                    WHY.clear()
         gained = lobster_shm() - before
         print(f"/dev/shm: {len(gained)} new lobster entries {sorted(gained)}")
 

@@ -11,7 +11,7 @@ use lobster_io::{
 use serde::Serialize;
 
 use super::decode::{Decoder, TransformArg};
-use super::strategy::{Budgets, Strategies};
+use super::strategy::{Budgets, Strategies, Strategy};
 
 /// How a node's ranks run in `lobster run`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -495,6 +495,17 @@ impl RunArgs {
 
     /// The loader settings every strategy shares: layout, io_depth, storage, errors. A
     /// strategy sets its cache, execution, schedule and threads on top.
+    /// The loader configuration of `strategy`, as the options set it, for node `self.node`.
+    pub(crate) fn strategy_config(
+        &self,
+        cache_bytes: u64,
+        strategy: Strategy,
+    ) -> Result<LoaderConfig> {
+        let mut config = self.loader_config()?;
+        strategy.apply(&self.budgets(cache_bytes)?, &mut config);
+        Ok(config)
+    }
+
     pub(crate) fn loader_config(&self) -> Result<LoaderConfig> {
         Ok(LoaderConfig {
             job: JobConfig {

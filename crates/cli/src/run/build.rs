@@ -32,9 +32,8 @@ pub(crate) fn loader(
         }
         other => other,
     };
-    let mut config = args.loader_config()?;
+    let mut config = args.strategy_config(cache_bytes, strategy)?;
     config.job.node = node;
-    strategy.apply(&args.budgets(cache_bytes)?, &mut config);
     let loader_config = config.clone();
     let (decoder, us_per_kb, seed) = (args.decoder(), args.decode_us_per_kb, args.seed);
     let pixels_max = args.image_pixels_max;
@@ -95,10 +94,8 @@ fn collation(args: &RunArgs) -> lobster_io::MemoryPart {
 /// Checks every strategy's loader configuration before any runs, so that a bad option is
 /// refused up front, naming the option, and not after the strategies before it ran.
 pub(crate) fn check_strategies(args: &RunArgs, dataset: &Dataset, cache_bytes: u64) -> Result<()> {
-    let budgets = args.budgets(cache_bytes)?;
     for &strategy in &args.strategy.0 {
-        let mut config = args.loader_config()?;
-        strategy.apply(&budgets, &mut config);
+        let mut config = args.strategy_config(cache_bytes, strategy)?;
         if let Err(e) = config.validate(dataset.len()) {
             let option = match &e {
                 lobster_io::Error::InvalidParameter { parameter, .. } => {

@@ -264,8 +264,7 @@ pub(crate) fn rank_process(args: &RunArgs, local_rank: usize, job: &str) -> Resu
         let dataset = Dataset::open(&data.to_string_lossy())
             .with_context(|| format!("opening the dataset {}", data.display()))?;
         let cache_bytes = args.cache_capacity_bytes(&dataset);
-        let mut config = args.loader_config()?;
-        strategy.apply(&args.budgets(cache_bytes)?, &mut config);
+        let config = args.strategy_config(cache_bytes, strategy)?;
         fingerprint(&dataset, &config, args.seed)
     };
     let env = node_env(args, job, local_rank)?;

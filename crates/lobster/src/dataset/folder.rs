@@ -580,6 +580,7 @@ fn count_field(field: &[u8]) -> Option<(u64, &[u8])> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::table_file::fifo;
     use super::*;
 
     fn write(path: &Path, bytes: &[u8]) {
@@ -762,25 +763,8 @@ mod tests {
         let o = options(&tables);
         let at = table_path(&tables, &root, &o);
         fs::create_dir_all(&tables).unwrap();
-        let made = std::process::Command::new("mkfifo")
-            .arg(&at)
-            .status()
-            .unwrap();
-        assert!(made.success());
         // A bounded writer, so that a reader without a bound still ends.
-        let writer = {
-            let at = at.clone();
-            std::thread::spawn(move || {
-                use std::io::Write;
-                let mut f = fs::File::options().write(true).open(&at).unwrap();
-                let zeros = vec![0u8; 1 << 16];
-                for _ in 0..64 {
-                    if f.write_all(&zeros).is_err() {
-                        break;
-                    }
-                }
-            })
-        };
+        let writer = fifo(&at, &[0u8; 1 << 16], 64);
         let e = load(&at, &root, &o, PARALLEL_FROM_BYTES)
             .map(|_| ())
             .unwrap_err()

@@ -575,6 +575,7 @@ fn index_from_bytes(
 
 #[cfg(test)]
 mod tests {
+    use super::super::table_file::fifo;
     use super::*;
 
     #[test]
@@ -587,26 +588,6 @@ mod tests {
         );
         assert_eq!(split("noext"), None);
         assert_eq!(split("dir/.hidden"), None);
-    }
-
-    /// A FIFO at `at` whose writer (returned) writes `chunks` of `chunk` and stops at the
-    /// first refused write: a reader without a bound still ends.
-    fn fifo(at: &Path, chunk: &'static [u8], chunks: usize) -> std::thread::JoinHandle<()> {
-        let made = std::process::Command::new("mkfifo")
-            .arg(at)
-            .status()
-            .unwrap();
-        assert!(made.success());
-        let at = at.to_path_buf();
-        std::thread::spawn(move || {
-            use std::io::Write;
-            let mut f = fs::File::options().write(true).open(&at).unwrap();
-            for _ in 0..chunks {
-                if f.write_all(chunk).is_err() {
-                    break;
-                }
-            }
-        })
     }
 
     /// A list of shards is the user's file, and may be a pipe: read up to its bound, and

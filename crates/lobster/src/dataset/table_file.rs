@@ -124,6 +124,31 @@ thread_local! {
     pub(super) static WRITTEN_AHEAD_NS: std::cell::Cell<i128> = const { std::cell::Cell::new(0) };
 }
 
+/// A FIFO at `at` whose writer (returned) writes `chunks` of `chunk` and stops at the
+/// first refused write: a reader without a bound still ends.
+#[cfg(test)]
+pub(super) fn fifo(
+    at: &std::path::Path,
+    chunk: &'static [u8],
+    chunks: usize,
+) -> std::thread::JoinHandle<()> {
+    let made = std::process::Command::new("mkfifo")
+        .arg(at)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let at = at.to_path_buf();
+    std::thread::spawn(move || {
+        use std::io::Write;
+        let mut f = std::fs::File::options().write(true).open(&at).unwrap();
+        for _ in 0..chunks {
+            if f.write_all(chunk).is_err() {
+                break;
+            }
+        }
+    })
+}
+
 /// The time a kept file is written at.
 pub(super) fn now_ns() -> i128 {
     let now = std::time::SystemTime::now()

@@ -4,6 +4,8 @@
 
 use std::any::Any;
 use std::ptr::NonNull;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 use numpy::ndarray::{ArrayViewMut3, ArrayViewMut4};
 use numpy::{PyArray1, PyArray3, PyArray4};
@@ -63,6 +65,52 @@ pub(crate) struct Made {
     pub images: Images,
     /// Kept for its drop, which returns the bytes.
     pub _holder: Holder,
+    /// Counts it among the feeder's batches not back yet; after the holder, so the bytes
+    /// are back first.
+    pub _made: Option<Mark>,
+}
+
+/// A count of a loader's batches (those Python holds, or those the feeder made and that
+/// are not back yet), with a wait for it to fall.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Count(Arc<(Mutex<usize>, Condvar)>);
+
+impl Count {
+    fn lock(&self) -> MutexGuard<'_, usize> {
+        self.0 .0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn now(&self) -> usize {
+        *self.lock()
+    }
+
+    /// One more, until the returned mark drops.
+    pub(crate) fn take(&self) -> Mark {
+        *self.lock() += 1;
+        Mark(self.clone())
+    }
+
+    /// Waits up to `timeout` for the count to be below `n`; whether it is.
+    pub(crate) fn wait_below(&self, n: usize, timeout: Duration) -> bool {
+        let count = self.lock();
+        let (count, _) = self
+            .0
+             .1
+            .wait_timeout_while(count, timeout, |c| *c >= n)
+            .unwrap_or_else(|e| e.into_inner());
+        *count < n
+    }
+}
+
+/// One counted batch; dropped after the batch's holder gave its bytes back.
+#[derive(Debug)]
+pub(crate) struct Mark(Count);
+
+impl Drop for Mark {
+    fn drop(&mut self) {
+        *self.0.lock() -= 1;
+        self.0 .0 .1.notify_all();
+    }
 }
 
 /// One batch: `images` (one `[B, H, W, 3]` uint8 array, `[B, 3, H, W]` with
@@ -72,13 +120,16 @@ pub(crate) struct Made {
 pub(crate) struct Batch {
     made: Made,
     channels_first: bool,
+    /// Last: fields drop in order, so the bytes are back before the count says so.
+    _held: Option<Mark>,
 }
 
 impl Batch {
-    pub(crate) fn new(made: Made, channels_first: bool) -> Batch {
+    pub(crate) fn new(made: Made, channels_first: bool, held: Option<Mark>) -> Batch {
         Batch {
             made,
             channels_first,
+            _held: held,
         }
     }
 }

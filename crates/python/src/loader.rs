@@ -30,7 +30,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use crate::batch::{Batch, Holder, Images, Made, Span, HEADER_BYTES};
+use crate::batch::{Batch, Count, Holder, Images, Made, Span, HEADER_BYTES};
 use crate::errors::{loader_error, node_error, DecodeError, Error, StateError, StoppedError};
 use crate::groups;
 use crate::mpi::{self, Closable, World};
@@ -137,6 +137,11 @@ pub(crate) struct Loader {
     origin: Option<(Settings, Prepared)>,
     /// Batches `__next__` returned since the run's start: what `state_dict` saves.
     given: AtomicU64,
+    /// Batches (holding the loader's buffers) the caller holds now: one past the rank's
+    /// buffers is refused when asked for, whatever the feeder did meanwhile.
+    held: Count,
+    /// The rank's buffers ([`Settings::buffers`]).
+    buffers: usize,
     /// A resumed run's first epoch when it resumed within it, and where that epoch ends
     /// (another world splits its rest into another number of batches).
     head_end: Mutex<Option<(u32, usize)>>,
@@ -306,8 +311,8 @@ impl Settings {
         }
     }
 
-    /// Buffers a rank holds at once: the caller's, the one in the channel, the one the
-    /// feeder is making.
+    /// Buffers a rank has: the caller's `slots`, the one in the channel, the one the feeder
+    /// is making. The caller may hold them all; the feeder then waits for one back.
     fn buffers(&self) -> usize {
         self.slots + FEEDER_AHEAD + 1
     }
@@ -400,7 +405,19 @@ fn feed_collated(
     tx: &Sender<Fed>,
     stop: &Receiver<()>,
 ) {
-    for b in ImageBatches::new(rank, dataset, buffers) {
+    // Counted from their making until they are back, so the feeder takes a batch only when
+    // a buffer is free for it: running ahead never fails for want of one.
+    let out = Count::default();
+    let mut batches = ImageBatches::new(rank, dataset, buffers);
+    loop {
+        while !out.wait_below(buffers, SIGNAL_POLL) {
+            if stopping(stop) {
+                return;
+            }
+        }
+        let Some(b) = batches.next() else {
+            return;
+        };
         let made = b.map_err(loader_error).map(|mut b| {
             let shape = b.shape();
             let span = Span::of(b.images_mut());
@@ -412,6 +429,7 @@ fn feed_collated(
                 skipped: b.skipped.clone(),
                 images: Images::Stacked { span, shape },
                 _holder: Some(Box::new(b)),
+                _made: Some(out.take()),
             }
         });
         if !hand_over(tx, stop, made) {
@@ -551,6 +569,7 @@ fn made(
         skipped,
         images,
         _holder: holder,
+        _made: None,
     }
 }
 
@@ -878,6 +897,7 @@ impl Loader {
             image_pixels_max,
             decode,
         };
+        let buffers = settings.buffers();
         let prepared = py.detach(|| prepare(&settings, &env))?;
         let origin =
             (env.local_world_size == 1).then(|| (settings.clone_ref(py), prepared.clone()));
@@ -904,6 +924,8 @@ impl Loader {
             })),
             run: Mutex::new(None),
             given: AtomicU64::new(0),
+            held: Count::default(),
+            buffers,
             head_end: Mutex::new(None),
             channels_first,
             env,
@@ -1130,6 +1152,16 @@ impl Loader {
                 return Ok(None);
             }
         }
+        let held = self.held.now();
+        if held >= self.buffers {
+            return Err(PyValueError::new_err(format!(
+                "budgets.slots = {}: the caller holds {held} batches, every buffer of its rank \
+                 (slots + {}); drop one (and every view of its images) before taking the \
+                 next, or give the Loader Budgets(slots=...) to hold more",
+                self.buffers - FEEDER_AHEAD - 1,
+                FEEDER_AHEAD + 1
+            )));
+        }
         let made = loop {
             let rx = batches.clone();
             let got = py.detach(move || rx.recv_timeout(SIGNAL_POLL));
@@ -1152,7 +1184,9 @@ impl Loader {
         };
         *lock(&self.core.taken) += 1;
         self.given.fetch_add(1, Ordering::SeqCst);
-        Ok(Some(Batch::new(made, self.channels_first)))
+        // A decode callable's batch holds none of the loader's buffers.
+        let held = made._holder.is_some().then(|| self.held.take());
+        Ok(Some(Batch::new(made, self.channels_first, held)))
     }
 
     /// The run's figures so far (hits, accesses, stall and load times...), as a dict: the

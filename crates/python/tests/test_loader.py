@@ -441,3 +441,38 @@ def test_one_oversized_image_on_a_node_is_one_bad_sample_not_a_stopped_node(tmp_
         assert "error" not in s, s
     assert sorted(i for s in seen for i in s["skipped"]) == [5], seen
     assert sorted(i for s in seen for i in s["ids"]) == [0, 1, 2, 3, 4, 6, 7], seen
+
+
+@pytest.mark.parametrize("attempt", range(5))
+def test_a_caller_may_hold_every_buffer_of_its_rank_and_one_more_is_refused(tmp_path, attempt):
+    # Default slots = 2: the caller's two and the rank's two read-ahead buffers. Whatever the
+    # feeder did meanwhile, the fifth is refused and nothing is lost.
+    make_folder(tmp_path / "data", 32, 2)
+    loader = lobster_io.Loader(str(tmp_path / "data"), 4, image_size=8, epochs=2)
+    it = iter(loader)
+    held = [next(it) for _ in range(4)]
+    with pytest.raises(ValueError, match=r"^budgets\.slots = 2: the caller holds 4 batches"):
+        next(it)
+    seen = [i for b in held for i in b.ids.tolist()]
+    del held[1]
+    held.append(next(it))
+    seen += held[-1].ids.tolist()
+    held.clear()
+    seen += [i for b in it for i in b.ids.tolist()]
+    assert sorted(seen) == list(range(32))
+    # The epoch's turn with every buffer held, then all of the next epoch held at once but
+    # the fifth: the same rule across the turn.
+    held = [next(it) for _ in range(4)]
+    assert [b.epoch for b in held] == [1] * 4
+    with pytest.raises(ValueError, match="budgets.slots"):
+        next(it)
+    held.clear()
+    assert len(list(it)) == 4
+    loader.close()
+
+
+def test_a_decode_callable_s_batches_hold_no_buffer_and_may_all_be_kept(tmp_path):
+    make_folder(tmp_path / "data", 32, 2)
+    loader = lobster_io.Loader(str(tmp_path / "data"), 4, transform="none", decode=len)
+    batches = list(loader)
+    assert len(batches) == 8 and sorted(i for b in batches for i in b.ids.tolist()) == list(range(32))

@@ -73,7 +73,8 @@ class Cache:
 class Budgets:
     """What the node's ranks share: ``io_depth`` reads in flight and ``decode_threads``,
     balanced across its ranks every iteration; ``slots``, the batches a caller may hold at
-    once; ``slot_bytes``, each batch's share of the node's shared arena with several ranks a
+    once while its rank keeps reading ahead (it may hold two more, the rank's read-ahead
+    buffers, which then wait to come back; one past those raises ValueError); ``slot_bytes``, each batch's share of the node's shared arena with several ranks a
     node (``None``: a batch of transformed images, or of 4 Mpixel images for "none")."""
 
     io_depth: int = 128

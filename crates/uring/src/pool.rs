@@ -18,6 +18,7 @@
 //!   [`Pool::try_acquire`] fails while anyone waits.
 
 use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use bytes::Bytes;
@@ -56,6 +57,10 @@ struct PoolInner {
     mapping: Mapping,
     state: Mutex<Buddy>,
     available: Condvar,
+    /// Faulted in at creation: its pages stay, whatever is free.
+    committed: bool,
+    /// A ring holds its pages pinned (a registered buffer): they must stay where they are.
+    registered: AtomicBool,
 }
 
 // SAFETY: the mapping is owned by PoolInner and each block is handed to at most one PoolBuf
@@ -174,6 +179,8 @@ impl Pool {
                 mapping,
                 state: Mutex::new(Buddy::new(pages, (max_block / PAGE_BYTES).trailing_zeros())),
                 available: Condvar::new(),
+                committed: commit,
+                registered: AtomicBool::new(false),
             }),
         })
     }
@@ -200,6 +207,54 @@ impl Pool {
             .lock()
             .largest_free_order()
             .map_or(0, |o| PAGE_BYTES << o)
+    }
+
+    /// Runs `register` (a ring's registration of the pool, which pins its pages) with no
+    /// release of free pages under way, and none after it: a pinned page released would go
+    /// on receiving reads the mapping no longer shows.
+    pub(crate) fn registering<R>(&self, register: impl FnOnce() -> R) -> R {
+        let _s = self.inner.lock();
+        self.inner.registered.store(true, Ordering::SeqCst);
+        register()
+    }
+
+    /// Gives the pages of the free blocks back to the system, unless the pool is committed
+    /// or registered with a ring; returns the bytes given. Blocks go lowest address first,
+    /// but a burst of large reads touches pages the steady state never needs again; a
+    /// loader calls this once an epoch so that resident memory follows what is in flight.
+    pub(crate) fn release_free_pages(&self) -> usize {
+        // Under the lock, as `registering` sets the flag.
+        let s = self.inner.lock();
+        if self.inner.committed || self.inner.registered.load(Ordering::SeqCst) {
+            return 0;
+        }
+        let mut blocks: Vec<(u32, u32)> = s
+            .free
+            .iter()
+            .enumerate()
+            .flat_map(|(order, set)| set.iter().map(move |&p| (p, 1u32 << order)))
+            .collect();
+        blocks.sort_unstable();
+        // Neighbouring free blocks of different orders, one call each run.
+        let mut runs: Vec<(u32, u32)> = Vec::with_capacity(blocks.len());
+        for (page, pages) in blocks {
+            match runs.last_mut() {
+                Some((start, len)) if *start + *len == page => *len += pages,
+                _ => runs.push((page, pages)),
+            }
+        }
+        for &(page, pages) in &runs {
+            // SAFETY: a free block belongs to no `PoolBuf` and no read in flight (a read
+            // holds its block's `PoolBuf` until its completion is reaped), the lock keeps it
+            // from being handed out meanwhile, and the pool is not registered, so no ring
+            // holds its pages pinned.
+            unsafe {
+                self.inner
+                    .mapping
+                    .release(page as usize * PAGE_BYTES, pages as usize * PAGE_BYTES);
+            }
+        }
+        s.free_pages as usize * PAGE_BYTES
     }
 
     /// Threads waiting in [`Pool::acquire`].
@@ -361,6 +416,47 @@ mod tests {
 
     fn page_of(pool: &Pool, buf: &mut PoolBuf) -> usize {
         (buf.as_mut_ptr() as usize - pool.inner.mapping.base().as_ptr() as usize) / PAGE_BYTES
+    }
+
+    #[test]
+    fn free_blocks_leave_memory_unless_the_pool_is_committed_or_registered() {
+        let fill = |pool: &Pool| -> Vec<Bytes> {
+            (0..8u8)
+                .map(|i| {
+                    let mut b = pool.acquire(PAGE_BYTES * 2);
+                    // SAFETY: the block is this test's, two pages long.
+                    unsafe { std::ptr::write_bytes(b.as_mut_ptr(), i + 1, 2 * PAGE_BYTES) };
+                    b.into_bytes(0, 2 * PAGE_BYTES)
+                })
+                .collect()
+        };
+        let pool = Pool::with_commit(64 * PAGE_BYTES, 4 * PAGE_BYTES, false).unwrap();
+        let mut held = fill(&pool);
+        assert_eq!(pool.inner.mapping.resident_pages(), 16);
+        let kept: Vec<Bytes> = held.drain(..).step_by(2).collect();
+        assert_eq!(pool.release_free_pages(), pool.free_bytes());
+        assert_eq!(
+            pool.inner.mapping.resident_pages(),
+            8,
+            "only the held blocks stay"
+        );
+        for (b, i) in kept.iter().zip((0..8u8).step_by(2)) {
+            assert!(b.iter().all(|&x| x == i + 1));
+        }
+
+        let committed = Pool::with_commit(64 * PAGE_BYTES, 4 * PAGE_BYTES, true).unwrap();
+        assert_eq!(committed.release_free_pages(), 0);
+        assert_eq!(committed.inner.mapping.resident_pages(), 64);
+
+        let registered = Pool::with_commit(64 * PAGE_BYTES, 4 * PAGE_BYTES, false).unwrap();
+        drop(fill(&registered));
+        registered.registering(|| ());
+        assert_eq!(registered.release_free_pages(), 0);
+        assert_eq!(
+            registered.inner.mapping.resident_pages(),
+            16,
+            "pinned pages stay"
+        );
     }
 
     fn wait_for_waiters(pool: &Pool, n: usize) {

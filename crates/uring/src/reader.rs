@@ -550,6 +550,14 @@ impl Reader {
         self.inner.shared.stats()
     }
 
+    /// Gives the pages of the pool's free blocks back to the system, unless the pool is
+    /// committed ([`ReaderConfig::commit_pool`]) or registered with a ring; returns the bytes
+    /// given. With an uncommitted pool, resident memory otherwise stays at the most the
+    /// pool ever held at once; a loader calls this once an epoch.
+    pub fn release_free_pages(&self) -> u64 {
+        self.inner.shared.pool.release_free_pages() as u64
+    }
+
     /// Restarts `peak_in_flight` of every class from its current in-flight count.
     pub fn reset_peaks(&self) {
         self.inner.shared.reset_peaks()

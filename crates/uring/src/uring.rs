@@ -49,9 +49,11 @@ pub(crate) fn register_pool(ring: &IoUring, pool: &Pool) -> Result<(), String> {
     if let Some(why) = registration_refused(pool) {
         return Err(why);
     }
-    // SAFETY: the iovec describes the pool's mapping (buffer 0, the whole pool); the caller
-    // keeps the pool alive until the ring is dropped.
-    unsafe { ring.submitter().register_buffers(&[pool.iovec()]) }.map_err(|e| e.to_string())
+    pool.registering(|| {
+        // SAFETY: the iovec describes the pool's mapping (buffer 0, the whole pool); the
+        // caller keeps the pool alive until the ring is dropped.
+        unsafe { ring.submitter().register_buffers(&[pool.iovec()]) }.map_err(|e| e.to_string())
+    })
 }
 
 /// Why `pool` cannot be registered as one buffer with a ring, if it cannot.

@@ -20,6 +20,7 @@ mod access;
 mod context;
 mod decode;
 mod deliver;
+mod free_memory;
 mod io;
 pub(crate) mod peers;
 mod plan;
@@ -113,6 +114,7 @@ impl<T: Send + 'static> Pipeline<T> {
             forms: decode::forms::FormCounters::default(),
             form_plan: Mutex::new(None),
             cluster_plan: Mutex::new(None),
+            free_memory: free_memory::FreeMemory::new(ctx.reader.clone(), ctx.arena.clone()),
         });
         let ctx = Arc::new(ctx);
         if let Some(peers) = &ctx.peers {
@@ -191,6 +193,7 @@ impl<T> Pipeline<T> {
             peers.gate.close();
         }
         self.reader = None;
+        self.state.free_memory.clear();
     }
 }
 

@@ -48,6 +48,8 @@ pub(crate) struct PipelineState<T> {
     pub(crate) form_plan: Mutex<Option<lobster_cache::FormStats>>,
     /// This node's share of the cluster plan, once the planner is done (under it).
     pub(crate) cluster_plan: Mutex<Option<crate::metrics::ClusterPlanMetrics>>,
+    /// Given back at each epoch's end.
+    pub(crate) free_memory: crate::pipeline::free_memory::FreeMemory,
 }
 
 impl<T> std::fmt::Debug for PipelineState<T> {

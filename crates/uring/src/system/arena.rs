@@ -156,6 +156,24 @@ impl Arena {
         self.inner.lock().free_pages * PAGE_BYTES as u64
     }
 
+    /// Gives the pages of every free run back to the system; returns the bytes given (free
+    /// bytes, resident or not). Runs are handed out best fit, so over a long run they touch
+    /// more and more of the arena though the cache holds no more; a loader calls this once
+    /// an epoch so that resident memory follows what the cache holds.
+    pub fn release_free_pages(&self) -> u64 {
+        let runs = self.inner.lock();
+        for (&start, &pages) in &runs.by_start {
+            // SAFETY: a free run belongs to no `Run` and no `Bytes`, and the lock keeps it
+            // from being handed out meanwhile; the arena is never registered with a ring.
+            unsafe {
+                self.inner
+                    .mapping
+                    .release(start as usize * PAGE_BYTES, pages as usize * PAGE_BYTES);
+            }
+        }
+        runs.free_pages * PAGE_BYTES as u64
+    }
+
     fn run(&self, len: usize) -> Option<Run> {
         let pages = u32::try_from(len.div_ceil(PAGE_BYTES).max(1)).ok()?;
         let start = self.inner.lock().alloc(pages)?;
@@ -211,6 +229,32 @@ fn named(path: &Path, e: io::Error) -> io::Error {
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn free_runs_leave_memory_and_live_ones_keep_their_bytes() {
+        let arena = Arena::new(64 * PAGE_BYTES).unwrap();
+        let live: Vec<Bytes> = (0..8u8)
+            .map(|i| arena.copy(&vec![i + 1; 3 * PAGE_BYTES]).unwrap())
+            .collect();
+        let freed: Vec<Bytes> = (0..8u8)
+            .map(|i| arena.copy(&vec![i + 100; 3 * PAGE_BYTES]).unwrap())
+            .collect();
+        assert_eq!(arena.inner.mapping.resident_pages(), 48);
+        drop(freed);
+        let given = arena.release_free_pages();
+        assert_eq!(given, arena.free_bytes());
+        assert_eq!(
+            arena.inner.mapping.resident_pages(),
+            24,
+            "only the live runs stay"
+        );
+        for (i, b) in live.iter().enumerate() {
+            assert!(b.iter().all(|&x| x == i as u8 + 1));
+        }
+        // Released pages serve a run again, with what it is given.
+        let again = arena.copy(&vec![9u8; 40 * PAGE_BYTES]).unwrap();
+        assert!(again.iter().all(|&x| x == 9));
+    }
 
     #[test]
     fn runs_match_a_reference_model_and_coalesce_back_whole() {

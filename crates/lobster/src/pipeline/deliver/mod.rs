@@ -109,9 +109,7 @@ fn finish<T>(
     let epoch_ended = collector.batch_taken(metrics, delivered, last_of_epoch);
     drop(collector);
     if epoch_ended {
-        // What the epoch's decodes and evictions freed goes back to the system, so resident
-        // memory follows the live heap over a long run.
-        lobster_uring::release_free_heap();
+        state.free_memory.release();
     }
     if let Some(e) = lock(&state.budget_failure).clone() {
         return Some(Err(e));

@@ -61,14 +61,15 @@ pub struct SoakArgs {
     /// The decoder (jpeg notices corruption; raw and synthetic do not).
     #[arg(long, value_enum, default_value_t = Decoder::Jpeg)]
     pub decoder: Decoder,
-    /// Allowed growth of resident memory after epoch 2 over its level then.
+    /// Allowed growth of the epochs' peak resident memory after epoch 2 over its peak.
     #[arg(long, default_value_t = 0.10)]
     pub rss_growth_max: f64,
     /// The long-run check: from the end of this epoch (or of the run's middle epoch, in a
     /// run of fewer than twice as many), the cache is full and memory must stay level.
     #[arg(long, default_value_t = 20)]
     pub rss_steady_epoch: u32,
-    /// Allowed growth of resident memory after `--rss-steady-epoch` over its level then.
+    /// Allowed growth of the epochs' peak resident memory after `--rss-steady-epoch` over
+    /// its peak.
     #[arg(long, default_value_t = 0.05)]
     pub rss_steady_growth_max: f64,
     /// Write the figures as JSON to this file.
@@ -87,13 +88,14 @@ struct SoakReport {
     faults_injected: u64,
     read_retries: u64,
     reads_recovered: u64,
-    /// Resident memory once the loader is built (its buffer pool committed), then after each
-    /// epoch.
+    /// Resident memory once the loader is built, then at each epoch's end, and the most
+    /// resident during each epoch (its peak): the checks compare peaks.
     rss_bytes_after_build: u64,
     rss_bytes_per_epoch: Vec<u64>,
+    rss_peak_bytes_per_epoch: Vec<u64>,
     rss_growth_after_epoch2: f64,
-    /// The long-run check: the epoch memory is compared from (1-based), the resident bytes
-    /// then and at the end, and the growth of the most resident after it over its level.
+    /// The long-run check: the epoch memory is compared from (1-based), its peak and the last
+    /// epoch's, and the growth of the highest peak after it over its peak.
     rss_steady_epoch: u32,
     rss_bytes_at_steady_epoch: u64,
     rss_bytes_at_end: u64,
@@ -178,15 +180,22 @@ pub fn run(args: &SoakArgs) -> Result<()> {
         report.rss_bytes_after_build as f64 / f64::from(1 << 20),
         mib.join(" ")
     );
+    let peaks: Vec<String> = report
+        .rss_peak_bytes_per_epoch
+        .iter()
+        .map(|b| format!("{:.1}", *b as f64 / f64::from(1 << 20)))
+        .collect();
+    println!("peak resident MiB during each epoch: {}", peaks.join(" "));
     println!(
-        "resident growth after epoch 2: {:+.1}% (allowed {:.0}%); prefetch window bound {:.1} MiB",
+        "peak resident growth after epoch 2: {:+.1}% (allowed {:.0}%); prefetch window bound \
+         {:.1} MiB",
         100.0 * report.rss_growth_after_epoch2,
         100.0 * args.rss_growth_max,
         report.prefetch_window_bytes as f64 / f64::from(1 << 20)
     );
     println!(
-        "resident growth after epoch {} to the end: {:+.1}% (allowed {:.0}%); {:.1} MiB then, \
-         {:.1} MiB at the end",
+        "peak resident growth after epoch {} to the end: {:+.1}% (allowed {:.0}%); {:.1} MiB \
+         then, {:.1} MiB in the last epoch",
         report.rss_steady_epoch,
         100.0 * report.rss_growth_after_steady_epoch,
         100.0 * args.rss_steady_growth_max,
@@ -211,13 +220,13 @@ pub fn run(args: &SoakArgs) -> Result<()> {
     }
     if report.rss_growth_after_epoch2 > args.rss_growth_max {
         failures.push(format!(
-            "resident memory grew {:.1}% after epoch 2",
+            "peak resident memory grew {:.1}% after epoch 2",
             100.0 * report.rss_growth_after_epoch2
         ));
     }
     if report.rss_growth_after_steady_epoch > args.rss_steady_growth_max {
         failures.push(format!(
-            "resident memory grew {:.1}% after epoch {}",
+            "peak resident memory grew {:.1}% after epoch {}",
             100.0 * report.rss_growth_after_steady_epoch,
             report.rss_steady_epoch
         ));
@@ -308,15 +317,20 @@ fn soak(
     let prefetch_window_bytes = loader.prefetch_window_bytes();
     let handles = loader.ranks().context("rank handles already taken")?;
     let rss = Mutex::new(Vec::with_capacity(args.epochs as usize));
+    // Each epoch's peak from here on, not the build's.
+    process::reset_peak_rss();
     let totals = train(
         handles,
         Duration::ZERO,
         strategy.name(),
         |step| {
             if (step + 1) % iterations == 0 {
+                let now = process::status_bytes("VmRSS");
+                let peak = process::status_bytes("VmHWM");
+                process::reset_peak_rss();
                 rss.lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .push(process::status_bytes("VmRSS"));
+                    .push((now, peak));
             }
         },
         // Polled once a step: a signal stops every rank at the same step.
@@ -326,13 +340,21 @@ fn soak(
     let metrics = loader.metrics();
     drop(loader);
     let elapsed_s = started.elapsed().as_secs_f64();
-    let rss_bytes_per_epoch = rss.into_inner().unwrap_or_else(|p| p.into_inner());
-    let after_epoch2 = rss_bytes_per_epoch[1] as f64;
-    let later_max = rss_bytes_per_epoch[1..].iter().copied().max().unwrap_or(0) as f64;
+    let (rss_bytes_per_epoch, rss_peak_bytes_per_epoch): (Vec<u64>, Vec<u64>) = rss
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+        .into_iter()
+        .unzip();
+    // The checks compare each epoch's peak: resident memory at one instant moves by what is
+    // in flight then (reads in the pool, images being decoded), and one instant against the
+    // largest of hundreds finds growth in a level run.
+    let peaks = &rss_peak_bytes_per_epoch;
+    let after_epoch2 = peaks[1] as f64;
+    let later_max = peaks[1..].iter().copied().max().unwrap_or(0) as f64;
     let rss_steady_epoch = steady_epoch(args.rss_steady_epoch, args.epochs);
     let steady = rss_steady_epoch as usize - 1;
-    let rss_bytes_at_steady_epoch = rss_bytes_per_epoch[steady];
-    let steady_later_max = rss_bytes_per_epoch[steady..].iter().copied().max();
+    let rss_bytes_at_steady_epoch = peaks[steady];
+    let steady_later_max = peaks[steady..].iter().copied().max();
     let samples_planned = (per_rank * args.ranks_per_node) as u64 * u64::from(args.epochs);
     let (delivered, skipped) = totals.iter().fold((0, 0), |(d, s), t: &RankTotals| {
         (d + t.delivered, s + t.skipped)
@@ -362,7 +384,7 @@ fn soak(
         rss_bytes_after_build,
         rss_steady_epoch,
         rss_bytes_at_steady_epoch,
-        rss_bytes_at_end: rss_bytes_per_epoch.last().copied().unwrap_or(0),
+        rss_bytes_at_end: peaks.last().copied().unwrap_or(0),
         rss_growth_after_steady_epoch: match steady_later_max {
             Some(max) if rss_bytes_at_steady_epoch > 0 => {
                 max as f64 / rss_bytes_at_steady_epoch as f64 - 1.0
@@ -371,6 +393,7 @@ fn soak(
         },
         rss_steady_growth_max: args.rss_steady_growth_max,
         rss_bytes_per_epoch,
+        rss_peak_bytes_per_epoch,
         cache_capacity_bytes,
         prefetch_window_bytes,
         fds_before,

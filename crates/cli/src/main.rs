@@ -63,7 +63,17 @@ enum Command {
     PlanBench(plan_bench::PlanBenchArgs),
 }
 
+/// Where the C heap's thresholds are held (see `lobster_io::uring::hold_heap_thresholds`).
+const MMAP_THRESHOLD_BYTES: usize = 1 << 20;
+const TRIM_THRESHOLD_BYTES: usize = 64 << 20;
+
 fn main() -> anyhow::Result<()> {
+    // Before any thread: left to rise, the thresholds let resident memory creep up epoch
+    // after epoch. Where the environment sets either, the environment decides.
+    let set = |name| std::env::var_os(name).is_some();
+    if !set("MALLOC_MMAP_THRESHOLD_") && !set("MALLOC_TRIM_THRESHOLD_") {
+        lobster_io::uring::hold_heap_thresholds(MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES);
+    }
     let cli = Cli::parse();
     match cli.command {
         None => run::run(&cli.run),

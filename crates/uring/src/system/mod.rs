@@ -10,10 +10,12 @@
 //!   it is full.
 //! - [`mapping::Mapping`]: the private anonymous mapping under both, and under the pool.
 //! - [`threads::run_as_batch`]: `SCHED_BATCH` for the calling thread.
-//! - [`heap::release_free_heap`]: the C heap's free pages back to the system, once an epoch.
+//! - [`heap::release_free_heap`]: the C heap's free pages back to the system, once an epoch;
+//!   [`heap::hold_heap_thresholds`]: the C heap's mmap and trim thresholds held where
+//!   they are set.
 //!
 //! Nothing here touches io_uring; the crate re-exports `Arena`, `copy_to_pages`,
-//! `run_as_batch` and `release_free_heap` at its root.
+//! `run_as_batch`, `release_free_heap` and `hold_heap_thresholds` at its root.
 
 pub(crate) mod arena;
 pub(crate) mod heap;

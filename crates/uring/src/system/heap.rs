@@ -55,10 +55,11 @@ mod tests {
 
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[test]
-    fn thresholds_are_taken_and_one_past_an_int_is_refused() {
+    fn thresholds_past_an_int_are_refused_and_held_ones_leave_allocation_working() {
         assert!(!hold_heap_thresholds(usize::MAX, 1 << 26));
         assert!(!hold_heap_thresholds(1 << 20, usize::MAX));
-        assert!(hold_heap_thresholds(1 << 20, 1 << 26));
+        // Whether the allocator takes them is glibc's (a sanitizer's allocator refuses).
+        hold_heap_thresholds(1 << 20, 1 << 26);
         let v = vec![7u8; 4 << 20];
         assert!(v.iter().all(|&b| b == 7));
     }

@@ -63,16 +63,20 @@ enum Command {
     PlanBench(plan_bench::PlanBenchArgs),
 }
 
-/// Where the C heap's thresholds are held (see `lobster_io::uring::hold_heap_thresholds`).
-const MMAP_THRESHOLD_BYTES: usize = 1 << 20;
-const TRIM_THRESHOLD_BYTES: usize = 64 << 20;
-
 fn main() -> anyhow::Result<()> {
-    // Before any thread: left to rise, the thresholds let resident memory creep up epoch
-    // after epoch. Where the environment sets either, the environment decides.
+    // Before any thread: left to glibc, resident memory creeps up epoch after epoch. Where
+    // the environment sets any of these, the environment decides.
     let set = |name| std::env::var_os(name).is_some();
-    if !set("MALLOC_MMAP_THRESHOLD_") && !set("MALLOC_TRIM_THRESHOLD_") {
-        lobster_io::uring::hold_heap_thresholds(MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES);
+    if ![
+        "MALLOC_MMAP_THRESHOLD_",
+        "MALLOC_TRIM_THRESHOLD_",
+        "MALLOC_ARENA_MAX",
+    ]
+    .into_iter()
+    .any(set)
+    {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        lobster_io::uring::hold_heap(lobster_io::uring::HeapLimits::for_loader(cores));
     }
     let cli = Cli::parse();
     match cli.command {

@@ -61,17 +61,23 @@ pub struct SoakArgs {
     /// The decoder (jpeg notices corruption; raw and synthetic do not).
     #[arg(long, value_enum, default_value_t = Decoder::Jpeg)]
     pub decoder: Decoder,
-    /// Allowed growth of the epochs' peak resident memory after epoch 2 over its peak.
+    /// Allowed growth of resident memory's level after epoch 2 (see `--rss-steady-epoch`).
     #[arg(long, default_value_t = 0.10)]
     pub rss_growth_max: f64,
     /// The long-run check: from the end of this epoch (or of the run's middle epoch, in a
-    /// run of fewer than twice as many), the cache is full and memory must stay level.
+    /// run of fewer than twice as many), the cache is full and memory must stay level. A
+    /// level is the median of the peaks of 20 consecutive epochs (fewer in a run too short
+    /// for two such windows); the check compares the level from this epoch with the highest
+    /// level of any later window.
     #[arg(long, default_value_t = 20)]
     pub rss_steady_epoch: u32,
-    /// Allowed growth of the epochs' peak resident memory after `--rss-steady-epoch` over
-    /// its peak.
+    /// Allowed growth of resident memory's level after `--rss-steady-epoch`.
     #[arg(long, default_value_t = 0.05)]
     pub rss_steady_growth_max: f64,
+    /// Allowed height of any one epoch's peak after `--rss-steady-epoch` over the level
+    /// then: what one epoch has in flight at its highest moment.
+    #[arg(long, default_value_t = 0.20)]
+    pub rss_excursion_max: f64,
     /// Write the figures as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -93,14 +99,21 @@ struct SoakReport {
     rss_bytes_after_build: u64,
     rss_bytes_per_epoch: Vec<u64>,
     rss_peak_bytes_per_epoch: Vec<u64>,
+    /// Epochs whose median peak makes one level.
+    rss_level_epochs: u32,
     rss_growth_after_epoch2: f64,
-    /// The long-run check: the epoch memory is compared from (1-based), its peak and the last
-    /// epoch's, and the growth of the highest peak after it over its peak.
+    /// The long-run check: the epoch memory is compared from (1-based), the level from it,
+    /// the highest level of a later window and the last window's, the growth of the
+    /// highest over the first, and the highest single epoch's peak after it over the level.
     rss_steady_epoch: u32,
-    rss_bytes_at_steady_epoch: u64,
-    rss_bytes_at_end: u64,
+    rss_level_bytes_at_steady_epoch: u64,
+    rss_level_bytes_highest_after_steady_epoch: u64,
+    rss_level_bytes_at_end: u64,
     rss_growth_after_steady_epoch: f64,
     rss_steady_growth_max: f64,
+    rss_peak_bytes_highest_after_steady_epoch: u64,
+    rss_excursion_after_steady_epoch: f64,
+    rss_excursion_max: f64,
     /// The node cache's capacity: memory the run may still fill after the build.
     cache_capacity_bytes: u64,
     /// The loader's bound on bytes in flight or awaiting decode: pipelined reads land in a
@@ -126,6 +139,7 @@ pub fn run(args: &SoakArgs) -> Result<()> {
     for (name, value) in [
         ("--rss-growth-max", args.rss_growth_max),
         ("--rss-steady-growth-max", args.rss_steady_growth_max),
+        ("--rss-excursion-max", args.rss_excursion_max),
     ] {
         if !(value.is_finite() && value >= 0.0) {
             bail!("{name} = {value}: allowed 0 or more");
@@ -170,37 +184,41 @@ pub fn run(args: &SoakArgs) -> Result<()> {
         "faults: {} read attempts faulted, {} retried, {} reads recovered by a retry",
         report.faults_injected, report.read_retries, report.reads_recovered
     );
-    let mib: Vec<String> = report
-        .rss_bytes_per_epoch
-        .iter()
-        .map(|b| format!("{:.1}", *b as f64 / f64::from(1 << 20)))
-        .collect();
+    let in_mib = |b: u64| b as f64 / f64::from(1 << 20);
+    let series = |bytes: &[u64]| {
+        let mib: Vec<String> = bytes.iter().map(|b| format!("{:.1}", in_mib(*b))).collect();
+        mib.join(" ")
+    };
     println!(
         "resident MiB after the build {:.1}, after each epoch: {}",
-        report.rss_bytes_after_build as f64 / f64::from(1 << 20),
-        mib.join(" ")
+        in_mib(report.rss_bytes_after_build),
+        series(&report.rss_bytes_per_epoch)
     );
-    let peaks: Vec<String> = report
-        .rss_peak_bytes_per_epoch
-        .iter()
-        .map(|b| format!("{:.1}", *b as f64 / f64::from(1 << 20)))
-        .collect();
-    println!("peak resident MiB during each epoch: {}", peaks.join(" "));
     println!(
-        "peak resident growth after epoch 2: {:+.1}% (allowed {:.0}%); prefetch window bound \
-         {:.1} MiB",
+        "peak resident MiB during each epoch: {}",
+        series(&report.rss_peak_bytes_per_epoch)
+    );
+    println!(
+        "resident level (median peak of {} epochs) growth after epoch 2: {:+.1}% (allowed \
+         {:.0}%); prefetch window bound {:.1} MiB",
+        report.rss_level_epochs,
         100.0 * report.rss_growth_after_epoch2,
         100.0 * args.rss_growth_max,
-        report.prefetch_window_bytes as f64 / f64::from(1 << 20)
+        in_mib(report.prefetch_window_bytes)
     );
     println!(
-        "peak resident growth after epoch {} to the end: {:+.1}% (allowed {:.0}%); {:.1} MiB \
-         then, {:.1} MiB in the last epoch",
+        "resident level after epoch {}: {:.1} MiB, highest {:.1} MiB, last {:.1} MiB: growth \
+         {:+.1}% (allowed {:.0}%); highest epoch peak {:.1} MiB, {:+.1}% over the level \
+         (allowed {:.0}%)",
         report.rss_steady_epoch,
+        in_mib(report.rss_level_bytes_at_steady_epoch),
+        in_mib(report.rss_level_bytes_highest_after_steady_epoch),
+        in_mib(report.rss_level_bytes_at_end),
         100.0 * report.rss_growth_after_steady_epoch,
         100.0 * args.rss_steady_growth_max,
-        report.rss_bytes_at_steady_epoch as f64 / f64::from(1 << 20),
-        report.rss_bytes_at_end as f64 / f64::from(1 << 20)
+        in_mib(report.rss_peak_bytes_highest_after_steady_epoch),
+        100.0 * report.rss_excursion_after_steady_epoch,
+        100.0 * args.rss_excursion_max
     );
     println!(
         "open descriptors {} -> {}, threads {} -> {} (before build -> after drop); {:.1} s",
@@ -220,14 +238,21 @@ pub fn run(args: &SoakArgs) -> Result<()> {
     }
     if report.rss_growth_after_epoch2 > args.rss_growth_max {
         failures.push(format!(
-            "peak resident memory grew {:.1}% after epoch 2",
+            "resident memory's level grew {:.1}% after epoch 2",
             100.0 * report.rss_growth_after_epoch2
         ));
     }
     if report.rss_growth_after_steady_epoch > args.rss_steady_growth_max {
         failures.push(format!(
-            "peak resident memory grew {:.1}% after epoch {}",
+            "resident memory's level grew {:.1}% after epoch {}",
             100.0 * report.rss_growth_after_steady_epoch,
+            report.rss_steady_epoch
+        ));
+    }
+    if report.rss_excursion_after_steady_epoch > args.rss_excursion_max {
+        failures.push(format!(
+            "an epoch's peak resident memory rose {:.1}% over the level after epoch {}",
+            100.0 * report.rss_excursion_after_steady_epoch,
             report.rss_steady_epoch
         ));
     }
@@ -345,16 +370,14 @@ fn soak(
         .unwrap_or_else(|p| p.into_inner())
         .into_iter()
         .unzip();
-    // The checks compare each epoch's peak: resident memory at one instant moves by what is
-    // in flight then (reads in the pool, images being decoded), and one instant against the
-    // largest of hundreds finds growth in a level run.
+    // The checks compare levels of the epochs' peaks: one instant moves by what is in flight
+    // then (reads in the pool, images being decoded), one epoch's peak by where its highest
+    // moment lands (a few MiB either way in a level run), and one epoch against the highest
+    // of hundreds finds growth in a level run.
     let peaks = &rss_peak_bytes_per_epoch;
-    let after_epoch2 = peaks[1] as f64;
-    let later_max = peaks[1..].iter().copied().max().unwrap_or(0) as f64;
+    let early = Levels::of(&peaks[1..]);
     let rss_steady_epoch = steady_epoch(args.rss_steady_epoch, args.epochs);
-    let steady = rss_steady_epoch as usize - 1;
-    let rss_bytes_at_steady_epoch = peaks[steady];
-    let steady_later_max = peaks[steady..].iter().copied().max();
+    let steady = Levels::of(&peaks[rss_steady_epoch as usize - 1..]);
     let samples_planned = (per_rank * args.ranks_per_node) as u64 * u64::from(args.epochs);
     let (delivered, skipped) = totals.iter().fold((0, 0), |(d, s), t: &RankTotals| {
         (d + t.delivered, s + t.skipped)
@@ -376,22 +399,18 @@ fn soak(
         faults_injected: metrics.faults_injected,
         read_retries: metrics.read_retries,
         reads_recovered: metrics.reads_recovered,
-        rss_growth_after_epoch2: if after_epoch2 > 0.0 {
-            later_max / after_epoch2 - 1.0
-        } else {
-            0.0
-        },
+        rss_level_epochs: steady.epochs as u32,
+        rss_growth_after_epoch2: early.growth(),
         rss_bytes_after_build,
         rss_steady_epoch,
-        rss_bytes_at_steady_epoch,
-        rss_bytes_at_end: peaks.last().copied().unwrap_or(0),
-        rss_growth_after_steady_epoch: match steady_later_max {
-            Some(max) if rss_bytes_at_steady_epoch > 0 => {
-                max as f64 / rss_bytes_at_steady_epoch as f64 - 1.0
-            }
-            _ => 0.0,
-        },
+        rss_level_bytes_at_steady_epoch: steady.first,
+        rss_level_bytes_highest_after_steady_epoch: steady.highest,
+        rss_level_bytes_at_end: steady.last,
+        rss_growth_after_steady_epoch: steady.growth(),
         rss_steady_growth_max: args.rss_steady_growth_max,
+        rss_peak_bytes_highest_after_steady_epoch: steady.highest_peak,
+        rss_excursion_after_steady_epoch: steady.excursion(),
+        rss_excursion_max: args.rss_excursion_max,
         rss_bytes_per_epoch,
         rss_peak_bytes_per_epoch,
         cache_capacity_bytes,
@@ -402,6 +421,58 @@ fn soak(
         threads_after: process::threads(),
         elapsed_s,
     })
+}
+
+/// Epochs whose median peak makes one level of resident memory.
+const LEVEL_EPOCHS: usize = 20;
+
+/// Resident memory's levels over a run of epochs' peaks: the median of each window of
+/// `epochs` consecutive peaks (`LEVEL_EPOCHS`, or half the run where it is shorter).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Levels {
+    epochs: usize,
+    first: u64,
+    highest: u64,
+    last: u64,
+    highest_peak: u64,
+}
+
+impl Levels {
+    fn of(peaks: &[u64]) -> Self {
+        let epochs = LEVEL_EPOCHS.min(peaks.len() / 2).max(1);
+        let levels: Vec<u64> = peaks.windows(epochs).map(median).collect();
+        Levels {
+            epochs,
+            first: levels.first().copied().unwrap_or(0),
+            highest: levels.iter().copied().max().unwrap_or(0),
+            last: levels.last().copied().unwrap_or(0),
+            highest_peak: peaks.iter().copied().max().unwrap_or(0),
+        }
+    }
+
+    /// The highest level over the first, less one.
+    fn growth(&self) -> f64 {
+        self.over_first(self.highest)
+    }
+
+    /// The highest single peak over the first level, less one.
+    fn excursion(&self) -> f64 {
+        self.over_first(self.highest_peak)
+    }
+
+    fn over_first(&self, bytes: u64) -> f64 {
+        if self.first == 0 {
+            return 0.0;
+        }
+        bytes as f64 / self.first as f64 - 1.0
+    }
+}
+
+/// The median of a window (the lower middle of an even one).
+fn median(window: &[u64]) -> u64 {
+    let mut sorted = window.to_vec();
+    sorted.sort_unstable();
+    sorted[(sorted.len() - 1) / 2]
 }
 
 /// The epoch (1-based) the long-run check compares from: `wanted`, or the middle of a run
@@ -454,5 +525,48 @@ struct RemoveOnDrop(PathBuf);
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_level_run_with_one_high_epoch_has_no_growth_but_an_excursion() {
+        let mut peaks = vec![100u64; 100];
+        peaks[50] = 130;
+        let levels = Levels::of(&peaks);
+        assert_eq!(levels.epochs, LEVEL_EPOCHS);
+        assert_eq!((levels.first, levels.highest, levels.last), (100, 100, 100));
+        assert_eq!(levels.growth(), 0.0);
+        assert!((levels.excursion() - 0.30).abs() < 1e-12);
+    }
+
+    #[test]
+    fn growth_in_the_middle_counts_though_the_end_is_back_down() {
+        let mut peaks = vec![100u64; 100];
+        peaks[40..70].fill(110);
+        let levels = Levels::of(&peaks);
+        assert_eq!((levels.first, levels.highest, levels.last), (100, 110, 100));
+        assert!((levels.growth() - 0.10).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_slow_creep_counts_in_full() {
+        let peaks: Vec<u64> = (0..400).map(|e| 1000 + e).collect();
+        let levels = Levels::of(&peaks);
+        // Medians of 20: epochs 0..20 give 1009, the last window 1389.
+        assert_eq!((levels.first, levels.last), (1009, 1389));
+        assert_eq!(levels.highest, levels.last);
+    }
+
+    #[test]
+    fn a_short_run_compares_single_epochs() {
+        let levels = Levels::of(&[100, 100, 101]);
+        assert_eq!(levels.epochs, 1);
+        assert_eq!((levels.first, levels.highest, levels.last), (100, 101, 101));
+        assert!(levels.growth() > 0.0);
+        assert_eq!(Levels::of(&[]).growth(), 0.0);
     }
 }

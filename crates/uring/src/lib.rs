@@ -106,7 +106,7 @@ pub use reader::{ActiveBackend, Backend, BackendInfo, Reader, ReaderBuilder, Rea
 pub use resident::{read_resident, Resident};
 pub use session::Session;
 pub use system::arena::Arena;
-pub use system::heap::{hold_heap_thresholds, release_free_heap};
+pub use system::heap::{hold_heap, release_free_heap, HeapLimits};
 pub use system::pages::copy_to_pages;
 pub use system::threads::run_as_batch;
 pub use types::{

@@ -18,7 +18,6 @@
 //!   [`Pool::try_acquire`] fails while anyone waits.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use bytes::Bytes;
@@ -59,8 +58,6 @@ struct PoolInner {
     available: Condvar,
     /// Faulted in at creation: its pages stay, whatever is free.
     committed: bool,
-    /// A ring holds its pages pinned (a registered buffer): they must stay where they are.
-    registered: AtomicBool,
 }
 
 // SAFETY: the mapping is owned by PoolInner and each block is handed to at most one PoolBuf
@@ -80,6 +77,9 @@ struct Buddy {
     /// Tickets of the threads waiting in `acquire`, oldest first.
     waiters: VecDeque<u64>,
     next_ticket: u64,
+    /// A ring holds the pool's pages pinned (a registered buffer): they must stay where
+    /// they are.
+    registered: bool,
 }
 
 impl Buddy {
@@ -102,6 +102,7 @@ impl Buddy {
             free_pages: pages,
             waiters: VecDeque::new(),
             next_ticket: 0,
+            registered: false,
         }
     }
 
@@ -180,7 +181,6 @@ impl Pool {
                 state: Mutex::new(Buddy::new(pages, (max_block / PAGE_BYTES).trailing_zeros())),
                 available: Condvar::new(),
                 committed: commit,
-                registered: AtomicBool::new(false),
             }),
         })
     }
@@ -213,8 +213,8 @@ impl Pool {
     /// release of free pages under way, and none after it: a pinned page released would go
     /// on receiving reads the mapping no longer shows.
     pub(crate) fn registering<R>(&self, register: impl FnOnce() -> R) -> R {
-        let _s = self.inner.lock();
-        self.inner.registered.store(true, Ordering::SeqCst);
+        let mut s = self.inner.lock();
+        s.registered = true;
         register()
     }
 
@@ -223,9 +223,8 @@ impl Pool {
     /// but a burst of large reads touches pages the steady state never needs again; a
     /// loader calls this once an epoch so that resident memory follows what is in flight.
     pub(crate) fn release_free_pages(&self) -> usize {
-        // Under the lock, as `registering` sets the flag.
         let s = self.inner.lock();
-        if self.inner.committed || self.inner.registered.load(Ordering::SeqCst) {
+        if self.inner.committed || s.registered {
             return 0;
         }
         let mut blocks: Vec<(u32, u32)> = s

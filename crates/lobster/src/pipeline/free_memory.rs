@@ -9,13 +9,13 @@ use lobster_uring::{Arena, Reader};
 pub(crate) struct FreeMemory {
     /// Until the pipeline shuts down: the rank handles outlive it, and a reader kept here
     /// would keep its pread workers running.
-    parts: Mutex<Option<(Option<Reader>, Option<Arena>)>>,
+    parts: Mutex<(Option<Reader>, Option<Arena>)>,
 }
 
 impl FreeMemory {
     pub(crate) fn new(reader: Option<Reader>, arena: Option<Arena>) -> Self {
         FreeMemory {
-            parts: Mutex::new(Some((reader, arena))),
+            parts: Mutex::new((reader, arena)),
         }
     }
 
@@ -24,19 +24,17 @@ impl FreeMemory {
     /// pages come back on first use, a fault each, once an epoch.
     pub(crate) fn release(&self) {
         lobster_uring::release_free_heap();
-        let parts = self.parts.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((reader, arena)) = &*parts {
-            if let Some(r) = reader {
-                r.release_free_pages();
-            }
-            if let Some(a) = arena {
-                a.release_free_pages();
-            }
+        let (reader, arena) = &*self.parts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = reader {
+            r.release_free_pages();
+        }
+        if let Some(a) = arena {
+            a.release_free_pages();
         }
     }
 
     /// Lets the reader and the arena go with the pipeline.
     pub(crate) fn clear(&self) {
-        *self.parts.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.parts.lock().unwrap_or_else(|e| e.into_inner()) = (None, None);
     }
 }

@@ -14,37 +14,68 @@ pub fn release_free_heap() {
     }
 }
 
-/// Holds the C heap's thresholds where they are set (glibc's `M_MMAP_THRESHOLD`, from which
-/// an allocation gets a mapping of its own, and `M_TRIM_THRESHOLD`, the free top of the heap
-/// kept rather than given back at once); returns whether the allocator took both.
-///
-/// Left to itself, glibc raises the mmap threshold to the size of each large block freed, and
-/// the trim threshold to twice that; decode threads' arenas then keep growing, and a loader's
-/// resident memory creeps up for hundreds of epochs (BENCHMARKS.md, "Soak memory over 420
-/// epochs"). Held (the `lobster` command: 1 MiB and 64 MiB, at start) the level is lower and
-/// holds: decoded images under the mmap threshold still come from the arenas, larger ones
-/// come and go as mappings, and a high trim threshold spares the heap's top a give-back and
-/// fault-in per image (the loader trims once an epoch). A process-wide choice: an embedder
-/// may call this or set `MALLOC_MMAP_THRESHOLD_` and `MALLOC_TRIM_THRESHOLD_`. Elsewhere
-/// than glibc it does nothing and returns false.
-pub fn hold_heap_thresholds(mmap_bytes: usize, trim_bytes: usize) -> bool {
+/// Where a process holds the C heap (glibc's `M_MMAP_THRESHOLD`, `M_TRIM_THRESHOLD` and
+/// `M_ARENA_MAX`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeapLimits {
+    /// From this size an allocation gets a mapping of its own, given back when freed.
+    pub mmap_threshold_bytes: usize,
+    /// Free memory at the top of an arena beyond this goes back to the system when freed.
+    pub trim_threshold_bytes: usize,
+    /// Arenas the threads share; `None` leaves glibc's (eight per core).
+    pub arenas: Option<usize>,
+}
+
+impl HeapLimits {
+    /// What `lobster` holds: mmap and trim at 1 MiB, one arena per core.
+    ///
+    /// Left to itself, glibc raises the mmap threshold to the size of each large block freed
+    /// and the trim threshold to twice that, and never shrinks a thread arena's top below
+    /// it: each of the decode threads' arenas keeps the most it ever held, and resident
+    /// memory creeps up for hundreds of epochs as rarer highs come (BENCHMARKS.md, "Soak
+    /// memory over 420 epochs"). Held, an arena keeps at most 1 MiB free at its top, and
+    /// with one arena per core (threads beyond the cores do not allocate at once) the
+    /// arenas' free tops add up to little. Decoded images under 1 MiB still come from the
+    /// arenas; the decode-bound run's throughput is unchanged within its spread.
+    pub fn for_loader(cores: usize) -> Self {
+        HeapLimits {
+            mmap_threshold_bytes: 1 << 20,
+            trim_threshold_bytes: 1 << 20,
+            arenas: Some(cores.max(1)),
+        }
+    }
+}
+
+/// Holds the C heap where `limits` say, for the whole process; returns whether the allocator
+/// took every one. Call it before threads start. An embedder may call this or set glibc's
+/// `MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_` and `MALLOC_ARENA_MAX`. Elsewhere than
+/// glibc it does nothing and returns false.
+pub fn hold_heap(limits: HeapLimits) -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
+        let arenas = limits.arenas.map(libc::c_int::try_from);
         let (Ok(mmap), Ok(trim)) = (
-            libc::c_int::try_from(mmap_bytes),
-            libc::c_int::try_from(trim_bytes),
+            libc::c_int::try_from(limits.mmap_threshold_bytes),
+            libc::c_int::try_from(limits.trim_threshold_bytes),
         ) else {
             return false;
         };
+        if matches!(arenas, Some(Err(_)) | Some(Ok(0))) {
+            return false;
+        }
         // SAFETY: mallopt only sets parameters of the allocator, under its own lock.
         unsafe {
             libc::mallopt(libc::M_MMAP_THRESHOLD, mmap) == 1
                 && libc::mallopt(libc::M_TRIM_THRESHOLD, trim) == 1
+                && match arenas {
+                    Some(Ok(n)) => libc::mallopt(libc::M_ARENA_MAX, n) == 1,
+                    _ => true,
+                }
         }
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     {
-        let _ = (mmap_bytes, trim_bytes);
+        let _ = limits;
         false
     }
 }
@@ -55,11 +86,26 @@ mod tests {
 
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[test]
-    fn thresholds_past_an_int_are_refused_and_held_ones_leave_allocation_working() {
-        assert!(!hold_heap_thresholds(usize::MAX, 1 << 26));
-        assert!(!hold_heap_thresholds(1 << 20, usize::MAX));
+    fn limits_past_an_int_or_no_arena_are_refused_and_held_ones_leave_allocation_working() {
+        let held = HeapLimits::for_loader(2);
+        assert!(!hold_heap(HeapLimits {
+            mmap_threshold_bytes: usize::MAX,
+            ..held
+        }));
+        assert!(!hold_heap(HeapLimits {
+            trim_threshold_bytes: usize::MAX,
+            ..held
+        }));
+        assert!(!hold_heap(HeapLimits {
+            arenas: Some(0),
+            ..held
+        }));
+        assert!(!hold_heap(HeapLimits {
+            arenas: Some(usize::MAX),
+            ..held
+        }));
         // Whether the allocator takes them is glibc's (a sanitizer's allocator refuses).
-        hold_heap_thresholds(1 << 20, 1 << 26);
+        hold_heap(held);
         let v = vec![7u8; 4 << 20];
         assert!(v.iter().all(|&b| b == 7));
     }

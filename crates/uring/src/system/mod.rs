@@ -11,11 +11,11 @@
 //! - [`mapping::Mapping`]: the private anonymous mapping under both, and under the pool.
 //! - [`threads::run_as_batch`]: `SCHED_BATCH` for the calling thread.
 //! - [`heap::release_free_heap`]: the C heap's free pages back to the system, once an epoch;
-//!   [`heap::hold_heap_thresholds`]: the C heap's mmap and trim thresholds held where
-//!   they are set.
+//!   [`heap::hold_heap`]: the C heap's mmap and trim thresholds and its arenas held
+//!   where [`heap::HeapLimits`] set them.
 //!
 //! Nothing here touches io_uring; the crate re-exports `Arena`, `copy_to_pages`,
-//! `run_as_batch`, `release_free_heap` and `hold_heap_thresholds` at its root.
+//! `run_as_batch`, `release_free_heap`, `hold_heap` and `HeapLimits` at its root.
 
 pub(crate) mod arena;
 pub(crate) mod heap;

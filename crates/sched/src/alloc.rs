@@ -103,22 +103,15 @@ impl AllocConfig {
     /// one unit each to the lowest ranks, then clamped to the per-rank limits.
     /// Feasible whenever the budgets cover the minimums.
     pub fn equal_split(&self, ranks: usize) -> Vec<(u32, u32)> {
-        let split = |budget: u32, lo: u32, hi: u32, r: usize| {
-            let n = ranks as u64;
-            let share = u64::from(budget) / n + u64::from((r as u64) < u64::from(budget) % n);
-            share.clamp(u64::from(lo), u64::from(hi)) as u32
-        };
         let (b, l) = (&self.budgets, &self.limits);
-        (0..ranks)
-            .map(|r| {
+        let io = equal_split(b.io_depth_total, ranks);
+        let decode = equal_split(b.decode_threads_total, ranks);
+        io.into_iter()
+            .zip(decode)
+            .map(|(io, decode)| {
                 (
-                    split(b.io_depth_total, l.io_depth_min, l.io_depth_max, r),
-                    split(
-                        b.decode_threads_total,
-                        l.decode_threads_min,
-                        l.decode_threads_max,
-                        r,
-                    ),
+                    io.clamp(l.io_depth_min, l.io_depth_max),
+                    decode.clamp(l.decode_threads_min, l.decode_threads_max),
                 )
             })
             .collect()
@@ -364,4 +357,13 @@ impl Allocator {
             kept_previous,
         })
     }
+}
+
+/// `budget` split as evenly as possible over `ranks`, one more each to the lowest ranks
+/// for the remainder: what every rank gets before the allocator has seen a load.
+pub fn equal_split(budget: u32, ranks: usize) -> Vec<u32> {
+    let n = ranks as u64;
+    (0..n)
+        .map(|r| (u64::from(budget) / n + u64::from(r < u64::from(budget) % n)) as u32)
+        .collect()
 }

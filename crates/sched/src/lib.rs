@@ -120,8 +120,8 @@ mod model;
 mod tests;
 
 pub use alloc::{
-    AllocConfig, Allocation, Allocator, Budgets, ImbalanceReport, RankAllocation, RankLimits,
-    MAX_RANKS,
+    equal_split, AllocConfig, Allocation, Allocator, Budgets, ImbalanceReport, RankAllocation,
+    RankLimits, MAX_RANKS,
 };
 #[cfg(any(test, fuzzing))]
 pub use check::check_allocator;

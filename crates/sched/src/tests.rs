@@ -820,3 +820,27 @@ fn checker_accepts_empty_and_extreme_inputs() {
     data.extend(std::iter::repeat_n(4u8, 8 * 4 * 17));
     assert_eq!(check_allocator(&data), None);
 }
+
+#[test]
+fn equal_split_differs_by_at_most_one_and_sums_to_the_budget() {
+    for budget in 0..40u32 {
+        for ranks in 1..9 {
+            let s = crate::equal_split(budget, ranks);
+            assert_eq!(s.len(), ranks);
+            assert_eq!(s.iter().sum::<u32>(), budget);
+            let (lo, hi) = (s.iter().min().unwrap(), s.iter().max().unwrap());
+            assert!(hi - lo <= 1, "{budget} over {ranks}: {s:?}");
+            assert!(
+                s.windows(2).all(|w| w[0] >= w[1]),
+                "the remainder goes first: {s:?}"
+            );
+        }
+    }
+    assert_eq!(
+        crate::equal_split(u32::MAX, 3)
+            .iter()
+            .map(|&x| u64::from(x))
+            .sum::<u64>(),
+        u64::from(u32::MAX)
+    );
+}

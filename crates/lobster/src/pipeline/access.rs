@@ -8,7 +8,7 @@ use bytes::Bytes;
 use lobster_cache::Form;
 use lobster_uring::Arena;
 
-use crate::pipeline::io::landing::{Found, Landing, Loaded, Origin};
+use crate::pipeline::landing::{Found, Landing, Loaded, Origin};
 
 /// The landing an access's bytes appear in, which its planned hits wait on.
 pub(crate) type AccessLanding = Landing<Access>;

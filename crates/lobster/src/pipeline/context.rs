@@ -9,7 +9,7 @@ use crate::error::Cause;
 use crate::pipeline::access::{Read, StorageRead};
 use crate::pipeline::io::attempt::Storage;
 use crate::pipeline::io::dirs::SampleDirs;
-use crate::pipeline::plan::layout::Layout;
+use crate::pipeline::layout::Layout;
 
 /// The user's decode function, type-erased.
 /// The user's decode function: a sample's bytes, what is known of it, and the epoch of the

@@ -1,11 +1,11 @@
 //! The pipeline: how a sample walks from the sampler to a rank's batch. Its rooms are the
 //! stages a sample meets, read in this order:
-//! 1. [`plan`]: the planner thread walks the node stream ([`plan::layout`]) in canonical
+//! 1. [`plan`]: the planner thread walks the node stream ([`layout`]) in canonical
 //!    order a window at a time and makes every cache decision, so hits and misses are a pure
 //!    function of the inputs; it opens the window's batches, runs the allocator, stays within
 //!    the prefetch distance of the slowest rank, and says who reads each miss.
 //! 2. [`io`]: the dispatcher issues the window's reads in deadline order within the io_depth
-//!    budget and fills each sample's [`io::landing`] when its read completes; every read
+//!    budget and fills each sample's [`landing`] when its read completes; every read
 //!    attempt's fate (emulated tier, injected fault, retry, error) is decided in
 //!    [`io::attempt`], for the reads made on worker threads too.
 //! 3. [`decode`]: decode workers take accesses whose bytes are known, run the user's
@@ -22,6 +22,8 @@ mod decode;
 mod deliver;
 mod free_memory;
 mod io;
+mod landing;
+mod layout;
 pub(crate) mod peers;
 mod plan;
 mod state;
@@ -39,9 +41,9 @@ pub(crate) use decode::forms::{decoded_sizes, form_costs, CostsFrom, Staged};
 pub(crate) use deliver::{detach, next_batch, poll_next_batch};
 pub(crate) use io::attempt::Storage;
 pub(crate) use io::dirs::SampleDirs;
+pub(crate) use layout::{EpochEnds, Head, Layout};
 pub use peers::plan::{PeerPlan, PeerPlanInputs};
 pub(crate) use peers::{PeerCounters, Peers, ServedLandings};
-pub(crate) use plan::layout::{EpochEnds, Head, Layout};
 pub(crate) use plan::read_ahead_budget_bytes;
 pub(crate) use state::PipelineState;
 pub(crate) use sync::lock;
@@ -87,7 +89,7 @@ impl<T: Send + 'static> Pipeline<T> {
                 .collect(),
             decode: decode::queue::DecodeQueues::new(
                 ranks,
-                plan::allocate::spread(&plan::allocate::equal_split(workers as u32, ranks)),
+                &lobster_sched::equal_split(workers as u32, ranks),
                 if config.execution.workers_per_rank() {
                     decode::queue::TakeRule::OwnRank
                 } else {

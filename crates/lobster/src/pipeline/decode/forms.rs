@@ -17,7 +17,7 @@ use crate::emulate::StorageEmulation;
 use crate::error::Cause;
 use crate::metrics::FormCostsReport;
 use crate::pipeline::access::AccessLanding;
-use crate::pipeline::io::landing::DecodedImage;
+use crate::pipeline::landing::DecodedImage;
 
 /// The first stage: a sample's bytes to its full-resolution image.
 pub(crate) type StageDecode = Arc<dyn Fn(&[u8], &SampleMeta) -> Result<Image, Cause> + Send + Sync>;

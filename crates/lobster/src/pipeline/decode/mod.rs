@@ -14,7 +14,7 @@ use crate::error::{Cause, Error};
 use crate::pipeline::access::{self, Access, AccessLanding, Read, Ready};
 use crate::pipeline::context::Context;
 use crate::pipeline::io::blocking::{blocking_read, resident_read, OnWorker};
-use crate::pipeline::io::landing::{Loaded, Origin};
+use crate::pipeline::landing::{Loaded, Origin};
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::lock;
 use forms::{decode_in_stages, finish_cached, Keep};

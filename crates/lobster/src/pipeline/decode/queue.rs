@@ -6,7 +6,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use crate::pipeline::access::Ready;
-use crate::pipeline::plan::layout::Layout;
+use crate::pipeline::layout::Layout;
 use crate::pipeline::sync::{lock, StopSignal};
 
 // Queues are min-heaps on the stream position, so the oldest iteration is served first.
@@ -61,12 +61,13 @@ pub(crate) struct DecodeQueues {
 }
 
 impl DecodeQueues {
-    pub(crate) fn new(ranks: usize, assignment: Vec<usize>, rule: TakeRule) -> Self {
+    /// `threads`: decode threads per rank, the workers assigned in rank order.
+    pub(crate) fn new(ranks: usize, threads: &[u32], rule: TakeRule) -> Self {
         DecodeQueues {
             rule,
             state: Mutex::new(Queues {
                 by_rank: (0..ranks).map(|_| BinaryHeap::new()).collect(),
-                assignment,
+                assignment: spread(threads),
                 sleepers: 0,
             }),
             cv: Condvar::new(),
@@ -89,8 +90,9 @@ impl DecodeQueues {
         }
     }
 
-    pub(crate) fn set_assignment(&self, assignment: Vec<usize>) {
-        lock(&self.state).assignment = assignment;
+    /// Reassigns the workers: `threads` per rank, in rank order.
+    pub(crate) fn set_assignment(&self, threads: &[u32]) {
+        lock(&self.state).assignment = spread(threads);
     }
 
     /// Takes the next tasks for worker `w` into `out` (empty on entry), waiting while there
@@ -167,5 +169,25 @@ impl DecodeQueues {
     pub(crate) fn wake(&self) {
         drop(lock(&self.state));
         self.cv.notify_all();
+    }
+}
+
+/// Per-rank thread counts to a worker-to-rank assignment.
+fn spread(threads: &[u32]) -> Vec<usize> {
+    threads
+        .iter()
+        .enumerate()
+        .flat_map(|(r, &t)| std::iter::repeat_n(r, t as usize))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_go_to_ranks_in_rank_order_by_their_counts() {
+        assert_eq!(spread(&[2, 0, 1]), vec![0, 0, 2]);
+        assert!(spread(&[0, 0]).is_empty());
     }
 }

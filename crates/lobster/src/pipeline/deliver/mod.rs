@@ -9,7 +9,7 @@ use crate::batch::Batch;
 use crate::error::Error;
 use crate::faults::OnError;
 use crate::metrics::SkippedSample;
-use crate::pipeline::plan::layout::EpochEnds;
+use crate::pipeline::layout::EpochEnds;
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::{lock, stopped};
 use reorder::NoBatch;

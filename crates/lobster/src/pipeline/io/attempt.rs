@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::landing::Loaded;
 use crate::dataset::SampleMeta;
 use crate::emulate::{Device, StorageEmulation};
 use crate::error::{Cause, Error};
 use crate::faults::{self, AttemptFaults, FaultInjection, READ_ATTEMPTS};
+use crate::pipeline::landing::Loaded;
 
 /// Counts of the fault paths, touched only when something fails or faults are injected.
 #[derive(Debug, Default)]

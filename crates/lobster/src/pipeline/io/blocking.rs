@@ -10,9 +10,9 @@ use bytes::Bytes;
 use lobster_uring::Resident;
 
 use super::attempt::{Attempt, Fate, ReadFailure};
-use super::landing::{Loaded, LARGE_FROM_BYTES};
 use crate::dataset::SampleMeta;
 use crate::pipeline::context::Context;
+use crate::pipeline::landing::{Loaded, LARGE_FROM_BYTES};
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::{lock, stopped};
 use lobster_sched::Tier;

@@ -11,7 +11,6 @@
 pub(super) mod attempt;
 pub(super) mod blocking;
 pub(super) mod dirs;
-pub(super) mod landing;
 pub(super) mod order;
 
 use std::cmp::Reverse;
@@ -27,11 +26,11 @@ use crate::config::IoOrder;
 use crate::error::Error;
 use crate::pipeline::access::{self, Access, Ready};
 use crate::pipeline::context::Context;
-use crate::pipeline::plan::allocate::equal_split;
+use crate::pipeline::landing::{Loaded, Origin};
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::{lock, stopped};
 use attempt::{Attempt, Fate, ReadFailure};
-use landing::{Loaded, Origin};
+use lobster_sched::equal_split;
 use order::{next_read, ToDispatcher};
 
 /// The longest the dispatcher sleeps without looking at its queue and the stop flag.

@@ -78,7 +78,7 @@ pub(crate) fn next_read(
 mod tests {
     use super::*;
     use crate::pipeline::access::{Read, StorageRead};
-    use crate::pipeline::plan::allocate::equal_split;
+    use lobster_sched::equal_split;
     use rand::{Rng, SeedableRng};
 
     fn request(seq: u64, step: u64, rank: usize, finish_ppm: u32, bytes: u64) -> Access {

@@ -12,8 +12,8 @@ use lobster_sched::Tier;
 
 use crate::pipeline::access::{self, Access};
 use crate::pipeline::context::Context;
-use crate::pipeline::io::landing::Origin;
 use crate::pipeline::io::order::ToDispatcher;
+use crate::pipeline::landing::Origin;
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::lock;
 

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use lobster_cache::{Planner, PolicyKind};
 
 use crate::error::Error;
-use crate::pipeline::plan::layout::{Head, Layout};
+use crate::pipeline::layout::{Head, Layout};
 use crate::sampler::{DistributedSampler, EpochOrder};
 
 /// No peer serves the access.

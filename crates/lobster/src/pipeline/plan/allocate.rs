@@ -54,39 +54,3 @@ pub(crate) fn allocate(
         predicted_imbalance: report.after,
     })
 }
-
-/// `budget` split as evenly as possible over `ranks`, the remainder to the first ranks.
-pub(crate) fn equal_split(budget: u32, ranks: usize) -> Vec<u32> {
-    let n = ranks as u32;
-    (0..n)
-        .map(|r| budget / n + u32::from(r < budget % n))
-        .collect()
-}
-
-/// Per-rank thread counts to a worker-to-rank assignment.
-pub(crate) fn spread(threads: &[u32]) -> Vec<usize> {
-    threads
-        .iter()
-        .enumerate()
-        .flat_map(|(r, &t)| std::iter::repeat_n(r, t as usize))
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn equal_split_differs_by_at_most_one_and_sums_to_the_budget() {
-        for budget in 0..40u32 {
-            for ranks in 1..9 {
-                let s = equal_split(budget, ranks);
-                assert_eq!(s.len(), ranks);
-                assert_eq!(s.iter().sum::<u32>(), budget);
-                let (lo, hi) = (s.iter().min().unwrap(), s.iter().max().unwrap());
-                assert!(hi - lo <= 1, "{budget} over {ranks}: {s:?}");
-            }
-        }
-        assert_eq!(spread(&[2, 0, 1]), vec![0, 0, 2]);
-    }
-}

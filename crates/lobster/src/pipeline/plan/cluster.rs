@@ -13,7 +13,7 @@ use lobster_cache::{
 
 use crate::error::Error;
 use crate::metrics::{ClusterEpochMetrics, ClusterPlanMetrics};
-use crate::pipeline::plan::layout::Layout;
+use crate::pipeline::layout::Layout;
 use crate::sampler::SamplerOrders;
 
 /// The global plan, walked up to this node's next access.

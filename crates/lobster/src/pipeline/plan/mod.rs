@@ -5,7 +5,6 @@
 
 pub(super) mod allocate;
 pub(super) mod cluster;
-pub(super) mod layout;
 pub(super) mod progress;
 pub(super) mod read_ahead;
 pub(super) mod read_path;
@@ -24,11 +23,12 @@ use crate::pipeline::access::{Access, AccessLanding, Cached, Read, Ready};
 use crate::pipeline::context::Context;
 use crate::pipeline::deliver::reorder::PendingBatch;
 use crate::pipeline::io::order::{set_read_fractions, ToDispatcher};
+use crate::pipeline::layout::Layout;
 use crate::pipeline::peers::fetch;
 use crate::pipeline::peers::ServedLandings;
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::lock;
-use allocate::{allocate, spread, AccessLoad};
+use allocate::{allocate, AccessLoad};
 pub(crate) use read_ahead::budget_bytes as read_ahead_budget_bytes;
 use read_ahead::ReadAhead;
 use read_path::ResidentGate;
@@ -36,8 +36,8 @@ use read_path::ResidentGate;
 /// The policy deciding the cache: one form (encoded bytes), two (with a decoded tier), or
 /// this node's share of the nodes' caches planned as one.
 enum Decider {
-    Encoded(Box<Planner<layout::Layout>>),
-    Forms(Box<FormPlanner<layout::Layout>>),
+    Encoded(Box<Planner<Layout>>),
+    Forms(Box<FormPlanner<Layout>>),
     Cluster(Box<cluster::NodeShare>),
 }
 
@@ -404,7 +404,7 @@ pub(crate) fn planner<T: Send + 'static>(
                         io_depth: record.io_depth.clone(),
                     });
                 }
-                state.decode.set_assignment(spread(&record.decode_threads));
+                state.decode.set_assignment(&record.decode_threads);
                 lock(&state.collector).allocation(record);
             }
             open_batches(ctx, state, &window, (epoch, first, last), issued);

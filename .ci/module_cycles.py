@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Fails if files of a crate import each other, directly or around a loop.
+"""Fails if files of a crate import each other, directly or around a loop, or its folders do.
 
-Usage: .ci/module_cycles.py CRATE_SRC_DIR...
+Usage: .ci/module_cycles.py [--level files|folders|both] CRATE_SRC_DIR...
 
-Each `.rs` file is a module: `src/a/b.rs` and `src/a/b/mod.rs` are `a::b`; `lib.rs` and
+Two checks run, both by default (`--level` picks one); a loop found by either fails.
+
+Files. Each `.rs` file is a module: `src/a/b.rs` and `src/a/b/mod.rs` are `a::b`; `lib.rs` and
 `main.rs` are the root "". The root is left out of the cycles: it is the crate's facade (its
 re-exports resolve to the modules below), and the home of crate-wide items such as a
 `pub type SampleId` that every module names, so with it nearly every module would loop.
@@ -22,15 +24,38 @@ and `pipeline` as well, since the name is read through that file's imports (chai
 are followed, private ones too since a child may name its parent's private imports). So
 `holders -> pipeline -> pipeline::peers -> holders` is a cycle when `holders` names
 `crate::pipeline::Layout` and `pipeline/mod.rs` re-exports from `peers`: name an item by the
-file that defines it to depend on that file alone. A glob `use x::*` resolves a name through `x` when `x` has it, and
-to `x` itself when nothing finds it. A name that resolves to nothing (an item the parser
-missed, or one a macro makes) names the module the path reached; a `use` of an extern crate's
-name names nothing. So a module's own use of its children is an edge `m -> m::child`, a
-child's `super::Name` is an edge to the sibling the parent re-exports `Name` from, and only a
-reference to an item defined in the parent's file is an edge to the parent.
+file that defines it to depend on that file alone. A glob `use x::*` resolves a name through
+`x` when `x` has it, and to `x` itself when nothing finds it. A name that resolves to nothing
+(an item the parser missed, or one a macro makes) names the module the path reached; a `use`
+of an extern crate's name names nothing. So a module's own use of its children is an edge
+`m -> m::child`, a child's `super::Name` is an edge to the sibling the parent re-exports
+`Name` from, and only a reference to an item defined in the parent's file is an edge to the
+parent.
 
-Prints `ROOT: import cycle: a -> b -> a` for each cycle found; exits 1 if any, 0 otherwise.
+Folders. The same edges, with each file collapsed into the folder that holds it, one folder
+at a time. A folder is a module with files below it: the root, `a/` (for `a/mod.rs`, or `a.rs`
+beside `a/`), `a/b/`. Each folder D has a graph of its own. Its nodes are D's children: each
+subfolder is one node, holding every file under it (its own `mod.rs` too), and each other
+file in D is one node. D's own file (its `mod.rs`, `a.rs`, `lib.rs` or `main.rs`) is the
+parent, not a node. Each edge of the file check, from file F to a file G its code names, is
+an edge in one graph: that of the deepest folder holding both, from the child of it that
+holds F to the child that holds G. So `a/x.rs` naming `crate::b::y::Y` is `a/ -> b/` in the
+root's graph, and no edge inside `a/` or `b/`; `d/a/x.rs` naming `super::super::b::Y` (or
+`crate::d::b::Y`, or `Y` after `use crate::d::{b::Y, c}`) is `a/ -> b/` in `d/`'s graph.
+- The parent's uses of what is below it are no edge: the parent is the folder's facade, and
+  puts its children together. Nor is a child's use of an item defined in the parent's own
+  file: with the parent a node, each child that names it would loop with it. Loops between a
+  parent and its children are the file check's to find (`m -> m::child -> m`).
+- Re-exports are read as in the file check: a child's `super::Name` or `crate::d::Name`,
+  where the parent re-exports `Name` from a sibling, is an edge to that sibling, the one that
+  defines `Name` (and to any other sibling whose re-export of it the path passes through).
+
+Prints `ROOT: import cycle: a -> b -> a` for each cycle between files, and for each cycle
+between the children of a folder DIR, `DIR: folder import cycle: x/ -> y.rs -> x/` and then
+one line per edge with the first use that makes it (`FILE:LINE names PATH`, and how many uses
+there are), to show what to move. Exits 1 if any cycle was found, 0 otherwise.
 """
+import argparse
 import os
 import sys
 
@@ -46,13 +71,22 @@ def is_ident(tok):
     return bool(tok) and (tok[0].isalpha() or tok[0] == "_")
 
 
-def tokens(src):
+def tokens(src, lines=None):
     """The identifiers and punctuation of Rust source, without comments and literals.
 
     `::` is one token; a lifetime or label is `'name`, so `'static` is not a keyword; strings,
-    chars and numbers vanish, so what they contain is never taken for a path.
+    chars and numbers vanish, so what they contain is never taken for a path. With `lines`,
+    the line number of each token is appended to it.
     """
     out, i, n = [], 0, len(src)
+    at = [0, 1]  # a position in src, and its line: tokens come in order, so count onwards
+
+    def emit(tok, start):
+        out.append(tok)
+        if lines is not None:
+            at[1] += src.count("\n", at[0], start)
+            at[0] = start
+            lines.append(at[1])
 
     def skip_string(j):  # src[j] is the opening quote of a string with escapes
         j += 1
@@ -99,7 +133,7 @@ def tokens(src):
                 k = i + 1
                 while k < n and (src[k].isalnum() or src[k] == "_"):
                     k += 1
-                out.append(src[i:k])
+                emit(src[i:k], i)
                 i = k
         elif c.isdigit():
             while i < n and (src[i].isalnum() or src[i] == "_"):
@@ -116,7 +150,7 @@ def tokens(src):
                     m = k
                     while m < n and (src[m].isalnum() or src[m] == "_"):
                         m += 1
-                    out.append(src[k:m])
+                    emit(src[k:m], k)
                     i = m
                 else:
                     i = skip_raw(k - 1)
@@ -131,13 +165,13 @@ def tokens(src):
                     m += 1
                 i = m + 1
             else:
-                out.append(word)
+                emit(word, i)
                 i = k
         elif src.startswith("::", i):
-            out.append("::")
+            emit("::", i)
             i += 2
         else:
-            out.append(c)
+            emit(c, i)
             i += 1
     return out
 
@@ -155,13 +189,17 @@ class Scope:
 class Parser:
     """Reads one file into the scopes of its module and of its inline modules."""
 
-    def __init__(self, crate, module, toks):
+    def __init__(self, crate, module, toks, lines=None):
         self.crate, self.toks, self.i = crate, toks, 0
+        self.lines = lines or []  # the line of each token
         # (logical module, brace depth its items are at)
         self.stack = [(module, 0)]
         self.depth = 0
         self.file = module
         self.refs = crate.refs.setdefault(module, [])
+
+    def line(self, j):
+        return self.lines[j] if 0 <= j < len(self.lines) else 0
 
     def tok(self, k=0):
         j = self.i + k
@@ -280,7 +318,7 @@ class Parser:
         # `pub(in crate::a)` restricts visibility; it depends on nothing.
         if self.toks[max(start - 3, 0) : start] == ["pub", "(", "in"]:
             return
-        self.refs.append((self.module, tuple(segs)))
+        self.refs.append((self.module, tuple(segs), self.line(start)))
 
     def use_declaration(self):
         """Records the leaves of the use tree at self.i, up to its `;`."""
@@ -294,7 +332,7 @@ class Parser:
                 t = self.tok()
                 if t == "*":
                     self.i += 1
-                    leaves.append((prefix + segs, "*"))
+                    leaves.append((prefix + segs, "*", self.line(self.i - 1)))
                     return
                 if t == "{":
                     self.i += 1
@@ -311,14 +349,14 @@ class Parser:
                 if self.tok() == "::":
                     self.i += 1
                     continue
-                path = prefix + segs
+                path, line = prefix + segs, self.line(self.i - 1)
                 if segs == ["self"] and prefix:  # `use a::{self}` names `a`
                     path = prefix
                 name = path[-1]
                 if self.tok() == "as":
                     name = self.tok(1)
                     self.i += 2
-                leaves.append((path, name))
+                leaves.append((path, name, line))
                 return
 
         if self.tok() == "::":  # `use ::extern_crate::..`
@@ -329,10 +367,10 @@ class Parser:
         while self.tok() not in (";", ""):
             self.i += 1
         scope = self.scope() if self.at_item_level() else None
-        for path, name in leaves:
+        for path, name, line in leaves:
             if not path:
                 continue
-            self.refs.append((self.module, tuple(path)))
+            self.refs.append((self.module, tuple(path), line))
             if scope is None:  # a `use` in a block names nothing for other modules
                 continue
             if name == "*":
@@ -348,8 +386,9 @@ MOD, ITEM, EXTERNAL = "mod", "item", "external"
 class Crate:
     def __init__(self, root):
         self.scopes = {}  # logical module (a tuple of names) -> Scope
-        self.refs = {}  # file module -> [(logical module the path is in, path)]
+        self.refs = {}  # file module -> [(logical module the path is in, path, line)]
         self.files = set()
+        self.paths = {}  # file module -> its file, relative to the crate's src
         self.test_children = set()  # modules declared `#[cfg(test)] mod x;`
         self.test_modules = set()  # files marked `#![cfg(test)]`
         for dirpath, dirs, names in os.walk(root):
@@ -357,11 +396,15 @@ class Crate:
             for f in sorted(names):
                 if f.endswith(".rs"):
                     path = os.path.join(dirpath, f)
-                    module = module_of(os.path.relpath(path, root))
+                    rel = os.path.relpath(path, root)
+                    module = module_of(rel)
                     self.files.add(module)
+                    self.paths[module] = rel
                     self.scope(module)
                     with open(path, encoding="utf-8", errors="replace") as src:
-                        Parser(self, module, tokens(src.read())).parse()
+                        lines = []
+                        toks = tokens(src.read(), lines)
+                        Parser(self, module, toks, lines).parse()
 
     def scope(self, module):
         return self.scopes.setdefault(module, Scope())
@@ -436,25 +479,65 @@ class Crate:
             module = module[:-1]
         return module
 
-    def graph(self):
-        """File module name -> the file modules its code names (the root excluded)."""
-        graph = {}
-        for module in sorted(self.files):
-            if not module or self.is_test(module):
-                continue
-            deps = set()
-            for where, path in self.refs.get(module, ()):
+    def checked(self):
+        """The file modules the checks look at: all but the root and test-only files."""
+        return sorted(m for m in self.files if m and not self.is_test(m))
+
+    def uses(self):
+        """(file module, file module it names, line, path) for each path in a checked file's
+        code, and each other checked file the path names."""
+        for module in self.checked():
+            for where, path, line in self.refs.get(module, ()):
                 via = set()
                 kind, target = self.resolve(where, path, via=via)
                 if kind == EXTERNAL:
                     continue
                 # A name re-exported by another file is named through that file too: its
                 # imports are part of what this one reads.
-                for dep in {self.file_of(target)} | {self.file_of(v) for v in via}:
+                for dep in sorted({self.file_of(target)} | {self.file_of(v) for v in via}):
                     if dep and dep != module and not self.is_test(dep):
-                        deps.add(dep)
-            graph[name_of(module)] = {name_of(d) for d in deps}
+                        yield module, dep, line, path
+
+    def graph(self):
+        """File module name -> the file modules its code names (the root excluded)."""
+        graph = {name_of(m): set() for m in self.checked()}
+        for module, dep, _, _ in self.uses():
+            graph[name_of(module)].add(name_of(dep))
         return graph
+
+    def folder_graphs(self):
+        """Folder module -> the graph of its children: child -> child it names -> the uses
+        that name it, [(file module, line, path)] in file and line order.
+
+        A folder is any module with files below it (the root too); its children are the
+        next names of the checked files below it: a file, or a folder with all under it.
+        A use counts at the one folder where its two files part, and not at all when one
+        file is the folder's own file (`mod.rs`) of a folder that holds the other.
+        """
+        folders = {}
+        for module in self.checked():
+            for k in range(len(module)):
+                folders.setdefault(module[:k], {}).setdefault(module[k], {})
+        for module, dep, line, path in self.uses():
+            k = 0
+            while k < min(len(module), len(dep)) and module[k] == dep[k]:
+                k += 1
+            if k == len(module) or k == len(dep):  # a folder's file and what is under it
+                continue
+            named = folders[module[:k]][module[k]]
+            named.setdefault(dep[k], set()).add((module, line, path))
+        for children in folders.values():
+            for named in children.values():
+                for b, found in named.items():
+                    named[b] = sorted(found, key=lambda u: (self.paths[u[0]], u[1], u[2]))
+        return folders
+
+    def child_label(self, folder, child):
+        """How a child of `folder` is shown: `name/` for a folder, else its file's name."""
+        module = folder + (child,)
+        if any(len(m) > len(module) and m[: len(module)] == module for m in self.checked()):
+            return child + "/"
+        return os.path.relpath(self.paths[module], os.path.join(*folder) if folder else ".")
 
 
 def module_of(rel):
@@ -489,12 +572,54 @@ def cycles(graph):
     return found
 
 
-def main(roots):
+def folder_cycles(crate, root):
+    """The report of each loop between the children of a folder of the crate: a heading line,
+    then one line per edge with the first use that makes it."""
+    reports = []
+    for folder, children in sorted(crate.folder_graphs().items()):
+        for c in cycles(children):
+            where = os.path.join(root, *folder)
+            loop = " -> ".join(crate.child_label(folder, n) for n in c)
+            lines = [f"{where}: folder import cycle: {loop}"]
+            for a, b in zip(c, c[1:]):
+                found = children[a][b]
+                module, line, path = found[0]
+                more = f" (1 of {len(found)} uses)" if len(found) > 1 else ""
+                lines.append(
+                    f"    {crate.child_label(folder, a)} -> {crate.child_label(folder, b)}: "
+                    f"{os.path.join(root, crate.paths[module])}:{line} names "
+                    f"{'::'.join(path)}{more}"
+                )
+            reports.append("\n".join(lines))
+    return reports
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(
+        description="Fails if the files, or the folders, of a crate import each other."
+    )
+    parser.add_argument(
+        "--level",
+        choices=("files", "folders", "both"),
+        default="both",
+        help="which check to run (default: both)",
+    )
+    parser.add_argument("roots", nargs="+", metavar="CRATE_SRC_DIR")
+    args = parser.parse_args(argv)
+    for root in args.roots:
+        if not os.path.isdir(root):
+            parser.error(f"{root} is not a directory")
     failed = False
-    for root in roots:
-        for c in cycles(Crate(root).graph()):
-            print(f"{root}: import cycle: {' -> '.join(c)}")
-            failed = True
+    for root in args.roots:
+        crate = Crate(root)
+        if args.level in ("files", "both"):
+            for c in cycles(crate.graph()):
+                print(f"{root}: import cycle: {' -> '.join(c)}")
+                failed = True
+        if args.level in ("folders", "both"):
+            for report in folder_cycles(crate, root):
+                print(report)
+                failed = True
     return 1 if failed else 0
 
 

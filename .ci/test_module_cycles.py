@@ -60,9 +60,26 @@ class Crate:
     def cycles(self):
         return mc.cycles(self.graph())
 
-    def run(self):
+    def folder_graphs(self):
+        """Folder ("a/b", "" for the root) -> child -> the children it names, children shown
+        as the checker shows them (`x/` for a folder, `x.rs` for a file)."""
+        crate = mc.Crate(self.root)
+        return {
+            "/".join(folder): {
+                crate.child_label(folder, a): {crate.child_label(folder, b) for b in named}
+                for a, named in children.items()
+            }
+            for folder, children in crate.folder_graphs().items()
+        }
+
+    def folder_cycles(self):
+        """Folder -> the cycles found between its children, for the folders with any."""
+        found = {f: mc.cycles(g) for f, g in self.folder_graphs().items()}
+        return {f: c for f, c in found.items() if c}
+
+    def run(self, *args):
         return subprocess.run(
-            [sys.executable, CHECKER, self.root], capture_output=True, text=True
+            [sys.executable, CHECKER, *args, self.root], capture_output=True, text=True
         )
 
 
@@ -87,6 +104,18 @@ class Case(unittest.TestCase):
 
     def assertNoCycle(self, crate):
         self.assertEqual(crate.cycles(), [], crate.graph())
+
+    def assertFolderCycle(self, crate, folder, *loop):
+        """That the children of `folder` ("" for the root) have the loop, in any rotation."""
+        found = [c[:-1] for c in crate.folder_cycles().get(folder, [])]
+        rotations = [list(loop[i:] + loop[:i]) for i in range(len(loop))]
+        self.assertTrue(
+            any(c in rotations for c in found),
+            f"no cycle {' -> '.join(loop)} in {folder or 'the root'}: {crate.folder_cycles()}",
+        )
+
+    def assertNoFolderCycle(self, crate):
+        self.assertEqual(crate.folder_cycles(), {}, crate.folder_graphs())
 
 
 class ReExports(Case):
@@ -374,21 +403,330 @@ class NotCode(Case):
         self.assertCycle(crate, "a", "b")
 
 
+# Stages that import forward only: plan -> io -> deliver, and every stage -> state.rs, which
+# names no stage. Each parent's mod.rs puts its children together and re-exports from them.
+FORWARD = {
+    "lib.rs": "mod pipeline;\nmod metrics;\npub type SampleId = u32;\n",
+    "metrics.rs": "pub struct Collector;\n",
+    "pipeline/mod.rs": """
+        mod deliver;
+        mod io;
+        mod plan;
+        mod state;
+
+        pub(crate) use deliver::Batch;
+        pub(crate) use io::order::Order;
+        use crate::metrics::Collector;
+
+        pub struct Pipeline {
+            plan: plan::Planner,
+            metrics: Collector,
+        }
+    """,
+    "pipeline/state.rs": "pub struct State(pub crate::SampleId);\n",
+    "pipeline/plan/mod.rs": """
+        mod layout;
+        pub(crate) use layout::Layout;
+
+        use super::io::order::Order;
+        use crate::pipeline::{deliver::Batch, state::State};
+
+        pub struct Planner(Layout, Order, Batch, State);
+    """,
+    "pipeline/plan/layout.rs": "pub struct Layout(crate::SampleId);\n",
+    "pipeline/io/mod.rs": "pub(crate) mod order;\nmod landing;\n",
+    "pipeline/io/order.rs": """
+        use super::landing::Landing;
+        use crate::pipeline::deliver::reorder::Reorder;
+
+        pub struct Order(Landing, Reorder, super::super::state::State);
+    """,
+    "pipeline/io/landing.rs": "pub struct Landing;\n",
+    "pipeline/deliver/mod.rs": """
+        pub(crate) mod reorder;
+
+        pub struct Batch(reorder::Reorder, crate::pipeline::state::State);
+    """,
+    "pipeline/deliver/reorder.rs": "pub struct Reorder;\n",
+}
+
+
+class Folders(Case):
+    def test_two_folders_naming_each_other(self):
+        crate = self.crate(
+            {
+                "lib.rs": "mod a;\nmod b;\n",
+                "a/mod.rs": "pub mod x;\n",
+                "a/x.rs": "use crate::b::y;\npub struct X;\nfn f() { y::g() }\n",
+                "b/mod.rs": "pub mod y;\n",
+                "b/y.rs": "use crate::a::x;\npub fn g() -> x::X { x::X }\n",
+            }
+        )
+        self.assertEqual(crate.folder_graphs()[""], {"a/": {"b/"}, "b/": {"a/"}})
+        self.assertFolderCycle(crate, "", "a/", "b/")
+
+    def test_two_folders_whose_files_do_not_loop(self):
+        # a::x -> b::y and b::z -> a::w: no loop between files, one between their folders.
+        crate = self.crate(
+            {
+                "lib.rs": "mod a;\nmod b;\n",
+                "a/mod.rs": "pub mod w;\npub mod x;\n",
+                "a/w.rs": "pub struct W;\n",
+                "a/x.rs": "pub struct X(crate::b::y::Y);\n",
+                "b/mod.rs": "pub mod y;\npub mod z;\n",
+                "b/y.rs": "pub struct Y;\n",
+                "b/z.rs": "use crate::a::w::W;\npub struct Z(W);\n",
+            }
+        )
+        self.assertNoCycle(crate)
+        self.assertFolderCycle(crate, "", "a/", "b/")
+        # And nothing inside either folder: each use counts where its files part.
+        self.assertEqual(crate.folder_graphs()["a"], {"w.rs": set(), "x.rs": set()})
+
+    def test_a_file_beside_folders(self):
+        # state.rs names two stage folders, and each stage names state.rs.
+        crate = self.crate(
+            {
+                "lib.rs": "mod p;\n",
+                "p/mod.rs": "mod io;\nmod plan;\nmod state;\n",
+                "p/state.rs": """
+                    use crate::p::io::order::Order;
+                    use super::plan::progress::Progress;
+                    pub struct State(Order, Progress);
+                """,
+                "p/io/mod.rs": "pub mod order;\nmod blocking;\n",
+                "p/io/order.rs": "pub struct Order;\n",
+                "p/io/blocking.rs": "fn f(_: &crate::p::state::State) {}\n",
+                "p/plan/mod.rs": "pub mod progress;\n",
+                "p/plan/progress.rs": "pub struct Progress;\n",
+                "p/plan/read_ahead.rs": "use crate::p::state::State;\n",
+            }
+        )
+        self.assertNoCycle(crate)
+        self.assertEqual(
+            crate.folder_graphs()["p"],
+            {"io/": {"state.rs"}, "plan/": {"state.rs"}, "state.rs": {"io/", "plan/"}},
+        )
+        self.assertFolderCycle(crate, "p", "io/", "state.rs")
+        self.assertFolderCycle(crate, "p", "plan/", "state.rs")
+
+    def test_a_loop_through_a_file_and_two_folders(self):
+        crate = self.crate(
+            {
+                "lib.rs": "mod a;\nmod b;\nmod s;\n",
+                "a/mod.rs": "pub mod x;\n",
+                "a/x.rs": "pub struct X(crate::s::S);\n",
+                "s.rs": "pub struct S(crate::b::y::Y);\n",
+                "b/mod.rs": "pub mod y;\npub mod z;\n",
+                "b/y.rs": "pub struct Y;\n",
+                "b/z.rs": "fn f() -> crate::a::x::X { todo!() }\n",
+            }
+        )
+        self.assertNoCycle(crate)
+        self.assertFolderCycle(crate, "", "a/", "s.rs", "b/")
+
+    def test_super_paths(self):
+        crate = self.crate(
+            {
+                "lib.rs": "mod m;\n",
+                "m/mod.rs": "mod a;\nmod b;\n",
+                "m/a/mod.rs": "mod w;\nmod x;\n",
+                "m/a/w.rs": "pub struct W;\n",
+                "m/a/x.rs": "use super::super::b::y::Y;\n",
+                "m/b/mod.rs": "mod y;\nmod z;\n",
+                "m/b/y.rs": "pub struct Y;\n",
+                "m/b/z.rs": "fn f() { let _ = super::super::a::w::W; }\n",
+            }
+        )
+        self.assertNoCycle(crate)
+        self.assertEqual(crate.folder_graphs()["m"], {"a/": {"b/"}, "b/": {"a/"}})
+        self.assertFolderCycle(crate, "m", "a/", "b/")
+
+    def test_a_grouped_use(self):
+        crate = self.crate(
+            {
+                "lib.rs": "mod m;\n",
+                "m/mod.rs": "mod a;\nmod b;\nmod c;\n",
+                "m/c.rs": "pub struct C;\n",
+                "m/a/mod.rs": "mod w;\nmod x;\n",
+                "m/a/w.rs": "pub struct W;\n",
+                "m/a/x.rs": "use crate::m::{\n    c::C,\n    b::{y::Y, self},\n};\n",
+                "m/b/mod.rs": "mod y;\nmod z;\n",
+                "m/b/y.rs": "pub struct Y;\n",
+                "m/b/z.rs": "use super::super::{a::{w::W}, c};\n",
+            }
+        )
+        self.assertNoCycle(crate)
+        self.assertEqual(
+            crate.folder_graphs()["m"], {"a/": {"b/", "c.rs"}, "b/": {"a/", "c.rs"}, "c.rs": set()}
+        )
+        self.assertFolderCycle(crate, "m", "a/", "b/")
+
+    def test_a_sibling_reached_through_the_parents_re_export(self):
+        crate = self.crate(
+            {
+                "lib.rs": "mod m;\n",
+                "m/mod.rs": "mod a;\nmod b;\npub(crate) use b::y::Y;\n",
+                "m/a/mod.rs": "pub mod x;\n",
+                "m/a/x.rs": "pub struct X(super::super::Y);\n",
+                "m/b/mod.rs": "pub mod y;\nmod z;\n",
+                "m/b/y.rs": "pub struct Y;\n",
+                "m/b/z.rs": "use crate::m::a::x::X;\n",
+            }
+        )
+        self.assertEqual(crate.folder_graphs()["m"], {"a/": {"b/"}, "b/": {"a/"}})
+        self.assertFolderCycle(crate, "m", "a/", "b/")
+
+    def test_forward_only_stages_pass(self):
+        crate = self.crate(FORWARD)
+        self.assertEqual(
+            crate.folder_graphs()["pipeline"],
+            {
+                "plan/": {"io/", "deliver/", "state.rs"},
+                "io/": {"deliver/", "state.rs"},
+                "deliver/": {"state.rs"},
+                "state.rs": set(),
+            },
+        )
+        self.assertNoCycle(crate)
+        self.assertNoFolderCycle(crate)
+        result = crate.run()
+        self.assertEqual((result.returncode, result.stdout, result.stderr), (0, "", ""))
+
+    def test_a_parent_using_its_children_is_no_loop(self):
+        files = dict(FORWARD)
+        # pipeline/mod.rs already names plan, io and deliver; have plan/mod.rs name its file
+        # below in every way too, and a child of pipeline name what it re-exports.
+        files["pipeline/plan/mod.rs"] = files["pipeline/plan/mod.rs"] + (
+            "pub use self::layout::*;\nfn f() -> layout::Layout { todo!() }\n"
+        )
+        files["pipeline/io/order.rs"] = files["pipeline/io/order.rs"].replace(
+            "use crate::pipeline::deliver::reorder::Reorder;",
+            "use crate::pipeline::deliver::reorder::Reorder;\nuse crate::pipeline::Batch;",
+        )
+        crate = self.crate(files)
+        graphs = crate.folder_graphs()
+        self.assertEqual(graphs["pipeline/plan"], {"layout.rs": set()})
+        self.assertEqual(graphs["pipeline"]["io/"], {"deliver/", "state.rs"})
+        self.assertNoFolderCycle(crate)
+        self.assertEqual(crate.run("--level", "folders").returncode, 0)
+        # Between files, io::order reads pipeline/mod.rs's imports, and pipeline names it.
+        self.assertCycle(crate, "pipeline", "pipeline::io::order")
+
+    def test_an_item_of_the_parents_own_file_is_no_edge(self):
+        crate = self.crate(
+            {
+                "lib.rs": "mod m;\n",
+                "m/mod.rs": "mod a;\nmod b;\npub struct Home(a::x::X, b::B);\n",
+                "m/a/mod.rs": "pub mod x;\n",
+                "m/a/x.rs": "pub struct X;\nfn f(_: &super::super::Home) {}\n",
+                "m/b.rs": "pub struct B(crate::m::Home);\n",
+            }
+        )
+        self.assertEqual(crate.folder_graphs()["m"], {"a/": set(), "b.rs": set()})
+        self.assertNoFolderCycle(crate)
+        # Parent and child loop, which the file check finds.
+        self.assertCycle(crate, "m", "m::b")
+
+    def test_a_folder_beside_its_file(self):
+        # `a.rs` with `a/` beside it (no mod.rs) is the folder `a/` too.
+        crate = self.crate(
+            {
+                "main.rs": "mod a;\nmod s;\n",
+                "a.rs": "mod x;\n",
+                "a/x.rs": "pub struct X(crate::s::S);\n",
+                "s.rs": "pub struct S;\nfn f(_: crate::a::x::X) {}\n",
+            }
+        )
+        self.assertFolderCycle(crate, "", "a/", "s.rs")
+
+    def test_test_code_does_not_count(self):
+        crate = self.crate(
+            {
+                "lib.rs": "mod a;\nmod b;\n",
+                "a/mod.rs": "pub mod x;\n#[cfg(test)]\nmod tests;\n",
+                "a/x.rs": "pub struct X(crate::b::y::Y);\n",
+                "a/tests.rs": "use crate::b::*;\n",
+                "b/mod.rs": "pub mod y;\n",
+                "b/y.rs": "pub struct Y;\n#[cfg(test)]\nmod tests { use crate::a::x::X; }\n",
+            }
+        )
+        self.assertEqual(crate.folder_graphs()[""], {"a/": {"b/"}, "b/": set()})
+        self.assertNoFolderCycle(crate)
+
+    def test_the_planted_pipeline_loop_is_one_between_folders_too(self):
+        self.assertFolderCycle(self.crate(PIPELINE), "", "holders.rs", "pipeline/")
+
+
 class Script(Case):
     def test_an_acyclic_crate_passes(self):
         files = dict(PIPELINE)
         files["pipeline/mod.rs"] = "mod layout;\nmod peers;\n"
-        result = self.crate(files).run()
+        result = self.crate(files).run("--level", "files")
         self.assertEqual((result.returncode, result.stdout, result.stderr), (0, "", ""))
 
     def test_a_cycle_fails_and_is_printed(self):
         crate = self.crate(PIPELINE)
-        result = crate.run()
+        result = crate.run("--level", "files")
         self.assertEqual(result.returncode, 1, result.stderr)
         self.assertEqual(
             result.stdout,
             f"{crate.root}: import cycle: holders -> pipeline -> pipeline::peers -> holders\n",
         )
+
+    def test_a_folder_cycle_fails_and_is_printed_with_a_use_per_edge(self):
+        crate = self.crate(
+            {
+                "lib.rs": "mod p;\n",
+                "p/mod.rs": "mod io;\nmod plan;\n",
+                "p/io/mod.rs": "mod order;\nmod blocking;\n",
+                "p/io/order.rs": """
+                    // The split of a budget.
+                    use super::super::plan::allocate::equal_split;
+                    fn f() { super::super::plan::allocate::equal_split(); }
+                """,
+                "p/io/blocking.rs": "pub struct OnWorker;\n",
+                "p/plan/mod.rs": "mod allocate;\nmod read_ahead;\n",
+                "p/plan/allocate.rs": "pub fn equal_split() {}\n",
+                "p/plan/read_ahead.rs": "\nfn f(_: crate::p::io::blocking::OnWorker) {}\n",
+            }
+        )
+        folders = crate.run("--level", "folders")
+        self.assertEqual(folders.returncode, 1, folders.stderr)
+        p = os.path.join(crate.root, "p")
+        self.assertEqual(
+            folders.stdout,
+            f"{p}: folder import cycle: io/ -> plan/ -> io/\n"
+            f"    io/ -> plan/: {p}/io/order.rs:3 names "
+            "super::super::plan::allocate::equal_split (1 of 2 uses)\n"
+            f"    plan/ -> io/: {p}/plan/read_ahead.rs:2 names "
+            "crate::p::io::blocking::OnWorker\n",
+        )
+        # The files do not loop: only the folder check fails, and by default both run.
+        files = crate.run("--level", "files")
+        self.assertEqual((files.returncode, files.stdout), (0, ""))
+        both = crate.run()
+        self.assertEqual((both.returncode, both.stdout), (1, folders.stdout))
+
+    def test_both_levels_by_default(self):
+        crate = self.crate(PIPELINE)
+        result = crate.run()
+        self.assertEqual(result.returncode, 1, result.stderr)
+        lines = result.stdout.splitlines()
+        self.assertEqual(
+            lines[0],
+            f"{crate.root}: import cycle: holders -> pipeline -> pipeline::peers -> holders",
+        )
+        self.assertEqual(
+            lines[1], f"{crate.root}: folder import cycle: holders.rs -> pipeline/ -> holders.rs"
+        )
+
+    def test_a_missing_directory_is_an_error(self):
+        result = subprocess.run(
+            [sys.executable, CHECKER, "/nonexistent/src"], capture_output=True, text=True
+        )
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("/nonexistent/src is not a directory", result.stderr)
 
 
 if __name__ == "__main__":

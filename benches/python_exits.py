@@ -96,11 +96,13 @@ def run_torchrun(child, data, output, how, scratch):
         if how == "interrupt":
             # Mid-iteration on both ranks (a rank still starting would die of SIGINT before
             # Python is up, silently).
-            seen = set()
+            seen, lines = set(), []
             while seen != {"0", "1"}:
                 line = p.stdout.readline()
                 if not line:
-                    return unclean(f"a rank ended before iterating: {p.stderr.read()[-600:]!r}")
+                    return unclean(f"a rank ended before iterating: rc {p.wait()}, stdout "
+                                   f"{''.join(lines)[-600:]!r}, stderr {p.stderr.read()[-600:]!r}")
+                lines.append(line)
                 if line.startswith("iterating"):
                     seen.add(line.split()[-1])
             # Ctrl-C at a terminal: SIGINT to the whole foreground process group.

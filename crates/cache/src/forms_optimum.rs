@@ -443,8 +443,8 @@ mod tests {
         }
         let mean = sum.map(|s| s / cases as f64);
         eprintln!("rule / optimum over {cases} cases: mean {mean:?}, worst {worst:?}");
-        // Bounds under the figures measured (BENCHMARKS.md): a change that makes the rule
-        // worse on these seeded cases fails here.
+        // Bounds under the figures measured (docs/benchmarks/decoded-tier.md): a change that
+        // makes the rule worse on these seeded cases fails here.
         for (i, choice) in FormChoice::ALL.into_iter().enumerate() {
             assert!(mean[i] >= MEAN_BOUND[i], "{choice}: mean {}", mean[i]);
             assert!(worst[i] >= WORST_BOUND[i], "{choice}: worst {}", worst[i]);

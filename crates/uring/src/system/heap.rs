@@ -32,8 +32,8 @@ impl HeapLimits {
     /// Left to itself, glibc raises the mmap threshold to the size of each large block freed
     /// and the trim threshold to twice that, and never shrinks a thread arena's top below
     /// it: each of the decode threads' arenas keeps the most it ever held, and resident
-    /// memory creeps up for hundreds of epochs as rarer highs come (BENCHMARKS.md, "Soak
-    /// memory over 420 epochs"). Held, an arena keeps at most 1 MiB free at its top, and
+    /// memory creeps up for hundreds of epochs as rarer highs come (docs/benchmarks/
+    /// reliability.md, "Soak memory over 420 epochs"). Held, an arena keeps at most 1 MiB free at its top, and
     /// with one arena per core (threads beyond the cores do not allocate at once) the
     /// arenas' free tops add up to little. Decoded images under 1 MiB still come from the
     /// arenas; the decode-bound run's throughput is unchanged within its spread.

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use lobster_io::cache::gen::{lognormal_sizes, ShuffledStream};
-use lobster_io::cache::{
+use lobster_cache::gen::{lognormal_sizes, ShuffledStream};
+use lobster_cache::{
     Access, LruPolicy, NextUseIndex, Planner, Policy, PolicyKind, ReusePolicy, StaticPolicy,
     StreamSource,
 };

@@ -6,7 +6,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use lobster_io::sched::{AllocConfig, Allocator, Budgets, CostModel, RankLoad, Tier};
+use lobster_sched::{AllocConfig, Allocator, Budgets, CostModel, RankLoad, Tier};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

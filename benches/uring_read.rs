@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
-use lobster_io::uring::{Backend, OpenOptions, ReadRequest, Reader, Session};
+use lobster_uring::{Backend, OpenOptions, ReadRequest, Reader, Session};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -33,7 +33,7 @@ impl Offsets {
     }
 
     /// A read of one block at a random offset of `file`.
-    fn request(&mut self, file: lobster_io::uring::FileId, tag: u64) -> ReadRequest {
+    fn request(&mut self, file: lobster_uring::FileId, tag: u64) -> ReadRequest {
         ReadRequest {
             file,
             offset: self.offset(),
@@ -76,7 +76,7 @@ fn reader(backend: Backend) -> Reader {
         .backend(backend)
         .pread_threads(2)
         .classes(1, DEPTH)
-        .pool_bytes(2 * DEPTH * lobster_io::uring::block_bytes(BS))
+        .pool_bytes(2 * DEPTH * lobster_uring::block_bytes(BS))
         .max_read_bytes(BS)
         .build()
         .expect("building the reader")
@@ -96,7 +96,7 @@ fn run_read_at(file: &File, rng: &mut Offsets, n: u64) -> Duration {
 /// `n` reads through a session, `depth` in flight, resubmitted once per reap.
 fn run_session(
     session: &mut Session,
-    file: lobster_io::uring::FileId,
+    file: lobster_uring::FileId,
     rng: &mut Offsets,
     n: u64,
     depth: usize,

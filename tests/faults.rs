@@ -9,7 +9,7 @@ use common::{content, guarded, make_dataset, rank_plan, run_ranks, Shape};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use lobster_io::uring::Backend;
+use lobster_io::Backend;
 use lobster_io::{
     AttemptFaults, CachePolicy, Dataset, Error, Execution, FailureBudget, Fault, FaultInjection,
     Loader, LoaderBuilder, OnError, READ_ATTEMPTS,
@@ -441,7 +441,7 @@ struct PlannedAccess {
 
 /// The node stream in canonical order (epoch, iteration, local rank, position), with the cache
 /// planner's decision for each access.
-fn planned_accesses(ds: &Dataset, policy: lobster_io::cache::PolicyKind) -> Vec<PlannedAccess> {
+fn planned_accesses(ds: &Dataset, policy: lobster_cache::PolicyKind) -> Vec<PlannedAccess> {
     let plan = plan(ds);
     let mut stream: Vec<Vec<(usize, u32)>> = vec![Vec::new(); EPOCHS as usize];
     let iterations = plan[0].len() / EPOCHS as usize;
@@ -455,14 +455,14 @@ fn planned_accesses(ds: &Dataset, policy: lobster_io::cache::PolicyKind) -> Vec<
         }
     }
     let sizes: Arc<[u32]> = ds.samples().iter().map(|s| s.size_bytes as u32).collect();
-    let source = lobster_io::cache::VecSource::new(
+    let source = lobster_cache::VecSource::new(
         stream
             .iter()
             .map(|e| e.iter().map(|&(_, s)| s).collect())
             .collect(),
     );
     let mut planner =
-        lobster_io::cache::Planner::new(source, sizes, ds.total_bytes() / 4, policy).unwrap();
+        lobster_cache::Planner::new(source, sizes, ds.total_bytes() / 4, policy).unwrap();
     let mut evicted = Vec::new();
     let mut out = Vec::new();
     for (epoch, order) in stream.iter().enumerate() {
@@ -522,7 +522,7 @@ struct ModelRun {
 
 #[test]
 fn with_a_cache_the_skipped_set_is_the_injected_set_and_corrupt_bytes_are_not_served_again() {
-    use lobster_io::cache::PolicyKind;
+    use lobster_cache::PolicyKind;
     let dir = tempfile::tempdir().unwrap();
     let ds = make_dataset(dir.path(), SAMPLES, 1);
     let skip = SKIP_ALL;

@@ -99,10 +99,10 @@ fn builder(
                 if slow.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(200));
                 }
-                lobster_io::image::decode(bytes)
+                lobster_io::images::decode(bytes)
             },
-            |image: lobster_io::image::ImageRef<'_>, _: &lobster_io::SampleMeta, _: u32| {
-                Ok::<_, lobster_io::image::ImageError>(
+            |image: lobster_io::images::ImageRef<'_>, _: &lobster_io::SampleMeta, _: u32| {
+                Ok::<_, lobster_io::images::ImageError>(
                     image.pixels().iter().map(|&p| u64::from(p)).sum(),
                 )
             },

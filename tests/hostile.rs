@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use lobster_io::image::Transform;
 use lobster_io::images::Pixels;
+use lobster_io::images::Transform;
 use lobster_io::{Batch, Dataset, Error, FailureBudget, LoaderBuilder, OnError};
 
 const BATCH: usize = 4;
@@ -104,7 +104,7 @@ fn an_image_above_the_pixel_bound_is_skipped_within_the_budget() {
     let (batches, error, skipped) = drain(images(
         &ds,
         SKIP_ONE_AN_EPOCH,
-        lobster_io::image::PIXELS_MAX_DEFAULT,
+        lobster_io::images::PIXELS_MAX_DEFAULT,
     ));
     assert!(error.is_none() && skipped == 0, "{error:?}");
     assert!(batches.iter().all(|b| b.skipped.is_empty()));
@@ -150,7 +150,7 @@ fn a_pixel_bound_past_the_limit_is_refused_at_build() {
     let ds = folder(dir.path());
     let e = LoaderBuilder::<Pixels>::new(ds)
         .batch_size(BATCH)
-        .image_pixels_max(lobster_io::image::PIXELS_MAX_LIMIT + 1)
+        .image_pixels_max(lobster_io::images::PIXELS_MAX_LIMIT + 1)
         .decode_images(Transform::None)
         .build()
         .unwrap_err();

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use lobster_io::image::Transform;
+use lobster_io::images::Transform;
 use lobster_io::images::{ImageBatches, Pixels};
 use lobster_io::{CacheForms, Dataset, LoaderBuilder, Mode};
 
@@ -282,7 +282,7 @@ fn a_max_side_keeps_smaller_images_and_says_it_is_lossy() {
     let kept: u64 = (0..12u64)
         .map(|i| {
             let (w, h) =
-                lobster_io::image::downscaled_shape(20 + 3 * i as u32, 16 + 2 * i as u32, 10);
+                lobster_io::images::downscaled_shape(20 + 3 * i as u32, 16 + 2 * i as u32, 10);
             u64::from(w * h * 3)
         })
         .sum();

@@ -31,7 +31,7 @@ mod x86_64_linux {
     use std::sync::{Arc, Mutex};
 
     use super::common::{assert_delivered, make_dataset, rank_plan, run_ranks, Shape};
-    use lobster_io::uring::{ActiveBackend, Backend};
+    use lobster_io::{ActiveBackend, Backend};
     use lobster_io::{Dataset, Execution, Loader, LoaderBuilder};
 
     const SHAPE: Shape = Shape {

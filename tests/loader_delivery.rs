@@ -6,7 +6,7 @@ mod common;
 use common::{content, make_dataset, rank_plan, run_ranks, Shape};
 use std::sync::Arc;
 
-use lobster_io::uring::Backend;
+use lobster_io::Backend;
 use lobster_io::{
     Batch, CachePolicy, Dataset, Execution, IoOrder, Loader, LoaderBuilder, ResidentReads, Schedule,
 };

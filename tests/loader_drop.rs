@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{content, fds, guarded, make_dataset, threads, Watchdog};
-use lobster_io::uring::Backend;
+use lobster_io::Backend;
 use lobster_io::{
     Dataset, Error, Execution, FailureBudget, FaultInjection, Loader, LoaderBuilder, OnError,
     StorageEmulation,

@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use lobster_io::image::Transform;
 use lobster_io::images::Pixels;
+use lobster_io::images::Transform;
 use lobster_io::{
     Batch, CachePolicy, Dataset, DistributedSampler, EpochOrder, Error, FormChoice, Loader,
     LoaderBuilder, LoaderState,

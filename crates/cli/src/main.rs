@@ -76,7 +76,7 @@ fn main() -> anyhow::Result<()> {
     .any(set)
     {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        lobster_io::uring::hold_heap(lobster_io::uring::HeapLimits::for_loader(cores));
+        lobster_io::hold_heap(lobster_io::HeapLimits::for_loader(cores));
     }
     let cli = Cli::parse();
     match cli.command {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
-use lobster_io::cache::{gen::lognormal_sizes, PolicyKind};
+use lobster_cache::{gen::lognormal_sizes, PolicyKind};
 use lobster_io::{EpochOrder, PeerPlan, PeerPlanInputs};
 
 /// Which plan `lobster plan-bench` builds.

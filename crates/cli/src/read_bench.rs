@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::run::BackendArg;
 use anyhow::{bail, Context};
 use clap::Args;
-use lobster_io::uring::{Backend, FileId, OpenOptions, PathRead, ReadRequest, Reader, Session};
+use lobster_uring::{Backend, FileId, OpenOptions, PathRead, ReadRequest, Reader, Session};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 #[derive(Debug, Args)]
@@ -269,10 +269,10 @@ impl Batch {
 
 /// Pool bytes for `reads` reads of `bs` bytes, each taking a power-of-two block of pages.
 fn pool_bytes(reads: usize, bs: usize) -> usize {
-    reads.saturating_mul(lobster_io::uring::block_bytes(bs))
+    reads.saturating_mul(lobster_uring::block_bytes(bs))
 }
 
-fn open(reader: &Reader, args: &ReadBenchArgs) -> anyhow::Result<lobster_io::uring::FileId> {
+fn open(reader: &Reader, args: &ReadBenchArgs) -> anyhow::Result<lobster_uring::FileId> {
     reader
         .open(
             &args.file,
@@ -383,7 +383,7 @@ fn report(
     hist: &Histogram,
     bytes_read: u64,
     elapsed: Duration,
-    info: &lobster_io::uring::BackendInfo,
+    info: &lobster_uring::BackendInfo,
 ) -> anyhow::Result<()> {
     let secs = elapsed.as_secs_f64();
     let mb_per_s = bytes_read as f64 / secs / 1e6;

@@ -5,7 +5,7 @@ use std::io::{BufReader, Read};
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use lobster_io::cache::{trace, PolicyKind};
+use lobster_cache::{trace, PolicyKind};
 
 /// Arguments of `lobster replay`.
 #[derive(Debug, clap::Args)]

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use lobster_io::cache::{trace, PolicyKind};
+use lobster_cache::{trace, PolicyKind};
 
 fn write_trace(name: &str, text: &str) -> PathBuf {
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("replay-{name}.trace"));

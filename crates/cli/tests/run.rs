@@ -123,7 +123,7 @@ fn run_writes_every_strategy_with_the_documented_keys() {
             .values()
             .map(|l| {
                 assert_eq!(l.len(), 2);
-                lobster_io::sched::imbalance(l)
+                lobster_sched::imbalance(l)
             })
             .collect();
         ratios.sort_by(f64::total_cmp);

@@ -3,8 +3,7 @@
 //! ([`ImageBatches`]) taken from a fixed number of slots, each allocated once and reused.
 //!
 //! ```no_run
-//! use lobster_io::images::{ImageBatches, Pixels};
-//! use lobster_io::image::Transform;
+//! use lobster_io::images::{ImageBatches, Pixels, Transform};
 //! use lobster_io::{Dataset, LoaderBuilder};
 //! use std::sync::Arc;
 //!
@@ -28,7 +27,11 @@
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
-use lobster_image::{Collator, ImageRef, Transform, Transformer};
+pub use lobster_image::{
+    decode, decode_within, downscaled_shape, Image, ImageError, ImageRef, Transform,
+    PIXELS_MAX_DEFAULT, PIXELS_MAX_LIMIT,
+};
+use lobster_image::{Collator, Transformer};
 
 use crate::batch::Batch;
 use crate::dataset::{Dataset, SampleMeta};

@@ -2,11 +2,13 @@
 //!
 //! Synchronous training waits every step for the slowest rank's batch. lobster-io plans
 //! instead of guessing, because the shuffle seed fixes every rank's access order: the cache
-//! evicts the sample whose next use is farthest away ([`cache`]), reads go to io_uring
-//! ([`uring`]) in deadline order, so that every rank's batch finishes its reads together
-//! ([`IoOrder`]), and every window the ranks predicted to be slowest get more decode threads,
-//! and under [`IoOrder::Shares`] more io_depth ([`sched`]). The three engine crates are
-//! re-exported whole, so one dependency is enough.
+//! evicts the sample whose next use is farthest away ([`CachePolicy::Reuse`]), reads go to
+//! io_uring ([`Backend`]) in deadline order, so that every rank's batch finishes its reads
+//! together ([`IoOrder`]), and every window the ranks predicted to be slowest get more decode
+//! threads, and under [`IoOrder::Shares`] more io_depth. What an embedder names is here:
+//! the loader and its configuration at the root, image decoding and batches in [`images`],
+//! other nodes' caches in [`net`]; the engine crates underneath (lobster-cache, -sched,
+//! -uring, -image, -net) are dependencies of their own for whoever needs more.
 //!
 //! A loader embedded in a training job: one [`RankHandle`] per local rank, each driven by its
 //! rank's thread.
@@ -54,12 +56,6 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
-pub use lobster_cache as cache;
-pub use lobster_image as image;
-pub use lobster_net as net;
-pub use lobster_sched as sched;
-pub use lobster_uring as uring;
-
 mod batch;
 mod config;
 mod dataset;
@@ -70,6 +66,7 @@ pub mod images;
 mod loader;
 mod memory;
 mod metrics;
+pub mod net;
 mod pipeline;
 mod resume;
 mod sampler;
@@ -113,6 +110,7 @@ pub use error::{Cause, Error};
 pub use faults::{AttemptFaults, FailureBudget, Fault, FaultInjection, OnError, READ_ATTEMPTS};
 pub use loader::{Loader, LoaderBuilder, RankHandle, RankStream};
 pub use lobster_cache::{Form, FormChoice, FormCosts, LinkPrices};
+pub use lobster_uring::{hold_heap, ActiveBackend, Backend, BackendInfo, HeapLimits};
 pub use memory::{MachineMemory, MemoryPart, MemoryShort};
 pub use metrics::{
     AllocationRecord, CacheForms, CacheStore, ClusterEpochMetrics, ClusterPlanMetrics,

@@ -149,7 +149,7 @@ pub(crate) fn limits(py: Python<'_>, given: Option<Bound<'_, PyAny>>) -> PyResul
             "limits.image_pixels_max = 0: at least 1",
         )),
         Some(p) => Ok(p),
-        None => Ok(lobster_io::image::PIXELS_MAX_DEFAULT),
+        None => Ok(lobster_io::images::PIXELS_MAX_DEFAULT),
     }
 }
 

@@ -21,7 +21,8 @@ use crate::errors::DecodeError;
 /// loader's workers run it).
 #[pyfunction]
 fn decode_image<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyArray3<u8>>> {
-    let image = lobster_io::image::decode(data).map_err(|e| DecodeError::new_err(e.to_string()))?;
+    let image =
+        lobster_io::images::decode(data).map_err(|e| DecodeError::new_err(e.to_string()))?;
     let (w, h) = (image.width() as usize, image.height() as usize);
     let view = ArrayView3::from_shape((h, w, 3), image.pixels()).expect("RGB rows");
     Ok(PyArray3::from_array(py, &view))

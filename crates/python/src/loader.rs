@@ -140,8 +140,8 @@ pub(crate) struct Loader {
     /// Batches (holding the loader's buffers) the caller holds now: one past the rank's
     /// buffers is refused when asked for, whatever the feeder did meanwhile.
     held: Count,
-    /// The rank's buffers ([`Settings::buffers`]).
-    buffers: usize,
+    /// `Budgets.slots`: the rank has `buffers(slots)`.
+    slots: usize,
     /// A resumed run's first epoch when it resumed within it, and where that epoch ends
     /// (another world splits its rest into another number of batches).
     head_end: Mutex<Option<(u32, usize)>>,
@@ -311,11 +311,15 @@ impl Settings {
         }
     }
 
-    /// Buffers a rank has: the caller's `slots`, the one in the channel, the one the feeder
-    /// is making. The caller may hold them all; the feeder then waits for one back.
     fn buffers(&self) -> usize {
-        self.slots + FEEDER_AHEAD + 1
+        buffers(self.slots)
     }
+}
+
+/// Buffers a rank has: the caller's `slots`, the one in the channel, the one the feeder is
+/// making. The caller may hold them all; the feeder then waits for one back.
+fn buffers(slots: usize) -> usize {
+    slots + FEEDER_AHEAD + 1
 }
 
 /// Raw bytes for a decode callable; width, height and pixels for `transform="none"`.
@@ -326,7 +330,7 @@ fn decode_bytes(
     move |bytes, _meta| match output {
         Output::Decoded => {
             let image =
-                lobster_io::image::decode_within(bytes, pixels_max).map_err(|e| e.to_string())?;
+                lobster_io::images::decode_within(bytes, pixels_max).map_err(|e| e.to_string())?;
             let mut v = Vec::with_capacity(HEADER_BYTES + image.pixels().len());
             v.extend_from_slice(&image.width().to_le_bytes());
             v.extend_from_slice(&image.height().to_le_bytes());
@@ -897,7 +901,7 @@ impl Loader {
             image_pixels_max,
             decode,
         };
-        let buffers = settings.buffers();
+        let slots = settings.slots;
         let prepared = py.detach(|| prepare(&settings, &env))?;
         let origin =
             (env.local_world_size == 1).then(|| (settings.clone_ref(py), prepared.clone()));
@@ -925,7 +929,7 @@ impl Loader {
             run: Mutex::new(None),
             given: AtomicU64::new(0),
             held: Count::default(),
-            buffers,
+            slots,
             head_end: Mutex::new(None),
             channels_first,
             env,
@@ -1153,12 +1157,12 @@ impl Loader {
             }
         }
         let held = self.held.now();
-        if held >= self.buffers {
+        if held >= buffers(self.slots) {
             return Err(PyValueError::new_err(format!(
                 "budgets.slots = {}: the caller holds {held} batches, every buffer of its rank \
                  (slots + {}); drop one (and every view of its images) before taking the \
                  next, or give the Loader Budgets(slots=...) to hold more",
-                self.buffers - FEEDER_AHEAD - 1,
+                self.slots,
                 FEEDER_AHEAD + 1
             )));
         }

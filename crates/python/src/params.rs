@@ -1,6 +1,6 @@
 //! Python's keyword arguments as the Rust crates' settings, each refused with its name.
 
-use lobster_io::image::Transform;
+use lobster_io::images::Transform;
 use lobster_io::{CachePolicy, FailureBudget, OnError};
 use std::fmt::Display;
 use std::ops::RangeInclusive;

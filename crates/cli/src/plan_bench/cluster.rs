@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use lobster_io::cache::gen::lognormal_sizes;
-use lobster_io::cache::{Assign, ClusterConfig, ClusterLayout, ClusterPlanner, ClusterStats, Mode};
+use lobster_cache::gen::lognormal_sizes;
+use lobster_cache::{Assign, ClusterConfig, ClusterLayout, ClusterPlanner, ClusterStats, Mode};
 use lobster_io::{DistributedSampler, EpochOrder, SamplerOrders};
 use serde::{Deserialize, Serialize};
 

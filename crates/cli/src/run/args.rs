@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use lobster_io::uring::Backend;
+use lobster_io::Backend;
 use lobster_io::{
     Assign, BudgetConfig, CacheConfig, FailureBudget, FaultInjection, IoOrder, JobConfig,
     LinkPrices, LoaderConfig, OnError, PipelineThreads, ReadConfig, Schedule, StorageEmulation,
@@ -149,7 +149,7 @@ pub struct RunArgs {
     /// Pixels a JPEG or PNG sample may have: one whose header claims more fails as a bad
     /// sample (see --on-error) before it is decoded. A pixel costs 3 bytes of RGB and up to
     /// about 16 more while decoding. Default 2^26 (8192 x 8192); at most 2^32.
-    #[arg(help_heading = "Decode", long, default_value_t = lobster_io::image::PIXELS_MAX_DEFAULT)]
+    #[arg(help_heading = "Decode", long, default_value_t = lobster_io::images::PIXELS_MAX_DEFAULT)]
     pub image_pixels_max: u64,
     /// How the pipelined strategies order storage reads: `deadline` (one node-wide queue, each
     /// iteration's reads ending together for every rank) or `shares` (each rank held to the
@@ -579,7 +579,7 @@ pub(super) mod tests {
         let default = parse(&[]).unwrap().loader_config().unwrap();
         assert_eq!(
             default.limits.image_pixels_max,
-            lobster_io::image::PIXELS_MAX_DEFAULT
+            lobster_io::images::PIXELS_MAX_DEFAULT
         );
         let set = parse(&["--image-pixels-max", "1000"]).unwrap();
         assert_eq!(set.loader_config().unwrap().limits.image_pixels_max, 1000);

@@ -7,9 +7,9 @@ use crate::config::LoaderConfig;
 use crate::dataset::{Dataset, SampleMeta};
 use crate::error::Cause;
 use crate::pipeline::access::{Read, StorageRead};
-use crate::pipeline::io::attempt::Storage;
-use crate::pipeline::io::dirs::SampleDirs;
 use crate::pipeline::layout::Layout;
+use crate::pipeline::read::attempt::Storage;
+use crate::pipeline::read::dirs::SampleDirs;
 
 /// The user's decode function, type-erased.
 /// The user's decode function: a sample's bytes, what is known of it, and the epoch of the

@@ -7,7 +7,7 @@
 //! 2. [`io`]: the dispatcher issues the window's reads in deadline order within the io_depth
 //!    budget and fills each sample's [`landing`] when its read completes; every read
 //!    attempt's fate (emulated tier, injected fault, retry, error) is decided in
-//!    [`io::attempt`], for the reads made on worker threads too.
+//!    [`read`], for the reads made on worker threads too.
 //! 3. [`decode`]: decode workers take accesses whose bytes are known, run the user's
 //!    function (in two stages with a decoded tier) and deliver each sample.
 //! 4. [`deliver`]: each rank's reorder buffer, and a rank taking its next whole batch.
@@ -26,6 +26,9 @@ mod landing;
 mod layout;
 pub(crate) mod peers;
 mod plan;
+mod progress;
+mod read;
+mod read_path;
 mod state;
 mod sync;
 
@@ -39,12 +42,12 @@ use lobster_uring::Reader;
 pub(crate) use context::{Context, DecodeFn, DecodedTier};
 pub(crate) use decode::forms::{decoded_sizes, form_costs, CostsFrom, Staged};
 pub(crate) use deliver::{detach, next_batch, poll_next_batch};
-pub(crate) use io::attempt::Storage;
-pub(crate) use io::dirs::SampleDirs;
 pub(crate) use layout::{EpochEnds, Head, Layout};
 pub use peers::plan::{PeerPlan, PeerPlanInputs};
 pub(crate) use peers::{PeerCounters, Peers, ServedLandings};
 pub(crate) use plan::read_ahead_budget_bytes;
+pub(crate) use read::attempt::Storage;
+pub(crate) use read::dirs::SampleDirs;
 pub(crate) use state::PipelineState;
 pub(crate) use sync::lock;
 
@@ -96,7 +99,7 @@ impl<T: Send + 'static> Pipeline<T> {
                     decode::queue::TakeRule::OldestIteration
                 },
             ),
-            progress: plan::progress::Progress::new(ranks),
+            progress: progress::Progress::new(ranks),
             collector: Mutex::new(Collector::new(
                 ranks,
                 ctx.layout.epochs,
@@ -108,7 +111,7 @@ impl<T: Send + 'static> Pipeline<T> {
             epoch_accesses: (ctx.layout.per_rank * ranks) as u64,
             budget_failure: Mutex::new(None),
             // Peers are served from the cache's own copies.
-            read_path: plan::read_path::ReadPathCounters::new(
+            read_path: read_path::ReadPathCounters::new(
                 config.cache_in_page_cache().is_ok() && ctx.peers.is_none(),
             ),
             to_dispatcher: reader.is_some().then_some(to_dispatcher),

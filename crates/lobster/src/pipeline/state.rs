@@ -15,8 +15,8 @@ use crate::pipeline::decode::forms::FormCounters;
 use crate::pipeline::decode::queue::DecodeQueues;
 use crate::pipeline::deliver::reorder::ReorderBuffer;
 use crate::pipeline::io::order::ToDispatcher;
-use crate::pipeline::plan::progress::Progress;
-use crate::pipeline::plan::read_path::ReadPathCounters;
+use crate::pipeline::progress::Progress;
+use crate::pipeline::read_path::ReadPathCounters;
 use crate::pipeline::sync::{lock, StopSignal};
 
 pub(crate) struct PipelineState<T> {

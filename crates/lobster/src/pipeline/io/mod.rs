@@ -8,9 +8,6 @@
 //! kernel; on older kernels the session opens and closes the files on this thread around
 //! their reads in the ring; on the pread fallback the reader's workers open, read and close.
 
-pub(super) mod attempt;
-pub(super) mod blocking;
-pub(super) mod dirs;
 pub(super) mod order;
 
 use std::cmp::Reverse;
@@ -27,9 +24,9 @@ use crate::error::Error;
 use crate::pipeline::access::{self, Access, Ready};
 use crate::pipeline::context::Context;
 use crate::pipeline::landing::{Loaded, Origin};
+use crate::pipeline::read::attempt::{self, Attempt, Fate, ReadFailure};
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::{lock, stopped};
-use attempt::{Attempt, Fate, ReadFailure};
 use lobster_sched::equal_split;
 use order::{next_read, ToDispatcher};
 

@@ -5,9 +5,8 @@
 
 pub(super) mod allocate;
 pub(super) mod cluster;
-pub(super) mod progress;
 pub(super) mod read_ahead;
-pub(super) mod read_path;
+pub(super) mod remote;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -24,14 +23,13 @@ use crate::pipeline::context::Context;
 use crate::pipeline::deliver::reorder::PendingBatch;
 use crate::pipeline::io::order::{set_read_fractions, ToDispatcher};
 use crate::pipeline::layout::Layout;
-use crate::pipeline::peers::fetch;
 use crate::pipeline::peers::ServedLandings;
+use crate::pipeline::read_path::ResidentGate;
 use crate::pipeline::state::PipelineState;
 use crate::pipeline::sync::lock;
 use allocate::{allocate, AccessLoad};
 pub(crate) use read_ahead::budget_bytes as read_ahead_budget_bytes;
 use read_ahead::ReadAhead;
-use read_path::ResidentGate;
 
 /// The policy deciding the cache: one form (encoded bytes), two (with a decoded tier), or
 /// this node's share of the nodes' caches planned as one.
@@ -471,7 +469,7 @@ pub(crate) fn planner<T: Send + 'static>(
             for (access, peer) in remote {
                 match read_ahead.as_mut() {
                     Some(r) if ahead => r.defer(end, access, peer),
-                    _ => fetch::start(ctx, state, access, peer),
+                    _ => remote::start(ctx, state, access, peer),
                 }
             }
             global_iteration += last - first;

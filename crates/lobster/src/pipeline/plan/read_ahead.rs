@@ -13,10 +13,10 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use super::remote;
 use crate::error::Error;
 use crate::pipeline::access::Access;
 use crate::pipeline::context::Context;
-use crate::pipeline::peers::fetch;
 use crate::pipeline::state::PipelineState;
 
 /// A window the planner issued beyond the prefetch distance.
@@ -136,7 +136,7 @@ impl ReadAhead {
         }
         while self.deferred.front().is_some_and(|d| d.0 <= within) {
             let (_, access, peer) = self.deferred.pop_front().expect("checked");
-            fetch::start(ctx, state, access, peer);
+            remote::start(ctx, state, access, peer);
         }
     }
 }

@@ -4,25 +4,24 @@
 //! decode queues or the dispatcher, are in `plan/remote.rs`.
 
 use std::sync::atomic::Ordering;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use bytes::Bytes;
 use lobster_net::Answer;
-use lobster_sched::Tier;
+use lobster_sched::{CostModel, Tier};
 
-use crate::pipeline::context::Context;
-use crate::pipeline::state::PipelineState;
+use super::Peers;
 use crate::pipeline::sync::lock;
 
-/// Fetches `sample` from `peer` and waits for the answer (a read-then-decode worker):
-/// its bytes, or `None` when storage must serve it.
-pub(crate) fn blocking<T>(
-    ctx: &Context<T>,
-    state: &PipelineState<T>,
-    sample: u32,
+/// Fetches `sample` (of `size_bytes`) from `peer` and waits for the answer (a
+/// read-then-decode worker): its bytes, or `None` when storage must serve it.
+pub(crate) fn blocking(
+    peers: &Peers,
+    model: &Mutex<CostModel>,
+    (sample, size_bytes): (u32, u64),
     peer: usize,
 ) -> Option<Bytes> {
-    let peers = ctx.peers.as_ref().expect("a peer fetch has peers");
     peers.counters.planned.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = crossbeam_channel::bounded(1);
     let issued = Instant::now();
@@ -36,26 +35,25 @@ pub(crate) fn blocking<T>(
     let answer = rx
         .recv()
         .unwrap_or_else(|_| Answer::Failed("the transport dropped the fetch".into()));
-    settle(ctx, state, sample, peer, issued, answer)
+    settle(peers, model, (sample, size_bytes), peer, issued, answer)
 }
 
 /// The answer's bytes if they are the sample's, counted as a remote hit and observed by the
 /// cost model; anything else is counted as a remote miss.
-pub(crate) fn settle<T>(
-    ctx: &Context<T>,
-    state: &PipelineState<T>,
-    sample: u32,
+pub(crate) fn settle(
+    peers: &Peers,
+    model: &Mutex<CostModel>,
+    (sample, size_bytes): (u32, u64),
     peer: usize,
     issued: Instant,
     answer: Answer,
 ) -> Option<Bytes> {
-    let counters = &ctx.peers.as_ref().expect("a peer fetch has peers").counters;
-    let size_bytes = ctx.meta(sample).size_bytes;
+    let counters = &peers.counters;
     match answer {
         Answer::Bytes(b) if b.len() as u64 == size_bytes => {
             counters.hits.fetch_add(1, Ordering::Relaxed);
             counters.hit_bytes.fetch_add(size_bytes, Ordering::Relaxed);
-            lock(&state.model).observe_read(Tier::Remote, size_bytes, issued.elapsed());
+            lock(model).observe_read(Tier::Remote, size_bytes, issued.elapsed());
             return Some(b);
         }
         Answer::Bytes(b) => log::warn!(

@@ -8,22 +8,22 @@ use std::time::Instant;
 
 use lobster_net::Answer;
 
+use super::handles::ForPlanner;
 use crate::pipeline::access::{self, Access};
 use crate::pipeline::context::Context;
 use crate::pipeline::io::order::ToDispatcher;
 use crate::pipeline::landing::Origin;
 use crate::pipeline::peers::fetch::settle;
-use crate::pipeline::state::PipelineState;
 
 /// Fetches `access`'s sample from `peer`; the answer fills its landing, or sends the read to
 /// the dispatcher.
 pub(crate) fn start<T: Send + 'static>(
     ctx: &Arc<Context<T>>,
-    state: &Arc<PipelineState<T>>,
+    state: &Arc<ForPlanner<T>>,
     access: Access,
     peer: usize,
 ) {
-    let peers = ctx.peers.as_ref().expect("a peer fetch has peers");
+    let peers = state.peers.as_ref().expect("a peer fetch has peers");
     peers.counters.planned.fetch_add(1, Ordering::Relaxed);
     // Weak: an answer must not keep a dropped loader alive on the transport's thread, whose
     // teardown (the link's, MPI's) belongs to the thread that drops the loader.
@@ -47,13 +47,22 @@ pub(crate) fn start<T: Send + 'static>(
 
 fn answered<T>(
     ctx: &Context<T>,
-    state: &PipelineState<T>,
+    state: &ForPlanner<T>,
     mut access: Access,
     peer: usize,
     issued: Instant,
     answer: Answer,
 ) {
-    match settle(ctx, state, access.sample, peer, issued, answer) {
+    let peers = state.peers.as_deref().expect("a peer fetch has peers");
+    let size_bytes = ctx.meta(access.sample).size_bytes;
+    match settle(
+        peers,
+        &state.model,
+        (access.sample, size_bytes),
+        peer,
+        issued,
+        answer,
+    ) {
         Some(bytes) => {
             let mut released = Vec::new();
             // A kept sample is copied out of the message it came in.
@@ -63,7 +72,7 @@ fn answered<T>(
                 (Origin::Pool, ctx.arena.as_ref()),
                 &mut released,
             );
-            state.ready(released);
+            state.decode.push(released);
         }
         None => {
             state.read_path.dispatched.fetch_add(1, Ordering::Relaxed);

@@ -15,7 +15,7 @@ use crate::memory::{MachineMemory, MemoryPart};
 use crate::metrics::{
     CacheForms, CacheStore, Mode, PeerPlanKind, ReadPath, RunMetrics, ThreadClass,
 };
-use crate::pipeline::{self, Context, DecodeFn, Layout, Pipeline, PipelineState};
+use crate::pipeline::{self, Context, DecodeFn, ForRanks, Layout, Pipeline};
 use crate::resume::{self, JobFingerprint, LoaderState, Positions};
 use crate::sampler::{DistributedSampler, EpochOrder};
 use lobster_cache::{FormChoice, FormCosts, LinkPrices};
@@ -453,13 +453,11 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             reader: reader.clone(),
             arena: cache_arena(&config),
             sizes,
-            peers,
-            forms,
         };
-        let pipeline = Pipeline::start(ctx, reader)?;
+        let pipeline = Pipeline::start(ctx, peers, forms, reader)?;
         let handles = (0..config.job.ranks_per_node)
             .map(|rank| RankHandle {
-                state: pipeline.state.clone(),
+                state: pipeline.for_ranks.clone(),
                 rank,
                 ends: pipeline.layout.ends(),
                 done: false,
@@ -916,8 +914,7 @@ impl<T> Loader<T> {
     /// every rank has taken the same number of batches (after a training step): a resume
     /// refuses ranks at different batches.
     pub fn state(&self) -> LoaderState {
-        self.positions()
-            .state(&self.pipeline.state.progress.delivered())
+        self.positions().state(&self.pipeline.progress.delivered())
     }
 
     /// How the run's batches map to positions, for a process that counts a rank's batches
@@ -938,7 +935,7 @@ impl<T> Loader<T> {
 
     /// The run's metrics so far.
     pub fn metrics(&self) -> RunMetrics {
-        let shared = &self.pipeline.state;
+        let shared = &self.pipeline;
         let mut m = pipeline::lock(&shared.collector).summary();
         let count = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
         m.faults_injected = count(&self.pipeline.context.storage.counters.injected);
@@ -970,7 +967,7 @@ impl<T> Loader<T> {
         m.hits_lost_by_page_cache = count(&path.page_cache_lost);
         m.cache_store = match self.config.cache_in_page_cache() {
             _ if self.config.cache.policy == CachePolicy::None => Mode::chosen(CacheStore::None),
-            _ if self.pipeline.context.peers.is_some() => {
+            _ if self.pipeline.peers.is_some() => {
                 Mode::because(CacheStore::Copies, "served to peers")
             }
             Ok(()) if path.leave_in_page_cache() => {
@@ -982,7 +979,7 @@ impl<T> Loader<T> {
             ),
             Err(why) => Mode::because(CacheStore::Copies, why),
         };
-        if let Some(peers) = &self.pipeline.context.peers {
+        if let Some(peers) = &self.pipeline.peers {
             let c = &peers.counters;
             m.planned_remote_hits = count(&c.planned);
             m.remote_hits = count(&c.hits);
@@ -1002,7 +999,7 @@ impl<T> Loader<T> {
             self.pipeline.context.storage.delivered.counts();
         m.reads_recovered = count(&self.pipeline.context.storage.counters.recovered);
         m.cache_forms = self.cache_forms.clone();
-        if let Some(tier) = &self.pipeline.context.forms {
+        if let Some(tier) = &self.pipeline.tier {
             let f = &shared.forms;
             m.form_costs = Some(tier.costs_from.report(tier.costs));
             m.decoded_hits_served = count(&f.decoded_hits);
@@ -1021,7 +1018,7 @@ impl<T> Loader<T> {
 /// One local rank's batches, epoch after epoch, in plan order. `Send`: the rank's training
 /// thread owns it.
 pub struct RankHandle<T> {
-    state: Arc<PipelineState<T>>,
+    state: Arc<ForRanks<T>>,
     rank: usize,
     ends: pipeline::EpochEnds,
     done: bool,

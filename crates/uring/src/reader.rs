@@ -11,6 +11,7 @@ use crate::files::FileEntry;
 use crate::job::{Pending, Source};
 use crate::pool::{block_bytes, Pool, POOL_BYTES_MAX};
 use crate::pread::PreadPool;
+use crate::resident::{fill_nowait, named, read_into_own_buffer, Resident};
 use crate::ring::RingParams;
 use crate::state::ReaderState;
 use crate::types::{FileId, IoEvent, Observer, OpenOptions, PathRead, ReadRequest, ReaderStats};
@@ -530,7 +531,7 @@ impl Reader {
         offset: u64,
         len: usize,
     ) -> Result<crate::Resident, std::io::Error> {
-        crate::resident::read_resident_in(Some(&self.inner.shared.pool), file.into(), offset, len)
+        read_resident_in(Some(&self.inner.shared.pool), file.into(), offset, len)
     }
 
     /// Sets the number of reads `class` may have in the kernel, over all sessions. Takes
@@ -562,6 +563,28 @@ impl Reader {
     pub fn reset_peaks(&self) {
         self.inner.shared.reset_peaks()
     }
+}
+
+/// [`crate::read_resident`], into a block of `pool` when one is free: memory already faulted
+/// in and reused read after read, where a fresh buffer of a large sample costs a page fault
+/// per page.
+fn read_resident_in(
+    pool: Option<&Pool>,
+    file: FileRef<'_>,
+    offset: u64,
+    len: usize,
+) -> Result<Resident, std::io::Error> {
+    let path = file.path;
+    let file = file.open(0).map_err(|e| named(path, e))?;
+    if let Some(mut block) = pool.and_then(|p| p.try_acquire(len)) {
+        let base = block.as_mut_ptr();
+        // SAFETY: the block is ours alone until it becomes `Bytes` below, and holds `len`.
+        let filled = unsafe { fill_nowait(&file, offset, base, len) };
+        return Ok(filled
+            .map_err(|e| named(path, e))?
+            .resident(|n| (block.into_bytes(0, n), true)));
+    }
+    read_into_own_buffer(&file, path, offset, len)
 }
 
 #[cfg(test)]
@@ -614,5 +637,33 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_pool_block_holds_the_bytes_while_one_is_free_and_a_buffer_of_their_own_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..5000u32).map(|i| (i * 13) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        // Room for two blocks of 8 KiB (a read of 5001 bytes takes two pages).
+        let pool = Pool::new(16 << 10, 8 << 10).unwrap();
+        let mut held = Vec::new();
+        for expect_pooled in [true, true, false] {
+            match read_resident_in(Some(&pool), (&path).into(), 0, data.len() + 1).unwrap() {
+                Resident::Read { bytes, pooled } => {
+                    assert_eq!(&bytes[..], &data[..]);
+                    assert_eq!(pooled, expect_pooled);
+                    held.push(bytes);
+                }
+                Resident::Unsupported => {
+                    eprintln!("skipped: RWF_NOWAIT refused by this kernel");
+                    return;
+                }
+                Resident::NotResident => panic!("a file just written is in the page cache"),
+            }
+        }
+        assert_eq!(pool.free_bytes(), 0);
+        drop(held);
+        assert_eq!(pool.free_bytes(), 16 << 10, "the blocks went back");
     }
 }

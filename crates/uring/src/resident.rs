@@ -13,7 +13,6 @@ use std::path::Path;
 use bytes::Bytes;
 
 use crate::file_ref::FileRef;
-use crate::pool::Pool;
 
 /// What [`read_resident`] found.
 #[derive(Debug)]
@@ -42,30 +41,22 @@ pub fn read_resident<'a>(
     offset: u64,
     len: usize,
 ) -> Result<Resident, io::Error> {
-    read_resident_in(None, file.into(), offset, len)
+    let file = file.into();
+    let path = file.path;
+    let file = file.open(0).map_err(|e| named(path, e))?;
+    read_into_own_buffer(&file, path, offset, len)
 }
 
-/// [`read_resident`], into a block of `pool` when one is free: memory already faulted in and
-/// reused read after read, where a fresh buffer of a large sample costs a page fault per page.
-pub(crate) fn read_resident_in(
-    pool: Option<&Pool>,
-    file: FileRef<'_>,
+/// [`read_resident`] once the file is open, into a buffer of its own.
+pub(crate) fn read_into_own_buffer(
+    file: &File,
+    path: &Path,
     offset: u64,
     len: usize,
 ) -> Result<Resident, io::Error> {
-    let path = file.path;
-    let file = file.open(0).map_err(|e| named(path, e))?;
-    if let Some(mut block) = pool.and_then(|p| p.try_acquire(len)) {
-        let base = block.as_mut_ptr();
-        // SAFETY: the block is ours alone until it becomes `Bytes` below, and holds `len`.
-        let filled = unsafe { fill_nowait(&file, offset, base, len) };
-        return Ok(filled
-            .map_err(|e| named(path, e))?
-            .resident(|n| (block.into_bytes(0, n), true)));
-    }
     let mut buf: Vec<u8> = Vec::with_capacity(len);
     // SAFETY: the vector's spare capacity holds `len` bytes nothing else uses.
-    let filled = unsafe { fill_nowait(&file, offset, buf.as_mut_ptr(), len) };
+    let filled = unsafe { fill_nowait(file, offset, buf.as_mut_ptr(), len) };
     Ok(filled.map_err(|e| named(path, e))?.resident(|n| {
         // SAFETY: `fill_nowait` initialised the first `n <= len` bytes.
         unsafe { buf.set_len(n) };
@@ -148,7 +139,7 @@ pub(crate) unsafe fn fill_nowait(
     Ok(Fill::Read(done))
 }
 
-fn named(path: &Path, e: io::Error) -> io::Error {
+pub(crate) fn named(path: &Path, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }
 
@@ -252,33 +243,5 @@ mod tests {
                 eprintln!("skipped: {} keeps pages resident", dir.path().display())
             }
         }
-    }
-
-    #[test]
-    fn a_pool_block_holds_the_bytes_while_one_is_free_and_a_buffer_of_their_own_after() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        let data: Vec<u8> = (0..5000u32).map(|i| (i * 13) as u8).collect();
-        std::fs::write(&path, &data).unwrap();
-        // Room for two blocks of 8 KiB (a read of 5001 bytes takes two pages).
-        let pool = Pool::new(16 << 10, 8 << 10).unwrap();
-        let mut held = Vec::new();
-        for expect_pooled in [true, true, false] {
-            match read_resident_in(Some(&pool), (&path).into(), 0, data.len() + 1).unwrap() {
-                Resident::Read { bytes, pooled } => {
-                    assert_eq!(&bytes[..], &data[..]);
-                    assert_eq!(pooled, expect_pooled);
-                    held.push(bytes);
-                }
-                Resident::Unsupported => {
-                    eprintln!("skipped: RWF_NOWAIT refused by this kernel");
-                    return;
-                }
-                Resident::NotResident => panic!("a file just written is in the page cache"),
-            }
-        }
-        assert_eq!(pool.free_bytes(), 0);
-        drop(held);
-        assert_eq!(pool.free_bytes(), 16 << 10, "the blocks went back");
     }
 }

@@ -1,5 +1,6 @@
 //! What every pipeline thread reads and never changes: the layout, the configuration, the
-//! dataset, the decode function and the emulated storage tier.
+//! dataset, the decode function and the emulated storage tier. What only some stages read
+//! (the peers, the decoded tier) is handed to those stages alone, in `pipeline/mod.rs`.
 
 use std::sync::Arc;
 
@@ -7,9 +8,9 @@ use crate::config::LoaderConfig;
 use crate::dataset::{Dataset, SampleMeta};
 use crate::error::Cause;
 use crate::pipeline::access::{Read, StorageRead};
-use crate::pipeline::io::attempt::Storage;
-use crate::pipeline::io::dirs::SampleDirs;
 use crate::pipeline::layout::Layout;
+use crate::pipeline::read::attempt::Storage;
+use crate::pipeline::read::dirs::SampleDirs;
 
 /// The user's decode function, type-erased.
 /// The user's decode function: a sample's bytes, what is known of it, and the epoch of the
@@ -33,23 +34,6 @@ pub(crate) struct Context<T> {
     pub(crate) arena: Option<lobster_uring::Arena>,
     /// Each sample's size as the cache plans with it (`None` without a cache).
     pub(crate) sizes: Option<Arc<[u32]>>,
-    /// Peer nodes whose caches serve planned misses, and which this node's cache serves.
-    pub(crate) peers: Option<crate::pipeline::peers::Peers>,
-    /// The decoded tier, where the cache may keep decoded images.
-    pub(crate) forms: Option<DecodedTier<T>>,
-}
-
-/// What the decoded tier needs: the decoder in its two stages, and what the planner prices
-/// forms with.
-pub(crate) struct DecodedTier<T> {
-    pub(crate) staged: crate::pipeline::decode::forms::Staged<T>,
-    pub(crate) choice: lobster_cache::FormChoice,
-    /// Each sample's decoded size, 0 where it has none.
-    pub(crate) decoded_sizes: Arc<[u32]>,
-    pub(crate) costs: lobster_cache::FormCosts,
-    pub(crate) costs_from: crate::pipeline::decode::forms::CostsFrom,
-    /// Decoded images are kept with their longer side brought down to this (lossy).
-    pub(crate) max_side: Option<u32>,
 }
 
 impl<T> Context<T> {

@@ -1,20 +1,23 @@
 //! The pipeline: how a sample walks from the sampler to a rank's batch. Its rooms are the
-//! stages a sample meets, read in this order:
+//! stages a sample meets, read in this order; a stage imports only the stages after it, and
+//! the files at this folder's root import no stage:
 //! 1. [`plan`]: the planner thread walks the node stream ([`layout`]) in canonical
 //!    order a window at a time and makes every cache decision, so hits and misses are a pure
 //!    function of the inputs; it opens the window's batches, runs the allocator, stays within
-//!    the prefetch distance of the slowest rank, and says who reads each miss.
+//!    the prefetch distance of the slowest rank ([`progress`]), says who reads each miss
+//!    ([`read_path`]), and starts the peer fetches of planned remote hits.
 //! 2. [`io`]: the dispatcher issues the window's reads in deadline order within the io_depth
-//!    budget and fills each sample's [`landing`] when its read completes; every read
-//!    attempt's fate (emulated tier, injected fault, retry, error) is decided in
-//!    [`io::attempt`], for the reads made on worker threads too.
+//!    budget and fills each sample's [`landing`] when its read completes.
 //! 3. [`decode`]: decode workers take accesses whose bytes are known, run the user's
 //!    function (in two stages with a decoded tier) and deliver each sample.
 //! 4. [`deliver`]: each rank's reorder buffer, and a rank taking its next whole batch.
-//! 5. [`peers`]: other nodes' caches: which peer holds each access's sample, the fetch and
-//!    its fallback to storage, and this node's cache as its peers see it.
 //!
-//! [`state`] composes the stages' shared parts; [`context`] holds what never changes.
+//! Beside them, imported by the stages and importing none: [`read`], every read attempt's
+//! fate (emulated tier, injected fault, retry, error), for the dispatcher's reads and the
+//! workers' alike; [`peers`], other nodes' caches (which peer holds each access's sample,
+//! the fetch and its settling, this node's cache as its peers see it); and [`context`], what
+//! never changes (it names `read`'s storage and directories). Each thread is given only what it touches: [`plan::ForPlanner`],
+//! [`io::ForDispatcher`], [`decode::ForWorkers`], [`deliver::ForRanks`], built here.
 
 mod access;
 mod context;
@@ -24,36 +27,45 @@ mod free_memory;
 mod io;
 mod landing;
 mod layout;
+mod outstanding;
 pub(crate) mod peers;
 mod plan;
-mod state;
+mod progress;
+mod read;
+mod read_path;
 mod sync;
+mod threads;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use lobster_cache::FormStats;
 use lobster_sched::CostModel;
 use lobster_uring::Reader;
 
-pub(crate) use context::{Context, DecodeFn, DecodedTier};
-pub(crate) use decode::forms::{decoded_sizes, form_costs, CostsFrom, Staged};
-pub(crate) use deliver::{detach, next_batch, poll_next_batch};
-pub(crate) use io::attempt::Storage;
-pub(crate) use io::dirs::SampleDirs;
+pub(crate) use context::{Context, DecodeFn};
+pub(crate) use decode::forms::{
+    decoded_sizes, form_costs, CostsFrom, DecodedTier, FormCounters, Staged,
+};
+pub(crate) use deliver::{detach, next_batch, poll_next_batch, ForRanks};
 pub(crate) use layout::{EpochEnds, Head, Layout};
 pub use peers::plan::{PeerPlan, PeerPlanInputs};
 pub(crate) use peers::{PeerCounters, Peers, ServedLandings};
 pub(crate) use plan::read_ahead_budget_bytes;
-pub(crate) use state::PipelineState;
+pub(crate) use progress::Progress;
+pub(crate) use read::attempt::Storage;
+pub(crate) use read::dirs::SampleDirs;
+pub(crate) use read_path::ReadPathCounters;
 pub(crate) use sync::lock;
 
 use crate::error::Error;
-use crate::metrics::Collector;
+use crate::metrics::{ClusterPlanMetrics, Collector};
+use decode::queue::DecodeQueues;
+use deliver::reorder::ReorderBuffer;
+use sync::StopSignal;
 
-/// The running pipeline: its threads and shared state.
+/// The running pipeline: its threads, and the parts of their state that the loader reads.
 pub(crate) struct Pipeline<T> {
-    pub(crate) state: Arc<PipelineState<T>>,
     threads: Vec<JoinHandle<()>>,
     reader: Option<Reader>,
     pub(crate) layout: Layout,
@@ -61,6 +73,26 @@ pub(crate) struct Pipeline<T> {
     pub(crate) dirs_held: usize,
     /// What the threads share and never change.
     pub(crate) context: Arc<Context<T>>,
+    /// What each rank's handle is given.
+    pub(crate) for_ranks: Arc<ForRanks<T>>,
+    /// Kept for the answers of the planner's peer fetches, which may come after it ends.
+    _for_planner: Arc<plan::ForPlanner<T>>,
+    stopper: Arc<Stopper<T>>,
+    pub(crate) collector: Arc<Mutex<Collector>>,
+    pub(crate) progress: Arc<Progress>,
+    pub(crate) read_path: Arc<ReadPathCounters>,
+    /// Why a pipeline thread could not run as `SCHED_BATCH`, if one could not.
+    pub(crate) batch_refused: Arc<Mutex<Option<String>>>,
+    /// What the decoded tier did.
+    pub(crate) forms: Arc<FormCounters>,
+    /// The planner's form decisions, once it is done (with a decoded tier).
+    pub(crate) form_plan: Arc<Mutex<Option<FormStats>>>,
+    /// This node's share of the cluster plan, once the planner is done (under it).
+    pub(crate) cluster_plan: Arc<Mutex<Option<ClusterPlanMetrics>>>,
+    /// Peer nodes whose caches serve planned misses, and which this node's cache serves.
+    pub(crate) peers: Option<Arc<Peers>>,
+    /// The decoded tier, where the cache may keep decoded images.
+    pub(crate) tier: Option<Arc<DecodedTier<T>>>,
     /// Whether this node's cache is still served to its peers.
     serving: bool,
 }
@@ -73,63 +105,156 @@ impl<T> std::fmt::Debug for Pipeline<T> {
     }
 }
 
+/// What ends the pipeline, on a thread's failure or a drop: the stop flag, and every
+/// sleeper woken to see it.
+struct Stopper<T> {
+    stop: Arc<StopSignal>,
+    /// A failure that ends the pipeline (planner or dispatcher error).
+    failure: Arc<Mutex<Option<Error>>>,
+    decode: Arc<DecodeQueues>,
+    progress: Arc<Progress>,
+    ranks: Arc<[ReorderBuffer<T>]>,
+}
+
+impl<T> Stopper<T> {
+    fn wake_all(&self) {
+        self.decode.wake();
+        self.progress.wake();
+        for r in self.ranks.iter() {
+            r.wake();
+        }
+    }
+
+    /// Records a failure that ends the pipeline and stops; rank handles report it.
+    fn fail(&self, error: Error) {
+        lock(&self.failure).get_or_insert(error);
+        self.stop.set();
+        self.wake_all();
+    }
+}
+
 impl<T: Send + 'static> Pipeline<T> {
-    /// Starts the planner, the dispatcher (with a reader: pipelined) and the decode workers.
-    pub(crate) fn start(ctx: Context<T>, reader: Option<Reader>) -> Result<Self, Error> {
+    /// Starts the planner, the dispatcher (with a reader: pipelined) and the decode workers,
+    /// each given only what it touches.
+    pub(crate) fn start(
+        ctx: Context<T>,
+        peers: Option<Peers>,
+        tier: Option<DecodedTier<T>>,
+        reader: Option<Reader>,
+    ) -> Result<Self, Error> {
         let ranks = ctx.layout.ranks;
         let config = &ctx.config;
         let workers = config.budgets.decode_threads;
         let (to_dispatcher, dispatcher_rx) = crossbeam_channel::unbounded();
-        let state = Arc::new(PipelineState {
-            stop: sync::StopSignal::default(),
-            outstanding: AtomicUsize::new(0),
-            planner_done: AtomicBool::new(false),
-            ranks: (0..ranks)
-                .map(|_| deliver::reorder::ReorderBuffer::new())
-                .collect(),
-            decode: decode::queue::DecodeQueues::new(
-                ranks,
-                &lobster_sched::equal_split(workers as u32, ranks),
-                if config.execution.workers_per_rank() {
-                    decode::queue::TakeRule::OwnRank
-                } else {
-                    decode::queue::TakeRule::OldestIteration
-                },
-            ),
-            progress: plan::progress::Progress::new(ranks),
-            collector: Mutex::new(Collector::new(
-                ranks,
-                ctx.layout.epochs,
-                ctx.layout.start_epoch,
-            )),
-            model: Mutex::new(CostModel::new()),
-            failure: Mutex::new(None),
+        let stop = Arc::new(StopSignal::default());
+        let outstanding = Arc::new(outstanding::Outstanding::default());
+        let reorder: Arc<[ReorderBuffer<T>]> = (0..ranks).map(|_| ReorderBuffer::new()).collect();
+        let decode_queues = Arc::new(DecodeQueues::new(
+            ranks,
+            &lobster_sched::equal_split(workers as u32, ranks),
+            if config.execution.workers_per_rank() {
+                decode::queue::TakeRule::OwnRank
+            } else {
+                decode::queue::TakeRule::OldestIteration
+            },
+        ));
+        let progress = Arc::new(Progress::new(ranks));
+        let collector = Arc::new(Mutex::new(Collector::new(
+            ranks,
+            ctx.layout.epochs,
+            ctx.layout.start_epoch,
+        )));
+        let model = Arc::new(Mutex::new(CostModel::new()));
+        let failure = Arc::new(Mutex::new(None));
+        // Peers are served from the cache's own copies.
+        let read_path = Arc::new(ReadPathCounters::new(
+            config.cache_in_page_cache().is_ok() && peers.is_none(),
+        ));
+        let batch_refused = Arc::new(Mutex::new(None));
+        let forms = Arc::new(FormCounters::default());
+        let form_plan = Arc::new(Mutex::new(None));
+        let cluster_plan = Arc::new(Mutex::new(None));
+        let peers = peers.map(Arc::new);
+        let tier = tier.map(Arc::new);
+        let for_ranks = Arc::new(ForRanks {
+            stop: stop.clone(),
+            failure: failure.clone(),
+            ranks: reorder.clone(),
+            progress: progress.clone(),
+            collector: collector.clone(),
             on_error: config.on_error,
             epoch_accesses: (ctx.layout.per_rank * ranks) as u64,
             budget_failure: Mutex::new(None),
-            // Peers are served from the cache's own copies.
-            read_path: plan::read_path::ReadPathCounters::new(
-                config.cache_in_page_cache().is_ok() && ctx.peers.is_none(),
-            ),
+            free_memory: Arc::new(free_memory::FreeMemory::new(
+                ctx.reader.clone(),
+                ctx.arena.clone(),
+            )),
+        });
+        let for_planner = Arc::new(plan::ForPlanner {
+            stop: stop.clone(),
+            batch_refused: batch_refused.clone(),
+            progress: progress.clone(),
+            outstanding: outstanding.clone(),
+            decode: decode_queues.clone(),
+            ranks: reorder.clone(),
             to_dispatcher: reader.is_some().then_some(to_dispatcher),
-            batch_refused: Mutex::new(None),
-            forms: decode::forms::FormCounters::default(),
-            form_plan: Mutex::new(None),
-            cluster_plan: Mutex::new(None),
-            free_memory: free_memory::FreeMemory::new(ctx.reader.clone(), ctx.arena.clone()),
+            collector: collector.clone(),
+            model: model.clone(),
+            read_path: read_path.clone(),
+            form_plan: form_plan.clone(),
+            cluster_plan: cluster_plan.clone(),
+            peers: peers.clone(),
+            tier: tier.clone(),
+        });
+        let for_dispatcher = Arc::new(io::ForDispatcher {
+            stop: stop.clone(),
+            outstanding: outstanding.clone(),
+            decode: decode_queues.clone(),
+            ranks: reorder.clone(),
+            model: model.clone(),
+        });
+        let for_workers = Arc::new(decode::ForWorkers {
+            stop: stop.clone(),
+            batch_refused: batch_refused.clone(),
+            outstanding: outstanding.clone(),
+            decode: decode_queues.clone(),
+            ranks: reorder.clone(),
+            model,
+            read_path: read_path.clone(),
+            forms: forms.clone(),
+            peers: peers.clone(),
+            tier: tier.clone(),
+        });
+        let stopper = Arc::new(Stopper {
+            stop,
+            failure,
+            decode: decode_queues,
+            progress: progress.clone(),
+            ranks: reorder,
         });
         let ctx = Arc::new(ctx);
-        if let Some(peers) = &ctx.peers {
+        if let Some(peers) = &peers {
             peers.transport.serve(peers.served.clone());
         }
         let mut pipeline = Pipeline {
-            state: state.clone(),
             threads: Vec::new(),
             reader: None,
             layout: ctx.layout.clone(),
             dirs_held: ctx.dirs.as_ref().map_or(0, SampleDirs::held),
             context: ctx.clone(),
-            serving: ctx.peers.is_some(),
+            for_ranks,
+            _for_planner: for_planner.clone(),
+            stopper: stopper.clone(),
+            collector,
+            progress,
+            read_path,
+            batch_refused,
+            forms,
+            form_plan,
+            cluster_plan,
+            serving: peers.is_some(),
+            peers,
+            tier,
         };
         // On an error below, dropping `pipeline` stops and joins what started.
         let mut spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
@@ -143,32 +268,32 @@ impl<T: Send + 'static> Pipeline<T> {
             Ok::<_, Error>(())
         };
         if let Some(reader) = &reader {
-            let (c, s, r) = (ctx.clone(), state.clone(), reader.clone());
+            let (c, s, r, x) = (ctx.clone(), for_dispatcher, reader.clone(), stopper.clone());
             spawn(
                 "lobster-dispatch".into(),
                 Box::new(move || {
                     if let Err(e) = io::dispatcher(&c, &s, &r, dispatcher_rx) {
-                        s.fail(e);
+                        x.fail(e);
                     }
                 }),
             )?;
         }
         for w in 0..workers {
-            let (c, s) = (ctx.clone(), state.clone());
+            let (c, s) = (ctx.clone(), for_workers.clone());
             spawn(
                 format!("lobster-decode-{w}"),
                 Box::new(move || decode::decode_worker(&c, &s, w)),
             )?;
         }
         {
-            let (c, s) = (ctx.clone(), state.clone());
+            let (c, s, x) = (ctx.clone(), for_planner, stopper);
             spawn(
                 "lobster-plan".into(),
                 Box::new(move || {
                     if let Err(e) = plan::planner(&c, &s) {
-                        s.fail(e);
+                        x.fail(e);
                     }
-                    s.planner_done.store(true, Ordering::SeqCst);
+                    s.outstanding.planner_done();
                     s.decode.wake();
                 }),
             )?;
@@ -182,20 +307,20 @@ impl<T> Pipeline<T> {
     /// Stops every thread and waits for them; in-flight reads are waited for by the reader.
     pub(crate) fn shutdown(&mut self) {
         if std::mem::take(&mut self.serving) {
-            if let Some(peers) = &self.context.peers {
+            if let Some(peers) = &self.peers {
                 peers.transport.unserve();
             }
         }
-        self.state.stop.set();
-        self.state.wake_all();
+        self.stopper.stop.set();
+        self.stopper.wake_all();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
-        if let Some(peers) = &self.context.peers {
+        if let Some(peers) = &self.peers {
             peers.gate.close();
         }
         self.reader = None;
-        self.state.free_memory.clear();
+        self.for_ranks.free_memory.clear();
     }
 }
 

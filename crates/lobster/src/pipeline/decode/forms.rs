@@ -40,6 +40,19 @@ impl<T> Clone for Staged<T> {
     }
 }
 
+/// What the decoded tier needs: the decoder in its two stages, and what the planner prices
+/// forms with.
+pub(crate) struct DecodedTier<T> {
+    pub(crate) staged: Staged<T>,
+    pub(crate) choice: lobster_cache::FormChoice,
+    /// Each sample's decoded size, 0 where it has none.
+    pub(crate) decoded_sizes: Arc<[u32]>,
+    pub(crate) costs: lobster_cache::FormCosts,
+    pub(crate) costs_from: CostsFrom,
+    /// Decoded images are kept with their longer side brought down to this (lossy).
+    pub(crate) max_side: Option<u32>,
+}
+
 /// What the tier did, counted by the decode workers.
 #[derive(Debug, Default)]
 pub(crate) struct FormCounters {

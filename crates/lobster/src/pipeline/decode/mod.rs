@@ -5,24 +5,57 @@ pub(super) mod forms;
 pub(super) mod queue;
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use lobster_sched::CostModel;
 
 use crate::batch::Sample;
 use crate::dataset::SampleMeta;
 use crate::error::{Cause, Error};
 use crate::pipeline::access::{self, Access, AccessLanding, Read, Ready};
 use crate::pipeline::context::Context;
-use crate::pipeline::io::blocking::{blocking_read, resident_read, OnWorker};
+use crate::pipeline::deliver::reorder::ReorderBuffer;
 use crate::pipeline::landing::{Loaded, Origin};
-use crate::pipeline::state::PipelineState;
-use crate::pipeline::sync::lock;
-use forms::{decode_in_stages, finish_cached, Keep};
-use queue::GROUP_MAX;
+use crate::pipeline::outstanding::Outstanding;
+use crate::pipeline::peers::{fetch, Peers};
+use crate::pipeline::read::on_worker::{blocking_read, resident_read, OnWorker, WorkerReads};
+use crate::pipeline::read_path::ReadPathCounters;
+use crate::pipeline::sync::{lock, StopSignal};
+use crate::pipeline::threads::schedule_this_thread;
+use forms::{decode_in_stages, finish_cached, DecodedTier, FormCounters, Keep};
+use queue::{DecodeQueues, GROUP_MAX};
+
+/// What the decode workers are given.
+pub(crate) struct ForWorkers<T> {
+    pub(crate) stop: Arc<StopSignal>,
+    /// Why a worker could not run as `SCHED_BATCH`, if one could not.
+    pub(crate) batch_refused: Arc<Mutex<Option<String>>>,
+    pub(crate) outstanding: Arc<Outstanding>,
+    pub(crate) decode: Arc<DecodeQueues>,
+    pub(crate) ranks: Arc<[ReorderBuffer<T>]>,
+    pub(crate) model: Arc<Mutex<CostModel>>,
+    pub(crate) read_path: Arc<ReadPathCounters>,
+    /// What the decoded tier did.
+    pub(crate) forms: Arc<FormCounters>,
+    /// Peer nodes a read-then-decode worker fetches planned misses from.
+    pub(crate) peers: Option<Arc<Peers>>,
+    /// The decoded tier, where the cache may keep decoded images.
+    pub(crate) tier: Option<Arc<DecodedTier<T>>>,
+}
 
 /// Worker `w`'s body.
-pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: usize) {
-    state.schedule_this_thread(ctx.config.budgets.pipeline_threads);
+pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &ForWorkers<T>, w: usize) {
+    schedule_this_thread(ctx.config.budgets.pipeline_threads, &state.batch_refused);
+    let reads = WorkerReads {
+        direct: ctx.config.reads.direct,
+        dirs: ctx.dirs.as_ref(),
+        reader: ctx.reader.as_ref(),
+        arena: ctx.arena.as_ref(),
+        storage: &ctx.storage,
+        model: &state.model,
+        stop: &state.stop,
+    };
     let mut released = Vec::new();
     let mut observed = DecodeObservations::default();
     let mut taken: Vec<Ready> = Vec::with_capacity(GROUP_MAX);
@@ -32,17 +65,20 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
             observed.flush(state);
         }
         let Some(Ready { access, bytes }) = group.next().or_else(|| {
-            let more =
-                state
-                    .decode
-                    .take(w, &ctx.layout, &state.stop, || state.drained(), &mut taken);
+            let more = state.decode.take(
+                w,
+                &ctx.layout,
+                &state.stop,
+                || state.outstanding.drained(),
+                &mut taken,
+            );
             group = std::mem::take(&mut taken).into_iter();
             more.then(|| group.next()).flatten()
         }) else {
             break;
         };
         let meta = ctx.meta(access.sample);
-        if let Some(tier) = ctx.forms.as_ref().filter(|_| access.cached.hit_decoded()) {
+        if let Some(tier) = state.tier.as_ref().filter(|_| access.cached.hit_decoded()) {
             // A hit on a decoded image runs the second stage only.
             if let Some(image) = access.landing.as_ref().and_then(|s| s.decoded()) {
                 let started = Instant::now();
@@ -67,11 +103,12 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
         let (bytes, read_here) = match access.read {
             Read::Blocking { peer } => {
                 let from_peer = peer.and_then(|p| {
-                    crate::pipeline::peers::fetch::blocking(ctx, state, access.sample, p)
+                    let peers = state.peers.as_deref().expect("a peer fetch has peers");
+                    fetch::blocking(peers, &state.model, (access.sample, meta.size_bytes), p)
                 });
                 let loaded = match from_peer {
                     Some(bytes) => Ok(bytes),
-                    None => blocking_read(ctx, state, meta, access.epoch, 0),
+                    None => blocking_read(&reads, meta, access.epoch, 0),
                 };
                 (loaded, Some(Origin::Own))
             }
@@ -80,7 +117,7 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                 // An admitted sample the page cache holds can stay there, read like any other.
                 let leave = access.cached.admitted() && state.read_path.leave_in_page_cache();
                 let copy = access.cached.admitted() && !leave;
-                match resident_read(ctx, state, meta, access.epoch, copy) {
+                match resident_read(&reads, meta, access.epoch, copy) {
                     (OnWorker::Done(loaded), pooled) => {
                         observed.resident += 1;
                         observed.left_in_page_cache += u64::from(leave && loaded.is_ok());
@@ -94,12 +131,12 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                     // Read from storage here: through the dispatcher the access would cross
                     // two more threads and the decode queue again.
                     (OnWorker::NotResident { attempt }, _) => (
-                        blocking_read(ctx, state, meta, access.epoch, attempt),
+                        blocking_read(&reads, meta, access.epoch, attempt),
                         Some(Origin::Own),
                     ),
                 }
             }
-            Read::PageCacheHit => match resident_read(ctx, state, meta, access.epoch, false) {
+            Read::PageCacheHit => match resident_read(&reads, meta, access.epoch, false) {
                 (OnWorker::Done(loaded), _) => {
                     observed.page_cache_hits += 1;
                     (loaded, None)
@@ -107,7 +144,7 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                 (OnWorker::NotResident { .. }, _) => {
                     observed.page_cache_lost += 1;
                     reread = true;
-                    (blocking_read(ctx, state, meta, access.epoch, 0), None)
+                    (blocking_read(&reads, meta, access.epoch, 0), None)
                 }
             },
             Read::Cached if matches!(bytes, Err(Error::Read { .. } | Error::Decode { .. })) => {
@@ -116,7 +153,7 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                 // landing keeps the failure, so each such hit reads for itself and its outcome
                 // depends only on its own epoch, not on timing.
                 reread = true;
-                (blocking_read(ctx, state, meta, access.epoch, 0), None)
+                (blocking_read(&reads, meta, access.epoch, 0), None)
             }
             Read::Cached | Read::Storage(_) | Read::Peer(_) => (bytes, None),
         };
@@ -139,7 +176,7 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
                 state,
                 meta,
                 access.epoch,
-                blocking_read(ctx, state, meta, access.epoch, 0),
+                blocking_read(&reads, meta, access.epoch, 0),
                 stages,
                 &mut observed,
             );
@@ -162,7 +199,7 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &PipelineState<T>, w: us
 /// Delivers a access's sample to its rank (`reread`: the bytes of a planned hit that read
 /// storage after all); the read-path counts go out before the last of a worker's group.
 fn hand_over<T>(
-    state: &PipelineState<T>,
+    state: &ForWorkers<T>,
     access: &Access,
     (item, elapsed, reread): (Result<Sample<T>, Error>, Duration, Option<u64>),
     last_of_group: bool,
@@ -172,7 +209,9 @@ fn hand_over<T>(
         observed.flush_read_path(state);
     }
     state.ranks[access.rank].deliver(access, item, elapsed, reread);
-    state.delivered();
+    if state.outstanding.delivered() {
+        state.decode.wake();
+    }
 }
 
 /// Decodes a worker observed and has not yet given the cost model: one lock per batch of
@@ -197,7 +236,7 @@ struct DecodeObservations {
 const OBSERVE_EVERY_SAMPLES: u64 = 16;
 
 impl DecodeObservations {
-    fn flush<T>(&mut self, state: &PipelineState<T>) {
+    fn flush<T>(&mut self, state: &ForWorkers<T>) {
         if self.samples > 0 {
             lock(&state.model).observe_decode(self.samples, self.bytes, self.elapsed);
         }
@@ -207,7 +246,7 @@ impl DecodeObservations {
 
     /// The read-path counts, exact in the metrics once every sample is delivered: reported
     /// before the last delivery of each group a worker takes.
-    fn flush_read_path<T>(&mut self, state: &PipelineState<T>) {
+    fn flush_read_path<T>(&mut self, state: &ForWorkers<T>) {
         let path = &state.read_path;
         if self.tried > 0 {
             path.tried.fetch_add(self.tried, Ordering::Relaxed);
@@ -225,7 +264,7 @@ impl DecodeObservations {
 
 /// Fills the landing of a read the worker made and queues the hits waiting on it.
 fn fill<T>(
-    state: &PipelineState<T>,
+    state: &ForWorkers<T>,
     ctx: &Context<T>,
     access: &Access,
     loaded: Loaded,
@@ -244,7 +283,7 @@ fn fill<T>(
         (origin, ctx.arena.as_ref()),
         released,
     );
-    state.ready(released.drain(..));
+    state.decode.push(released.drain(..));
 }
 
 /// Checks a sample's length and runs the user's decode function on it; with `keep`, the
@@ -252,7 +291,7 @@ fn fill<T>(
 /// as the cache keeps images.
 fn decode_sample<T>(
     ctx: &Context<T>,
-    state: &PipelineState<T>,
+    state: &ForWorkers<T>,
     meta: &SampleMeta,
     epoch: u32,
     bytes: Loaded,
@@ -269,7 +308,7 @@ fn decode_sample<T>(
                 actual_bytes: b.len() as u64,
             });
         }
-        decode_step(meta, || match &ctx.forms {
+        decode_step(meta, || match &state.tier {
             Some(tier) => {
                 let keep = keep.map(|landing| Keep {
                     landing,

@@ -3,20 +3,48 @@
 
 pub(super) mod reorder;
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::batch::Batch;
 use crate::error::Error;
 use crate::faults::OnError;
-use crate::metrics::SkippedSample;
+use crate::metrics::{Collector, SkippedSample};
+use crate::pipeline::free_memory::FreeMemory;
 use crate::pipeline::layout::EpochEnds;
-use crate::pipeline::state::PipelineState;
-use crate::pipeline::sync::{lock, stopped};
-use reorder::NoBatch;
+use crate::pipeline::progress::Progress;
+use crate::pipeline::sync::{lock, stopped, StopSignal};
+use reorder::{NoBatch, ReorderBuffer};
+
+/// What the ranks' handles are given: their reorder buffers, and what taking a batch tells
+/// or asks.
+pub(crate) struct ForRanks<T> {
+    pub(crate) stop: Arc<StopSignal>,
+    /// A failure that ended the pipeline (planner or dispatcher error).
+    pub(crate) failure: Arc<Mutex<Option<Error>>>,
+    pub(crate) ranks: Arc<[ReorderBuffer<T>]>,
+    pub(crate) progress: Arc<Progress>,
+    pub(crate) collector: Arc<Mutex<Collector>>,
+    pub(crate) on_error: OnError,
+    /// The node's accesses per epoch, the base of a fractional failure budget.
+    pub(crate) epoch_accesses: u64,
+    /// An epoch went over its failure budget: every rank's next batch reports it.
+    pub(crate) budget_failure: Mutex<Option<Error>>,
+    /// Given back at each epoch's end.
+    pub(crate) free_memory: Arc<FreeMemory>,
+}
+
+impl<T> std::fmt::Debug for ForRanks<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForRanks")
+            .field("stop", &self.stop)
+            .finish_non_exhaustive()
+    }
+}
 
 /// Rank `rank`'s next batch; `None` after its last.
 pub(crate) fn next_batch<T>(
-    state: &PipelineState<T>,
+    state: &ForRanks<T>,
     rank: usize,
     ends: EpochEnds,
 ) -> Option<Result<Batch<T>, Error>> {
@@ -29,7 +57,7 @@ pub(crate) fn next_batch<T>(
 /// it may be ready) until the batch is complete. `waiting` is when the rank began to wait
 /// for this batch, its stall, kept by the caller across polls.
 pub(crate) fn poll_next_batch<T>(
-    state: &PipelineState<T>,
+    state: &ForRanks<T>,
     rank: usize,
     ends: EpochEnds,
     cx: &mut std::task::Context<'_>,
@@ -44,7 +72,7 @@ pub(crate) fn poll_next_batch<T>(
 /// A taken batch as the rank gets it: the error policy and the failure budget applied, the
 /// planner let move on.
 fn finish<T>(
-    state: &PipelineState<T>,
+    state: &ForRanks<T>,
     rank: usize,
     ends: EpochEnds,
     taken: Result<reorder::TakenBatch<T>, NoBatch>,
@@ -127,7 +155,7 @@ fn finish<T>(
 
 /// Rank `rank`'s handle was dropped: its batches are discarded and it no longer holds back
 /// the planner.
-pub(crate) fn detach<T>(state: &PipelineState<T>, rank: usize) {
+pub(crate) fn detach<T>(state: &ForRanks<T>, rank: usize) {
     state.ranks[rank].detach();
     state.progress.detach(rank);
 }

@@ -8,17 +8,15 @@
 //! kernel; on older kernels the session opens and closes the files on this thread around
 //! their reads in the ring; on the pread fallback the reader's workers open, read and close.
 
-pub(super) mod attempt;
-pub(super) mod blocking;
-pub(super) mod dirs;
 pub(super) mod order;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use lobster_sched::Tier;
+use lobster_sched::{CostModel, Tier};
 use lobster_uring::{Completion, PathRead, ReadError, Reader, Session};
 use slab::Slab;
 
@@ -26,12 +24,24 @@ use crate::config::IoOrder;
 use crate::error::Error;
 use crate::pipeline::access::{self, Access, Ready};
 use crate::pipeline::context::Context;
+use crate::pipeline::decode::queue::DecodeQueues;
+use crate::pipeline::deliver::reorder::ReorderBuffer;
 use crate::pipeline::landing::{Loaded, Origin};
-use crate::pipeline::state::PipelineState;
-use crate::pipeline::sync::{lock, stopped};
-use attempt::{Attempt, Fate, ReadFailure};
+use crate::pipeline::outstanding::Outstanding;
+use crate::pipeline::read::attempt::{self, Attempt, Fate, ReadFailure};
+use crate::pipeline::sync::{lock, stopped, StopSignal};
 use lobster_sched::equal_split;
 use order::{next_read, ToDispatcher};
+
+/// What the dispatcher is given.
+pub(crate) struct ForDispatcher<T> {
+    pub(crate) stop: Arc<StopSignal>,
+    pub(crate) outstanding: Arc<Outstanding>,
+    pub(crate) decode: Arc<DecodeQueues>,
+    /// Whether a rank still takes its batches.
+    pub(crate) ranks: Arc<[ReorderBuffer<T>]>,
+    pub(crate) model: Arc<Mutex<CostModel>>,
+}
 
 /// The longest the dispatcher sleeps without looking at its queue and the stop flag.
 const IDLE_WAIT: Duration = Duration::from_millis(100);
@@ -104,9 +114,9 @@ impl Reads {
     }
 
     /// Queues the released accesses for decode, under one lock.
-    fn hand_off<T>(&mut self, state: &PipelineState<T>) {
+    fn hand_off<T>(&mut self, state: &ForDispatcher<T>) {
         if !self.released.is_empty() {
-            state.ready(self.released.drain(..));
+            state.decode.push(self.released.drain(..));
         }
     }
 
@@ -161,7 +171,7 @@ impl Saturation {
 /// The dispatcher thread's body.
 pub(crate) fn dispatcher<T>(
     ctx: &Context<T>,
-    state: &PipelineState<T>,
+    state: &ForDispatcher<T>,
     reader: &Reader,
     requests: Receiver<ToDispatcher>,
 ) -> Result<(), Error> {
@@ -237,7 +247,10 @@ pub(crate) fn dispatcher<T>(
         saturation.set(!room && pending.iter().any(|q| !q.is_empty()), now);
         reads.hand_off(state);
         // Workers may send reads until every access is delivered.
-        if state.drained() && reads.slab.is_empty() && pending.iter().all(VecDeque::is_empty) {
+        if state.outstanding.drained()
+            && reads.slab.is_empty()
+            && pending.iter().all(VecDeque::is_empty)
+        {
             return Ok(());
         }
         // Pool memory comes back as decode workers drop their samples: look again soon.
@@ -322,7 +335,7 @@ fn take(
 /// some; it keeps its io_depth unit and goes again when memory is back.
 fn submit<T>(
     ctx: &Context<T>,
-    state: &PipelineState<T>,
+    state: &ForDispatcher<T>,
     session: &mut Session,
     reads: &mut Reads,
     key: usize,
@@ -362,7 +375,7 @@ fn submit<T>(
 /// Submits the reads waiting for pool memory, in order, while it lasts.
 fn submit_blocked<T>(
     ctx: &Context<T>,
-    state: &PipelineState<T>,
+    state: &ForDispatcher<T>,
     session: &mut Session,
     reads: &mut Reads,
 ) {
@@ -378,7 +391,7 @@ fn submit_blocked<T>(
 /// emulated tier answers, or schedule its retry.
 fn on_completion<T>(
     ctx: &Context<T>,
-    state: &PipelineState<T>,
+    state: &ForDispatcher<T>,
     reads: &mut Reads,
     saturation: &mut Saturation,
     c: Completion,
@@ -418,7 +431,7 @@ fn on_completion<T>(
 /// A read is over: teach the cost model, and fill its landing.
 fn finish<T>(
     ctx: &Context<T>,
-    state: &PipelineState<T>,
+    state: &ForDispatcher<T>,
     reads: &mut Reads,
     saturation: &mut Saturation,
     done: InFlight,

@@ -5,9 +5,9 @@
 
 pub(super) mod allocate;
 pub(super) mod cluster;
-pub(super) mod progress;
+pub(super) mod handles;
 pub(super) mod read_ahead;
-pub(super) mod read_path;
+pub(super) mod remote;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -24,14 +24,14 @@ use crate::pipeline::context::Context;
 use crate::pipeline::deliver::reorder::PendingBatch;
 use crate::pipeline::io::order::{set_read_fractions, ToDispatcher};
 use crate::pipeline::layout::Layout;
-use crate::pipeline::peers::fetch;
 use crate::pipeline::peers::ServedLandings;
-use crate::pipeline::state::PipelineState;
+use crate::pipeline::read_path::ResidentGate;
 use crate::pipeline::sync::lock;
+use crate::pipeline::threads::schedule_this_thread;
 use allocate::{allocate, AccessLoad};
+pub(crate) use handles::ForPlanner;
 pub(crate) use read_ahead::budget_bytes as read_ahead_budget_bytes;
 use read_ahead::ReadAhead;
-use read_path::ResidentGate;
 
 /// The policy deciding the cache: one form (encoded bytes), two (with a decoded tier), or
 /// this node's share of the nodes' caches planned as one.
@@ -66,21 +66,21 @@ struct Cache {
 }
 
 impl Cache {
-    fn new<T>(ctx: &Context<T>) -> Result<Option<Self>, Error> {
+    fn new<T>(ctx: &Context<T>, state: &ForPlanner<T>) -> Result<Option<Self>, Error> {
         let config = &ctx.config;
         let (Some(kind), Some(sizes)) = (config.cache.policy.kind(), &ctx.sizes) else {
             return Ok(None);
         };
         let engine = |e| Error::engine("cache planner", e);
-        let cluster = ctx.peers.as_ref().is_some_and(|p| p.cluster);
-        let decider = match &ctx.forms {
+        let cluster = state.peers.as_ref().is_some_and(|p| p.cluster);
+        let decider = match &state.tier {
             _ if cluster => Decider::Cluster(Box::new(cluster::NodeShare::new(
                 &ctx.layout,
                 (config.job.nodes, config.job.node),
                 sizes.clone(),
                 config.cache.capacity_bytes,
                 (
-                    ctx.peers.as_ref().is_some_and(|p| p.locality),
+                    state.peers.as_ref().is_some_and(|p| p.locality),
                     config.cache.link_prices,
                 ),
             )?)),
@@ -110,7 +110,7 @@ impl Cache {
             landings: Store::new(config.cache.capacity_bytes),
             evicted: Vec::new(),
             leaving: Vec::new(),
-            served: ctx.peers.as_ref().map(|p| p.served.clone()),
+            served: state.peers.as_ref().map(|p| p.served.clone()),
         }))
     }
 
@@ -251,14 +251,14 @@ impl Cache {
 /// The planner thread's body.
 pub(crate) fn planner<T: Send + 'static>(
     ctx: &Arc<Context<T>>,
-    state: &Arc<PipelineState<T>>,
+    state: &Arc<ForPlanner<T>>,
 ) -> Result<(), Error> {
-    state.schedule_this_thread(ctx.config.budgets.pipeline_threads);
+    schedule_this_thread(ctx.config.budgets.pipeline_threads, &state.batch_refused);
     let layout = &ctx.layout;
     let config = &ctx.config;
     let to_dispatcher = state.to_dispatcher.as_ref();
     let mut gate = ResidentGate::new(config.resident_reads_enabled().is_ok());
-    let mut cache = Cache::new(ctx)?;
+    let mut cache = Cache::new(ctx, state)?;
     let mut allocator = match config.budgets.schedule {
         Schedule::Allocate { hysteresis } if config.execution.reallocates() => {
             let mut alloc = AllocConfig::new(Budgets {
@@ -276,7 +276,7 @@ pub(crate) fn planner<T: Send + 'static>(
         .prefetch_iterations
         .max(config.budgets.window_iterations);
     // Under the cluster plan, storage reads may go up to an epoch ahead (see read_ahead).
-    let mut read_ahead = match (&ctx.peers, to_dispatcher, cache.as_ref()) {
+    let mut read_ahead = match (&state.peers, to_dispatcher, cache.as_ref()) {
         (Some(p), Some(_), Some(c)) if c.cluster().is_some() && p.read_ahead_bytes > 0 => {
             Some(ReadAhead::new(p.read_ahead_bytes, iterations, prefetch))
         }
@@ -413,12 +413,12 @@ pub(crate) fn planner<T: Send + 'static>(
             let mut ready = Vec::new();
             let on_workers = gate.next_window(&state.read_path);
             // Priced once a window: the model moves slowly, and its lock is shared.
-            let costs = ctx.peers.as_ref().map(|_| *lock(&state.model).params());
+            let costs = state.peers.as_ref().map(|_| *lock(&state.model).params());
             // Counted before any of them can be delivered (a hit may be released at once).
-            state.outstanding.fetch_add(window.len(), Ordering::SeqCst);
+            state.outstanding.planned(window.len());
             for mut a in window.drain(..) {
                 if !a.cached.hit() {
-                    let peer = match (&a.read, &ctx.peers, &costs) {
+                    let peer = match (&a.read, &state.peers, &costs) {
                         (Read::Peer(p), ..) => Some(*p),
                         (_, Some(p), Some(c)) => {
                             p.source(c, a.seq - 1, ctx.meta(a.sample).size_bytes)
@@ -452,7 +452,7 @@ pub(crate) fn planner<T: Send + 'static>(
             }
             // Accesses whose bytes are at hand start decoding as soon as they are queued; the
             // queues order them by stream position, one lock for the whole window.
-            state.ready(ready);
+            state.decode.push(ready);
             if let Some(tx) = to_dispatcher {
                 state
                     .read_path
@@ -471,7 +471,7 @@ pub(crate) fn planner<T: Send + 'static>(
             for (access, peer) in remote {
                 match read_ahead.as_mut() {
                     Some(r) if ahead => r.defer(end, access, peer),
-                    _ => fetch::start(ctx, state, access, peer),
+                    _ => remote::start(ctx, state, access, peer),
                 }
             }
             global_iteration += last - first;
@@ -490,7 +490,7 @@ pub(crate) fn planner<T: Send + 'static>(
     if let Some(served) = cache.as_ref().and_then(|c| c.served.as_ref()) {
         served.planned_all();
     }
-    for r in &state.ranks {
+    for r in state.ranks.iter() {
         r.planned_all();
     }
     Ok(())
@@ -499,7 +499,7 @@ pub(crate) fn planner<T: Send + 'static>(
 /// Queues the window's batches in the reorder buffers, with their planned hit/miss figures.
 fn open_batches<T>(
     ctx: &Context<T>,
-    state: &PipelineState<T>,
+    state: &ForPlanner<T>,
     window: &[Access],
     (epoch, first, last): (u32, usize, usize),
     issued: Instant,
@@ -526,7 +526,7 @@ fn open_batches<T>(
         }
     }
     let mut metrics = metrics.into_iter();
-    for r in &state.ranks {
+    for r in state.ranks.iter() {
         let batches = (first..last).zip(metrics.by_ref()).map(|(iteration, m)| {
             PendingBatch::new(
                 epoch,

@@ -13,11 +13,11 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use super::handles::ForPlanner;
+use super::remote;
 use crate::error::Error;
 use crate::pipeline::access::Access;
 use crate::pipeline::context::Context;
-use crate::pipeline::peers::fetch;
-use crate::pipeline::state::PipelineState;
 
 /// A window the planner issued beyond the prefetch distance.
 #[derive(Debug)]
@@ -68,7 +68,7 @@ impl ReadAhead {
     pub(crate) fn admit<T: Send + 'static>(
         &mut self,
         ctx: &Arc<Context<T>>,
-        state: &Arc<PipelineState<T>>,
+        state: &Arc<ForPlanner<T>>,
         end: usize,
         storage_bytes: u64,
     ) -> Result<bool, Error> {
@@ -111,7 +111,7 @@ impl ReadAhead {
     pub(crate) fn finish<T: Send + 'static>(
         &mut self,
         ctx: &Arc<Context<T>>,
-        state: &Arc<PipelineState<T>>,
+        state: &Arc<ForPlanner<T>>,
     ) -> Result<(), Error> {
         while let Some(&(end, ..)) = self.deferred.front() {
             state
@@ -126,7 +126,7 @@ impl ReadAhead {
     fn release<T: Send + 'static>(
         &mut self,
         ctx: &Arc<Context<T>>,
-        state: &Arc<PipelineState<T>>,
+        state: &Arc<ForPlanner<T>>,
         slowest: usize,
     ) {
         let within = slowest.saturating_add(self.prefetch);
@@ -136,7 +136,7 @@ impl ReadAhead {
         }
         while self.deferred.front().is_some_and(|d| d.0 <= within) {
             let (_, access, peer) = self.deferred.pop_front().expect("checked");
-            fetch::start(ctx, state, access, peer);
+            remote::start(ctx, state, access, peer);
         }
     }
 }

@@ -4,18 +4,31 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use bytes::Bytes;
 use lobster_uring::Resident;
 
-use super::attempt::{Attempt, Fate, ReadFailure};
+use super::attempt::{Attempt, Fate, ReadFailure, Storage};
+use super::dirs::SampleDirs;
 use crate::dataset::SampleMeta;
-use crate::pipeline::context::Context;
 use crate::pipeline::landing::{Loaded, LARGE_FROM_BYTES};
-use crate::pipeline::state::PipelineState;
-use crate::pipeline::sync::{lock, stopped};
-use lobster_sched::Tier;
+use crate::pipeline::sync::{lock, stopped, StopSignal};
+use lobster_sched::{CostModel, Tier};
+
+/// What a read on a worker's thread uses, lent by the worker.
+pub(crate) struct WorkerReads<'a> {
+    /// The loader reads with O_DIRECT.
+    pub(crate) direct: bool,
+    pub(crate) dirs: Option<&'a SampleDirs>,
+    pub(crate) reader: Option<&'a lobster_uring::Reader>,
+    pub(crate) arena: Option<&'a lobster_uring::Arena>,
+    pub(crate) storage: &'a Storage,
+    /// Learns from the workers' storage reads as from the dispatcher's.
+    pub(crate) model: &'a Mutex<CostModel>,
+    pub(crate) stop: &'a StopSignal,
+}
 
 /// What a read on the worker came to.
 #[derive(Debug)]
@@ -29,14 +42,13 @@ pub(crate) enum OnWorker {
 /// Reads `meta` for an access in `epoch` with a blocking open and read (O_DIRECT if the
 /// loader reads so), charged to the emulated tier, retrying transient failures with backoff;
 /// `first_attempt` counts the attempts made before (a try of the page cache).
-pub(crate) fn blocking_read<T>(
-    ctx: &Context<T>,
-    state: &PipelineState<T>,
+pub(crate) fn blocking_read(
+    reads: &WorkerReads<'_>,
     meta: &SampleMeta,
     epoch: u32,
     first_attempt: u32,
 ) -> Loaded {
-    let direct = ctx.config.reads.direct;
+    let direct = reads.direct;
     // A whole file asks one byte more: a file that grew since the dataset was opened shows.
     let len = meta.read_len();
     let read = || -> Result<Option<Bytes>, ReadFailure> {
@@ -57,12 +69,12 @@ pub(crate) fn blocking_read<T>(
         Ok(Some(Bytes::from(buf)))
     };
     let issued = Instant::now();
-    match on_worker(ctx, state, meta, (epoch, first_attempt), read) {
+    match on_worker(reads, meta, (epoch, first_attempt), read) {
         OnWorker::Done(loaded) => {
             // The cost model prices storage against peers' caches: it learns from the
             // workers' reads as from the dispatcher's, emulated tier and retries included.
             if loaded.is_ok() {
-                lock(&state.model).observe_read(Tier::Storage, meta.size_bytes, issued.elapsed());
+                lock(reads.model).observe_read(Tier::Storage, meta.size_bytes, issued.elapsed());
             }
             loaded
         }
@@ -76,9 +88,8 @@ pub(crate) fn blocking_read<T>(
 /// large one that it does not keep gets a pool block when one is free, memory reused read
 /// after read where a fresh buffer costs a page fault per page; a small one the heap, which
 /// reuses freed memory as well without the pool's shared lock.
-pub(crate) fn resident_read<T>(
-    ctx: &Context<T>,
-    state: &PipelineState<T>,
+pub(crate) fn resident_read(
+    reads: &WorkerReads<'_>,
     meta: &SampleMeta,
     epoch: u32,
     admitted: bool,
@@ -86,17 +97,17 @@ pub(crate) fn resident_read<T>(
     let mut pooled = false;
     let read = || -> Result<Option<Bytes>, ReadFailure> {
         let (offset, len) = (meta.offset, meta.read_len());
-        let file = match &ctx.dirs {
+        let file = match reads.dirs {
             Some(dirs) => dirs.file(meta),
             None => (&*meta.path).into(),
         };
-        let in_arena = match &ctx.arena {
+        let in_arena = match reads.arena {
             Some(arena) if admitted && len >= LARGE_FROM_BYTES => {
                 arena.read_resident(file, offset, len)?
             }
             _ => None,
         };
-        let found = match (in_arena, &ctx.reader) {
+        let found = match (in_arena, reads.reader) {
             (Some(found), _) => found,
             (None, Some(reader)) if !admitted && len >= LARGE_FROM_BYTES => {
                 reader.read_resident(file, offset, len)?
@@ -111,21 +122,20 @@ pub(crate) fn resident_read<T>(
             Resident::NotResident | Resident::Unsupported => Ok(None),
         }
     };
-    let outcome = on_worker(ctx, state, meta, (epoch, 0), read);
+    let outcome = on_worker(reads, meta, (epoch, 0), read);
     (outcome, pooled)
 }
 
 /// Runs attempts of `read` (`None`: not resident) until its fate is decided.
-fn on_worker<T>(
-    ctx: &Context<T>,
-    state: &PipelineState<T>,
+fn on_worker(
+    reads: &WorkerReads<'_>,
     meta: &SampleMeta,
     (epoch, mut number): (u32, u32),
     mut read: impl FnMut() -> Result<Option<Bytes>, ReadFailure>,
 ) -> OnWorker {
     loop {
         // Reserved before the read, as the dispatcher does, so the tier serves in issue order.
-        let due = ctx.storage.reserve(Instant::now(), meta.size_bytes);
+        let due = reads.storage.reserve(Instant::now(), meta.size_bytes);
         let result = match read() {
             Ok(Some(bytes)) => Ok(bytes),
             Ok(None) => return OnWorker::NotResident { attempt: number },
@@ -137,9 +147,9 @@ fn on_worker<T>(
             number,
             due,
         };
-        match ctx.storage.fate(attempt, result) {
+        match reads.storage.fate(attempt, result) {
             Fate::Deliver { at, loaded } => {
-                let running = at.map_or(!state.stop.is_set(), |at| state.stop.sleep_until(at));
+                let running = at.map_or(!reads.stop.is_set(), |at| reads.stop.sleep_until(at));
                 if !running {
                     return OnWorker::Done(Err(stopped()));
                 }
@@ -147,7 +157,7 @@ fn on_worker<T>(
             }
             Fate::Retry { at } => {
                 number += 1;
-                if !state.stop.sleep_until(at) {
+                if !reads.stop.sleep_until(at) {
                     return OnWorker::Done(Err(stopped()));
                 }
             }

@@ -97,14 +97,15 @@ def run_torchrun(child, data, output, how, scratch):
             # Mid-iteration on both ranks (a rank still starting would die of SIGINT before
             # Python is up, silently).
             seen, lines = set(), []
-            while seen != {"0", "1"}:
+            while not {"0", "1"} <= seen:
                 line = p.stdout.readline()
                 if not line:
                     return unclean(f"a rank ended before iterating: rc {p.wait()}, stdout "
                                    f"{''.join(lines)[-600:]!r}, stderr {p.stderr.read()[-600:]!r}")
                 lines.append(line)
-                if line.startswith("iterating"):
-                    seen.add(line.split()[-1])
+                words = line.split()
+                if len(words) == 2 and words[0] == "iterating":
+                    seen.add(words[1])
             # Ctrl-C at a terminal: SIGINT to the whole foreground process group.
             os.killpg(p.pid, signal.SIGINT)
         out, err = p.communicate(timeout=HANG_GUARD_S)

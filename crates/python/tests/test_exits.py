@@ -57,7 +57,9 @@ for epoch in range(3):
     for batch in loader:
         taken += 1
         if how == "interrupt":
-            print("iterating", os.environ.get("LOCAL_RANK", ""), flush=True)
+            # One write: the ranks of a torchrun job share one pipe, and a print in pieces
+            # (their output unbuffered) interleaves with the other rank's.
+            os.write(1, ("iterating %s\n" % os.environ.get("LOCAL_RANK", "")).encode())
             time.sleep(0.05)
         elif taken == 3:
             # Mid-epoch: an epoch is 4 batches in one process, 2 for each of two ranks.

@@ -914,7 +914,8 @@ impl<T> Loader<T> {
     /// every rank has taken the same number of batches (after a training step): a resume
     /// refuses ranks at different batches.
     pub fn state(&self) -> LoaderState {
-        self.positions().state(&self.pipeline.progress.delivered())
+        self.positions()
+            .state(&self.pipeline.for_ranks.progress.delivered())
     }
 
     /// How the run's batches map to positions, for a process that counts a rank's batches
@@ -936,7 +937,7 @@ impl<T> Loader<T> {
     /// The run's metrics so far.
     pub fn metrics(&self) -> RunMetrics {
         let shared = &self.pipeline;
-        let mut m = pipeline::lock(&shared.collector).summary();
+        let mut m = pipeline::lock(&shared.for_ranks.collector).summary();
         let count = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
         m.faults_injected = count(&self.pipeline.context.storage.counters.injected);
         let path = &shared.read_path;

@@ -79,8 +79,6 @@ pub(crate) struct Pipeline<T> {
     /// Kept for the answers of the planner's peer fetches, which may come after it ends.
     _for_planner: Arc<plan::ForPlanner<T>>,
     stopper: Arc<Stopper<T>>,
-    pub(crate) collector: Arc<Mutex<Collector>>,
-    pub(crate) progress: Arc<Progress>,
     pub(crate) read_path: Arc<ReadPathCounters>,
     /// Why a pipeline thread could not run as `SCHED_BATCH`, if one could not.
     pub(crate) batch_refused: Arc<Mutex<Option<String>>>,
@@ -246,8 +244,6 @@ impl<T: Send + 'static> Pipeline<T> {
             for_ranks,
             _for_planner: for_planner.clone(),
             stopper: stopper.clone(),
-            collector,
-            progress,
             read_path,
             batch_refused,
             forms,

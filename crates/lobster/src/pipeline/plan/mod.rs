@@ -315,66 +315,14 @@ pub(crate) fn planner<T: Send + 'static>(
                 served.expire(state.progress.slowest() as u64);
             }
             window.clear();
-            let mut storage_bytes = 0;
-            // Both streams hold every rank's batches of the window, the sampler's or the plan's.
-            let in_window: usize = (first..last)
-                .map(|it| layout.ranks * layout.batch_len(epoch, it))
-                .sum();
-            for _ in 0..in_window {
-                let expected = (!assigned).then(|| accesses[next]);
-                next += 1;
-                seq += 1;
-                let Decided {
-                    sample,
-                    placed,
-                    cached,
-                    landing,
-                    peer,
-                } = match cache.as_mut() {
-                    None => Decided {
-                        sample: expected.expect("without a plan, the sampler's stream").3,
-                        placed: None,
-                        cached: Cached::default(),
-                        landing: AccessLanding::new(),
-                        peer: None,
-                    },
-                    Some(c) => c.decide(expected.map(|a| a.3))?,
-                };
-                let (iteration, rank, pos) = match (expected, placed) {
-                    (Some((it, rank, pos, _)), _) => {
-                        debug_assert!((first..last).contains(&it), "walked in its window");
-                        (it, rank, pos)
-                    }
-                    (None, Some((it, slot))) => {
-                        debug_assert!((first..last).contains(&it), "planned in its window");
-                        let len = layout.batch_len(epoch, it);
-                        (it, slot / len, slot % len)
-                    }
-                    (None, None) => unreachable!("an assigning plan places every access"),
-                };
-
-                // A miss is read from storage unless the hand-out below finds it a cheaper way.
-                let read = match peer {
-                    _ if cached.hit() => Read::Cached,
-                    // The cluster plan's remote hit: storage only if the peer fails.
-                    Some(p) => Read::Peer(p),
-                    None => ctx.storage_read(epoch, iteration, sample),
-                };
-                if let Read::Storage(r) = &read {
-                    storage_bytes += r.bytes;
-                }
-                window.push(Access {
-                    seq,
-                    epoch,
-                    iteration: iteration as u32,
-                    rank,
-                    pos,
-                    sample,
-                    cached,
-                    read,
-                    landing: Some(landing),
-                });
-            }
+            let storage_bytes = decide_window(
+                ctx,
+                cache.as_mut(),
+                (epoch, first, last),
+                (!assigned).then_some(accesses.as_slice()),
+                (&mut next, &mut seq),
+                &mut window,
+            )?;
             let ahead = match read_ahead.as_mut() {
                 Some(r) => r.admit(ctx, state, end, storage_bytes)?,
                 None => false,
@@ -382,91 +330,18 @@ pub(crate) fn planner<T: Send + 'static>(
             let issued = Instant::now();
             lock(&state.collector).epoch_issued(epoch, issued);
             if let Some(alloc) = allocator.as_mut() {
-                let loads = window.iter().map(|a| AccessLoad {
-                    rank: a.rank,
-                    bytes: ctx.meta(a.sample).size_bytes,
-                    hit: a.cached.hit(),
-                });
-                let record = {
-                    let model = lock(&state.model);
-                    allocate(
-                        alloc,
-                        &model,
-                        layout.ranks,
-                        config.budgets.decode_threads as u32,
-                        loads,
-                        (epoch, first),
-                    )?
-                };
-                if let (Some(tx), IoOrder::Shares) = (to_dispatcher, config.reads.io_order) {
-                    let _ = tx.send(ToDispatcher::Depths {
-                        from_seq: window.first().map_or(seq + 1, |a| a.seq),
-                        io_depth: record.io_depth.clone(),
-                    });
-                }
-                state.decode.set_assignment(&record.decode_threads);
-                lock(&state.collector).allocation(record);
+                reallocate(ctx, state, alloc, &window, (epoch, first), seq)?;
             }
             open_batches(ctx, state, &window, (epoch, first, last), issued);
-            let mut reads = Vec::new();
-            let mut remote = Vec::new();
-            let mut ready = Vec::new();
             let on_workers = gate.next_window(&state.read_path);
-            // Priced once a window: the model moves slowly, and its lock is shared.
-            let costs = state.peers.as_ref().map(|_| *lock(&state.model).params());
             // Counted before any of them can be delivered (a hit may be released at once).
             state.outstanding.planned(window.len());
-            for mut a in window.drain(..) {
-                if !a.cached.hit() {
-                    let peer = match (&a.read, &state.peers, &costs) {
-                        (Read::Peer(p), ..) => Some(*p),
-                        (_, Some(p), Some(c)) => {
-                            p.source(c, a.seq - 1, ctx.meta(a.sample).size_bytes)
-                        }
-                        _ => None,
-                    };
-                    match (to_dispatcher.is_some(), on_workers, peer) {
-                        (false, ..) => a.read = Read::Blocking { peer },
-                        (true, _, Some(p)) => a.read = Read::Peer(p),
-                        (true, true, None) => a.read = Read::IfResident,
-                        (true, false, None) => {}
-                    }
-                }
-                match a.read {
-                    Read::Cached => {
-                        let landing = a.landing.take().expect("planned with its landing");
-                        if let Some(r) = a.wait_on(&landing) {
-                            ready.push(r);
-                        }
-                    }
-                    Read::Storage(_) => reads.push(a),
-                    Read::Peer(p) => remote.push((a, p)),
-                    Read::Blocking { .. } | Read::IfResident => ready.push(Ready {
-                        access: a,
-                        bytes: Ok(bytes::Bytes::new()),
-                    }),
-                    Read::PageCacheHit => {
-                        unreachable!("a landing, not the plan, makes page-cache hits")
-                    }
-                }
-            }
-            // Accesses whose bytes are at hand start decoding as soon as they are queued; the
-            // queues order them by stream position, one lock for the whole window.
-            state.decode.push(ready);
-            if let Some(tx) = to_dispatcher {
-                state
-                    .read_path
-                    .dispatched
-                    .fetch_add(reads.len() as u64, Ordering::Relaxed);
-                if config.reads.io_order == IoOrder::Deadline {
-                    set_read_fractions(&mut reads);
-                }
-                if !reads.is_empty() && tx.send(ToDispatcher::Reads(reads)).is_err() {
-                    return Err(Error::Stopped {
-                        reason: "the I/O dispatcher ended".into(),
-                    });
-                }
-            }
+            let Routed {
+                ready,
+                reads,
+                remote,
+            } = route(ctx, state, &mut window, on_workers);
+            hand_out(ctx, state, ready, reads)?;
             // After the window's hits wait on their landings: an answer may come at once.
             for (access, peer) in remote {
                 match read_ahead.as_mut() {
@@ -492,6 +367,209 @@ pub(crate) fn planner<T: Send + 'static>(
     }
     for r in state.ranks.iter() {
         r.planned_all();
+    }
+    Ok(())
+}
+
+/// Decides the window's accesses, in stream order: the sampler's (`expected`, walked from
+/// `next`) or, under locality-aware assignment, the plan's; returns the bytes the window
+/// reads from storage.
+fn decide_window<T>(
+    ctx: &Context<T>,
+    mut cache: Option<&mut Cache>,
+    (epoch, first, last): (u32, usize, usize),
+    expected: Option<&[(usize, usize, usize, u32)]>,
+    (next, seq): (&mut usize, &mut u64),
+    window: &mut Vec<Access>,
+) -> Result<u64, Error> {
+    let layout = &ctx.layout;
+    let mut storage_bytes = 0;
+    // Both streams hold every rank's batches of the window, the sampler's or the plan's.
+    let in_window: usize = (first..last)
+        .map(|it| layout.ranks * layout.batch_len(epoch, it))
+        .sum();
+    for _ in 0..in_window {
+        let walked = expected.map(|e| e[*next]);
+        *next += 1;
+        *seq += 1;
+        let Decided {
+            sample,
+            placed,
+            cached,
+            landing,
+            peer,
+        } = match cache.as_deref_mut() {
+            None => Decided {
+                sample: walked.expect("without a plan, the sampler's stream").3,
+                placed: None,
+                cached: Cached::default(),
+                landing: AccessLanding::new(),
+                peer: None,
+            },
+            Some(c) => c.decide(walked.map(|a| a.3))?,
+        };
+        let (iteration, rank, pos) = match (walked, placed) {
+            (Some((it, rank, pos, _)), _) => {
+                debug_assert!((first..last).contains(&it), "walked in its window");
+                (it, rank, pos)
+            }
+            (None, Some((it, slot))) => {
+                debug_assert!((first..last).contains(&it), "planned in its window");
+                let len = layout.batch_len(epoch, it);
+                (it, slot / len, slot % len)
+            }
+            (None, None) => unreachable!("an assigning plan places every access"),
+        };
+
+        // A miss is read from storage unless the routing finds it a cheaper way.
+        let read = match peer {
+            _ if cached.hit() => Read::Cached,
+            // The cluster plan's remote hit: storage only if the peer fails.
+            Some(p) => Read::Peer(p),
+            None => ctx.storage_read(epoch, iteration, sample),
+        };
+        if let Read::Storage(r) = &read {
+            storage_bytes += r.bytes;
+        }
+        window.push(Access {
+            seq: *seq,
+            epoch,
+            iteration: iteration as u32,
+            rank,
+            pos,
+            sample,
+            cached,
+            read,
+            landing: Some(landing),
+        });
+    }
+    Ok(storage_bytes)
+}
+
+/// Runs the allocator on the window and applies what it gives: io_depth to the dispatcher
+/// (under `IoOrder::Shares`), decode threads to the queues.
+fn reallocate<T>(
+    ctx: &Context<T>,
+    state: &ForPlanner<T>,
+    alloc: &mut Allocator,
+    window: &[Access],
+    (epoch, first): (u32, usize),
+    seq: u64,
+) -> Result<(), Error> {
+    let config = &ctx.config;
+    let loads = window.iter().map(|a| AccessLoad {
+        rank: a.rank,
+        bytes: ctx.meta(a.sample).size_bytes,
+        hit: a.cached.hit(),
+    });
+    let record = {
+        let model = lock(&state.model);
+        allocate(
+            alloc,
+            &model,
+            ctx.layout.ranks,
+            config.budgets.decode_threads as u32,
+            loads,
+            (epoch, first),
+        )?
+    };
+    if let (Some(tx), IoOrder::Shares) = (&state.to_dispatcher, config.reads.io_order) {
+        let _ = tx.send(ToDispatcher::Depths {
+            from_seq: window.first().map_or(seq + 1, |a| a.seq),
+            io_depth: record.io_depth.clone(),
+        });
+    }
+    state.decode.set_assignment(&record.decode_threads);
+    lock(&state.collector).allocation(record);
+    Ok(())
+}
+
+/// A window's accesses by who takes them next.
+struct Routed {
+    /// Bytes at hand (a hit released at once) or read by the worker itself: the decode
+    /// queues.
+    ready: Vec<Ready>,
+    /// The dispatcher's storage reads.
+    reads: Vec<Access>,
+    /// Planned remote hits, with the peer that serves each.
+    remote: Vec<(Access, usize)>,
+}
+
+/// Says who reads each of the window's misses (the dispatcher, a peer, the worker itself)
+/// and sets its hits waiting on their landings.
+fn route<T>(
+    ctx: &Context<T>,
+    state: &ForPlanner<T>,
+    window: &mut Vec<Access>,
+    on_workers: bool,
+) -> Routed {
+    let pipelined = state.to_dispatcher.is_some();
+    let mut routed = Routed {
+        ready: Vec::new(),
+        reads: Vec::new(),
+        remote: Vec::new(),
+    };
+    // Priced once a window: the model moves slowly, and its lock is shared.
+    let costs = state.peers.as_ref().map(|_| *lock(&state.model).params());
+    for mut a in window.drain(..) {
+        if !a.cached.hit() {
+            let peer = match (&a.read, &state.peers, &costs) {
+                (Read::Peer(p), ..) => Some(*p),
+                (_, Some(p), Some(c)) => p.source(c, a.seq - 1, ctx.meta(a.sample).size_bytes),
+                _ => None,
+            };
+            match (pipelined, on_workers, peer) {
+                (false, ..) => a.read = Read::Blocking { peer },
+                (true, _, Some(p)) => a.read = Read::Peer(p),
+                (true, true, None) => a.read = Read::IfResident,
+                (true, false, None) => {}
+            }
+        }
+        match a.read {
+            Read::Cached => {
+                let landing = a.landing.take().expect("planned with its landing");
+                if let Some(r) = a.wait_on(&landing) {
+                    routed.ready.push(r);
+                }
+            }
+            Read::Storage(_) => routed.reads.push(a),
+            Read::Peer(p) => routed.remote.push((a, p)),
+            Read::Blocking { .. } | Read::IfResident => routed.ready.push(Ready {
+                access: a,
+                bytes: Ok(bytes::Bytes::new()),
+            }),
+            Read::PageCacheHit => {
+                unreachable!("a landing, not the plan, makes page-cache hits")
+            }
+        }
+    }
+    routed
+}
+
+/// Hands the window's accesses on: those whose bytes are at hand to the decode queues, the
+/// storage reads to the dispatcher.
+fn hand_out<T>(
+    ctx: &Context<T>,
+    state: &ForPlanner<T>,
+    ready: Vec<Ready>,
+    mut reads: Vec<Access>,
+) -> Result<(), Error> {
+    // Accesses whose bytes are at hand start decoding as soon as they are queued; the
+    // queues order them by stream position, one lock for the whole window.
+    state.decode.push(ready);
+    if let Some(tx) = &state.to_dispatcher {
+        state
+            .read_path
+            .dispatched
+            .fetch_add(reads.len() as u64, Ordering::Relaxed);
+        if ctx.config.reads.io_order == IoOrder::Deadline {
+            set_read_fractions(&mut reads);
+        }
+        if !reads.is_empty() && tx.send(ToDispatcher::Reads(reads)).is_err() {
+            return Err(Error::Stopped {
+                reason: "the I/O dispatcher ended".into(),
+            });
+        }
     }
     Ok(())
 }

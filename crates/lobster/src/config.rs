@@ -370,7 +370,8 @@ impl Default for BudgetConfig {
     }
 }
 
-/// How storage is read, and what stands in for storage in tests and demos.
+/// How storage is read, and (with the `lab` feature) what stands in for storage in tests,
+/// demos and benches.
 #[derive(Clone, Debug, Default)]
 pub struct ReadConfig {
     /// Which I/O backend runs the reads.
@@ -381,10 +382,30 @@ pub struct ReadConfig {
     pub io_order: IoOrder,
     /// Where the pipelined mode reads samples the page cache holds.
     pub resident_reads: ResidentReads,
-    /// An emulated storage tier charged on every storage read.
+    /// An emulated storage tier charged on every storage read (feature `lab`).
+    #[cfg(feature = "lab")]
     pub storage_emulation: Option<StorageEmulation>,
-    /// Deterministic faults injected into storage reads (tests and demos).
+    /// Deterministic faults injected into storage reads (feature `lab`).
+    #[cfg(feature = "lab")]
     pub inject_faults: Option<FaultInjection>,
+}
+
+impl ReadConfig {
+    /// The emulated storage tier, if the `lab` feature is on and one is configured.
+    pub(crate) fn emulation(&self) -> Option<StorageEmulation> {
+        #[cfg(feature = "lab")]
+        return self.storage_emulation;
+        #[cfg(not(feature = "lab"))]
+        None
+    }
+
+    /// The injected faults, if the `lab` feature is on and some are configured.
+    pub(crate) fn faults(&self) -> Option<&FaultInjection> {
+        #[cfg(feature = "lab")]
+        return self.inject_faults.as_ref();
+        #[cfg(not(feature = "lab"))]
+        None
+    }
 }
 
 /// Bounds on the knobs, so a typo cannot ask for a million threads: the most decode
@@ -417,7 +438,7 @@ impl LoaderConfig {
                 Err("resident reads are off")
             }
             _ if self.reads.direct => Err("O_DIRECT bypasses the page cache"),
-            _ if self.reads.storage_emulation.is_some() => {
+            _ if self.reads.emulation().is_some() => {
                 Err("the emulated storage tier charges every read")
             }
             _ => Ok(()),
@@ -431,7 +452,7 @@ impl LoaderConfig {
         match () {
             _ if self.cache.policy == CachePolicy::None => Err("no cache"),
             // A hit read back would draw a storage read's faults the cached bytes never saw.
-            _ if self.reads.inject_faults.is_some() => {
+            _ if self.reads.faults().is_some() => {
                 Err("faults are injected into every storage read")
             }
             _ => Ok(()),
@@ -536,7 +557,7 @@ impl LoaderConfig {
                 return Err(Error::invalid("hysteresis", hysteresis, "0 <= h < 1"));
             }
         }
-        if let Some(e) = self.reads.storage_emulation {
+        if let Some(e) = self.reads.emulation() {
             if !(e.bandwidth_bytes_per_s.is_finite() && e.bandwidth_bytes_per_s > 0.0) {
                 return Err(Error::invalid(
                     "storage bandwidth_bytes_per_s",
@@ -554,7 +575,7 @@ impl LoaderConfig {
                 return Err(Error::invalid("max_failures", f, "a fraction 0..=1"));
             }
         }
-        if let Some(f) = &self.reads.inject_faults {
+        if let Some(f) = self.reads.faults() {
             f.validate()?;
         }
         Ok(())

@@ -1,5 +1,5 @@
 //! What the loader does when a sample fails, which failures it retries, and a deterministic
-//! fault injector for tests and demos.
+//! fault injector for tests, demos and benches (public with the `lab` feature).
 
 use std::fmt;
 use std::io;
@@ -119,6 +119,7 @@ pub(crate) struct AttemptError {
 }
 
 /// The fault a storage read ends with once its attempts are spent.
+#[cfg(feature = "lab")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Fault {
     /// Every attempt fails with an I/O error (a bad block).
@@ -210,7 +211,8 @@ impl FaultInjection {
     }
 
     /// The fault the read of `sample` for an access in `epoch` ends with after all
-    /// [`READ_ATTEMPTS`]; `None` if it delivers the right bytes.
+    /// [`READ_ATTEMPTS`]; `None` if it delivers the right bytes. What a test expects of a read.
+    #[cfg(feature = "lab")]
     pub fn outcome(&self, sample: u32, epoch: u32) -> Option<Fault> {
         let first = self.decide(sample, epoch, 0);
         if first.eio {

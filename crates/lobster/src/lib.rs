@@ -10,6 +10,11 @@
 //! other nodes' caches in [`net`]; the engine crates underneath (lobster-cache, -sched,
 //! -uring, -image, -net) are dependencies of their own for whoever needs more.
 //!
+//! Features: `mpi` (peers over MPI: Open MPI and libclang to build) and `lab` (an emulated
+//! storage tier and deterministic fault injection, [`ReadConfig`]'s `storage_emulation` and
+//! `inject_faults`: what the CLI, the benches and the tests stand in for storage with; an
+//! embedder has no need of it).
+//!
 //! A loader embedded in a training job: one [`RankHandle`] per local rank, each driven by its
 //! rank's thread.
 //!
@@ -105,9 +110,12 @@ pub use config::{
 pub use dataset::{
     Dataset, FolderOptions, Probe, SampleMeta, SampleRecord, CLASSES_MAX, IMAGE_EXTENSIONS,
 };
+#[cfg(feature = "lab")]
 pub use emulate::StorageEmulation;
 pub use error::{Cause, Error};
-pub use faults::{AttemptFaults, FailureBudget, Fault, FaultInjection, OnError, READ_ATTEMPTS};
+#[cfg(feature = "lab")]
+pub use faults::{AttemptFaults, Fault, FaultInjection};
+pub use faults::{FailureBudget, OnError, READ_ATTEMPTS};
 pub use loader::{Loader, LoaderBuilder, RankHandle, RankStream};
 pub use lobster_cache::{Form, FormChoice, FormCosts, LinkPrices};
 pub use lobster_uring::{hold_heap, ActiveBackend, Backend, BackendInfo, HeapLimits};

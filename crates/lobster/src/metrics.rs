@@ -226,7 +226,8 @@ pub struct RunMetrics {
     /// later ones are only counted in `skipped`.
     pub skipped_samples: Vec<SkippedSample>,
     /// Storage read attempts the fault injector changed (failed, shortened, delayed or
-    /// corrupted).
+    /// corrupted; feature `lab`).
+    #[cfg(feature = "lab")]
     pub faults_injected: u64,
     /// Read attempts retried after a transient failure.
     pub read_retries: u64,
@@ -677,6 +678,7 @@ impl Collector {
             allocations: self.allocations.iter().cloned().collect(),
             skipped: self.skipped,
             skipped_samples: self.skipped_samples.clone(),
+            #[cfg(feature = "lab")]
             faults_injected: 0,
             read_path: Mode::default(),
             pipeline_threads: Mode::default(),

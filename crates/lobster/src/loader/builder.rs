@@ -8,9 +8,12 @@ use crate::config::{
     Assign, CachePolicy, Execution, IoOrder, LoaderConfig, PeerPlanChoice, Schedule,
 };
 use crate::dataset::{Dataset, SampleMeta};
+#[cfg(feature = "lab")]
 use crate::emulate::StorageEmulation;
 use crate::error::{Cause, Error};
-use crate::faults::{FaultInjection, OnError};
+#[cfg(feature = "lab")]
+use crate::faults::FaultInjection;
+use crate::faults::OnError;
 use crate::memory::{MachineMemory, MemoryPart};
 use crate::metrics::{CacheForms, Mode, PeerPlanKind};
 use crate::pipeline::{self, Context, DecodeFn, Layout, Pipeline};
@@ -198,10 +201,13 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         backend => reads.backend: lobster_uring::Backend,
         /// Read with O_DIRECT.
         direct => reads.direct: bool,
-        /// Charge every storage read an emulated shared tier's latency and bandwidth.
+        /// Charge every storage read an emulated shared tier's latency and bandwidth
+        /// (feature `lab`).
+        #[cfg(feature = "lab")]
         storage_emulation => reads.storage_emulation: Option<StorageEmulation>,
-        /// Inject deterministic faults into every storage read (tests and demos); `None` for
+        /// Inject deterministic faults into every storage read (feature `lab`); `None` for
         /// none.
+        #[cfg(feature = "lab")]
         inject_faults => reads.inject_faults: Option<FaultInjection>,
         /// What a rank's iterator does with a sample that cannot be read or decoded:
         /// [`OnError::Fail`] (the default) or skip it within a per-epoch budget.
@@ -360,9 +366,9 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             dirs,
             dataset,
             decode,
-            storage: pipeline::Storage::new(
-                config.reads.storage_emulation,
-                config.reads.inject_faults,
+            storage: pipeline::ReadFates::new(
+                config.reads.emulation(),
+                config.reads.faults().cloned(),
                 config.job.epochs,
             ),
             reader: reader.clone(),
@@ -539,7 +545,7 @@ fn decoded_tier<T>(
     let probes = dataset.image_probes();
     let (costs, costs_from) = match config.cache.form_costs {
         Some(costs) => (costs, pipeline::CostsFrom::CONFIG),
-        None => pipeline::form_costs(&probes, dataset.samples(), config.reads.storage_emulation),
+        None => pipeline::form_costs(&probes, dataset.samples(), config.reads.emulation()),
     };
     let max_side = config.cache.decoded_max_side;
     let tier = pipeline::DecodedTier {

@@ -86,7 +86,10 @@ impl<T> Loader<T> {
         let shared = &self.pipeline;
         let mut m = pipeline::lock(&shared.for_ranks.collector).summary();
         let count = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
-        m.faults_injected = count(&self.pipeline.context.storage.counters.injected);
+        #[cfg(feature = "lab")]
+        {
+            m.faults_injected = count(&self.pipeline.context.storage.counters.injected);
+        }
         let path = &shared.read_path;
         let tried = count(&path.tried);
         m.reads_resident = count(&path.resident);

@@ -9,7 +9,7 @@ use crate::dataset::{Dataset, SampleMeta};
 use crate::error::Cause;
 use crate::pipeline::access::{Read, StorageRead};
 use crate::pipeline::layout::Layout;
-use crate::pipeline::read::attempt::Storage;
+use crate::pipeline::read::attempt::ReadFates;
 use crate::pipeline::read::dirs::SampleDirs;
 
 /// The user's decode function, type-erased.
@@ -27,7 +27,7 @@ pub(crate) struct Context<T> {
     pub(crate) dirs: Option<SampleDirs>,
     pub(crate) decode: DecodeFn<T>,
     /// What every storage read meets: the emulated tier and injected faults.
-    pub(crate) storage: Storage,
+    pub(crate) storage: ReadFates,
     /// The reader (pipelined): its pool also takes the workers' page-cache reads.
     pub(crate) reader: Option<lobster_uring::Reader>,
     /// Where the cache keeps large samples (`None`: no cache, or no room for the mapping).

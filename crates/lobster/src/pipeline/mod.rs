@@ -54,7 +54,7 @@ pub use peers::plan::{PeerPlan, PeerPlanInputs};
 pub(crate) use peers::{PeerCounters, Peers, ServedLandings};
 pub(crate) use plan::read_ahead_budget_bytes;
 pub(crate) use progress::Progress;
-pub(crate) use read::attempt::Storage;
+pub(crate) use read::attempt::ReadFates;
 pub(crate) use read::dirs::SampleDirs;
 pub(crate) use read_path::ReadPathCounters;
 pub(crate) use sync::lock;

@@ -1,7 +1,7 @@
 //! One read attempt's fate, the same for the dispatcher's reads and the decode workers'
 //! (the baselines' blocking reads, reads after a page-cache try): the emulated tier's answer
 //! time, injected faults, a retry after a backoff, or the error that names the sample. Every
-//! storage read meets [`Storage`], so every strategy meets the same tier and the same faults.
+//! storage read meets [`ReadFates`], so every strategy meets the same tier and the same faults.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -105,23 +105,23 @@ pub(crate) struct Attempt<'a> {
     pub(crate) due: Option<Instant>,
 }
 
-/// What every storage read meets, whoever makes it: the emulated tier and the injected
-/// faults (each if configured), and the counts of what failed.
+/// What decides every storage read attempt's fate, whoever makes it: the emulated tier and the
+/// injected faults (each if configured, feature `lab`), and the counts of what failed.
 #[derive(Debug, Default)]
-pub(crate) struct Storage {
+pub(crate) struct ReadFates {
     device: Option<Device>,
     faults: Option<FaultInjection>,
     pub(crate) counters: FaultCounters,
     pub(crate) delivered: DeliveredByEpoch,
 }
 
-impl Storage {
+impl ReadFates {
     pub(crate) fn new(
         emulation: Option<StorageEmulation>,
         faults: Option<FaultInjection>,
         epochs: u32,
     ) -> Self {
-        Storage {
+        ReadFates {
             device: emulation.map(Device::new),
             faults,
             counters: FaultCounters::default(),

@@ -10,7 +10,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use lobster_uring::Resident;
 
-use super::attempt::{Attempt, Fate, ReadFailure, Storage};
+use super::attempt::{Attempt, Fate, ReadFailure, ReadFates};
 use super::dirs::SampleDirs;
 use crate::dataset::SampleMeta;
 use crate::pipeline::landing::{Loaded, LARGE_FROM_BYTES};
@@ -24,7 +24,7 @@ pub(crate) struct WorkerReads<'a> {
     pub(crate) dirs: Option<&'a SampleDirs>,
     pub(crate) reader: Option<&'a lobster_uring::Reader>,
     pub(crate) arena: Option<&'a lobster_uring::Arena>,
-    pub(crate) storage: &'a Storage,
+    pub(crate) storage: &'a ReadFates,
     /// Learns from the workers' storage reads as from the dispatcher's.
     pub(crate) model: &'a Mutex<CostModel>,
     pub(crate) stop: &'a StopSignal,

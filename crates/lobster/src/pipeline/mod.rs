@@ -40,6 +40,8 @@ mod threads;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use crossbeam_channel::Receiver;
+
 use lobster_cache::FormStats;
 use lobster_sched::CostModel;
 use lobster_uring::Reader;
@@ -132,25 +134,34 @@ impl<T> Stopper<T> {
     }
 }
 
-impl<T: Send + 'static> Pipeline<T> {
-    /// Starts the planner, the dispatcher (with a reader: pipelined) and the decode workers,
-    /// each given only what it touches.
-    pub(crate) fn start(
-        ctx: Context<T>,
-        peers: Option<Peers>,
-        tier: Option<DecodedTier<T>>,
-        reader: Option<Reader>,
-    ) -> Result<Self, Error> {
+/// What each thread is given, built together so that what several of them share is made
+/// once.
+struct Handles<T> {
+    for_ranks: Arc<ForRanks<T>>,
+    for_planner: Arc<plan::ForPlanner<T>>,
+    for_dispatcher: Arc<io::ForDispatcher<T>>,
+    for_workers: Arc<decode::ForWorkers<T>>,
+    stopper: Arc<Stopper<T>>,
+    /// The dispatcher's end of the planner's requests.
+    to_dispatcher: Receiver<io::order::ToDispatcher>,
+}
+
+impl<T> Handles<T> {
+    fn new(
+        ctx: &Context<T>,
+        peers: Option<Arc<Peers>>,
+        tier: Option<Arc<DecodedTier<T>>>,
+        dispatches: bool,
+    ) -> Self {
         let ranks = ctx.layout.ranks;
         let config = &ctx.config;
-        let workers = config.budgets.decode_threads;
         let (to_dispatcher, dispatcher_rx) = crossbeam_channel::unbounded();
         let stop = Arc::new(StopSignal::default());
         let outstanding = Arc::new(outstanding::Outstanding::default());
         let reorder: Arc<[ReorderBuffer<T>]> = (0..ranks).map(|_| ReorderBuffer::new()).collect();
         let decode_queues = Arc::new(DecodeQueues::new(
             ranks,
-            &lobster_sched::equal_split(workers as u32, ranks),
+            &lobster_sched::equal_split(config.budgets.decode_threads as u32, ranks),
             if config.execution.workers_per_rank() {
                 decode::queue::TakeRule::OwnRank
             } else {
@@ -170,11 +181,6 @@ impl<T: Send + 'static> Pipeline<T> {
             config.cache_in_page_cache().is_ok() && peers.is_none(),
         ));
         let batch_refused = Arc::new(Mutex::new(None));
-        let forms = Arc::new(FormCounters::default());
-        let form_plan = Arc::new(Mutex::new(None));
-        let cluster_plan = Arc::new(Mutex::new(None));
-        let peers = peers.map(Arc::new);
-        let tier = tier.map(Arc::new);
         let for_ranks = Arc::new(ForRanks {
             stop: stop.clone(),
             failure: failure.clone(),
@@ -196,12 +202,12 @@ impl<T: Send + 'static> Pipeline<T> {
             outstanding: outstanding.clone(),
             decode: decode_queues.clone(),
             ranks: reorder.clone(),
-            to_dispatcher: reader.is_some().then_some(to_dispatcher),
-            collector: collector.clone(),
+            to_dispatcher: dispatches.then_some(to_dispatcher),
+            collector,
             model: model.clone(),
             read_path: read_path.clone(),
-            form_plan: form_plan.clone(),
-            cluster_plan: cluster_plan.clone(),
+            form_plan: Arc::new(Mutex::new(None)),
+            cluster_plan: Arc::new(Mutex::new(None)),
             peers: peers.clone(),
             tier: tier.clone(),
         });
@@ -214,46 +220,89 @@ impl<T: Send + 'static> Pipeline<T> {
         });
         let for_workers = Arc::new(decode::ForWorkers {
             stop: stop.clone(),
-            batch_refused: batch_refused.clone(),
-            outstanding: outstanding.clone(),
+            batch_refused,
+            outstanding,
             decode: decode_queues.clone(),
             ranks: reorder.clone(),
             model,
-            read_path: read_path.clone(),
-            forms: forms.clone(),
-            peers: peers.clone(),
-            tier: tier.clone(),
+            read_path,
+            forms: Arc::new(FormCounters::default()),
+            peers,
+            tier,
         });
         let stopper = Arc::new(Stopper {
             stop,
             failure,
             decode: decode_queues,
-            progress: progress.clone(),
+            progress,
             ranks: reorder,
         });
+        Handles {
+            for_ranks,
+            for_planner,
+            for_dispatcher,
+            for_workers,
+            stopper,
+            to_dispatcher: dispatcher_rx,
+        }
+    }
+}
+
+impl<T: Send + 'static> Pipeline<T> {
+    /// Starts the planner, the dispatcher (with a reader: pipelined) and the decode workers,
+    /// each given only what it touches.
+    pub(crate) fn start(
+        ctx: Context<T>,
+        peers: Option<Peers>,
+        tier: Option<DecodedTier<T>>,
+        reader: Option<Reader>,
+    ) -> Result<Self, Error> {
+        let peers = peers.map(Arc::new);
+        let handles = Handles::new(&ctx, peers.clone(), tier.map(Arc::new), reader.is_some());
         let ctx = Arc::new(ctx);
         if let Some(peers) = &peers {
             peers.transport.serve(peers.served.clone());
         }
+        let planner = &handles.for_planner;
         let mut pipeline = Pipeline {
             threads: Vec::new(),
             reader: None,
             layout: ctx.layout.clone(),
             dirs_held: ctx.dirs.as_ref().map_or(0, SampleDirs::held),
             context: ctx.clone(),
-            for_ranks,
-            _for_planner: for_planner.clone(),
-            stopper: stopper.clone(),
-            read_path,
-            batch_refused,
-            forms,
-            form_plan,
-            cluster_plan,
+            for_ranks: handles.for_ranks.clone(),
+            _for_planner: planner.clone(),
+            stopper: handles.stopper.clone(),
+            read_path: planner.read_path.clone(),
+            batch_refused: planner.batch_refused.clone(),
+            forms: handles.for_workers.forms.clone(),
+            form_plan: planner.form_plan.clone(),
+            cluster_plan: planner.cluster_plan.clone(),
             serving: peers.is_some(),
             peers,
-            tier,
+            tier: planner.tier.clone(),
         };
-        // On an error below, dropping `pipeline` stops and joins what started.
+        // On an error, dropping `pipeline` stops and joins what started.
+        pipeline.spawn_stages(&ctx, handles, reader.as_ref())?;
+        pipeline.reader = reader;
+        Ok(pipeline)
+    }
+
+    /// Spawns the dispatcher (with a reader), the decode workers and the planner.
+    fn spawn_stages(
+        &mut self,
+        ctx: &Arc<Context<T>>,
+        handles: Handles<T>,
+        reader: Option<&Reader>,
+    ) -> Result<(), Error> {
+        let Handles {
+            for_planner,
+            for_dispatcher,
+            for_workers,
+            stopper,
+            to_dispatcher,
+            ..
+        } = handles;
         let mut spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             let handle = std::thread::Builder::new()
                 .name(name)
@@ -261,42 +310,38 @@ impl<T: Send + 'static> Pipeline<T> {
                 .map_err(|e| Error::Stopped {
                     reason: format!("cannot start a thread: {e}"),
                 })?;
-            pipeline.threads.push(handle);
+            self.threads.push(handle);
             Ok::<_, Error>(())
         };
-        if let Some(reader) = &reader {
+        if let Some(reader) = reader {
             let (c, s, r, x) = (ctx.clone(), for_dispatcher, reader.clone(), stopper.clone());
             spawn(
                 "lobster-dispatch".into(),
                 Box::new(move || {
-                    if let Err(e) = io::dispatcher(&c, &s, &r, dispatcher_rx) {
+                    if let Err(e) = io::dispatcher(&c, &s, &r, to_dispatcher) {
                         x.fail(e);
                     }
                 }),
             )?;
         }
-        for w in 0..workers {
+        for w in 0..ctx.config.budgets.decode_threads {
             let (c, s) = (ctx.clone(), for_workers.clone());
             spawn(
                 format!("lobster-decode-{w}"),
                 Box::new(move || decode::decode_worker(&c, &s, w)),
             )?;
         }
-        {
-            let (c, s, x) = (ctx.clone(), for_planner, stopper);
-            spawn(
-                "lobster-plan".into(),
-                Box::new(move || {
-                    if let Err(e) = plan::planner(&c, &s) {
-                        x.fail(e);
-                    }
-                    s.outstanding.planner_done();
-                    s.decode.wake();
-                }),
-            )?;
-        }
-        pipeline.reader = reader;
-        Ok(pipeline)
+        let (c, s, x) = (ctx.clone(), for_planner, stopper);
+        spawn(
+            "lobster-plan".into(),
+            Box::new(move || {
+                if let Err(e) = plan::planner(&c, &s) {
+                    x.fail(e);
+                }
+                s.outstanding.planner_done();
+                s.decode.wake();
+            }),
+        )
     }
 }
 

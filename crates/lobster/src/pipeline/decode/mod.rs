@@ -78,85 +78,22 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &ForWorkers<T>, w: usize
             break;
         };
         let meta = ctx.meta(access.sample);
-        if let Some(tier) = state.tier.as_ref().filter(|_| access.cached.hit_decoded()) {
-            // A hit on a decoded image runs the second stage only.
-            if let Some(image) = access.landing.as_ref().and_then(|s| s.decoded()) {
-                let started = Instant::now();
-                let item = decode_step(meta, || {
-                    finish_cached(&tier.staged, &image, meta, access.epoch, &state.forms)
-                });
-                let last = group.len() == 0;
-                hand_over(
-                    state,
-                    &access,
-                    (item, started.elapsed(), None),
-                    last,
-                    &mut observed,
-                );
-                continue;
-            }
-            state.forms.decoded_again.fetch_add(1, Ordering::Relaxed);
+        if let Some((item, elapsed)) = decoded_hit(state, &access, meta) {
+            let last = group.len() == 0;
+            hand_over(state, &access, (item, elapsed, None), last, &mut observed);
+            continue;
         }
         // A planned hit that had to read storage after all (counted as the miss it is).
         let mut reread = false;
         // What the worker read itself fills the sample's landing (`Some`: where the bytes live).
-        let (bytes, read_here) = match access.read {
-            Read::Blocking { peer } => {
-                let from_peer = peer.and_then(|p| {
-                    let peers = state.peers.as_deref().expect("a peer fetch has peers");
-                    fetch::blocking(peers, &state.model, (access.sample, meta.size_bytes), p)
-                });
-                let loaded = match from_peer {
-                    Some(bytes) => Ok(bytes),
-                    None => blocking_read(&reads, meta, access.epoch, 0),
-                };
-                (loaded, Some(Origin::Own))
-            }
-            Read::IfResident => {
-                observed.tried += 1;
-                // An admitted sample the page cache holds can stay there, read like any other.
-                let leave = access.cached.admitted() && state.read_path.leave_in_page_cache();
-                let copy = access.cached.admitted() && !leave;
-                match resident_read(&reads, meta, access.epoch, copy) {
-                    (OnWorker::Done(loaded), pooled) => {
-                        observed.resident += 1;
-                        observed.left_in_page_cache += u64::from(leave && loaded.is_ok());
-                        let origin = match (leave, pooled) {
-                            (true, _) => Origin::PageCache,
-                            (false, true) => Origin::Pool,
-                            (false, false) => Origin::Own,
-                        };
-                        (loaded, Some(origin))
-                    }
-                    // Read from storage here: through the dispatcher the access would cross
-                    // two more threads and the decode queue again.
-                    (OnWorker::NotResident { attempt }, _) => (
-                        blocking_read(&reads, meta, access.epoch, attempt),
-                        Some(Origin::Own),
-                    ),
-                }
-            }
-            Read::PageCacheHit => match resident_read(&reads, meta, access.epoch, false) {
-                (OnWorker::Done(loaded), _) => {
-                    observed.page_cache_hits += 1;
-                    (loaded, None)
-                }
-                (OnWorker::NotResident { .. }, _) => {
-                    observed.page_cache_lost += 1;
-                    reread = true;
-                    (blocking_read(&reads, meta, access.epoch, 0), None)
-                }
-            },
-            Read::Cached if matches!(bytes, Err(Error::Read { .. } | Error::Decode { .. })) => {
-                // The read that admitted this sample failed, or its bytes failed to decode:
-                // read it again for this access rather than fail every later hit on it. The
-                // landing keeps the failure, so each such hit reads for itself and its outcome
-                // depends only on its own epoch, not on timing.
-                reread = true;
-                (blocking_read(&reads, meta, access.epoch, 0), None)
-            }
-            Read::Cached | Read::Storage(_) | Read::Peer(_) => (bytes, None),
-        };
+        let (bytes, read_here) = load(
+            &reads,
+            state,
+            (&access, meta),
+            bytes,
+            &mut observed,
+            &mut reread,
+        );
         if let Some(origin) = read_here {
             fill(state, ctx, &access, bytes.clone(), origin, &mut released);
         }
@@ -194,6 +131,98 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &ForWorkers<T>, w: usize
         hand_over(state, &access, (item, elapsed, reread), last, &mut observed);
     }
     observed.flush(state);
+}
+
+/// A hit on a decoded image runs the second stage only: its sample and how long that took.
+/// `None` for any other access, or when the image is gone (counted: it is decoded again).
+fn decoded_hit<T>(
+    state: &ForWorkers<T>,
+    access: &Access,
+    meta: &SampleMeta,
+) -> Option<(Result<Sample<T>, Error>, Duration)> {
+    let tier = state
+        .tier
+        .as_ref()
+        .filter(|_| access.cached.hit_decoded())?;
+    let Some(image) = access.landing.as_ref().and_then(|s| s.decoded()) else {
+        state.forms.decoded_again.fetch_add(1, Ordering::Relaxed);
+        return None;
+    };
+    let started = Instant::now();
+    let item = decode_step(meta, || {
+        finish_cached(&tier.staged, &image, meta, access.epoch, &state.forms)
+    });
+    Some((item, started.elapsed()))
+}
+
+/// The bytes of `access`'s sample: those it came with, or what the worker reads itself, and
+/// then where they live (`Some`: they fill the sample's landing). `reread`: a planned hit
+/// that had to read storage after all.
+fn load<T>(
+    reads: &WorkerReads<'_>,
+    state: &ForWorkers<T>,
+    (access, meta): (&Access, &SampleMeta),
+    bytes: Loaded,
+    observed: &mut DecodeObservations,
+    reread: &mut bool,
+) -> (Loaded, Option<Origin>) {
+    match access.read {
+        Read::Blocking { peer } => {
+            let from_peer = peer.and_then(|p| {
+                let peers = state.peers.as_deref().expect("a peer fetch has peers");
+                fetch::blocking(peers, &state.model, (access.sample, meta.size_bytes), p)
+            });
+            let loaded = match from_peer {
+                Some(bytes) => Ok(bytes),
+                None => blocking_read(reads, meta, access.epoch, 0),
+            };
+            (loaded, Some(Origin::Own))
+        }
+        Read::IfResident => {
+            observed.tried += 1;
+            // An admitted sample the page cache holds can stay there, read like any other.
+            let leave = access.cached.admitted() && state.read_path.leave_in_page_cache();
+            let copy = access.cached.admitted() && !leave;
+            match resident_read(reads, meta, access.epoch, copy) {
+                (OnWorker::Done(loaded), pooled) => {
+                    observed.resident += 1;
+                    observed.left_in_page_cache += u64::from(leave && loaded.is_ok());
+                    let origin = match (leave, pooled) {
+                        (true, _) => Origin::PageCache,
+                        (false, true) => Origin::Pool,
+                        (false, false) => Origin::Own,
+                    };
+                    (loaded, Some(origin))
+                }
+                // Read from storage here: through the dispatcher the access would cross
+                // two more threads and the decode queue again.
+                (OnWorker::NotResident { attempt }, _) => (
+                    blocking_read(reads, meta, access.epoch, attempt),
+                    Some(Origin::Own),
+                ),
+            }
+        }
+        Read::PageCacheHit => match resident_read(reads, meta, access.epoch, false) {
+            (OnWorker::Done(loaded), _) => {
+                observed.page_cache_hits += 1;
+                (loaded, None)
+            }
+            (OnWorker::NotResident { .. }, _) => {
+                observed.page_cache_lost += 1;
+                *reread = true;
+                (blocking_read(reads, meta, access.epoch, 0), None)
+            }
+        },
+        Read::Cached if matches!(bytes, Err(Error::Read { .. } | Error::Decode { .. })) => {
+            // The read that admitted this sample failed, or its bytes failed to decode:
+            // read it again for this access rather than fail every later hit on it. The
+            // landing keeps the failure, so each such hit reads for itself and its outcome
+            // depends only on its own epoch, not on timing.
+            *reread = true;
+            (blocking_read(reads, meta, access.epoch, 0), None)
+        }
+        Read::Cached | Read::Storage(_) | Read::Peer(_) => (bytes, None),
+    }
 }
 
 /// Delivers a access's sample to its rank (`reread`: the bytes of a planned hit that read

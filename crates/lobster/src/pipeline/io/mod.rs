@@ -201,47 +201,9 @@ pub(crate) fn dispatcher<T>(
         while let Ok(msg) = requests.try_recv() {
             take(msg, &mut pending, &mut allocations);
         }
-        // A window's allocation takes effect when its first request is the oldest pending one,
-        // not when it was planned, which is up to the prefetch window earlier.
-        let oldest = (0..ranks)
-            .filter_map(|r| pending[r].front().map(|a| a.seq))
-            .min();
-        while let Some((from_seq, _)) = allocations.front() {
-            if oldest.is_none_or(|o| o < *from_seq) {
-                break;
-            }
-            let (_, d) = allocations.pop_front().expect("front checked");
-            for (r, &v) in d.iter().enumerate() {
-                set_depth(reader, r, v)?;
-            }
-            depth = d;
-        }
+        apply_due_allocations(reader, &pending, &mut allocations, &mut depth)?;
         submit_blocked(ctx, state, &mut session, &mut reads);
-        while let Some(r) = next_read(
-            ctx.config.reads.io_order,
-            &pending,
-            &reads.in_flight,
-            &depth,
-            budget,
-        )
-        .filter(|_| reads.blocked.is_empty())
-        {
-            let access = pending[r].pop_front().expect("front checked");
-            if !access.cached.admitted() && state.ranks[access.rank].is_detached() {
-                // No other access waits on this landing.
-                reads.fill(access, Err(stopped()));
-                continue;
-            }
-            let key = reads.start(access);
-            debug_assert!(
-                ctx.config.reads.io_order != IoOrder::Deadline
-                    || reads.in_flight.iter().sum::<u32>() <= budget,
-                "the node holds at most its io_depth budget in flight"
-            );
-            if !submit(ctx, state, &mut session, &mut reads, key) {
-                reads.blocked.push_back(key);
-            }
-        }
+        issue(ctx, state, &mut session, &mut reads, &mut pending, &depth);
         let now = Instant::now();
         let room = reads.slab.len() < budget as usize;
         saturation.set(!room && pending.iter().any(|q| !q.is_empty()), now);
@@ -290,26 +252,101 @@ pub(crate) fn dispatcher<T>(
         for c in completed.drain(..) {
             on_completion(ctx, state, &mut reads, &mut saturation, c);
         }
-        let now = Instant::now();
-        while let Some(Reverse((t, key))) = reads.timers.peek().copied() {
-            if t > now {
-                break;
+        fire_timers(ctx, state, &mut session, &mut reads, &mut saturation);
+        reads.hand_off(state);
+    }
+}
+
+/// A window's allocation takes effect when its first request is the oldest pending one, not
+/// when it was planned, which is up to the prefetch window earlier.
+fn apply_due_allocations(
+    reader: &Reader,
+    pending: &[VecDeque<Access>],
+    allocations: &mut VecDeque<(u64, Vec<u32>)>,
+    depth: &mut Vec<u32>,
+) -> Result<(), Error> {
+    let oldest = pending
+        .iter()
+        .filter_map(|q| q.front().map(|a| a.seq))
+        .min();
+    while let Some((from_seq, _)) = allocations.front() {
+        if oldest.is_none_or(|o| o < *from_seq) {
+            break;
+        }
+        let (_, d) = allocations.pop_front().expect("front checked");
+        for (r, &v) in d.iter().enumerate() {
+            set_depth(reader, r, v)?;
+        }
+        *depth = d;
+    }
+    Ok(())
+}
+
+/// Starts pending reads in the io order while the budget has room and no read waits for
+/// pool memory.
+fn issue<T>(
+    ctx: &Context<T>,
+    state: &ForDispatcher<T>,
+    session: &mut Session,
+    reads: &mut Reads,
+    pending: &mut [VecDeque<Access>],
+    depth: &[u32],
+) {
+    let budget = ctx.config.budgets.io_depth as u32;
+    while let Some(r) = next_read(
+        ctx.config.reads.io_order,
+        pending,
+        &reads.in_flight,
+        depth,
+        budget,
+    )
+    .filter(|_| reads.blocked.is_empty())
+    {
+        let access = pending[r].pop_front().expect("front checked");
+        if !access.cached.admitted() && state.ranks[access.rank].is_detached() {
+            // No other access waits on this landing.
+            reads.fill(access, Err(stopped()));
+            continue;
+        }
+        let key = reads.start(access);
+        debug_assert!(
+            ctx.config.reads.io_order != IoOrder::Deadline
+                || reads.in_flight.iter().sum::<u32>() <= budget,
+            "the node holds at most its io_depth budget in flight"
+        );
+        if !submit(ctx, state, session, reads, key) {
+            reads.blocked.push_back(key);
+        }
+    }
+}
+
+/// Reads whose emulated answer time has come are finished; retries whose backoff is over
+/// are submitted again.
+fn fire_timers<T>(
+    ctx: &Context<T>,
+    state: &ForDispatcher<T>,
+    session: &mut Session,
+    reads: &mut Reads,
+    saturation: &mut Saturation,
+) {
+    let now = Instant::now();
+    while let Some(Reverse((t, key))) = reads.timers.peek().copied() {
+        if t > now {
+            break;
+        }
+        reads.timers.pop();
+        match reads.slab[key].parked.take() {
+            Some(loaded) => {
+                let done = reads.retire(key);
+                finish(ctx, state, reads, saturation, done, loaded);
             }
-            reads.timers.pop();
-            match reads.slab[key].parked.take() {
-                Some(loaded) => {
-                    let done = reads.retire(key);
-                    finish(ctx, state, &mut reads, &mut saturation, done, loaded);
-                }
-                // A retry's backoff is over.
-                None => {
-                    if !submit(ctx, state, &mut session, &mut reads, key) {
-                        reads.blocked.push_back(key);
-                    }
+            // A retry's backoff is over.
+            None => {
+                if !submit(ctx, state, session, reads, key) {
+                    reads.blocked.push_back(key);
                 }
             }
         }
-        reads.hand_off(state);
     }
 }
 

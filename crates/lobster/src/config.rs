@@ -461,17 +461,17 @@ impl LoaderConfig {
 
     /// Checks every parameter against its allowed range; `samples` is the dataset's size.
     pub fn validate(&self, samples: usize) -> Result<(), Error> {
-        let range = |name: &'static str, value: usize, lo: usize, hi: usize| {
-            if (lo..=hi).contains(&value) {
-                Ok(())
-            } else {
-                Err(Error::invalid(name, value, format!("{lo}..={hi}")))
-            }
-        };
-        range("nodes", self.job.nodes, 1, 1 << 20)?;
-        range("ranks_per_node", self.job.ranks_per_node, 1, THREADS_MAX)?;
-        range("node", self.job.node, 0, self.job.nodes - 1)?;
-        range("epochs", self.job.epochs as usize, 1, u32::MAX as usize)?;
+        self.validate_job(samples)?;
+        self.validate_cache()?;
+        self.validate_budgets_and_reads()
+    }
+
+    /// The world, the epochs and the batch size.
+    fn validate_job(&self, samples: usize) -> Result<(), Error> {
+        in_range("nodes", self.job.nodes, 1, 1 << 20)?;
+        in_range("ranks_per_node", self.job.ranks_per_node, 1, THREADS_MAX)?;
+        in_range("node", self.job.node, 0, self.job.nodes - 1)?;
+        in_range("epochs", self.job.epochs as usize, 1, u32::MAX as usize)?;
         let world = self.world();
         let per_rank = if self.job.drop_last {
             samples / world
@@ -485,7 +485,12 @@ impl LoaderConfig {
                 format!("at most the {samples} samples when drop_last is set"),
             ));
         }
-        range("batch_size", self.job.batch_size, 1, per_rank)?;
+        in_range("batch_size", self.job.batch_size, 1, per_rank)?;
+        Ok(())
+    }
+
+    /// The cache and the limits on what it keeps.
+    fn validate_cache(&self) -> Result<(), Error> {
         if self.cache.policy != CachePolicy::None && self.cache.capacity_bytes == 0 {
             return Err(Error::invalid(
                 "cache_bytes",
@@ -516,7 +521,7 @@ impl LoaderConfig {
             }
         }
         if let Some(side) = self.cache.decoded_max_side {
-            range("decoded_max_side", side as usize, 1, 1 << 16)?;
+            in_range("decoded_max_side", side as usize, 1, 1 << 16)?;
         }
         let pixels = self.limits.image_pixels_max;
         if !(1..=lobster_image::PIXELS_MAX_LIMIT).contains(&pixels) {
@@ -530,23 +535,28 @@ impl LoaderConfig {
             c.validate()
                 .map_err(|e| Error::invalid("form_costs", format!("{c:?}"), e.to_string()))?;
         }
+        Ok(())
+    }
+
+    /// The node's budgets, how storage is read, and what happens when a read fails.
+    fn validate_budgets_and_reads(&self) -> Result<(), Error> {
         let ranks = self.job.ranks_per_node;
-        range("io_depth", self.budgets.io_depth, ranks, IO_DEPTH_MAX)?;
+        in_range("io_depth", self.budgets.io_depth, ranks, IO_DEPTH_MAX)?;
         if self.budgets.decode_threads != 0 {
-            range(
+            in_range(
                 "decode_threads",
                 self.budgets.decode_threads,
                 ranks,
                 THREADS_MAX,
             )?;
         }
-        range(
+        in_range(
             "prefetch_iterations",
             self.budgets.prefetch_iterations,
             1,
             PREFETCH_MAX,
         )?;
-        range(
+        in_range(
             "window_iterations",
             self.budgets.window_iterations,
             1,
@@ -565,7 +575,7 @@ impl LoaderConfig {
                     "a positive number",
                 ));
             }
-            range("storage latency_us", e.latency_us as usize, 0, 10_000_000)?;
+            in_range("storage latency_us", e.latency_us as usize, 0, 10_000_000)?;
         }
         if let OnError::Skip {
             max_failures: FailureBudget::Fraction(f),
@@ -579,6 +589,15 @@ impl LoaderConfig {
             f.validate()?;
         }
         Ok(())
+    }
+}
+
+/// `value` if it is within `lo..=hi`, else an error naming the parameter and the range.
+fn in_range(name: &'static str, value: usize, lo: usize, hi: usize) -> Result<(), Error> {
+    if (lo..=hi).contains(&value) {
+        Ok(())
+    } else {
+        Err(Error::invalid(name, value, format!("{lo}..={hi}")))
     }
 }
 

@@ -428,9 +428,42 @@ fn from_bytes(
             _ => return bad("an unknown line"),
         }
     }
-    // A large table is read in two halves at once: most of a reopen is building each
-    // sample's path, and page faults on the memory that holds them.
-    let lines = &body[samples_at..];
+    let (samples, probes) = read_samples_in_halves(
+        &body[samples_at..],
+        root,
+        classes.len(),
+        parallel_from_bytes,
+    )?;
+    if samples.is_empty() {
+        return bad("no samples");
+    }
+    let (probes, probed) = held_probes(probes);
+    let kept = Kept {
+        path: path.to_path_buf(),
+        check,
+        samples: 0..samples.len(),
+        lines_from: LinesFrom::FirstSample,
+    };
+    Ok(Some(Dataset {
+        root: root.to_path_buf(),
+        classes,
+        samples,
+        table: Some(path.to_path_buf()),
+        probes,
+        kept: vec![kept],
+        probed,
+    }))
+}
+
+/// The samples (and their probes) of a table's sample `lines`. A large table is read in two
+/// halves at once: most of a reopen is building each sample's path, and page faults on the
+/// memory that holds them.
+fn read_samples_in_halves(
+    lines: &[u8],
+    root: &Path,
+    classes_len: usize,
+    parallel_from_bytes: usize,
+) -> Result<(Vec<SampleMeta>, Vec<Probe>), String> {
     let mut cut = lines.len();
     if lines.len() >= parallel_from_bytes {
         cut = memchr::memchr(b'\n', &lines[lines.len() / 2..])
@@ -441,7 +474,6 @@ fn from_bytes(
     let second_lines = memchr::memchr_iter(b'\n', second).count();
     let mut samples = Vec::with_capacity(first_lines + second_lines);
     let mut probes = Vec::with_capacity(first_lines + second_lines);
-    let classes_len = classes.len();
     let rest = std::thread::scope(|scope| {
         let rest = (!second.is_empty()).then(|| {
             scope.spawn(move || {
@@ -468,25 +500,7 @@ fn from_bytes(
         samples.extend(rest);
         probes.extend(rest_probes);
     }
-    if samples.is_empty() {
-        return bad("no samples");
-    }
-    let (probes, probed) = held_probes(probes);
-    let kept = Kept {
-        path: path.to_path_buf(),
-        check,
-        samples: 0..samples.len(),
-        lines_from: LinesFrom::FirstSample,
-    };
-    Ok(Some(Dataset {
-        root: root.to_path_buf(),
-        classes,
-        samples,
-        table: Some(path.to_path_buf()),
-        probes,
-        kept: vec![kept],
-        probed,
-    }))
+    Ok((samples, probes))
 }
 
 /// A table with this many bytes of sample lines or more is read in two threads.

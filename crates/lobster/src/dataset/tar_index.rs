@@ -90,35 +90,8 @@ pub(crate) fn members(file: &(impl ReadAt + ?Sized), path: &Path) -> Result<Vec<
         if header.iter().all(|&b| b == 0) {
             return Ok(members);
         }
-        let stored = octal(&header[148..156])
-            .ok_or_else(|| bad(at, "a header with an unreadable checksum".into()))?;
-        let computed: u64 = header
-            .iter()
-            .enumerate()
-            .map(|(i, &b)| {
-                if (148..156).contains(&i) {
-                    32
-                } else {
-                    u64::from(b)
-                }
-            })
-            .sum();
-        if stored != computed {
-            return Err(bad(at, "a corrupt header (checksum mismatch)".into()));
-        }
-        let name = {
-            let name = text(&header[0..100]);
-            // POSIX ustar keeps a path prefix; GNU's header uses those bytes for other things.
-            let prefix = if &header[257..263] == b"ustar\0" {
-                text(&header[345..500])
-            } else {
-                String::new()
-            };
-            match prefix.is_empty() {
-                true => name,
-                false => format!("{prefix}/{name}"),
-            }
-        };
+        check_sum(&header).map_err(|what| bad(at, what.into()))?;
+        let name = header_name(&header);
         let size = number(&header[124..136])
             .ok_or_else(|| bad(at, format!("{name}: an unreadable size")))?;
         let data = at + BLOCK;
@@ -167,6 +140,42 @@ pub(crate) fn members(file: &(impl ReadAt + ?Sized), path: &Path) -> Result<Vec<
         let next = data + size.next_multiple_of(BLOCK);
         debug_assert!(next > at, "indexing moves forward");
         at = next;
+    }
+}
+
+/// Whether a header's stored checksum is the sum of its bytes (the checksum field counted
+/// as spaces), else what is wrong.
+fn check_sum(header: &[u8; BLOCK as usize]) -> Result<(), &'static str> {
+    let stored = octal(&header[148..156]).ok_or("a header with an unreadable checksum")?;
+    let computed: u64 = header
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| {
+            if (148..156).contains(&i) {
+                32
+            } else {
+                u64::from(b)
+            }
+        })
+        .sum();
+    if stored != computed {
+        return Err("a corrupt header (checksum mismatch)");
+    }
+    Ok(())
+}
+
+/// A header's member name, with its path prefix where the header is POSIX ustar (GNU's
+/// header uses those bytes for other things).
+fn header_name(header: &[u8; BLOCK as usize]) -> String {
+    let name = text(&header[0..100]);
+    let prefix = if &header[257..263] == b"ustar\0" {
+        text(&header[345..500])
+    } else {
+        String::new()
+    };
+    match prefix.is_empty() {
+        true => name,
+        false => format!("{prefix}/{name}"),
     }
 }
 

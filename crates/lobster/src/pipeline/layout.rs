@@ -182,6 +182,16 @@ impl Layout {
         self.batch.min(self.per_rank_in(epoch) - k * self.batch)
     }
 
+    /// The node's accesses of one epoch in canonical order, as [`Layout::walk_epoch`] visits
+    /// them.
+    pub(crate) fn epoch_accesses(&self, epoch: u32) -> Vec<(usize, usize, usize, u32)> {
+        let mut accesses = Vec::with_capacity(self.per_rank * self.ranks);
+        self.walk_epoch(epoch, |it, rank, pos, sample| {
+            accesses.push((it, rank, pos, sample))
+        });
+        accesses
+    }
+
     /// Visits the node's accesses of one epoch in canonical order:
     /// (iteration, local rank, position in batch, sample).
     pub(crate) fn walk_epoch(&self, epoch: u32, mut visit: impl FnMut(usize, usize, usize, u32)) {

@@ -16,7 +16,7 @@ use std::time::Instant;
 use lobster_cache::{Form, FormPlanner, FormPolicy, FormStats, Planner, Store};
 use lobster_sched::{AllocConfig, Allocator, Budgets};
 
-use crate::config::{IoOrder, Schedule};
+use crate::config::{IoOrder, LoaderConfig, Schedule};
 use crate::error::Error;
 use crate::metrics::IterationMetrics;
 use crate::pipeline::access::{Access, AccessLanding, Cached, Read, Ready};
@@ -51,6 +51,20 @@ struct Decided {
     landing: Arc<AccessLanding>,
     /// Under the cluster plan, the peer whose cache serves this miss.
     peer: Option<usize>,
+}
+
+/// A planner's decision for the next access, whichever planner made it.
+#[derive(Clone, Copy)]
+struct NextDecision {
+    sample: u32,
+    position: u64,
+    /// The form the access finds its sample in, if a hit.
+    hit_form: Option<Form>,
+    /// The form the access stores the sample in (none for a hit that stays as it was).
+    kept: Option<Form>,
+    kept_bytes: u64,
+    peer: Option<usize>,
+    placed: Option<(usize, usize)>,
 }
 
 /// The cache decisions and what the cache holds: the landing of every sample the policy keeps.
@@ -118,52 +132,73 @@ impl Cache {
     /// assigns the accesses: what the cache does, and the landing the access's bytes appear
     /// in.
     fn decide(&mut self, expected: Option<u32>) -> Result<Decided, Error> {
+        let next = self.next_decision()?;
+        if let Some(want) = expected {
+            assert_eq!(
+                next.sample, want,
+                "the planner and the node stream disagree at {}",
+                next.position
+            );
+        }
+        let landing = self.store(&next)?;
+        Ok(Decided {
+            sample: next.sample,
+            placed: next.placed,
+            cached: Cached {
+                found: next.hit_form,
+                kept: next.kept,
+            },
+            landing,
+            peer: next.peer,
+        })
+    }
+
+    /// The cache's next decision, from whichever planner runs; `evicted` (and `leaving`,
+    /// under the cluster plan) hold what it evicts.
+    fn next_decision(&mut self) -> Result<NextDecision, Error> {
         let engine = |e| Error::engine("cache planner", e);
         let stopped = || Error::Stopped {
             reason: "cache planner ended early".into(),
         };
-        let mut peer = None;
-        let mut placed = None;
-        // (the form hit, the form the access stores the sample in (none for a hit that stays
-        // as it was), that form's size, the position, the sample)
-        let (hit_form, kept, kept_bytes, position, decided) = match &mut self.decider {
+        let form = |b: bool| b.then_some(Form::Encoded);
+        Ok(match &mut self.decider {
             Decider::Cluster(share) => {
                 let d = share.next_own(&mut self.leaving)?;
-                if share.assigns() {
-                    placed = Some((share.iteration_of(&d), d.slot as usize));
-                }
                 let me = share.node();
-                let form = |b: bool| b.then_some(Form::Encoded);
-                let hit = d.served == lobster_cache::Served::Local;
-                if let lobster_cache::Served::Remote(h) = d.served {
-                    peer = Some(usize::from(h));
-                }
                 // Only a storage read is kept (by the node that made it); a hit stays put.
                 let admitted = d.served == lobster_cache::Served::Storage && d.kept_at == Some(me);
                 self.evicted.extend(self.leaving.iter().map(|l| l.0));
-                (
-                    form(hit),
-                    form(admitted),
-                    u64::from(d.size_bytes),
-                    d.position,
-                    d.sample,
-                )
+                NextDecision {
+                    hit_form: form(d.served == lobster_cache::Served::Local),
+                    kept: form(admitted),
+                    kept_bytes: u64::from(d.size_bytes),
+                    position: d.position,
+                    sample: d.sample,
+                    peer: match d.served {
+                        lobster_cache::Served::Remote(h) => Some(usize::from(h)),
+                        _ => None,
+                    },
+                    placed: share
+                        .assigns()
+                        .then(|| (share.iteration_of(&d), d.slot as usize)),
+                }
             }
             Decider::Encoded(planner) => {
                 let d = planner
                     .next(&mut self.evicted)
                     .map_err(engine)?
                     .ok_or_else(stopped)?;
-                let form = |b: bool| b.then_some(Form::Encoded);
                 // One form: a hit that stays keeps its place in the store (one that goes is
                 // among the evicted), so only an admission is stored.
-                (
-                    form(d.hit),
-                    form(d.admitted),
-                    u64::from(d.size_bytes),
-                    d.position,
-                    d.sample,
-                )
+                NextDecision {
+                    hit_form: form(d.hit),
+                    kept: form(d.admitted),
+                    kept_bytes: u64::from(d.size_bytes),
+                    position: d.position,
+                    sample: d.sample,
+                    peer: None,
+                    placed: None,
+                }
             }
             Decider::Forms(planner) => {
                 let d = planner
@@ -171,17 +206,30 @@ impl Cache {
                     .map_err(engine)?
                     .ok_or_else(stopped)?;
                 let o = d.outcome;
-                let bytes = o.kept.map_or(0, |f| planner.policy().size(d.sample, f));
-                (o.hit, o.kept, bytes, d.position, d.sample)
+                NextDecision {
+                    hit_form: o.hit,
+                    kept: o.kept,
+                    kept_bytes: o.kept.map_or(0, |f| planner.policy().size(d.sample, f)),
+                    position: d.position,
+                    sample: d.sample,
+                    peer: None,
+                    placed: None,
+                }
             }
-        };
-        if let Some(want) = expected {
-            assert_eq!(
-                decided, want,
-                "the planner and the node stream disagree at {position}"
-            );
-        }
-        let sample = decided;
+        })
+    }
+
+    /// Applies `next` to the store of landings (and to what peers are served): evictions
+    /// leave, an admission (or a hit kept in another form) comes in. Returns the access's
+    /// landing.
+    fn store(&mut self, next: &NextDecision) -> Result<Arc<AccessLanding>, Error> {
+        let NextDecision {
+            hit_form,
+            kept,
+            kept_bytes,
+            sample,
+            ..
+        } = *next;
         let landing = if hit_form.is_some() {
             self.landings.get(sample).cloned().expect("a hit is cached")
         } else {
@@ -214,16 +262,7 @@ impl Cache {
                 served.insert(sample, landing.clone());
             }
         }
-        Ok(Decided {
-            sample,
-            placed,
-            cached: Cached {
-                found: hit_form,
-                kept,
-            },
-            landing,
-            peer,
-        })
+        Ok(landing)
     }
 
     /// The two-form decisions' totals (with a decoded tier).
@@ -259,17 +298,7 @@ pub(crate) fn planner<T: Send + 'static>(
     let to_dispatcher = state.to_dispatcher.as_ref();
     let mut gate = ResidentGate::new(config.resident_reads_enabled().is_ok());
     let mut cache = Cache::new(ctx, state)?;
-    let mut allocator = match config.budgets.schedule {
-        Schedule::Allocate { hysteresis } if config.execution.reallocates() => {
-            let mut alloc = AllocConfig::new(Budgets {
-                io_depth_total: config.budgets.io_depth as u32,
-                decode_threads_total: config.budgets.decode_threads as u32,
-            });
-            alloc.hysteresis_fraction = hysteresis;
-            Some(Allocator::new(alloc).map_err(|e| Error::engine("allocator", e))?)
-        }
-        _ => None,
-    };
+    let mut allocator = allocator(config)?;
     let iterations = layout.iterations();
     let prefetch = config
         .budgets
@@ -289,13 +318,11 @@ pub(crate) fn planner<T: Send + 'static>(
         // The node stream of this epoch, grouped by window; under locality-aware assignment
         // the plan makes it as it goes.
         let assigned = cache.as_ref().is_some_and(Cache::assigns);
-        let mut accesses = Vec::new();
-        if !assigned {
-            accesses.reserve(layout.per_rank * layout.ranks);
-            layout.walk_epoch(epoch, |it, rank, pos, sample| {
-                accesses.push((it, rank, pos, sample))
-            });
-        }
+        let accesses = if assigned {
+            Vec::new()
+        } else {
+            layout.epoch_accesses(epoch)
+        };
         let mut next = 0;
         let std::ops::Range {
             start: mut first,
@@ -356,19 +383,43 @@ pub(crate) fn planner<T: Send + 'static>(
     if let Some(r) = read_ahead.as_mut() {
         r.finish(ctx, state)?;
     }
-    if let Some(stats) = cache.as_ref().and_then(Cache::form_stats) {
+    planned_all(state, cache.as_ref());
+    Ok(())
+}
+
+/// The allocator of io_depth and decode threads, where the schedule and the execution
+/// reallocate them.
+fn allocator(config: &LoaderConfig) -> Result<Option<Allocator>, Error> {
+    match config.budgets.schedule {
+        Schedule::Allocate { hysteresis } if config.execution.reallocates() => {
+            let mut alloc = AllocConfig::new(Budgets {
+                io_depth_total: config.budgets.io_depth as u32,
+                decode_threads_total: config.budgets.decode_threads as u32,
+            });
+            alloc.hysteresis_fraction = hysteresis;
+            Allocator::new(alloc)
+                .map(Some)
+                .map_err(|e| Error::engine("allocator", e))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The run is planned: what the plan decided goes to the metrics, and the ranks (and the
+/// peers served) learn that nothing more comes.
+fn planned_all<T>(state: &ForPlanner<T>, cache: Option<&Cache>) {
+    if let Some(stats) = cache.and_then(Cache::form_stats) {
         *lock(&state.form_plan) = Some(stats);
     }
-    if let Some(share) = cache.as_ref().and_then(Cache::cluster) {
+    if let Some(share) = cache.and_then(Cache::cluster) {
         *lock(&state.cluster_plan) = Some(share.metrics());
     }
-    if let Some(served) = cache.as_ref().and_then(|c| c.served.as_ref()) {
+    if let Some(served) = cache.and_then(|c| c.served.as_ref()) {
         served.planned_all();
     }
     for r in state.ranks.iter() {
         r.planned_all();
     }
-    Ok(())
 }
 
 /// Decides the window's accesses, in stream order: the sampler's (`expected`, walked from

@@ -533,6 +533,33 @@ fn read_hello(
     read_by(stream, buf, deadline)
 }
 
+/// The first field where a rank's configuration differs from the host's: the field, the
+/// host's value and the rank's (with its field's name where the fields differ).
+fn first_difference<'a>(
+    ours: &'a [(String, String)],
+    theirs: &[(String, String)],
+) -> Option<(&'a str, String, String)> {
+    (0..ours.len().max(theirs.len())).find_map(|i| {
+        let (name, host) = entry(ours, i);
+        let (their_name, their_value) = entry(theirs, i);
+        if (name, host) == (their_name, their_value) {
+            return None;
+        }
+        let rank = match their_name == name {
+            true => their_value.to_owned(),
+            false => format!("{their_name}={their_value}"),
+        };
+        Some((name, host.to_owned(), rank))
+    })
+}
+
+/// A configuration's `i`th field and value, `("(none)", "")` past its end.
+fn entry(config: &[(String, String)], i: usize) -> (&str, &str) {
+    config
+        .get(i)
+        .map_or(("(none)", ""), |(k, v)| (k.as_str(), v.as_str()))
+}
+
 /// Reads a trusted connection's hello; refuses it (naming the field that differs) or attaches
 /// it and starts its reader.
 fn welcome(shared: &Arc<Shared>, mut stream: UnixStream, peer: Peer) -> Result<(), NodeError> {
@@ -577,21 +604,8 @@ fn welcome(shared: &Arc<Shared>, mut stream: UnixStream, peer: Peer) -> Result<(
     if r >= ranks {
         return refuse(stream, "local_rank", format!("< {ranks}"), r.to_string());
     }
-    let ours = &shared.config;
-    for i in 0..ours.len().max(config.len()) {
-        let (field, host) = ours
-            .get(i)
-            .map_or(("(none)", ""), |(k, v)| (k.as_str(), v.as_str()));
-        let theirs = config
-            .get(i)
-            .map_or(("(none)", ""), |(k, v)| (k.as_str(), v.as_str()));
-        if (field, host) != theirs {
-            let rank = match theirs.0 == field {
-                true => theirs.1.to_owned(),
-                false => format!("{}={}", theirs.0, theirs.1),
-            };
-            return refuse(stream, field, host.to_owned(), rank);
-        }
+    if let Some((field, host, rank)) = first_difference(&shared.config, &config) {
+        return refuse(stream, field, host, rank);
     }
     let reader = stream.try_clone().map_err(io)?;
     // The rank's place is held while the welcome is sent, outside the lock.
@@ -681,6 +695,41 @@ fn send(stream: &mut Option<UnixStream>, m: &ToRank) -> bool {
     }
 }
 
+/// Writes `batch`'s samples into rank `r`'s `slot` of the arena: where each is. `None` (and
+/// the job stopped, naming the sample) when they do not fit in a slot.
+fn place<T: AsRef<[u8]>>(
+    shared: &Shared,
+    r: usize,
+    slot: u32,
+    batch: &lobster_io::Batch<T>,
+) -> Option<Vec<Placed>> {
+    let slot_bytes = shared.options.slot_bytes;
+    let base = shared.slot_offset(r, slot);
+    let mut at = 0u64;
+    let mut samples = Vec::with_capacity(batch.samples.len());
+    for s in &batch.samples {
+        let bytes = s.value.as_ref();
+        let len = bytes.len() as u64;
+        if at + len > slot_bytes {
+            shared.stop(Stopped::Loader(format!(
+                "local rank {r}'s batch (epoch {}, iteration {}) needs more than a slot's \
+                 {slot_bytes} bytes at sample {}: raise slot_bytes",
+                batch.epoch, batch.iteration, s.id
+            )));
+            return None;
+        }
+        shared.arena.write_at((base + at) as usize, bytes);
+        samples.push(Placed {
+            id: s.id,
+            label: s.label,
+            offset: base + at,
+            len,
+        });
+        at += len;
+    }
+    Some(samples)
+}
+
 /// Feeds rank handle `handle`'s batches to its process, one each time the rank asks.
 fn feed<T: AsRef<[u8]>>(shared: &Arc<Shared>, handle: RankHandle<T>) {
     let r = handle.rank();
@@ -692,7 +741,6 @@ fn feed<T: AsRef<[u8]>>(shared: &Arc<Shared>, handle: RankHandle<T>) {
         }
         s.ranks[r].stream.as_ref().and_then(|s| s.try_clone().ok())
     };
-    let slot_bytes = shared.options.slot_bytes;
     let mut handle = handle;
     loop {
         // The rank's next ask, or the job stopped.
@@ -739,32 +787,9 @@ fn feed<T: AsRef<[u8]>>(shared: &Arc<Shared>, handle: RankHandle<T>) {
             }
         };
         let Some(slot) = slot else { break };
-        let base = shared.slot_offset(r, slot);
-        let mut at = 0u64;
-        let mut samples = Vec::with_capacity(batch.samples.len());
-        for s in &batch.samples {
-            let bytes = s.value.as_ref();
-            let len = bytes.len() as u64;
-            if at + len > slot_bytes {
-                shared.stop(Stopped::Loader(format!(
-                    "local rank {r}'s batch (epoch {}, iteration {}) needs more than a slot's \
-                     {slot_bytes} bytes at sample {}: raise slot_bytes",
-                    batch.epoch, batch.iteration, s.id
-                )));
-                break;
-            }
-            shared.arena.write_at((base + at) as usize, bytes);
-            samples.push(Placed {
-                id: s.id,
-                label: s.label,
-                offset: base + at,
-                len,
-            });
-            at += len;
-        }
-        if samples.len() < batch.samples.len() {
+        let Some(samples) = place(shared, r, slot, &batch) else {
             break;
-        }
+        };
         let m = ToRank::Batch {
             slot,
             epoch: batch.epoch,

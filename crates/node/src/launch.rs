@@ -695,6 +695,7 @@ mod tests {
         base.iter().filter(|(k, _)| *k != name).copied().collect()
     }
 
+    // One table of every launcher's variables: it reads better whole than split.
     #[test]
     fn detects_each_launcher() {
         let cases: Vec<(&str, VarList, NodeEnv)> = vec![
@@ -807,6 +808,8 @@ mod tests {
         }
     }
 
+    // One table of refused environments and the variable each error names: it reads better
+    // whole than split.
     #[test]
     fn refuses_naming_the_variable() {
         let ompi_uneven = vec![

@@ -55,6 +55,169 @@ impl std::fmt::Debug for NodeRank {
     }
 }
 
+/// Connects to the node's host, waiting up to `timeout` from `started` for it to come up and
+/// asking `keep_waiting` every [`ATTACH_POLL`] meanwhile.
+fn connect(
+    env: &NodeEnv,
+    timeout: Duration,
+    started: Instant,
+    keep_waiting: &mut impl FnMut() -> bool,
+) -> Result<UnixStream, NodeError> {
+    let address = env.address();
+    let addr = SocketAddr::from_abstract_name(address.as_bytes()).map_err(|e| NodeError::Os {
+        call: "connect",
+        what: address.clone(),
+        source: e,
+    })?;
+    let mut said = false;
+    let mut polled = Instant::now();
+    loop {
+        if polled.elapsed() >= ATTACH_POLL {
+            polled = Instant::now();
+            if !keep_waiting() {
+                return Err(NodeError::Interrupted {
+                    address,
+                    waited_s: started.elapsed().as_secs_f64(),
+                });
+            }
+        }
+        match UnixStream::connect_addr(&addr) {
+            Ok(s) => return Ok(s),
+            Err(e) if started.elapsed() >= timeout => {
+                log::warn!("lobster-node: no host at {address}: {e}");
+                return Err(NodeError::NoHost {
+                    address,
+                    waited_s: started.elapsed().as_secs_f64(),
+                });
+            }
+            Err(_) => {
+                if !said {
+                    log::info!(
+                        "lobster-node: local rank {} waiting up to {:.0} s for the host of \
+                         job {} node {} at @{address}",
+                        env.local_rank,
+                        timeout.as_secs_f64(),
+                        env.job_id,
+                        env.node
+                    );
+                    said = true;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// The host's answer to a hello.
+struct Answer {
+    buf: Vec<u8>,
+    /// The arena's descriptor, riding on a welcome.
+    fd: Option<std::os::fd::OwnedFd>,
+    /// Why the hello could not be sent, if it could not.
+    unsent: Option<NodeError>,
+}
+
+/// A rank attaching to its host, connected and trusting it: what its waits are measured
+/// from and what their errors name.
+struct Waiting<'a> {
+    address: &'a String,
+    host_pid: u32,
+    /// When the rank began to wait for the host.
+    started: Instant,
+    timeout: Duration,
+}
+
+impl Waiting<'_> {
+    fn gone(&self, reason: String) -> NodeError {
+        NodeError::HostGone {
+            address: self.address.clone(),
+            pid: self.host_pid,
+            reason,
+        }
+    }
+
+    /// Says hello and reads the host's answer: its bytes, the arena's descriptor where the
+    /// answer is a welcome, and the hello's failure to send (a refusal is still read: a host
+    /// that refuses closes without reading). The welcome has as long as the host had to come
+    /// up, from now.
+    fn welcome(
+        &self,
+        stream: &mut UnixStream,
+        hello: &ToHost,
+        keep_waiting: &mut impl FnMut() -> bool,
+    ) -> Result<Answer, NodeError> {
+        let connected = Instant::now();
+        let welcome_by = connected + self.timeout;
+        let no_welcome = || NodeError::NoWelcome {
+            address: self.address.clone(),
+            pid: self.host_pid,
+            waited_s: connected.elapsed().as_secs_f64(),
+        };
+        let left = |stream: &UnixStream| {
+            let left = welcome_by.saturating_duration_since(Instant::now());
+            let left = left.max(Duration::from_millis(1));
+            stream.set_read_timeout(Some(left))
+        };
+        stream
+            .set_write_timeout(Some(self.timeout.max(Duration::from_millis(1))))
+            .map_err(|e| self.gone(format!("setting a write timeout: {e}")))?;
+        let sent = stream.write_all(&hello.encode());
+        let sent = || {
+            sent.as_ref()
+                .map_err(|e| self.gone(format!("sending the hello: {e}")))
+                .map(|_| ())
+        };
+        // The length prefix first, with the arena's descriptor riding on its first byte.
+        let mut len = [0u8; 4];
+        let waited = |e: std::io::Error| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => no_welcome(),
+            _ => self.gone(format!("awaiting welcome: {e}")),
+        };
+        // The welcome may wait for the node's other ranks: waited for in slices, so that
+        // `keep_waiting` is asked meanwhile.
+        let (n, fd) = loop {
+            let slice = welcome_by
+                .saturating_duration_since(Instant::now())
+                .clamp(Duration::from_millis(1), ATTACH_POLL);
+            stream.set_read_timeout(Some(slice)).map_err(waited)?;
+            match recv_with_fd(stream, &mut len) {
+                Ok(got) => break got,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) && Instant::now() < welcome_by =>
+                {
+                    if !keep_waiting() {
+                        return Err(NodeError::Interrupted {
+                            address: self.address.clone(),
+                            waited_s: self.started.elapsed().as_secs_f64(),
+                        });
+                    }
+                }
+                Err(e) => {
+                    sent()?;
+                    return Err(waited(e));
+                }
+            }
+        };
+        if n == 0 {
+            sent()?;
+            return Err(self.gone("closed the connection before answering".into()));
+        }
+        left(stream).map_err(waited)?;
+        stream.read_exact(&mut len[n..]).map_err(waited)?;
+        let mut buf = Vec::new();
+        left(stream).map_err(waited)?;
+        read_body(stream, u32::from_le_bytes(len), &mut buf).map_err(waited)?;
+        Ok(Answer {
+            buf,
+            fd,
+            unsent: sent().err(),
+        })
+    }
+}
+
 impl NodeRank {
     /// Attaches this process, local rank `env.local_rank`, to the host at `env.address()`,
     /// presenting `config` (see [`crate::fingerprint`]); waits up to `timeout` for the host
@@ -91,51 +254,8 @@ impl NodeRank {
         mut keep_waiting: impl FnMut() -> bool,
     ) -> Result<NodeRank, NodeError> {
         let address = env.address();
-        let addr =
-            SocketAddr::from_abstract_name(address.as_bytes()).map_err(|e| NodeError::Os {
-                call: "connect",
-                what: address.clone(),
-                source: e,
-            })?;
         let started = Instant::now();
-        let interrupted = |address: &String| NodeError::Interrupted {
-            address: address.clone(),
-            waited_s: started.elapsed().as_secs_f64(),
-        };
-        let mut said = false;
-        let mut polled = Instant::now();
-        let mut stream = loop {
-            if polled.elapsed() >= ATTACH_POLL {
-                polled = Instant::now();
-                if !keep_waiting() {
-                    return Err(interrupted(&address));
-                }
-            }
-            match UnixStream::connect_addr(&addr) {
-                Ok(s) => break s,
-                Err(e) if started.elapsed() >= timeout => {
-                    log::warn!("lobster-node: no host at {address}: {e}");
-                    return Err(NodeError::NoHost {
-                        address,
-                        waited_s: started.elapsed().as_secs_f64(),
-                    });
-                }
-                Err(_) => {
-                    if !said {
-                        log::info!(
-                            "lobster-node: local rank {} waiting up to {:.0} s for the host of \
-                             job {} node {} at @{address}",
-                            env.local_rank,
-                            timeout.as_secs_f64(),
-                            env.job_id,
-                            env.node
-                        );
-                        said = true;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            }
-        };
+        let mut stream = connect(env, timeout, started, &mut keep_waiting)?;
         // Before saying anything: the listener must be this user's or root's, or it is a
         // squatter on the job's name.
         let host = cred::peer(&stream).map_err(|e| NodeError::Os {
@@ -156,69 +276,18 @@ impl NodeRank {
             pid: host.pid,
             reason,
         };
-        // The welcome has as long as the host had to come up, from now.
-        let connected = Instant::now();
-        let welcome_by = connected + timeout;
-        let no_welcome = || NodeError::NoWelcome {
-            address: address.clone(),
-            pid: host.pid,
-            waited_s: connected.elapsed().as_secs_f64(),
-        };
-        let left = |stream: &UnixStream| {
-            let left = welcome_by.saturating_duration_since(Instant::now());
-            let left = left.max(Duration::from_millis(1));
-            stream.set_read_timeout(Some(left))
-        };
         let hello = ToHost::Hello {
             local_rank: env.local_rank as u32,
             pid: std::process::id(),
             config,
         };
-        stream
-            .set_write_timeout(Some(timeout.max(Duration::from_millis(1))))
-            .map_err(|e| gone(format!("setting a write timeout: {e}")))?;
-        // A host that refuses closes without reading: its refusal is still there to read.
-        let sent = stream.write_all(&hello.encode());
-        // The length prefix first, with the arena's descriptor riding on its first byte.
-        let mut len = [0u8; 4];
-        let waited = |e: std::io::Error| match e.kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => no_welcome(),
-            _ => gone(format!("awaiting welcome: {e}")),
+        let at = Waiting {
+            address: &address,
+            host_pid: host.pid,
+            started,
+            timeout,
         };
-        // The welcome may wait for the node's other ranks: waited for in slices, so that
-        // `keep_waiting` is asked meanwhile.
-        let (n, fd) = loop {
-            let slice = welcome_by
-                .saturating_duration_since(Instant::now())
-                .clamp(Duration::from_millis(1), ATTACH_POLL);
-            stream.set_read_timeout(Some(slice)).map_err(waited)?;
-            match recv_with_fd(&stream, &mut len) {
-                Ok(got) => break got,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) && Instant::now() < welcome_by =>
-                {
-                    if !keep_waiting() {
-                        return Err(interrupted(&address));
-                    }
-                }
-                Err(e) => {
-                    sent.map_err(|e| gone(format!("sending the hello: {e}")))?;
-                    return Err(waited(e));
-                }
-            }
-        };
-        if n == 0 {
-            sent.map_err(|e| gone(format!("sending the hello: {e}")))?;
-            return Err(gone("closed the connection before answering".into()));
-        }
-        left(&stream).map_err(waited)?;
-        stream.read_exact(&mut len[n..]).map_err(waited)?;
-        let mut buf = Vec::new();
-        left(&stream).map_err(waited)?;
-        read_body(&mut stream, u32::from_le_bytes(len), &mut buf).map_err(waited)?;
+        let Answer { buf, fd, unsent } = at.welcome(&mut stream, &hello, &mut keep_waiting)?;
         let (host_pid, arena_bytes, positions) = match ToRank::decode(&buf)? {
             ToRank::Welcome {
                 pid,
@@ -241,7 +310,9 @@ impl NodeRank {
                 })
             }
         };
-        sent.map_err(|e| gone(format!("sending the hello: {e}")))?;
+        if let Some(e) = unsent {
+            return Err(e);
+        }
         // Attached: reads and writes wait as long as training does.
         stream
             .set_read_timeout(None)

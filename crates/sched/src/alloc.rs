@@ -245,40 +245,9 @@ impl Allocator {
         loads: &[RankLoad],
         model: &CostModel,
     ) -> Result<Allocation, SchedError> {
+        self.check(loads, model)?;
         let n = loads.len();
-        if n == 0 {
-            return Err(SchedError::NoRanks);
-        }
-        if n > MAX_RANKS {
-            return Err(SchedError::TooManyRanks {
-                ranks: n,
-                max: MAX_RANKS,
-            });
-        }
-        model.params().validate()?;
-        for (rank, load) in loads.iter().enumerate() {
-            load.validate(rank)?;
-        }
         let (b, l) = (self.config.budgets, self.config.limits);
-        for (parameter, budget, min) in [
-            ("io_depth_total", b.io_depth_total, l.io_depth_min),
-            (
-                "decode_threads_total",
-                b.decode_threads_total,
-                l.decode_threads_min,
-            ),
-        ] {
-            let minimum_sum = u64::from(min) * n as u64;
-            if minimum_sum > u64::from(budget) {
-                return Err(SchedError::BudgetBelowMinimums {
-                    parameter,
-                    budget,
-                    minimum_sum,
-                    ranks: n,
-                });
-            }
-        }
-
         self.io_stages.clear();
         self.io_stages
             .extend(loads.iter().map(|x| model.io_stage(x)));
@@ -356,6 +325,45 @@ impl Allocator {
             bandwidth_floor_s: model.bandwidth_floor_s(loads),
             kept_previous,
         })
+    }
+
+    /// The loads, the model and the budgets are fit to allocate over: what
+    /// [`Allocator::allocate`] refuses, in its order.
+    fn check(&self, loads: &[RankLoad], model: &CostModel) -> Result<(), SchedError> {
+        let n = loads.len();
+        if n == 0 {
+            return Err(SchedError::NoRanks);
+        }
+        if n > MAX_RANKS {
+            return Err(SchedError::TooManyRanks {
+                ranks: n,
+                max: MAX_RANKS,
+            });
+        }
+        model.params().validate()?;
+        for (rank, load) in loads.iter().enumerate() {
+            load.validate(rank)?;
+        }
+        let (b, l) = (self.config.budgets, self.config.limits);
+        for (parameter, budget, min) in [
+            ("io_depth_total", b.io_depth_total, l.io_depth_min),
+            (
+                "decode_threads_total",
+                b.decode_threads_total,
+                l.decode_threads_min,
+            ),
+        ] {
+            let minimum_sum = u64::from(min) * n as u64;
+            if minimum_sum > u64::from(budget) {
+                return Err(SchedError::BudgetBelowMinimums {
+                    parameter,
+                    budget,
+                    minimum_sum,
+                    ranks: n,
+                });
+            }
+        }
+        Ok(())
     }
 }
 

@@ -422,60 +422,11 @@ fn assert_valid(model: &CostModel, loads: &[RankLoad], c: &AllocConfig, a: &Allo
 /// rightly refused with, or `None` when it was allocated and checked.
 pub fn check_allocator(data: &[u8]) -> Option<SchedError> {
     let mut input = Input { data };
-    let ranks = match input.u8() {
-        255 => MAX_RANKS + 1,
-        b => usize::from(b % 10),
+    let (ranks, config) = config_from(&mut input);
+    let model = match model_from(&mut input) {
+        Ok(model) => model,
+        Err(refused) => return Some(refused),
     };
-    let config = AllocConfig {
-        budgets: Budgets {
-            io_depth_total: input.budget(),
-            decode_threads_total: input.budget(),
-        },
-        limits: RankLimits {
-            io_depth_min: u32::from(input.u8() % 4),
-            io_depth_max: input.limit_max(),
-            decode_threads_min: u32::from(input.u8() % 4),
-            decode_threads_max: input.limit_max(),
-        },
-        hysteresis_fraction: match input.u8() {
-            255 => f64::NAN,
-            254 => 1.0,
-            253 => -0.01,
-            b => f64::from(b) / 500.0,
-        },
-    };
-    let mut params = CostParams::PRIORS;
-    if input.u8() % 2 == 1 {
-        for t in &mut params.reads {
-            t.request_s = input.cost(t.request_s);
-            t.per_byte_s = input.cost(t.per_byte_s);
-            t.bandwidth_bytes_per_s = input.bandwidth();
-        }
-        params.decode.sample_s = input.cost(params.decode.sample_s);
-        params.decode.per_byte_s = input.cost(params.decode.per_byte_s);
-    }
-    let mut model = match (
-        CostModel::with_priors(params),
-        expected_params_error(&params),
-    ) {
-        (Ok(model), None) => model,
-        (Err(got), Some(want)) if format!("{got:?}") == format!("{want:?}") => return Some(got),
-        (got, want) => panic!("params {params:?}: got {got:?}, want {want:?}"),
-    };
-    for _ in 0..input.u8() % 24 {
-        let tier = Tier::ALL[usize::from(input.u8() % 3)];
-        let bytes = u64::from(input.u32());
-        let nanos = u64::from(input.u32());
-        if input.u8() % 2 == 0 {
-            model.observe_read(tier, bytes, Duration::from_nanos(nanos));
-        } else {
-            model.observe_decode(u64::from(input.u8()), bytes, Duration::from_nanos(nanos));
-        }
-    }
-    model
-        .params()
-        .validate()
-        .expect("calibration keeps the costs valid");
 
     let mut loads = vec![RankLoad::default(); ranks];
     if ranks <= 16 {
@@ -513,6 +464,92 @@ pub fn check_allocator(data: &[u8]) -> Option<SchedError> {
         );
     }
 
+    check_next_window(
+        &mut allocator,
+        &first,
+        &mut loads,
+        &model,
+        &config,
+        &mut input,
+    );
+    None
+}
+
+/// The ranks and the allocator's configuration `input` describes.
+fn config_from(input: &mut Input<'_>) -> (usize, AllocConfig) {
+    let ranks = match input.u8() {
+        255 => MAX_RANKS + 1,
+        b => usize::from(b % 10),
+    };
+    let config = AllocConfig {
+        budgets: Budgets {
+            io_depth_total: input.budget(),
+            decode_threads_total: input.budget(),
+        },
+        limits: RankLimits {
+            io_depth_min: u32::from(input.u8() % 4),
+            io_depth_max: input.limit_max(),
+            decode_threads_min: u32::from(input.u8() % 4),
+            decode_threads_max: input.limit_max(),
+        },
+        hysteresis_fraction: match input.u8() {
+            255 => f64::NAN,
+            254 => 1.0,
+            253 => -0.01,
+            b => f64::from(b) / 500.0,
+        },
+    };
+    (ranks, config)
+}
+
+/// The cost model `input` describes, calibrated by the observations it holds; the error
+/// its parameters are rightly refused with.
+fn model_from(input: &mut Input<'_>) -> Result<CostModel, SchedError> {
+    let mut params = CostParams::PRIORS;
+    if input.u8() % 2 == 1 {
+        for t in &mut params.reads {
+            t.request_s = input.cost(t.request_s);
+            t.per_byte_s = input.cost(t.per_byte_s);
+            t.bandwidth_bytes_per_s = input.bandwidth();
+        }
+        params.decode.sample_s = input.cost(params.decode.sample_s);
+        params.decode.per_byte_s = input.cost(params.decode.per_byte_s);
+    }
+    let mut model = match (
+        CostModel::with_priors(params),
+        expected_params_error(&params),
+    ) {
+        (Ok(model), None) => model,
+        (Err(got), Some(want)) if format!("{got:?}") == format!("{want:?}") => return Err(got),
+        (got, want) => panic!("params {params:?}: got {got:?}, want {want:?}"),
+    };
+    for _ in 0..input.u8() % 24 {
+        let tier = Tier::ALL[usize::from(input.u8() % 3)];
+        let bytes = u64::from(input.u32());
+        let nanos = u64::from(input.u32());
+        if input.u8() % 2 == 0 {
+            model.observe_read(tier, bytes, Duration::from_nanos(nanos));
+        } else {
+            model.observe_decode(u64::from(input.u8()), bytes, Duration::from_nanos(nanos));
+        }
+    }
+    model
+        .params()
+        .validate()
+        .expect("calibration keeps the costs valid");
+    Ok(model)
+}
+
+/// The next window: loads change, and hysteresis decides whether the allocation moves.
+fn check_next_window(
+    allocator: &mut Allocator,
+    first: &Allocation,
+    loads: &mut [RankLoad],
+    model: &CostModel,
+    config: &AllocConfig,
+    input: &mut Input<'_>,
+) {
+    let ranks = loads.len();
     // Next window: loads change, hysteresis decides whether to move.
     loads.rotate_left(usize::from(input.u8()) % ranks.max(1));
     if let Some(load) = loads.first_mut() {
@@ -520,12 +557,12 @@ pub fn check_allocator(data: &[u8]) -> Option<SchedError> {
         load.add_decode(u64::from(input.u16()));
     }
     let second = allocator
-        .allocate(&loads, &model)
+        .allocate(loads, model)
         .expect("the same shape stays valid");
-    assert_valid(&model, &loads, &config, &second);
-    let fresh = Allocator::new(config)
+    assert_valid(model, loads, config, &second);
+    let fresh = Allocator::new(*config)
         .expect("valid config")
-        .allocate(&loads, &model)
+        .allocate(loads, model)
         .expect("valid input");
     if second.kept_previous {
         let before: Vec<_> = first
@@ -546,5 +583,4 @@ pub fn check_allocator(data: &[u8]) -> Option<SchedError> {
     } else {
         assert_eq!(second.ranks, fresh.ranks);
     }
-    None
 }

@@ -820,6 +820,85 @@ enum Engine<O> {
     },
 }
 
+/// Loads the holder and size entries of the group after next all at once, so their cache
+/// misses overlap instead of stalling one decision each.
+fn warm(upcoming: &[SampleId], holder: &[u16], sizes: &[u32]) {
+    let acc = upcoming
+        .get(WARM_AHEAD..)
+        .unwrap_or_default()
+        .iter()
+        .fold(0u32, |acc, &s| {
+            acc.wrapping_add(u32::from(holder[s as usize]))
+                .wrapping_add(sizes[s as usize])
+        });
+    std::hint::black_box(acc);
+}
+
+/// The first node after `node` (in ring order) whose planner holds `sample`: the peer that
+/// serves a sample some node holds.
+fn next_holder<O: StreamSource>(
+    planners: &[Planner<ClusterView<O>>],
+    node: usize,
+    sample: SampleId,
+) -> u16 {
+    let nodes = planners.len();
+    let h = (1..nodes)
+        .map(|i| (node + i) % nodes)
+        .find(|&h| planners[h].policy().contains(sample))
+        .expect("a counted holder holds the sample");
+    h as u16
+}
+
+/// The next decision of each node's own plan replayed in global order (the local mode):
+/// `at` is the position in the global stream and its end.
+fn next_local<O: StreamSource + Clone>(
+    layout: &ClusterLayout<O>,
+    planners: &mut [Planner<ClusterView<O>>],
+    holders: &mut [u16],
+    scratch: &mut Vec<SampleId>,
+    (position, end): (&mut u64, u64),
+    evicted: &mut Vec<(SampleId, u16)>,
+) -> Result<Option<ClusterDecision>, ClusterError> {
+    let epoch_accesses = layout.epoch_accesses();
+    if *position == end {
+        return Ok(None);
+    }
+    let p = *position;
+    *position += 1;
+    let node = layout.node_at(p % epoch_accesses);
+    let slot = layout.slot_at(p % epoch_accesses);
+    let a = usize::from(node);
+    let d = planners[a]
+        .next(scratch)?
+        .expect("a node's stream is its share of the global one");
+    let s = d.sample;
+    let served = if d.hit {
+        Served::Local
+    } else if holders[s as usize] > 0 {
+        Served::Remote(next_holder(planners, a, s))
+    } else {
+        Served::Storage
+    };
+    if d.admitted {
+        holders[s as usize] += 1;
+    }
+    for &e in scratch.iter() {
+        holders[e as usize] -= 1;
+        evicted.push((e, node));
+    }
+    let kept_at = planners[a].policy().contains(s).then_some(node);
+    Ok(Some(ClusterDecision {
+        position: p,
+        epoch: d.epoch,
+        node,
+        slot,
+        sample: s,
+        size_bytes: d.size_bytes,
+        served,
+        kept_at,
+    }))
+}
+
 /// The cluster plan: every decision of every node, in global canonical order, without
 /// allocating per call. See the module docs.
 #[derive(Debug)]
@@ -975,18 +1054,8 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
                 pricing,
             } => {
                 if *until_warm == 0 {
-                    // Load the holder and size entries of the group after next all at once, so
-                    // their cache misses overlap instead of stalling one decision each.
                     *until_warm = WARM_AHEAD;
-                    let upcoming = index.upcoming(2 * WARM_AHEAD);
-                    let acc = upcoming.get(WARM_AHEAD..).unwrap_or_default().iter().fold(
-                        0u32,
-                        |acc, &s| {
-                            acc.wrapping_add(u32::from(holder[s as usize]))
-                                .wrapping_add(self.sizes[s as usize])
-                        },
-                    );
-                    std::hint::black_box(acc);
+                    warm(index.upcoming(2 * WARM_AHEAD), holder, &self.sizes);
                 }
                 *until_warm -= 1;
                 let Some(a) = index.next_access()? else {
@@ -1043,50 +1112,27 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
                 position,
                 end,
             } => {
-                if *position == *end {
+                let Some(d) = next_local(
+                    &self.layout,
+                    planners,
+                    holders,
+                    scratch,
+                    (position, *end),
+                    evicted,
+                )?
+                else {
                     return Ok(None);
-                }
-                let p = *position;
-                *position += 1;
-                let node = self.layout.node_at(p % epoch_accesses);
-                let slot = self.layout.slot_at(p % epoch_accesses);
-                let a = usize::from(node);
-                let d = planners[a]
-                    .next(scratch)?
-                    .expect("a node's stream is its share of the global one");
-                let s = d.sample;
-                let served = if d.hit {
-                    Served::Local
-                } else if holders[s as usize] > 0 {
-                    let nodes = planners.len();
-                    let h = (1..nodes)
-                        .map(|i| (a + i) % nodes)
-                        .find(|&h| planners[h].policy().contains(s))
-                        .expect("a counted holder holds the sample");
-                    Served::Remote(h as u16)
-                } else {
-                    Served::Storage
                 };
-                if d.admitted {
-                    holders[s as usize] += 1;
-                }
-                for &e in scratch.iter() {
-                    holders[e as usize] -= 1;
-                    evicted.push((e, node));
-                }
-                let kept_at = planners[a].policy().contains(s).then_some(node);
-                ClusterDecision {
-                    position: p,
-                    epoch: d.epoch,
-                    node,
-                    slot,
-                    sample: s,
-                    size_bytes: d.size_bytes,
-                    served,
-                    kept_at,
-                }
+                d
             }
         };
+        self.record(&d, rerouted);
+        Ok(Some(d))
+    }
+
+    /// Counts decision `d` (`rerouted`: a remote hit read from storage instead), and samples
+    /// the plan's memory now and then.
+    fn record(&mut self, d: &ClusterDecision, rerouted: bool) {
         let counts =
             &mut self.stats.counts[d.epoch as usize * self.layout.nodes + usize::from(d.node)];
         counts.record(d.served, d.size_bytes);
@@ -1097,7 +1143,6 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
         if d.position % 65_536 == 0 {
             self.peak_memory_bytes = self.peak_memory_bytes.max(self.memory_bytes());
         }
-        Ok(Some(d))
     }
 
     /// Runs the stream to its end and returns the counters.

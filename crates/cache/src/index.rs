@@ -601,17 +601,27 @@ impl<S: StreamSource> NextUseIndex<S> {
         debug_assert_eq!(self.plan[0].id, batch_id);
         self.plan.pop_front();
         if pending > 0 {
-            // Never used again.
-            for (w, word) in self.pending.iter_mut().enumerate() {
-                while *word != 0 {
-                    let b = word.trailing_zeros() as usize;
-                    *word &= *word - 1;
-                    self.next_of[w * 64 + b] = NEXT_NEVER;
-                }
+            self.never_used_again();
+        }
+        self.link_backwards(base, len);
+        self.far_of.clear();
+        Ok(true)
+    }
+
+    /// Samples still pending after the batch are never used again.
+    fn never_used_again(&mut self) {
+        for (w, word) in self.pending.iter_mut().enumerate() {
+            while *word != 0 {
+                let b = word.trailing_zeros() as usize;
+                *word &= *word - 1;
+                self.next_of[w * 64 + b] = NEXT_NEVER;
             }
         }
-        // Backwards through the batch: each access takes its sample's next use, then becomes
-        // it. Writes `next` in order; one random read-modify-write per access.
+    }
+
+    /// Backwards through the batch: each access takes its sample's next use, then becomes
+    /// it. Writes `next` in order; one random read-modify-write per access.
+    fn link_backwards(&mut self, base: u64, len: usize) {
         self.next.clear();
         self.next.reserve_exact(len);
         self.next.resize(len, NEXT_NEVER);
@@ -635,7 +645,5 @@ impl<S: StreamSource> NextUseIndex<S> {
             v = encode(&mut self.far_of, base, s, base + q as u64);
             self.next_of[s as usize] = v;
         }
-        self.far_of.clear();
-        Ok(true)
     }
 }

@@ -78,6 +78,40 @@ impl ReusePolicy {
         self.heap.push(Entry::new(next_use, sample, size_bytes));
         self.heap.compact_if_stale(self.live, self.position);
     }
+
+    /// Evicts the samples needed farthest ahead, each after `next_use`, until `need` bytes are
+    /// free; true if they are. Where they cannot be (do no harm), evicts nothing.
+    fn evict_farther(&mut self, need: u64, next_use: u64, evicted: &mut Vec<SampleId>) -> bool {
+        let mut freed = 0u64;
+        self.popped.clear();
+        while freed < need {
+            let Some(top) = self.heap.live_top(self.position) else {
+                break;
+            };
+            if top.next_use() <= next_use {
+                break;
+            }
+            self.heap.pop();
+            freed += u64::from(top.size_bytes);
+            self.popped.push(top);
+        }
+        if freed < need {
+            // Do no harm: put the candidates back untouched.
+            for e in self.popped.drain(..) {
+                self.heap.push(e);
+            }
+            return false;
+        }
+        let mut popped = std::mem::take(&mut self.popped);
+        for e in popped.drain(..) {
+            self.set_cached(e.sample, false);
+            self.used_bytes -= u64::from(e.size_bytes);
+            self.live -= 1;
+            evicted.push(e.sample);
+        }
+        self.popped = popped;
+        true
+    }
 }
 
 impl Policy for ReusePolicy {
@@ -140,34 +174,9 @@ impl Policy for ReusePolicy {
                     admitted: true,
                 };
             }
-            let mut freed = 0u64;
-            self.popped.clear();
-            while freed < need {
-                let Some(top) = self.heap.live_top(self.position) else {
-                    break;
-                };
-                if top.next_use() <= next_use {
-                    break;
-                }
-                self.heap.pop();
-                freed += u64::from(top.size_bytes);
-                self.popped.push(top);
-            }
-            if freed < need {
-                // Do no harm: put the candidates back untouched.
-                for e in self.popped.drain(..) {
-                    self.heap.push(e);
-                }
+            if !self.evict_farther(need, next_use, evicted) {
                 return miss;
             }
-            let mut popped = std::mem::take(&mut self.popped);
-            for e in popped.drain(..) {
-                self.set_cached(e.sample, false);
-                self.used_bytes -= u64::from(e.size_bytes);
-                self.live -= 1;
-                evicted.push(e.sample);
-            }
-            self.popped = popped;
         }
         self.used_bytes += size;
         self.live += 1;

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# fio against `lobster read-bench` on the same file, alternating (and, O_DIRECT, alternating
+# fio against `lobster-bench read-bench` on the same file, alternating (and, O_DIRECT, alternating
 # which of the two goes first), three runs each.
 #
 # Usage: benches/fio_compare.sh [FILE]
 #   FILE     test file of a few GiB with real data (default /work/bench-data/f4g.bin);
 #            create one with: dd if=/dev/urandom of=FILE bs=1M count=4096
 #   env: SECONDS_PER_RUN (default 10), RUNS (default 3), CASES ("direct cached", the
-#        default, or one of them), LOBSTER (the binary; default:
-#        cargo build --release -p lobster-cli), CACHED_THREADS (threads on both sides in the
+#        default, or one of them), LOBSTER (the lobster-bench binary; default:
+#        cargo build --release -p lobster-bench), CACHED_THREADS (threads on both sides in the
 #        page-cache cases, default: the number of cores)
 #
 # read-bench runs caller-driven (`--threads N`, the reader's only way to read): N threads,
@@ -34,8 +34,8 @@ SECS=${SECONDS_PER_RUN:-10}
 RUNS=${RUNS:-3}
 THREADS=${CACHED_THREADS:-$(nproc)}
 if [[ -z "${LOBSTER:-}" ]]; then
-    cargo build --release -q -p lobster-cli
-    LOBSTER="${CARGO_TARGET_DIR:-target}/release/lobster"
+    cargo build --release -q -p lobster-bench
+    LOBSTER="${CARGO_TARGET_DIR:-target}/release/lobster-bench"
 fi
 command -v fio >/dev/null || { echo "fio is not installed" >&2; exit 1; }
 [[ -f "$FILE" ]] || { echo "no test file $FILE" >&2; exit 1; }

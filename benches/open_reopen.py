@@ -1,10 +1,10 @@
 # Second opens of D in fresh processes, alternated: the old code's encoded-only reopen
-# (`lobster index --open-only`), this code's encoded-only reopen (`plan-bench --open D`) and
-# with the decoded tier's headers (`--decoded`). Wall time as each prints it, and the
+# (`lobster index --open-only`), this code's encoded-only reopen (`lobster-bench plan-bench
+# --open D`) and with the decoded tier's headers (`--decoded`). Wall time as each prints it, and the
 # child's CPU time (user + system, from getrusage). Each binary keeps its tables in its own
 # cache directory (the two table formats differ); open D once with each first.
 #
-#   python3 benches/open_reopen.py D RUNS OLD_LOBSTER NEW_LOBSTER
+#   python3 benches/open_reopen.py D RUNS OLD_LOBSTER NEW_LOBSTER_BENCH
 import os, resource, statistics as st, subprocess, sys
 D, runs, OLD, NEW = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 cmds = {

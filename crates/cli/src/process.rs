@@ -2,7 +2,7 @@
 //! Each reads 0 where /proc is unavailable, so a report still prints.
 
 /// A memory figure from /proc/self/status (`field` is e.g. `VmHWM` or `VmRSS`), in bytes.
-pub(crate) fn status_bytes(field: &str) -> u64 {
+pub fn status_bytes(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -15,7 +15,7 @@ pub(crate) fn status_bytes(field: &str) -> u64 {
 }
 
 /// Resets the kernel's peak-RSS mark (`VmHWM`), so a later peak is that of what ran since.
-pub(crate) fn reset_peak_rss() {
+pub fn reset_peak_rss() {
     // Writing 5 to clear_refs resets VmHWM (Linux 4.0+); without it the peak is cumulative.
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
@@ -26,7 +26,7 @@ const USER_HZ: f64 = 100.0;
 
 /// CPU seconds (user + system) this process has used so far, every thread included, also
 /// those that exited; to 1/USER_HZ s.
-pub(crate) fn cpu_seconds() -> f64 {
+pub fn cpu_seconds() -> f64 {
     std::fs::read_to_string("/proc/self/stat")
         .ok()
         .and_then(|s| parse_cpu_ticks(&s))
@@ -34,7 +34,7 @@ pub(crate) fn cpu_seconds() -> f64 {
 }
 
 /// CPU seconds (user + system) of this process's children that have been waited for.
-pub(crate) fn children_cpu_seconds() -> f64 {
+pub fn children_cpu_seconds() -> f64 {
     std::fs::read_to_string("/proc/self/stat")
         .ok()
         .and_then(|s| parse_ticks(&s, 13))
@@ -61,7 +61,7 @@ fn parse_ticks(stat: &str, skip: usize) -> Option<u64> {
 /// Proportional set size of process `pid` (`self` for this one), in bytes: its resident
 /// pages, each shared page divided among the processes that map it, so that a node's
 /// processes sum to the node's memory.
-pub(crate) fn pss_bytes(pid: &str) -> u64 {
+pub fn pss_bytes(pid: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
         .ok()
         .and_then(|s| {
@@ -74,12 +74,12 @@ pub(crate) fn pss_bytes(pid: &str) -> u64 {
 }
 
 /// Descriptors this process has open.
-pub(crate) fn open_fds() -> usize {
+pub fn open_fds() -> usize {
     count_dir("/proc/self/fd")
 }
 
 /// Threads of this process.
-pub(crate) fn threads() -> usize {
+pub fn threads() -> usize {
     count_dir("/proc/self/task")
 }
 

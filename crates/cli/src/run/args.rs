@@ -259,7 +259,7 @@ pub enum BackendArg {
 }
 
 impl BackendArg {
-    pub(crate) fn backend(self) -> Backend {
+    pub fn backend(self) -> Backend {
         match self {
             BackendArg::Auto => Backend::Auto,
             BackendArg::Uring => Backend::Uring,

@@ -10,7 +10,7 @@ const DEFAULT_CLASSES: u32 = 10;
 const DEFAULT_GEN_SEED: u64 = 0;
 
 /// The generated default dataset of `samples` files, made once and reused.
-pub(crate) fn default_dataset(samples: u32, quiet: bool) -> Result<PathBuf> {
+pub fn default_dataset(samples: u32, quiet: bool) -> Result<PathBuf> {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))

@@ -25,7 +25,7 @@ pub enum Decoder {
 
 /// An error of the CLI's decoders.
 #[derive(Debug)]
-pub(crate) struct DecodeError(String);
+pub struct DecodeError(String);
 
 impl fmt::Display for DecodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -37,7 +37,7 @@ impl std::error::Error for DecodeError {}
 
 /// What a decoded sample is to the training loop.
 #[derive(Debug)]
-pub(crate) enum Decoded {
+pub enum Decoded {
     /// A digest of the work, so that nothing is optimised away (little-endian bytes, so a
     /// host can place it in a rank process's arena like any sample).
     Digest([u8; 8]),
@@ -73,7 +73,7 @@ pub enum TransformArg {
 }
 
 impl TransformArg {
-    pub(crate) fn transform(self, size: u32) -> Transform {
+    pub fn transform(self, size: u32) -> Transform {
         match self {
             TransformArg::Train => Transform::Train { size },
             TransformArg::Eval => Transform::Eval { size },
@@ -83,7 +83,7 @@ impl TransformArg {
 }
 
 /// Decodes one sample of `epoch` (`seed`: the run's, for augmentation).
-pub(crate) fn decode(
+pub fn decode(
     decoder: Decoder,
     us_per_kb: f64,
     transform: Transform,

@@ -22,11 +22,12 @@ use lobster_io::{Dataset, LoaderState, OnError, RunMetrics};
 
 use args::RanksAs;
 pub use args::RunArgs;
-pub(crate) use args::{AssignArg, BackendArg};
-pub(crate) use dataset::default_dataset;
-pub(crate) use decode::{decode, Decoder, TransformArg};
-pub(crate) use strategy::{Budgets, Strategies, Strategy};
-pub(crate) use train::{batches_crc32, train, RankTotals};
+pub use args::{AssignArg, BackendArg};
+pub use dataset::default_dataset;
+pub use decode::{decode, Decoder, TransformArg};
+pub use strategy::{Budgets, Strategies, Strategy};
+use train::batches_crc32;
+pub use train::{train, RankTotals};
 
 use crate::process;
 use report::{Measured, RunConfig, StartFigures, StepDigest, StrategyResult};

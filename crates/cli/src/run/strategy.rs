@@ -29,7 +29,7 @@ pub enum Strategy {
 /// What the strategies share, from the command line: the pipelined strategies' schedule and
 /// decode threads, and the read-then-decode baselines' workers per rank.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Budgets {
+pub struct Budgets {
     pub pipelined_schedule: Schedule,
     pub decode_threads: usize,
     pub workers_per_rank: usize,
@@ -47,7 +47,7 @@ impl Strategy {
         Strategy::Lobster,
     ];
 
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Strategy::Pytorch => "pytorch",
             Strategy::Nopfs => "nopfs",
@@ -81,7 +81,7 @@ impl Strategy {
 
     /// Sets this strategy's cache, execution, schedule and threads on `config`; the layout,
     /// io_depth budget and storage settings are left as they are.
-    pub(crate) fn apply(self, budgets: &Budgets, config: &mut LoaderConfig) {
+    pub fn apply(self, budgets: &Budgets, config: &mut LoaderConfig) {
         let cache = self.cache();
         config.cache.policy = cache;
         config.cache.capacity_bytes = if cache == CachePolicy::None {
@@ -125,7 +125,7 @@ impl fmt::Display for Strategy {
 
 /// `all` or a comma-separated list of strategies (the `--strategy` flag), run in that order.
 #[derive(Clone, Debug)]
-pub struct Strategies(pub(crate) Vec<Strategy>);
+pub struct Strategies(pub Vec<Strategy>);
 
 impl FromStr for Strategies {
     type Err = String;

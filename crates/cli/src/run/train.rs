@@ -1,5 +1,5 @@
-//! The simulated synchronous training loop, shared by `lobster run` and `lobster soak`: one
-//! thread per rank takes its batches, "computes", and meets the other ranks at a barrier.
+//! The simulated synchronous training loop, shared by `lobster run` and `lobster-bench soak`:
+//! one thread per rank takes its batches, "computes", and meets the other ranks at a barrier.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
@@ -10,7 +10,7 @@ use lobster_io::RankHandle;
 
 /// What one rank consumed over the run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct RankTotals {
+pub struct RankTotals {
     /// Samples delivered in its batches.
     pub delivered: u64,
     /// Samples left out of its batches by `--on-error skip`.
@@ -57,7 +57,7 @@ pub(crate) fn digest_parts<'a>(
 /// stops the run: that step's barrier is still met by every rank, then all stop, and the
 /// error names `label` and the rank; a failed job barrier stops every rank with its error.
 /// Returns the ranks' totals in the handles' order.
-pub(crate) fn train<T: Send + AsRef<[u8]>, C: Default>(
+pub fn train<T: Send + AsRef<[u8]>, C: Default>(
     handles: Vec<RankHandle<T>>,
     compute: Duration,
     label: &str,

@@ -157,13 +157,13 @@ pub(crate) fn decoded_sizes(probes: &[Probe], max_side: Option<u32>) -> Arc<[u32
 /// Seconds the built-in decoder ([`lobster_image::decode`]) takes per pixel of a JPEG,
 /// measured once on the development machine (2 shared cores, load average about 12 from
 /// other builds; a release build, 2026-12-03) on 400 generated 110 KiB JPEGs:
-/// `lobster gen --out /tmp/j --samples 400` then `lobster plan-bench --decode-constants
+/// `lobster gen --out /tmp/j --samples 400` then `lobster-bench plan-bench --decode-constants
 /// /tmp/j` (median of 5 runs: 20.6 ns; runs 19.9 to 20.8). Fixed here, not measured at
 /// build, so that the plan does not move with the machine's load.
 pub const JPEG_DECODE_S_PER_PIXEL: f64 = JPEG_DECODE_NS_PER_PIXEL * 1e-9;
 const JPEG_DECODE_NS_PER_PIXEL: f64 = 20.6;
 /// As [`JPEG_DECODE_S_PER_PIXEL`] for a PNG, measured the same way on the 51 PNG figures
-/// of the Rust toolchain's documentation (`lobster plan-bench --decode-constants
+/// of the Rust toolchain's documentation (`lobster-bench plan-bench --decode-constants
 /// ~/.rustup/toolchains/stable-x86_64-unknown-linux-gnu/share/doc/rust/html`: 7.6 ns, runs
 /// 7.4 to 7.9).
 pub const PNG_DECODE_S_PER_PIXEL: f64 = PNG_DECODE_NS_PER_PIXEL * 1e-9;

@@ -1,4 +1,4 @@
-//! End-to-end tests of `lobster plan-bench --plan cluster` and `--sweep`, run on the built
+//! End-to-end tests of `lobster-bench plan-bench --plan cluster` and `--sweep`, run on the built
 //! binary: the report's numbers agree with each other and with the floor's definition.
 
 use std::process::{Command, Output};
@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 fn lobster(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lobster"))
+    Command::new(env!("CARGO_BIN_EXE_lobster-bench"))
         .args(args)
         .output()
         .expect("run lobster")

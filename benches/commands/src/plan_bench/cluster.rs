@@ -1,4 +1,4 @@
-//! `lobster plan-bench --plan cluster`: the whole job's cluster plan (every node's cache
+//! `lobster-bench plan-bench --plan cluster`: the whole job's cluster plan (every node's cache
 //! planned as one, `lobster_cache::ClusterPlanner`) built and run over every epoch of the
 //! stream, as a loader of the job plans it at start-up; steady-state storage reads set
 //! against the floor `max(0, F - N*C)` per epoch, with the plan's CPU time and the process's
@@ -15,7 +15,7 @@ use lobster_cache::{Assign, ClusterConfig, ClusterLayout, ClusterPlanner, Cluste
 use lobster_io::{DistributedSampler, EpochOrder, SamplerOrders};
 use serde::{Deserialize, Serialize};
 
-use crate::run::AssignArg;
+use lobster_cli::run::AssignArg;
 
 /// Which mode the cluster plan runs in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -1,11 +1,11 @@
-//! `lobster soak` end to end through the built binary: a short soak with faults injected loses
-//! no sample, leaves no descriptor or thread behind, and its resident memory levels off.
+//! `lobster-bench soak` end to end through the built binary: a short soak with faults injected
+//! loses no sample, leaves no descriptor or thread behind, and its resident memory levels off.
 
 use std::path::Path;
 use std::process::Command;
 
 fn soak(args: &[&str], json: &Path) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_lobster"))
+    let out = Command::new(env!("CARGO_BIN_EXE_lobster-bench"))
         .arg("soak")
         .args(args)
         .arg("--json")
@@ -236,7 +236,7 @@ fn the_long_run_check_fails_the_soak_past_its_bound() {
     // With a bound of 0, any growth after the steady epoch (2 of 4; too short a run for a
     // level of more than one epoch) fails the soak, named.
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_lobster"))
+    let out = Command::new(env!("CARGO_BIN_EXE_lobster-bench"))
         .args([
             "soak",
             "--samples",
@@ -268,7 +268,7 @@ fn the_long_run_check_fails_the_soak_past_its_bound() {
 fn soak_stopped_by(signal: &str) -> (std::process::ExitStatus, String, Vec<std::path::PathBuf>) {
     use std::io::{BufRead, Read};
     let tmp = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lobster"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lobster-bench"))
         .args([
             "soak",
             "--samples",

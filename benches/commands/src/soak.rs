@@ -1,4 +1,4 @@
-//! `lobster soak`: many epochs with faults injected, checking that nothing is lost, memory
+//! `lobster-bench soak`: many epochs with faults injected, checking that nothing is lost, memory
 //! levels off, and descriptors and threads come back once the loader is dropped.
 //!
 //! SIGINT and SIGTERM stop the run at the next step and remove a generated dataset; a signal
@@ -16,10 +16,10 @@ use lobster_io::{
 };
 use serde::Serialize;
 
-use crate::process;
-use crate::run::{decode, train, Budgets, Decoder, RankTotals, Strategies, Strategy};
+use lobster_cli::process;
+use lobster_cli::run::{decode, train, Budgets, Decoder, RankTotals, Strategies, Strategy};
 
-/// Arguments of `lobster soak`.
+/// Arguments of `lobster-bench soak`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct SoakArgs {
     /// An ImageFolder dataset; without it one is generated into a temporary directory.
@@ -161,7 +161,7 @@ pub fn run(args: &SoakArgs) -> Result<()> {
             );
             // Made before the generation, so a failed one is removed too.
             let guard = RemoveOnDrop(dir.clone());
-            crate::gen::generate(&dir, args.samples, 4, args.mean_kb, 0)?;
+            lobster_cli::gen::generate(&dir, args.samples, 4, args.mean_kb, 0)?;
             (dir, Some(guard))
         }
     };

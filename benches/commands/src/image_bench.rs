@@ -1,5 +1,5 @@
-//! `lobster image-bench`: what the image stage costs per image, decode alone against decode
-//! with a transform and collation, on a dataset's files held in memory (no I/O in the
+//! `lobster-bench image-bench`: what the image stage costs per image, decode alone against
+//! decode with a transform and collation, on a dataset's files held in memory (no I/O in the
 //! figures). Both run on the same threads in the same process, alternating, and each
 //! figure is the median of its runs.
 
@@ -11,8 +11,8 @@ use lobster_image::{Collator, Transform, Transformer};
 use lobster_io::Dataset;
 use serde::Serialize;
 
-use crate::process;
-use crate::run::TransformArg;
+use lobster_cli::process;
+use lobster_cli::run::TransformArg;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct ImageBenchArgs {
@@ -58,7 +58,7 @@ pub(crate) fn run(args: &ImageBenchArgs) -> Result<()> {
     );
     let data = match &args.data {
         Some(d) => d.clone(),
-        None => crate::run::default_dataset(4000, true)?,
+        None => lobster_cli::run::default_dataset(4000, true)?,
     };
     let ds = Dataset::open(&data.to_string_lossy())
         .with_context(|| format!("opening {}", data.display()))?;

@@ -1,5 +1,5 @@
-//! `lobster read-bench`: random aligned reads through the lobster-uring reader, as the loader
-//! reads: caller-driven sessions (`--threads` threads, each with its own ring, or on the
+//! `lobster-bench read-bench`: random aligned reads through the lobster-uring reader, as the
+//! loader reads: caller-driven sessions (`--threads` threads, each with its own ring, or on the
 //! pread backend its own share of the reader's pread workers); `--by-path` reads the files
 //! of a directory by path (opened, read and closed per read).
 
@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::run::BackendArg;
 use anyhow::{bail, Context};
 use clap::Args;
+use lobster_cli::run::BackendArg;
 use lobster_uring::{Backend, FileId, OpenOptions, PathRead, ReadRequest, Reader, Session};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 

@@ -1,4 +1,4 @@
-//! `lobster plan-bench`: what planning costs at start-up. By default, what planning remote
+//! `lobster-bench plan-bench`: what planning costs at start-up. By default, what planning remote
 //! hits costs one node: it replays every peer's cache plan to learn which peer holds each
 //! of its accesses. With `--open D`, one open of dataset D as a run starts it (with
 //! `--decoded`, as the decoded tier does: with every sample's image header, from the
@@ -16,7 +16,7 @@ use anyhow::Result;
 use lobster_cache::{gen::lognormal_sizes, PolicyKind};
 use lobster_io::{EpochOrder, PeerPlan, PeerPlanInputs};
 
-/// Which plan `lobster plan-bench` builds.
+/// Which plan `lobster-bench plan-bench` builds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum PlanKind {
     /// One node's plan: its own cache plan and every peer's replayed to find remote holders.
@@ -26,7 +26,7 @@ pub enum PlanKind {
     Cluster,
 }
 
-/// Arguments of `lobster plan-bench`; the defaults are ImageNet-22k on 64 nodes.
+/// Arguments of `lobster-bench plan-bench`; the defaults are ImageNet-22k on 64 nodes.
 #[derive(Debug, clap::Args)]
 pub struct PlanBenchArgs {
     /// The plan to build: `node` (this node's plan and its peers' replay) or `cluster` (the
@@ -40,8 +40,8 @@ pub struct PlanBenchArgs {
     /// With `--plan cluster`: which node makes each access of a step, `sampler` (the
     /// DistributedSampler's split) or `locality` (each step's samples to the nodes holding
     /// them; cluster mode only).
-    #[arg(long, value_enum, default_value_t = crate::run::AssignArg::Sampler)]
-    pub assign: crate::run::AssignArg,
+    #[arg(long, value_enum, default_value_t = lobster_cli::run::AssignArg::Sampler)]
+    pub assign: lobster_cli::run::AssignArg,
     /// Run the cluster plan over a grid (every `--sweep-samples` x `--sweep-cache-fracs` x
     /// `--sweep-nodes`), each case in a fresh process of this binary so each peak RSS is its
     /// own, and print one table (one JSON array with `--json`). Shape, epochs, sizes, seed

@@ -1,0 +1,51 @@
+//! The `lobster-bench` command: the bench drivers of lobster-io, apart from the product's
+//! `lobster` command. They run the CLI's own main-job code (`lobster_cli::run`), so what
+//! they measure is what `lobster run` runs.
+
+#![forbid(unsafe_code)]
+
+use clap::{Parser, Subcommand};
+
+mod image_bench;
+mod plan_bench;
+mod read_bench;
+mod soak;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "lobster-bench",
+    version,
+    about = "Bench commands of lobster-io: the reader, the image stage, planning, soak"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Random aligned reads through the io_uring reader: MB/s, IOPS, p50/p99 latency.
+    ReadBench(read_bench::ReadBenchArgs),
+    /// Many epochs with faults injected: nothing lost, memory levels off, descriptors and
+    /// threads return after the loader is dropped.
+    Soak(soak::SoakArgs),
+    /// Decode alone against decode + transform + collate, per image, on a dataset's files
+    /// held in memory.
+    ImageBench(image_bench::ImageBenchArgs),
+    /// What planning remote hits costs a node at start-up: every peer's cache plan
+    /// replayed (default: ImageNet-22k on 64 nodes with a 10% cache), or with `--plan
+    /// cluster` the job's cluster plan and its storage reads against the floor (`--sweep`:
+    /// 4, 16 and 64 nodes at ImageNet-1k and -22k sizes).
+    PlanBench(plan_bench::PlanBenchArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    // As `lobster` does, so the soak's memory is the main job's.
+    lobster_cli::hold_heap_unless_set();
+    match Cli::parse().command {
+        Command::ReadBench(args) => read_bench::run(&args),
+        Command::Soak(args) => soak::run(&args),
+        Command::ImageBench(args) => image_bench::run(&args),
+        Command::PlanBench(args) => plan_bench::run(&args),
+    }
+}

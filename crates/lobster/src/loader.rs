@@ -4,20 +4,18 @@ use std::sync::Arc;
 
 use crate::batch::Batch;
 use crate::config::{
-    Assign, CachePolicy, Execution, IoOrder, LoaderConfig, PeerPlanChoice, PipelineThreads,
-    Schedule,
+    CachePolicy, Execution, IoOrder, LoaderConfig, PeerPlanChoice, PipelineThreads, Schedule,
 };
 use crate::dataset::{Dataset, SampleMeta};
 use crate::emulate::StorageEmulation;
 use crate::error::{Cause, Error};
 use crate::faults::{FaultInjection, OnError};
 use crate::memory::{MachineMemory, MemoryPart};
-use crate::metrics::{
-    CacheForms, CacheStore, Mode, PeerPlanKind, ReadPath, RunMetrics, ThreadClass,
-};
+use crate::metrics::{CacheForms, CacheStore, Mode, ReadPath, RunMetrics, ThreadClass};
 use crate::pipeline::{self, Context, DecodeFn, ForRanks, Layout, Pipeline};
 use crate::resume::{self, JobFingerprint, LoaderState, Positions};
 use crate::sampler::{DistributedSampler, EpochOrder};
+use lobster_cache::{Assign, PeerPlanKind};
 use lobster_cache::{FormChoice, FormCosts, LinkPrices};
 
 /// Builds a [`Loader`]: the dataset, the job's layout, the cache, the budgets and the decode
@@ -564,7 +562,7 @@ fn cluster_plan(
     };
     let dataset_bytes: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
     let (nodes, capacity) = (config.job.nodes, config.cache.capacity_bytes);
-    if lobster_cache::Mode::auto(dataset_bytes, nodes, capacity) == lobster_cache::Mode::Local {
+    if PeerPlanKind::auto(dataset_bytes, nodes, capacity) == PeerPlanKind::Node {
         return Err(format!(
             "caches small enough that each node's own plan reads about the floor \
              ({capacity} bytes x {nodes}^2 nodes <= {dataset_bytes} dataset bytes)"
@@ -611,7 +609,7 @@ fn peers(
     if let Err(why) = cluster_plan(config, sizes, layout) {
         let plan = match (config.cache.policy.kind(), sizes) {
             (Some(policy), Some(sizes)) => {
-                let inputs = crate::pipeline::PeerPlanInputs {
+                let inputs = crate::pipeline::PeerHoldersInputs {
                     sizes: sizes.clone(),
                     nodes: config.job.nodes,
                     ranks_per_node: config.job.ranks_per_node,
@@ -623,14 +621,14 @@ fn peers(
                     capacity_bytes: config.cache.capacity_bytes,
                     margin_steps: ahead_steps + 1,
                 };
-                crate::pipeline::PeerPlan::build_resumed(
+                crate::pipeline::PeerHolders::build_resumed(
                     &inputs,
                     config.job.node,
                     &(layout.start_epoch, layout.head.clone()),
                 )?
             }
             // Without caches no peer holds anything.
-            _ => crate::pipeline::PeerPlan::empty(),
+            _ => crate::pipeline::PeerHolders::empty(),
         };
         let peers = pipeline::Peers {
             transport,
@@ -646,7 +644,7 @@ fn peers(
     }
     let peers = pipeline::Peers {
         transport,
-        plan: crate::pipeline::PeerPlan::empty(),
+        plan: crate::pipeline::PeerHolders::empty(),
         cluster: true,
         locality: config.job.assign == Assign::Locality,
         read_ahead_bytes: crate::pipeline::read_ahead_budget_bytes(

@@ -434,11 +434,16 @@ pub enum Assign {
     /// As PyTorch's `DistributedSampler` splits each epoch's order: every rank's samples are
     /// the ones a PyTorch job's rank would get.
     #[default]
+    #[cfg_attr(feature = "clap", value(help = "PyTorch's DistributedSampler split"))]
     Sampler,
     /// Locality-aware (Yang and Cong, HiPC '19), under the cluster plan only: within each
     /// step, a sample goes to a rank of a node whose cache holds it, once the step's storage
     /// reads are spread over the nodes (see [`ClusterPlanner`]). The step's samples and every
     /// rank's batch size are unchanged; which rank sees which sample is not PyTorch's.
+    #[cfg_attr(
+        feature = "clap",
+        value(help = "To the nodes holding the samples, under the cluster plan")
+    )]
     Locality,
 }
 

@@ -52,10 +52,13 @@ impl fmt::Display for Form {
 pub enum FormChoice {
     /// Encoded bytes only (what a cache without a decoded tier keeps).
     #[default]
+    #[cfg_attr(feature = "clap", value(help = "Encoded bytes"))]
     Encoded,
     /// Decoded images only.
+    #[cfg_attr(feature = "clap", value(help = "Decoded images"))]
     Decoded,
     /// Either, per sample and per use, by the rule of [`FormPolicy`].
+    #[cfg_attr(feature = "clap", value(help = "Either, by the cost model"))]
     Auto,
 }
 

@@ -24,8 +24,13 @@ pub enum Backend {
     /// io_uring if a ring can be set up, else the pread pool. `LOBSTER_IO=pread|uring`
     /// overrides this choice.
     #[default]
+    #[cfg_attr(
+        feature = "clap",
+        value(help = "io_uring, falling back to pread if a ring cannot be set up")
+    )]
     Auto,
     /// io_uring; building the reader fails if no ring can be set up.
+    #[cfg_attr(feature = "clap", value(help = "io_uring"))]
     Uring,
     /// The pread thread pool.
     Pread,

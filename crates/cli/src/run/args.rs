@@ -556,6 +556,33 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn the_library_choice_enums_take_their_one_spelling_on_the_command_line() {
+        let args = parse(&[
+            "--backend",
+            "pread",
+            "--cache-forms",
+            "decoded",
+            "--io-order",
+            "shares",
+            "--pipeline-threads",
+            "normal",
+            "--assign",
+            "locality",
+            "--cluster",
+        ])
+        .unwrap();
+        let config = args.loader_config().unwrap();
+        assert_eq!(config.reads.backend, Backend::Pread);
+        assert_eq!(config.cache.forms, Some(FormChoice::Decoded));
+        assert_eq!(config.reads.io_order, IoOrder::Shares);
+        assert_eq!(config.job.assign, Assign::Locality);
+        let budgets = args.budgets(1).unwrap();
+        assert_eq!(budgets.pipeline_threads, PipelineThreads::Normal);
+        let e = parse(&["--io-order", "fifo"]).unwrap_err();
+        assert!(e.contains("fifo") && e.contains("deadline, shares"), "{e}");
+    }
+
+    #[test]
     fn the_decoder_defaults_to_jpeg_for_a_users_data_and_synthetic_for_the_built_in_set() {
         let decoder = |args: &[&str]| parse(args).unwrap().decoder();
         assert_eq!(decoder(&[]), Decoder::Synthetic);

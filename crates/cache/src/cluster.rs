@@ -9,7 +9,7 @@
 //! PyTorch's `DistributedSampler` does (padded by repeating the head; no `drop_last`). One
 //! [`NextUseIndex`] over it gives each access its global next use.
 //!
-//! # Cluster mode
+//! # The cluster plan
 //! One [`ReusePolicy`] of `capacity_bytes` per node, all driven with global positions and
 //! global next uses, and a holder per sample (the node keeping it, or none). For the access at
 //! position `t` by node `a` of sample `s` with next use `n`:
@@ -41,7 +41,7 @@
 //!   optima by exhaustive search on small cases, and the tests compare.
 //!
 //! # Priced remote hits
-//! With [`LinkPrices`] (cluster mode only) a remote hit may be served by storage instead, so
+//! With [`LinkPrices`] (the cluster plan only) a remote hit may be served by storage instead, so
 //! that a slow interconnect does not become the bound. The caches and holders are exactly the
 //! unpriced plan's (the holder's policy takes the access either way); only where the bytes of
 //! an access come from changes. Within each epoch the plan counts, per node, the bytes each
@@ -56,7 +56,7 @@
 //! never from timings); on a fast interconnect it reroutes nothing.
 //!
 //! # Locality-aware assignment
-//! With [`Assign::Locality`] (cluster mode only) the global stream keeps its samples and their
+//! With [`Assign::Locality`] (the cluster plan only) the global stream keeps its samples and their
 //! positions (so every next use is the same), but which node makes each access is decided at
 //! the start of each step from the holders at that moment. Each node makes exactly its ranks'
 //! batches' worth of the step. In stream order, the accesses nobody holds go first, one at a
@@ -69,17 +69,17 @@
 //! rule is a heuristic: it turns remote hits into local ones where that leaves the storage
 //! reads spread, but does not search the assignments.
 //!
-//! # Local mode
+//! # Each node's own plan
 //! Where `capacity_bytes * nodes^2 <= F` (`F` the bytes of the size table) the cluster gains
 //! little (per-node Belady already reads about the floor), so the plan is today's: each node
 //! runs [`Planner`] with [`PolicyKind::Reuse`] on its own stream (local next uses), and a
 //! local miss is served by a peer that holds the sample at that moment, if any (the first
 //! holder after the accessing node, in node order), else by storage. Its decisions are exactly
 //! those of `nodes` independent planners (tested). It needs one next-use index per node, so
-//! its memory grows with the nodes (about `6 * nodes` bytes per sample); a loader in local mode
+//! its memory grows with the nodes (about `6 * nodes` bytes per sample); a loader under it
 //! runs only its own node's planner and finds holders by replaying peers, as it does today.
 //!
-//! # Memory (cluster mode)
+//! # Memory (the cluster plan)
 //! The index over the global stream (as [`Planner`]'s: about 6 bytes per sample + 8 per access
 //! of its batch, by default one epoch, + 4 per access of an epoch), 2 bytes per sample of holder table, 1 bit per
 //! sample per node (each policy's cached bits), and each policy's heap (at most `1.25 *
@@ -123,8 +123,8 @@ pub enum ClusterError {
     },
     /// The stream or the size table was refused by the cache planner.
     Cache(CacheError),
-    /// [`Assign::Locality`] with [`PeerPlanKind::Node`]: the local plan runs each node's own stream
-    /// as the sampler splits it.
+    /// [`Assign::Locality`] with [`PeerPlanKind::Node`]: each node's own plan runs its own
+    /// stream as the sampler splits it.
     LocalityInLocalMode,
 }
 
@@ -497,7 +497,7 @@ pub struct ClusterDecision {
     pub size_bytes: u32,
     /// Where its bytes come from.
     pub served: Served,
-    /// The node keeping it after this access (in local mode, the accessing node, if it keeps
+    /// The node keeping it after this access (under the node plan, the accessing node, if it keeps
     /// it; another node may hold a copy too).
     pub kept_at: Option<u16>,
 }
@@ -645,17 +645,17 @@ impl ClusterStats {
 /// Tuning of the cluster plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ClusterConfig {
-    /// `None`: [`PeerPlanKind::auto`]; otherwise the mode to use whatever the sizes.
+    /// `None`: [`PeerPlanKind::auto`]; otherwise the plan to use whatever the sizes.
     pub mode: Option<PeerPlanKind>,
     /// Accesses per batch of the global index (8 bytes each; at least one epoch). `None`: one
-    /// epoch in cluster mode; 2.5 per sample in local mode, where each node's index takes this
-    /// divided by the nodes.
+    /// epoch under the cluster plan; 2.5 per sample under the node plan, where each node's
+    /// index takes this divided by the nodes.
     pub batch_accesses_max: Option<usize>,
-    /// Which node makes each access. [`Assign::Locality`] needs cluster mode.
+    /// Which node makes each access. [`Assign::Locality`] needs the cluster plan.
     pub assign: Assign,
     /// `None`: a remote hit is always served by its holder; otherwise it may be read from
-    /// storage where the interconnect is the dearer link (see the module docs). Cluster mode
-    /// only: the local plan ignores it.
+    /// storage where the interconnect is the dearer link (see the module docs). The cluster
+    /// plan only: the node plan ignores it.
     pub prices: Option<LinkPrices>,
 }
 
@@ -871,7 +871,7 @@ pub struct ClusterPlanner<O> {
 
 impl<O: StreamSource + Clone> ClusterPlanner<O> {
     /// A plan over `layout`'s global stream with a cache of `capacity_bytes` per node, over
-    /// samples sized by `sizes`, in the mode [`PeerPlanKind::auto`] picks.
+    /// samples sized by `sizes`, under the plan [`PeerPlanKind::auto`] picks.
     ///
     /// # Errors
     /// As [`with_config`](ClusterPlanner::with_config).
@@ -969,7 +969,7 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
         })
     }
 
-    /// The mode of the plan.
+    /// Which plan runs: each node's own or the cluster's.
     pub fn mode(&self) -> PeerPlanKind {
         self.mode
     }

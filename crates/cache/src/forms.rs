@@ -76,7 +76,9 @@ impl FormChoice {
     }
 }
 
-names!(FormChoice, CacheError, |name: &str| CacheError::UnknownFormChoice { name: name.to_owned() }, {
+names!(FormChoice, CacheError, |name: &str| CacheError::UnknownFormChoice {
+    name: name.to_owned()
+}, {
     Encoded => "encoded",
     Decoded => "decoded",
     Auto => "auto",

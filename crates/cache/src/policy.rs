@@ -83,7 +83,9 @@ impl PolicyKind {
     pub const ALL: [PolicyKind; 3] = [PolicyKind::Reuse, PolicyKind::Static, PolicyKind::Lru];
 }
 
-names!(PolicyKind, CacheError, |name: &str| CacheError::UnknownPolicy { name: name.to_owned() }, {
+names!(PolicyKind, CacheError, |name: &str| CacheError::UnknownPolicy {
+    name: name.to_owned()
+}, {
     Reuse => "reuse" | "lobster",
     Lru => "lru",
     Static => "static" | "nopfs",

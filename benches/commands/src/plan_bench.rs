@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use lobster_cache::{gen::lognormal_sizes, PolicyKind};
-use lobster_io::{EpochOrder, PeerPlan, PeerPlanInputs};
+use lobster_io::{EpochOrder, PeerHolders, PeerHoldersInputs};
 
 /// Which plan `lobster-bench plan-bench` builds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -40,8 +40,8 @@ pub struct PlanBenchArgs {
     /// With `--plan cluster`: which node makes each access of a step, `sampler` (the
     /// DistributedSampler's split) or `locality` (each step's samples to the nodes holding
     /// them; cluster mode only).
-    #[arg(long, value_enum, default_value_t = lobster_cli::run::AssignArg::Sampler)]
-    pub assign: lobster_cli::run::AssignArg,
+    #[arg(long, value_enum, default_value_t = lobster_io::Assign::Sampler)]
+    pub assign: lobster_io::Assign,
     /// Run the cluster plan over a grid (every `--sweep-samples` x `--sweep-cache-fracs` x
     /// `--sweep-nodes`), each case in a fresh process of this binary so each peak RSS is its
     /// own, and print one table (one JSON array with `--json`). Shape, epochs, sizes, seed
@@ -152,7 +152,7 @@ pub fn run(args: &PlanBenchArgs) -> Result<()> {
     }
     let sizes: Arc<[u32]> = lognormal_sizes(args.samples, args.median_kb * 1024.0, 0.5, 7).into();
     let dataset_bytes: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
-    let inputs = PeerPlanInputs {
+    let inputs = PeerHoldersInputs {
         sizes,
         nodes: args.nodes,
         ranks_per_node: args.ranks_per_node,
@@ -165,7 +165,7 @@ pub fn run(args: &PlanBenchArgs) -> Result<()> {
         margin_steps: args.margin_steps,
     };
     let started = Instant::now();
-    let plan = PeerPlan::build(&inputs, args.node)?;
+    let plan = PeerHolders::build(&inputs, args.node)?;
     let seconds = started.elapsed().as_secs_f64();
     let per_sample = |b: usize| b as f64 / args.samples as f64;
     let out = serde_json::json!({

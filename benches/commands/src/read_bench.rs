@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use lobster_cli::run::BackendArg;
 use lobster_uring::{Backend, FileId, OpenOptions, PathRead, ReadRequest, Reader, Session};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -34,8 +33,8 @@ pub struct ReadBenchArgs {
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
     /// Backend (auto honours LOBSTER_IO).
-    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
-    backend: BackendArg,
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    backend: Backend,
     /// This many threads, each with its own session (ring) that it submits to and reaps
     /// itself, `--depth` reads in flight each (like fio's numjobs), as one class (rank) per
     /// thread.
@@ -137,7 +136,7 @@ pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
     if args.threads == 0 {
         bail!("--threads must be at least 1");
     }
-    let backend = args.backend.backend();
+    let backend = args.backend;
     if args.by_path {
         let files = list_files(&args.file, args.bs)?;
         return run_sessions(args, backend, Targets::Paths(files));

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use lobster_cache::gen::{lognormal_sizes, ShuffledStream};
 use lobster_cache::{
-    ClusterConfig, ClusterLayout, ClusterPlanner, Mode, Planner, PolicyKind, StreamSource,
+    ClusterConfig, ClusterLayout, ClusterPlanner, PeerPlanKind, Planner, PolicyKind, StreamSource,
     VecSource,
 };
 
@@ -104,8 +104,8 @@ fn run_case(
     let config = ClusterConfig {
         mode: match mode {
             "auto" => None,
-            "cluster" => Some(Mode::Cluster),
-            "local" => Some(Mode::Local),
+            "cluster" => Some(PeerPlanKind::Cluster),
+            "local" => Some(PeerPlanKind::Node),
             _ => panic!("mode {mode}: auto, cluster or local"),
         },
         batch_accesses_max: None,
@@ -142,9 +142,10 @@ fn run_case(
     let alone_wall = wall1.elapsed();
     // Per-node Belady with peers serving what they hold (local mode), where its per-node
     // indexes fit (about 6 bytes per sample per node).
-    let with_peers = if u64::from(n) * nodes as u64 <= 64_000_000 && used_mode != Mode::Local {
+    let with_peers = if u64::from(n) * nodes as u64 <= 64_000_000 && used_mode != PeerPlanKind::Node
+    {
         let config = ClusterConfig {
-            mode: Some(Mode::Local),
+            mode: Some(PeerPlanKind::Node),
             batch_accesses_max: None,
             ..ClusterConfig::default()
         };
@@ -153,7 +154,7 @@ fn run_case(
             .run_to_end()
             .expect("local plan");
         format!("{:.4}", s.since(1).storage_bytes as f64 / steady_bytes)
-    } else if used_mode == Mode::Local {
+    } else if used_mode == PeerPlanKind::Node {
         format!("{:.4}", steady.storage_bytes as f64 / steady_bytes)
     } else {
         "-".to_owned()
@@ -193,7 +194,7 @@ fn run_margin(set: &str, nodes: usize, fraction: f64, margin: u64, ranks: usize,
     };
     let layout = ClusterLayout::new(shuffle, n as usize, nodes, ranks, batch).expect("layout");
     let config = ClusterConfig {
-        mode: Some(Mode::Cluster),
+        mode: Some(PeerPlanKind::Cluster),
         batch_accesses_max: None,
         ..ClusterConfig::default()
     };

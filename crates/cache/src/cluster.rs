@@ -9,7 +9,7 @@
 //! PyTorch's `DistributedSampler` does (padded by repeating the head; no `drop_last`). One
 //! [`NextUseIndex`] over it gives each access its global next use.
 //!
-//! # Cluster mode
+//! # The cluster plan
 //! One [`ReusePolicy`] of `capacity_bytes` per node, all driven with global positions and
 //! global next uses, and a holder per sample (the node keeping it, or none). For the access at
 //! position `t` by node `a` of sample `s` with next use `n`:
@@ -41,7 +41,7 @@
 //!   optima by exhaustive search on small cases, and the tests compare.
 //!
 //! # Priced remote hits
-//! With [`LinkPrices`] (cluster mode only) a remote hit may be served by storage instead, so
+//! With [`LinkPrices`] (the cluster plan only) a remote hit may be served by storage instead, so
 //! that a slow interconnect does not become the bound. The caches and holders are exactly the
 //! unpriced plan's (the holder's policy takes the access either way); only where the bytes of
 //! an access come from changes. Within each epoch the plan counts, per node, the bytes each
@@ -56,7 +56,7 @@
 //! never from timings); on a fast interconnect it reroutes nothing.
 //!
 //! # Locality-aware assignment
-//! With [`Assign::Locality`] (cluster mode only) the global stream keeps its samples and their
+//! With [`Assign::Locality`] (the cluster plan only) the global stream keeps its samples and their
 //! positions (so every next use is the same), but which node makes each access is decided at
 //! the start of each step from the holders at that moment. Each node makes exactly its ranks'
 //! batches' worth of the step. In stream order, the accesses nobody holds go first, one at a
@@ -69,17 +69,17 @@
 //! rule is a heuristic: it turns remote hits into local ones where that leaves the storage
 //! reads spread, but does not search the assignments.
 //!
-//! # Local mode
+//! # Each node's own plan
 //! Where `capacity_bytes * nodes^2 <= F` (`F` the bytes of the size table) the cluster gains
 //! little (per-node Belady already reads about the floor), so the plan is today's: each node
 //! runs [`Planner`] with [`PolicyKind::Reuse`] on its own stream (local next uses), and a
 //! local miss is served by a peer that holds the sample at that moment, if any (the first
 //! holder after the accessing node, in node order), else by storage. Its decisions are exactly
 //! those of `nodes` independent planners (tested). It needs one next-use index per node, so
-//! its memory grows with the nodes (about `6 * nodes` bytes per sample); a loader in local mode
+//! its memory grows with the nodes (about `6 * nodes` bytes per sample); a loader under it
 //! runs only its own node's planner and finds holders by replaying peers, as it does today.
 //!
-//! # Memory (cluster mode)
+//! # Memory (the cluster plan)
 //! The index over the global stream (as [`Planner`]'s: about 6 bytes per sample + 8 per access
 //! of its batch, by default one epoch, + 4 per access of an epoch), 2 bytes per sample of holder table, 1 bit per
 //! sample per node (each policy's cached bits), and each policy's heap (at most `1.25 *
@@ -123,8 +123,8 @@ pub enum ClusterError {
     },
     /// The stream or the size table was refused by the cache planner.
     Cache(CacheError),
-    /// [`Assign::Locality`] with [`Mode::Local`]: the local plan runs each node's own stream
-    /// as the sampler splits it.
+    /// [`Assign::Locality`] with [`PeerPlanKind::Node`]: each node's own plan runs its own
+    /// stream as the sampler splits it.
     LocalityInLocalMode,
 }
 
@@ -390,38 +390,71 @@ impl<O: StreamSource> StreamSource for ClusterView<O> {
     }
 }
 
-/// Whether the plan treats the caches as one or runs each node's own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Each node runs Belady on its own stream; peers serve what they happen to hold.
-    Local,
-    /// One plan over the global stream (see the module docs).
+/// How the nodes' caches are planned: each node's own, or the cluster's (one plan over the
+/// job's caches). In the loader's configuration, reports and JSON: `node`, `cluster`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum PeerPlanKind {
+    /// No peers, or each node runs Belady on its own stream and plans its own cache; peers
+    /// serve what they happen to hold.
+    #[default]
+    Node,
+    /// The nodes' caches are planned as one: one plan over the global stream (see the module
+    /// docs).
     Cluster,
 }
 
-impl Mode {
-    /// The mode rule: local where `capacity_bytes * nodes^2 <= dataset_bytes`, where per-node
-    /// Belady already reaches about the floor, cluster otherwise.
-    pub fn auto(dataset_bytes: u64, nodes: usize, capacity_bytes: u64) -> Mode {
+impl PeerPlanKind {
+    /// The rule: each node's own plan where `capacity_bytes * nodes^2 <= dataset_bytes`,
+    /// where per-node Belady already reaches about the floor, the cluster's otherwise.
+    pub fn auto(dataset_bytes: u64, nodes: usize, capacity_bytes: u64) -> PeerPlanKind {
         let n2 = (nodes as u128) * (nodes as u128);
         if u128::from(capacity_bytes) * n2 <= u128::from(dataset_bytes) {
-            Mode::Local
+            PeerPlanKind::Node
         } else {
-            Mode::Cluster
+            PeerPlanKind::Cluster
         }
     }
 }
 
-/// Which node (and rank) makes each access of a step.
+names!(PeerPlanKind, CacheError, |name: &str| CacheError::UnknownChoice {
+    choice: "peer plan",
+    name: name.to_owned(),
+    expected: "node or cluster",
+}, {
+    Node => "node",
+    Cluster => "cluster",
+});
+
+/// Which rank of a step (global batch) gets which of its samples: which node (and rank)
+/// makes each access of a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Assign {
-    /// As the sampler splits each epoch's order (PyTorch's `DistributedSampler`).
+    /// As PyTorch's `DistributedSampler` splits each epoch's order: every rank's samples are
+    /// the ones a PyTorch job's rank would get.
     #[default]
+    #[cfg_attr(feature = "clap", value(help = "PyTorch's DistributedSampler split"))]
     Sampler,
-    /// Within each step, a sample goes to a node that holds it (see the module docs). Cluster
-    /// mode only.
+    /// Locality-aware (Yang and Cong, HiPC '19), under the cluster plan only: within each
+    /// step, a sample goes to a rank of a node whose cache holds it, once the step's storage
+    /// reads are spread over the nodes (see [`ClusterPlanner`]). The step's samples and every
+    /// rank's batch size are unchanged; which rank sees which sample is not PyTorch's.
+    #[cfg_attr(
+        feature = "clap",
+        value(help = "To the nodes holding the samples, under the cluster plan")
+    )]
     Locality,
 }
+
+names!(Assign, CacheError, |name: &str| CacheError::UnknownChoice {
+    choice: "assign",
+    name: name.to_owned(),
+    expected: "sampler or locality",
+}, {
+    Sampler => "sampler",
+    Locality => "locality",
+});
 
 /// Where an access's bytes come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -437,6 +470,7 @@ pub enum Served {
 /// Each node's bandwidths, as the plan prices a remote hit against a storage read (see the
 /// module docs). Configured, never timed: every node must plan with the same.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct LinkPrices {
     /// A node's storage bandwidth, bytes per second.
     pub storage_bytes_per_s: u64,
@@ -463,13 +497,15 @@ pub struct ClusterDecision {
     pub size_bytes: u32,
     /// Where its bytes come from.
     pub served: Served,
-    /// The node keeping it after this access (in local mode, the accessing node, if it keeps
+    /// The node keeping it after this access (under the node plan, the accessing node, if it keeps
     /// it; another node may hold a copy too).
     pub kept_at: Option<u16>,
 }
 
-/// Counts and bytes of the accesses of one node (or of all) in one epoch (or in all).
+/// Counts and bytes of the accesses of one node (or of all) in one epoch (or in all), by
+/// where they are served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct ClusterCounts {
     /// Accesses served by the accessing node's cache.
     pub local_hits: u64,
@@ -477,7 +513,7 @@ pub struct ClusterCounts {
     pub local_hit_bytes: u64,
     /// Accesses served by another node's cache.
     pub remote_hits: u64,
-    /// Their bytes.
+    /// Their bytes: what comes over the interconnect.
     pub remote_hit_bytes: u64,
     /// Accesses read from storage.
     pub storage_reads: u64,
@@ -609,17 +645,17 @@ impl ClusterStats {
 /// Tuning of the cluster plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ClusterConfig {
-    /// `None`: [`Mode::auto`]; otherwise the mode to use whatever the sizes.
-    pub mode: Option<Mode>,
+    /// `None`: [`PeerPlanKind::auto`]; otherwise the plan to use whatever the sizes.
+    pub mode: Option<PeerPlanKind>,
     /// Accesses per batch of the global index (8 bytes each; at least one epoch). `None`: one
-    /// epoch in cluster mode; 2.5 per sample in local mode, where each node's index takes this
-    /// divided by the nodes.
+    /// epoch under the cluster plan; 2.5 per sample under the node plan, where each node's
+    /// index takes this divided by the nodes.
     pub batch_accesses_max: Option<usize>,
-    /// Which node makes each access. [`Assign::Locality`] needs cluster mode.
+    /// Which node makes each access. [`Assign::Locality`] needs the cluster plan.
     pub assign: Assign,
     /// `None`: a remote hit is always served by its holder; otherwise it may be read from
-    /// storage where the interconnect is the dearer link (see the module docs). Cluster mode
-    /// only: the local plan ignores it.
+    /// storage where the interconnect is the dearer link (see the module docs). The cluster
+    /// plan only: the node plan ignores it.
     pub prices: Option<LinkPrices>,
 }
 
@@ -906,7 +942,7 @@ pub struct ClusterPlanner<O> {
     layout: ClusterLayout<O>,
     sizes: Arc<[u32]>,
     capacity_bytes: u64,
-    mode: Mode,
+    mode: PeerPlanKind,
     engine: Engine<O>,
     stats: ClusterStats,
     peak_memory_bytes: usize,
@@ -914,7 +950,7 @@ pub struct ClusterPlanner<O> {
 
 impl<O: StreamSource + Clone> ClusterPlanner<O> {
     /// A plan over `layout`'s global stream with a cache of `capacity_bytes` per node, over
-    /// samples sized by `sizes`, in the mode [`Mode::auto`] picks.
+    /// samples sized by `sizes`, under the plan [`PeerPlanKind::auto`] picks.
     ///
     /// # Errors
     /// As [`with_config`](ClusterPlanner::with_config).
@@ -947,21 +983,21 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
         let mode = match config.assign {
             Assign::Sampler => config
                 .mode
-                .unwrap_or_else(|| Mode::auto(dataset_bytes, nodes, capacity_bytes)),
+                .unwrap_or_else(|| PeerPlanKind::auto(dataset_bytes, nodes, capacity_bytes)),
             // Only the cluster plan knows every node's holdings.
             Assign::Locality => match config.mode {
-                Some(Mode::Local) => return Err(ClusterError::LocalityInLocalMode),
-                _ => Mode::Cluster,
+                Some(PeerPlanKind::Node) => return Err(ClusterError::LocalityInLocalMode),
+                _ => PeerPlanKind::Cluster,
             },
         };
         let batch = config.batch_accesses_max.unwrap_or(match mode {
             // Every sample of a shuffled global epoch comes back in the next one, so a batch of
             // one epoch finds every next use in the near look-ahead.
-            Mode::Cluster => layout.epoch_accesses() as usize,
-            Mode::Local => DEFAULT_BATCH_PER_SAMPLE_X2 * n / 2,
+            PeerPlanKind::Cluster => layout.epoch_accesses() as usize,
+            PeerPlanKind::Node => DEFAULT_BATCH_PER_SAMPLE_X2 * n / 2,
         });
         let engine = match mode {
-            Mode::Cluster => Engine::Cluster {
+            PeerPlanKind::Cluster => Engine::Cluster {
                 index: Box::new(NextUseIndex::new(layout.global(), n, true, batch)),
                 policies: (0..nodes)
                     .map(|_| ReusePolicy::new(sizes.clone(), capacity_bytes))
@@ -976,7 +1012,7 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
                     Box::new(Pricing::new(p, nodes, floor))
                 }),
             },
-            Mode::Local => {
+            PeerPlanKind::Node => {
                 let planner_config = PlannerConfig {
                     batch_accesses_max: Some(batch / nodes),
                 };
@@ -1012,8 +1048,8 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
         })
     }
 
-    /// The mode of the plan.
-    pub fn mode(&self) -> Mode {
+    /// Which plan runs: each node's own or the cluster's.
+    pub fn mode(&self) -> PeerPlanKind {
         self.mode
     }
 
@@ -1236,16 +1272,19 @@ mod tests {
 
     #[test]
     fn mode_rule_is_local_up_to_capacity_times_nodes_squared_equal_to_the_dataset() {
-        assert_eq!(Mode::auto(1600, 4, 100), Mode::Local);
-        assert_eq!(Mode::auto(1600, 4, 101), Mode::Cluster);
-        assert_eq!(Mode::auto(1600, 1, 1600), Mode::Local);
-        assert_eq!(Mode::auto(u64::MAX, 65_535, u64::MAX), Mode::Cluster);
+        assert_eq!(PeerPlanKind::auto(1600, 4, 100), PeerPlanKind::Node);
+        assert_eq!(PeerPlanKind::auto(1600, 4, 101), PeerPlanKind::Cluster);
+        assert_eq!(PeerPlanKind::auto(1600, 1, 1600), PeerPlanKind::Node);
+        assert_eq!(
+            PeerPlanKind::auto(u64::MAX, 65_535, u64::MAX),
+            PeerPlanKind::Cluster
+        );
         let layout = ClusterLayout::new(shuffled(10, 2, 1), 10, 2, 1, 2).unwrap();
         let sizes: Arc<[u32]> = vec![10; 10].into();
         let small = ClusterPlanner::new(layout.clone(), sizes.clone(), 25).unwrap();
-        assert_eq!(small.mode(), Mode::Local);
+        assert_eq!(small.mode(), PeerPlanKind::Node);
         let large = ClusterPlanner::new(layout, sizes, 26).unwrap();
-        assert_eq!(large.mode(), Mode::Cluster);
+        assert_eq!(large.mode(), PeerPlanKind::Cluster);
     }
 
     #[test]
@@ -1270,7 +1309,7 @@ mod tests {
 
     #[test]
     fn sample_without_a_size_is_an_error_in_both_modes() {
-        for mode in [Mode::Local, Mode::Cluster] {
+        for mode in [PeerPlanKind::Node, PeerPlanKind::Cluster] {
             let layout =
                 ClusterLayout::new(VecSource::new(vec![vec![0, 1], vec![1, 5]]), 2, 2, 1, 1)
                     .unwrap();
@@ -1329,7 +1368,7 @@ mod tests {
                 ..ClusterConfig::default()
             })
         };
-        let ((cluster, total), (local, _)) = (run(Mode::Cluster), run(Mode::Local));
+        let ((cluster, total), (local, _)) = (run(PeerPlanKind::Cluster), run(PeerPlanKind::Node));
         let floor = cluster.floor_bytes_per_epoch();
         assert_eq!(floor, total - 4 * (total / 5));
         for e in 1..4 {
@@ -1344,7 +1383,7 @@ mod tests {
         assert_eq!(cluster.epoch(0).storage_bytes, total);
     }
 
-    fn locality(mode: Option<Mode>) -> ClusterConfig {
+    fn locality(mode: Option<PeerPlanKind>) -> ClusterConfig {
         ClusterConfig {
             mode,
             assign: Assign::Locality,
@@ -1400,7 +1439,7 @@ mod tests {
             let mut planner =
                 ClusterPlanner::with_config(layout.clone(), sizes, capacity, locality(None))
                     .unwrap();
-            assert_eq!(planner.mode(), Mode::Cluster);
+            assert_eq!(planner.mode(), PeerPlanKind::Cluster);
             let mut stream = Vec::new();
             for e in 0..3 {
                 layout.global().fill_epoch(e, &mut stream);
@@ -1581,7 +1620,7 @@ mod tests {
     fn locality_needs_cluster_mode() {
         let layout = ClusterLayout::new(shuffled(10, 1, 1), 10, 2, 1, 2).unwrap();
         let sizes: Arc<[u32]> = vec![10; 10].into();
-        match ClusterPlanner::with_config(layout, sizes, 1, locality(Some(Mode::Local))) {
+        match ClusterPlanner::with_config(layout, sizes, 1, locality(Some(PeerPlanKind::Node))) {
             Err(e @ ClusterError::LocalityInLocalMode) => {
                 assert!(e.to_string().contains("cluster mode"), "{e}");
             }

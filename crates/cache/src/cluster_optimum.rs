@@ -17,7 +17,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::cluster::{ClusterConfig, ClusterLayout, ClusterPlanner, Mode, Served};
+use crate::cluster::{ClusterConfig, ClusterLayout, ClusterPlanner, PeerPlanKind, Served};
 use crate::index::{StreamSource, VecSource};
 use crate::policy::NEVER;
 use crate::{CacheError, SampleId};
@@ -307,7 +307,7 @@ fn layout_of(case: &ClusterCase) -> ClusterLayout<VecSource> {
 /// Runs the plan in `mode` over `case` beside a mirror of every node's cache, panicking at the
 /// first broken invariant; returns the decisions as (node, sample, served, kept_at, evicted)
 /// and the storage bytes.
-fn run_checked(case: &ClusterCase, mode: Mode, batch: usize) -> (Vec<Step>, u64) {
+fn run_checked(case: &ClusterCase, mode: PeerPlanKind, batch: usize) -> (Vec<Step>, u64) {
     let layout = layout_of(case);
     let sizes: Arc<[u32]> = case.sizes.clone().into();
     let nodes = case.nodes;
@@ -358,7 +358,7 @@ fn run_checked(case: &ClusterCase, mode: Mode, batch: usize) -> (Vec<Step>, u64)
         if let Some(k) = d.kept_at {
             mirror[usize::from(k)].insert(s);
         }
-        if mode == Mode::Cluster {
+        if mode == PeerPlanKind::Cluster {
             let holders = mirror.iter().filter(|m| m.contains(&s)).count();
             assert!(holders <= 1, "{mode:?}: {s} held by {holders} nodes");
             assert_eq!(holders == 1, d.kept_at.is_some());
@@ -420,13 +420,13 @@ pub fn check_cluster_case(case: &ClusterCase, batch: usize) -> ClusterComparison
         assert_eq!(own, share, "node {a}'s stream");
     }
 
-    let (cluster, cluster_bytes) = run_checked(case, Mode::Cluster, batch);
+    let (cluster, cluster_bytes) = run_checked(case, PeerPlanKind::Cluster, batch);
     let want = reference(&stream, &case.sizes, case.nodes, case.capacity_bytes);
     for (p, (got, want)) in cluster.iter().zip(&want).enumerate() {
         assert_eq!(got, want, "cluster mode at {p} ({:?})", stream[p]);
     }
 
-    let (local, local_bytes) = run_checked(case, Mode::Local, batch);
+    let (local, local_bytes) = run_checked(case, PeerPlanKind::Node, batch);
     let mut alone: Vec<_> = (0..case.nodes)
         .map(|a| {
             crate::Planner::new(

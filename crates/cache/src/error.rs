@@ -32,6 +32,15 @@ pub enum CacheError {
         /// The name given.
         name: String,
     },
+    /// A name that is none of a choice's values (`assign`, `peer plan`).
+    UnknownChoice {
+        /// The choice.
+        choice: &'static str,
+        /// The name given.
+        name: String,
+        /// The names it takes.
+        expected: &'static str,
+    },
     /// A cost of the two-form rule that is negative or not finite.
     InvalidCost {
         /// Which cost.
@@ -77,6 +86,11 @@ impl fmt::Display for CacheError {
                 f,
                 "unknown cache forms {name:?} (expected encoded, decoded or auto)"
             ),
+            CacheError::UnknownChoice {
+                choice,
+                name,
+                expected,
+            } => write!(f, "unknown {choice} {name:?} (expected {expected})"),
             CacheError::InvalidCost { parameter, value } => write!(
                 f,
                 "cache form cost {parameter} = {value}: must be finite and at least 0"

@@ -4,7 +4,6 @@
 
 use std::fmt;
 use std::mem::size_of;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use crate::heap::{Entry, QuadHeap};
@@ -49,28 +48,23 @@ impl fmt::Display for Form {
 
 /// Which forms the cache may hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum FormChoice {
     /// Encoded bytes only (what a cache without a decoded tier keeps).
     #[default]
+    #[cfg_attr(feature = "clap", value(help = "Encoded bytes"))]
     Encoded,
     /// Decoded images only.
+    #[cfg_attr(feature = "clap", value(help = "Decoded images"))]
     Decoded,
     /// Either, per sample and per use, by the rule of [`FormPolicy`].
+    #[cfg_attr(feature = "clap", value(help = "Either, by the cost model"))]
     Auto,
 }
 
 impl FormChoice {
     /// Every choice, in the order tables print them.
     pub const ALL: [FormChoice; 3] = [FormChoice::Encoded, FormChoice::Decoded, FormChoice::Auto];
-
-    /// The choice's name as accepted by [`FromStr`].
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FormChoice::Encoded => "encoded",
-            FormChoice::Decoded => "decoded",
-            FormChoice::Auto => "auto",
-        }
-    }
 
     /// Whether `form` may be held.
     pub fn allows(self, form: Form) -> bool {
@@ -82,27 +76,19 @@ impl FormChoice {
     }
 }
 
-impl fmt::Display for FormChoice {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for FormChoice {
-    type Err = CacheError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        FormChoice::ALL
-            .into_iter()
-            .find(|c| c.as_str() == s)
-            .ok_or_else(|| CacheError::UnknownFormChoice { name: s.to_owned() })
-    }
-}
+names!(FormChoice, CacheError, |name: &str| CacheError::UnknownFormChoice {
+    name: name.to_owned()
+}, {
+    Encoded => "encoded",
+    Decoded => "decoded",
+    Auto => "auto",
+});
 
 /// The time a hit saves, as lines in the encoded size: reading a sample costs
 /// `read_s + read_per_byte_s * bytes`, decoding it `decode_s + decode_per_byte_s * bytes`.
 /// An encoded hit saves the read, a decoded hit both.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct FormCosts {
     /// Fixed time of one read, in seconds.
     pub read_s: f64,

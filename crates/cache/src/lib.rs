@@ -8,7 +8,7 @@
 //! - [`Planner`] drives a policy over a multi-epoch [`StreamSource`] in stream order, one
 //!   [`Decision`] per access, holding only a batch of epochs ([`NextUseIndex`]).
 //! - [`Store`] holds what the cache keeps of each sample, never over capacity.
-//! - [`ClusterPlanner`] plans the nodes' caches of a multi-node job as one (see [`Mode`]).
+//! - [`ClusterPlanner`] plans the nodes' caches of a multi-node job as one (see [`PeerPlanKind`]).
 //! - [`trace`] parses and replays `SAMPLE_ID SIZE_BYTES` traces (the `lobster replay`
 //!   command); [`gen`] makes shuffled multi-epoch streams for benches and tests.
 //!
@@ -35,6 +35,9 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[macro_use]
+mod names;
+
 mod cluster;
 mod error;
 mod forms;
@@ -57,7 +60,7 @@ mod check;
 
 pub use cluster::{
     Assign, ClusterConfig, ClusterCounts, ClusterDecision, ClusterError, ClusterLayout,
-    ClusterPlanner, ClusterStats, ClusterView, LinkPrices, Mode, Served,
+    ClusterPlanner, ClusterStats, ClusterView, LinkPrices, PeerPlanKind, Served,
 };
 pub use error::{CacheError, StoreError, TraceError};
 pub use forms::{

@@ -1,7 +1,6 @@
 //! The contract every cache policy follows.
 
 use std::fmt;
-use std::str::FromStr;
 
 use crate::{CacheError, SampleId};
 
@@ -63,46 +62,31 @@ pub trait Policy: fmt::Debug + Send {
     fn warm(&self, _upcoming: &[SampleId]) {}
 }
 
-/// The three policies, by name: `reuse`, `lru`, `static`.
+/// The three policies, by name: `reuse`, `lru`, `static`. The parsers also take `lobster`
+/// for `reuse` and `nopfs` for `static`, older spellings of the same policies: the policy is
+/// named for what it does, NoPFS (whose idea static placement is) names a whole strategy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum PolicyKind {
     /// Belady's rule with "do no harm" admission: the Lobster policy.
+    #[cfg_attr(feature = "clap", value(alias = "lobster"))]
     Reuse,
     /// Least recently used.
     Lru,
     /// NoPFS static placement: pin the most accessed samples that fit.
+    #[cfg_attr(feature = "clap", value(alias = "nopfs"))]
     Static,
 }
 
 impl PolicyKind {
     /// All policies, in the order tables print them.
     pub const ALL: [PolicyKind; 3] = [PolicyKind::Reuse, PolicyKind::Static, PolicyKind::Lru];
-
-    /// The policy's name as accepted by [`FromStr`].
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PolicyKind::Reuse => "reuse",
-            PolicyKind::Lru => "lru",
-            PolicyKind::Static => "static",
-        }
-    }
 }
 
-impl fmt::Display for PolicyKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for PolicyKind {
-    type Err = CacheError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "reuse" => Ok(PolicyKind::Reuse),
-            "lru" => Ok(PolicyKind::Lru),
-            "static" => Ok(PolicyKind::Static),
-            _ => Err(CacheError::UnknownPolicy { name: s.to_owned() }),
-        }
-    }
-}
+names!(PolicyKind, CacheError, |name: &str| CacheError::UnknownPolicy {
+    name: name.to_owned()
+}, {
+    Reuse => "reuse" | "lobster",
+    Lru => "lru",
+    Static => "static" | "nopfs",
+});

@@ -1,25 +1,28 @@
 //! The loader's configuration, validated before any thread starts.
 
-use std::fmt;
-use std::str::FromStr;
-
-use lobster_cache::{FormChoice, FormCosts, LinkPrices};
+use lobster_cache::{Assign, FormChoice, FormCosts, LinkPrices};
 
 use crate::emulate::StorageEmulation;
 use crate::error::Error;
 use crate::faults::{FailureBudget, FaultInjection, OnError};
 
-/// Which cache the planner runs.
+/// Which cache the planner runs: `none`, `reuse`, `lru` or `static`. The parsers also take
+/// `lobster` for `reuse` and `nopfs` for `static`, older spellings of the same policies: a
+/// policy is named for what it does, while NoPFS (whose idea static placement is) names a
+/// whole strategy (`lobster run --strategy nopfs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum CachePolicy {
     /// No cache: every access reads storage (PyTorch's DataLoader).
     None,
     /// Lobster: evict the sample whose next use is farthest away, bypass when admitting would
     /// harm samples needed sooner.
+    #[cfg_attr(feature = "clap", value(alias = "lobster"))]
     Reuse,
     /// Least recently used.
     Lru,
     /// NoPFS placement: pin the most accessed samples before the stream starts.
+    #[cfg_attr(feature = "clap", value(alias = "nopfs"))]
     Static,
 }
 
@@ -35,33 +38,12 @@ impl CachePolicy {
     }
 }
 
-impl fmt::Display for CachePolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            CachePolicy::None => "none",
-            CachePolicy::Reuse => "reuse",
-            CachePolicy::Lru => "lru",
-            CachePolicy::Static => "static",
-        })
-    }
-}
-
-impl FromStr for CachePolicy {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self, Error> {
-        match s {
-            "none" => Ok(CachePolicy::None),
-            "reuse" => Ok(CachePolicy::Reuse),
-            "lru" => Ok(CachePolicy::Lru),
-            "static" => Ok(CachePolicy::Static),
-            other => Err(Error::invalid(
-                "cache policy",
-                other,
-                "none, reuse, lru or static",
-            )),
-        }
-    }
-}
+names!(CachePolicy, "cache policy", "none, reuse, lru or static", {
+    None => "none",
+    Reuse => "reuse" | "lobster",
+    Lru => "lru",
+    Static => "static" | "nopfs",
+});
 
 /// How I/O concurrency and decode threads are split among the node's ranks.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -78,8 +60,9 @@ pub enum Schedule {
     EqualSplit,
 }
 
-/// How the pipelined mode orders the node's storage reads.
+/// How the pipelined mode orders the node's storage reads: `deadline` or `shares`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum IoOrder {
     /// One queue for the node, holding at most the io_depth budget in flight: reads of the
     /// oldest iteration first and, within it, each read at the fraction of its batch's storage
@@ -90,11 +73,21 @@ pub enum IoOrder {
     /// take the whole budget at once (its ring entries or pread threads); past that its
     /// per-rank queues take turns.
     #[default]
+    #[cfg_attr(
+        feature = "clap",
+        value(help = "One node-wide queue in deadline order")
+    )]
     Deadline,
     /// Each rank holds at most its io_depth share in flight (the schedule's split), oldest
     /// read first among the ranks below their share: the paper's per-rank I/O threads.
+    #[cfg_attr(feature = "clap", value(help = "Per-rank io_depth shares"))]
     Shares,
 }
+
+names!(IoOrder, "io_order", "deadline or shares", {
+    Deadline => "deadline",
+    Shares => "shares",
+});
 
 /// Where the pipelined mode reads samples the page cache already holds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -110,19 +103,26 @@ pub enum ResidentReads {
     Dispatcher,
 }
 
-/// How the kernel schedules the pipeline's planner and decode workers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
+/// How the kernel schedules the pipeline's planner and decode workers: `batch` or `normal`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum PipelineThreads {
     /// `SCHED_BATCH`: the same share of the CPU, but their wake-ups do not preempt the
     /// thread on the core. On a node with fewer cores than threads, a rank that takes a batch
     /// wakes the planner, and a planner free to preempt it would hold its core while it and
     /// the workers its window wakes run: about 0.8 ms per step at 8 ranks on 2 cores.
     #[default]
+    #[cfg_attr(feature = "clap", value(help = "SCHED_BATCH"))]
     Batch,
     /// The default policy, as PyTorch's and NoPFS's workers run.
+    #[cfg_attr(feature = "clap", value(help = "The kernel's default scheduling"))]
     Normal,
 }
+
+names!(PipelineThreads, "pipeline_threads", "batch or normal", {
+    Batch => "batch",
+    Normal => "normal",
+});
 
 /// How a sample is loaded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -224,42 +224,6 @@ pub struct JobConfig {
     pub assign: Assign,
 }
 
-/// Which rank of a step (global batch) gets which of its samples.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Assign {
-    /// As PyTorch's `DistributedSampler` splits each epoch's order: every rank's samples are
-    /// the ones a PyTorch job's rank would get.
-    #[default]
-    Sampler,
-    /// Locality-aware (Yang and Cong, HiPC '19), under the cluster plan only: within each
-    /// step, a sample goes to a rank of a node whose cache holds it, once the step's storage
-    /// reads are spread over the nodes (see `lobster_cache::cluster`). The step's samples and
-    /// every rank's batch size are unchanged; which rank sees which sample is not PyTorch's.
-    Locality,
-}
-
-impl fmt::Display for Assign {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Assign::Sampler => "sampler",
-            Assign::Locality => "locality",
-        })
-    }
-}
-
-impl FromStr for Assign {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self, Error> {
-        match s {
-            "sampler" => Ok(Assign::Sampler),
-            "locality" => Ok(Assign::Locality),
-            other => Err(Error::invalid("assign", other, "sampler or locality")),
-        }
-    }
-}
-
 impl Default for JobConfig {
     fn default() -> Self {
         JobConfig {
@@ -325,8 +289,11 @@ impl Default for CacheConfig {
     }
 }
 
-/// How a node with peers plans its cache.
+/// How a node with peers plans its cache: `auto` (the cluster's plan where it can gain) or
+/// `node` (each node's own), in the words of [`PeerPlanKind`](crate::PeerPlanKind), which
+/// says what a run did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum PeerPlanChoice {
     /// The nodes' caches as one cluster cache wherever that can gain: the reuse policy with
     /// encoded bytes, caches large enough that per-node plans read more than the floor
@@ -337,6 +304,11 @@ pub enum PeerPlanChoice {
     /// Each node plans its own cache; peers serve what they happen to hold (NoPFS's way).
     Node,
 }
+
+names!(PeerPlanChoice, "peer_plan", "auto or node", {
+    Auto => "auto",
+    Node => "node",
+});
 
 /// The node's budgets, and how they are split among its ranks.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -61,6 +61,9 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+#[macro_use]
+mod names;
+
 mod batch;
 mod config;
 mod dataset;
@@ -103,7 +106,7 @@ pub fn fuzz_check_loader_state(data: &[u8]) {
 
 pub use batch::{Batch, Sample};
 pub use config::{
-    Assign, BudgetConfig, CacheConfig, CachePolicy, Execution, IoOrder, JobConfig, LoaderConfig,
+    BudgetConfig, CacheConfig, CachePolicy, Execution, IoOrder, JobConfig, LoaderConfig,
     PeerPlanChoice, PipelineThreads, ReadConfig, ResidentReads, SampleLimits, Schedule,
     LINK_BYTES_PER_S, THREADS_MAX,
 };
@@ -117,15 +120,16 @@ pub use error::{Cause, Error};
 pub use faults::{AttemptFaults, Fault, FaultInjection};
 pub use faults::{FailureBudget, OnError, READ_ATTEMPTS};
 pub use loader::{Loader, LoaderBuilder, RankHandle, RankStream};
-pub use lobster_cache::{Form, FormChoice, FormCosts, LinkPrices};
+pub use lobster_cache::{
+    Assign, ClusterCounts, Form, FormChoice, FormCosts, LinkPrices, PeerPlanKind,
+};
 pub use lobster_uring::{hold_heap, ActiveBackend, Backend, BackendInfo, HeapLimits};
 pub use memory::{MachineMemory, MemoryPart, MemoryShort};
 pub use metrics::{
-    AllocationRecord, CacheForms, CacheStore, ClusterEpochMetrics, ClusterPlanMetrics,
-    FormCostsReport, IterationMetrics, LinkPricesReport, Mode, PeerPlanKind, ReadPath, RunMetrics,
-    SkippedSample, ThreadClass,
+    AllocationRecord, CacheForms, CacheStore, ClusterPlanMetrics, FormCostsReport,
+    IterationMetrics, Mode, ReadPath, RunMetrics, SkippedSample, ThreadClass,
 };
-pub use pipeline::{PeerPlan, PeerPlanInputs};
+pub use pipeline::{PeerHolders, PeerHoldersInputs};
 pub use resume::{
     JobFingerprint, LoaderState, Positions, RankPosition, STATE_JSON_MAX_BYTES, STATE_VERSION,
     STATE_WORLD_MAX,

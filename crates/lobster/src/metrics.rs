@@ -3,6 +3,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use lobster_cache::{ClusterCounts, FormCosts, LinkPrices, PeerPlanKind};
 use serde::Serialize;
 
 /// One rank's figures for one iteration.
@@ -282,7 +283,7 @@ pub struct RunMetrics {
     /// Which rank of a step got which of its samples: `sampler` (PyTorch's split) or
     /// `locality` (to the nodes holding them, under the cluster plan), and why not locality
     /// where it was asked for.
-    pub assign: Mode<crate::config::Assign>,
+    pub assign: Mode<lobster_cache::Assign>,
     /// This node's share of the cluster plan (under it).
     pub cluster_plan: Option<ClusterPlanMetrics>,
     /// What the cache kept of samples, and why encoded where a decoded tier was not
@@ -309,39 +310,6 @@ pub struct RunMetrics {
     pub peak_cached_decoded_bytes: u64,
 }
 
-/// How the nodes' caches are planned.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PeerPlanKind {
-    /// No peers, or each node plans its own cache; peers serve what they happen to hold.
-    #[default]
-    Node,
-    /// The nodes' caches are planned as one (`lobster_cache::ClusterPlanner`).
-    Cluster,
-}
-
-/// One epoch of this node's accesses under the cluster plan, by where they are served.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct ClusterEpochMetrics {
-    /// Served by this node's cache.
-    pub local_hits: u64,
-    /// Their bytes.
-    pub local_hit_bytes: u64,
-    /// Served by a peer's cache.
-    pub remote_hits: u64,
-    /// Their bytes: what comes over the interconnect.
-    pub remote_hit_bytes: u64,
-    /// Read from storage.
-    pub storage_reads: u64,
-    /// Their bytes.
-    pub storage_bytes: u64,
-    /// Of the storage reads, those of a sample a peer held, read from storage because the
-    /// link prices made the interconnect the dearer link.
-    pub rerouted_reads: u64,
-    /// Their bytes.
-    pub rerouted_bytes: u64,
-}
-
 /// This node's share of the cluster plan, as planned.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ClusterPlanMetrics {
@@ -353,42 +321,20 @@ pub struct ClusterPlanMetrics {
     /// sample is read once per epoch, and a hit needs the sample held at the epoch's start.
     pub floor_bytes_per_epoch: u64,
     /// This node's planned accesses per epoch.
-    pub epochs: Vec<ClusterEpochMetrics>,
+    pub epochs: Vec<ClusterCounts>,
     /// Other nodes' accesses this node's cache was planned to serve.
     pub serves_planned: u64,
     /// The bandwidths remote hits were priced with, if any.
-    pub link_prices: Option<LinkPricesReport>,
+    pub link_prices: Option<LinkPrices>,
 }
 
-/// [`lobster_cache::LinkPrices`] as the metrics report them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct LinkPricesReport {
-    /// A node's storage bandwidth, bytes per second.
-    pub storage_bytes_per_s: u64,
-    /// A node's interconnect bandwidth each way, bytes per second.
-    pub net_bytes_per_s: u64,
-}
-
-impl From<lobster_cache::LinkPrices> for LinkPricesReport {
-    fn from(p: lobster_cache::LinkPrices) -> Self {
-        LinkPricesReport {
-            storage_bytes_per_s: p.storage_bytes_per_s,
-            net_bytes_per_s: p.net_bytes_per_s,
-        }
-    }
-}
-
-/// [`lobster_cache::FormCosts`] as the metrics report them, with where they came from.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+/// The costs the two-form rule priced forms with, and where they came from. In JSON the
+/// costs' fields sit beside the sources', as one object.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct FormCostsReport {
-    /// Fixed time of one read, seconds.
-    pub read_s: f64,
-    /// Read time per encoded byte, seconds.
-    pub read_per_byte_s: f64,
-    /// Fixed time of one decode, seconds.
-    pub decode_s: f64,
-    /// Decode time per encoded byte, seconds.
-    pub decode_per_byte_s: f64,
+    /// The costs.
+    #[serde(flatten)]
+    pub costs: FormCosts,
     /// Where the read costs came from: `config`, `emulation` (the emulated tier) or
     /// `prior` (the cost model's storage prior).
     pub read_source: &'static str,

@@ -143,16 +143,14 @@ pub(crate) fn output(name: &str, size: &Int, python_decode: bool) -> PyResult<Ou
     }
 }
 
+/// `cache.policy`: `reuse`, `static`, `lru` or `none`; `lobster` and `nopfs`, the older
+/// spellings, still name reuse and static.
 pub(crate) fn cache_policy(name: &str) -> PyResult<CachePolicy> {
-    match name {
-        "lobster" | "reuse" => Ok(CachePolicy::Reuse),
-        "nopfs" | "static" => Ok(CachePolicy::Static),
-        "lru" => Ok(CachePolicy::Lru),
-        "none" => Ok(CachePolicy::None),
-        other => Err(PyValueError::new_err(format!(
-            "cache.policy = {other:?}: one of \"lobster\", \"nopfs\", \"lru\", \"none\""
-        ))),
-    }
+    name.parse().map_err(|_| {
+        PyValueError::new_err(format!(
+            "cache.policy = {name:?}: one of \"reuse\", \"static\", \"lru\", \"none\""
+        ))
+    })
 }
 
 /// `assign`: which rank of a step gets which of its samples.

@@ -378,6 +378,26 @@ def test_decoded_images_in_the_cache_give_the_same_batches(tmp_path):
         lobster_io.Loader(str(tmp_path / "data"), 8, cache=lobster_io.Cache(forms="pixels"))
 
 
+def test_older_policy_spellings_name_the_same_policies(tmp_path):
+    make_folder(tmp_path / "data", 24, 2, size=(20, 16))
+
+    def hits(policy):
+        loader = lobster_io.Loader(
+            str(tmp_path / "data"), 4, epochs=3, seed=1, image_size=8,
+            cache=lobster_io.Cache(frac=0.3, policy=policy),
+        )
+        for epoch in range(loader.epochs):
+            loader.set_epoch(epoch)
+            ids = [b.ids.tolist() for b in loader]
+        m = loader.metrics()
+        loader.close()
+        return m["hits"], ids
+
+    for old, new in (("nopfs", "static"), ("lobster", "reuse")):
+        assert hits(old) == hits(new)
+    assert hits("reuse")[0] > 0
+
+
 def test_an_image_over_the_pixel_bound_is_a_bad_sample_naming_its_file(tmp_path):
     files, _ = make_folder(tmp_path / "data", 8, 2)
     big = files[3]

@@ -16,17 +16,72 @@ use crate::ring::RingParams;
 use crate::state::ReaderState;
 use crate::types::{FileId, IoEvent, Observer, OpenOptions, PathRead, ReadRequest, ReaderStats};
 
-/// Which backend a reader should use.
+/// Which backend a reader should use: `auto`, `uring` or `pread`, as [`Display`](fmt::Display)
+/// writes and [`FromStr`](std::str::FromStr) reads them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Backend {
     /// io_uring if a ring can be set up, else the pread pool. `LOBSTER_IO=pread|uring`
     /// overrides this choice.
     #[default]
+    #[cfg_attr(
+        feature = "clap",
+        value(help = "io_uring, falling back to pread if a ring cannot be set up")
+    )]
     Auto,
     /// io_uring; building the reader fails if no ring can be set up.
+    #[cfg_attr(feature = "clap", value(help = "io_uring"))]
     Uring,
     /// The pread thread pool.
     Pread,
+}
+
+impl Backend {
+    /// The backend's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Auto => "auto",
+            Backend::Uring => "uring",
+            Backend::Pread => "pread",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Backend {
+    type Err = ReadError;
+
+    fn from_str(s: &str) -> Result<Self, ReadError> {
+        match s {
+            "auto" => Ok(Backend::Auto),
+            "uring" => Ok(Backend::Uring),
+            "pread" => Ok(Backend::Pread),
+            other => Err(ReadError::InvalidConfig {
+                parameter: "backend",
+                reason: format!("{other:?}: expected auto, uring or pread"),
+            }),
+        }
+    }
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for Backend {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for Backend {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// The backend a reader runs on.
@@ -590,6 +645,24 @@ fn read_resident_in(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backend_names_parse_back_and_unknown_ones_are_named() {
+        for b in [Backend::Auto, Backend::Uring, Backend::Pread] {
+            assert_eq!(b.to_string().parse::<Backend>().unwrap(), b);
+        }
+        let e = "spdk".parse::<Backend>().unwrap_err().to_string();
+        assert!(e.contains("spdk") && e.contains("backend"), "{e}");
+    }
+
+    #[cfg(feature = "clap")]
+    #[test]
+    fn clap_takes_the_backend_names() {
+        use clap::ValueEnum;
+        for b in Backend::value_variants() {
+            assert_eq!(b.to_possible_value().unwrap().get_name(), b.to_string());
+        }
+    }
 
     #[test]
     fn lobster_io_overrides_auto_only() {

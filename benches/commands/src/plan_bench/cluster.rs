@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use lobster_cache::gen::lognormal_sizes;
-use lobster_cache::{Assign, ClusterConfig, ClusterLayout, ClusterPlanner, ClusterStats, Mode};
+use lobster_cache::{
+    Assign, ClusterConfig, ClusterLayout, ClusterPlanner, ClusterStats, PeerPlanKind,
+};
 use lobster_io::{DistributedSampler, EpochOrder, SamplerOrders};
 use serde::{Deserialize, Serialize};
-
-use lobster_cli::run::AssignArg;
 
 /// Which mode the cluster plan runs in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -40,7 +40,7 @@ pub struct Case {
     pub cache_frac: f64,
     pub seed: u64,
     pub mode: ModeChoice,
-    pub assign: AssignArg,
+    pub assign: Assign,
 }
 
 /// What one case measured; the sweep's children print it as JSON for the parent.
@@ -58,7 +58,7 @@ pub struct Report {
     /// `--assign locality`, which needs cluster mode).
     pub mode_auto: bool,
     /// Which node made each access of a step: "sampler" or "locality".
-    pub assign: AssignArg,
+    pub assign: Assign,
     pub dataset_bytes: u64,
     pub capacity_bytes_per_node: u64,
     pub floor_bytes_per_epoch: u64,
@@ -121,10 +121,10 @@ fn peak_rss_bytes() -> Result<u64> {
     Ok(kb.parse::<u64>()? * 1024)
 }
 
-fn mode_name(mode: Mode) -> &'static str {
+fn mode_name(mode: PeerPlanKind) -> &'static str {
     match mode {
-        Mode::Cluster => "cluster",
-        Mode::Local => "local",
+        PeerPlanKind::Cluster => "cluster",
+        PeerPlanKind::Node => "local",
     }
 }
 
@@ -155,14 +155,11 @@ pub fn run_case(case: &Case) -> Result<Report> {
     let config = ClusterConfig {
         mode: match case.mode {
             ModeChoice::Auto => None,
-            ModeChoice::Cluster => Some(Mode::Cluster),
-            ModeChoice::Local => Some(Mode::Local),
+            ModeChoice::Cluster => Some(PeerPlanKind::Cluster),
+            ModeChoice::Local => Some(PeerPlanKind::Node),
         },
         batch_accesses_max: None,
-        assign: match case.assign {
-            AssignArg::Sampler => Assign::Sampler,
-            AssignArg::Locality => Assign::Locality,
-        },
+        assign: case.assign,
         // The floor counts storage reads; rerouting remote hits only adds to them.
         prices: None,
     };
@@ -204,7 +201,7 @@ struct Measured {
 fn report(
     case: &Case,
     stats: &ClusterStats,
-    mode: Mode,
+    mode: PeerPlanKind,
     capacity_bytes: u64,
     m: Measured,
 ) -> Report {
@@ -227,7 +224,7 @@ fn report(
         mode: mode_name(mode).to_owned(),
         // Locality needs cluster mode: where the rule says local, it forces it.
         mode_auto: case.mode == ModeChoice::Auto
-            && mode == Mode::auto(stats.dataset_bytes(), case.nodes, capacity_bytes),
+            && mode == PeerPlanKind::auto(stats.dataset_bytes(), case.nodes, capacity_bytes),
         assign: case.assign,
         dataset_bytes: stats.dataset_bytes(),
         capacity_bytes_per_node: capacity_bytes,
@@ -264,8 +261,8 @@ fn ratio_text(r: &Report) -> String {
 
 fn mode_text(r: &Report) -> String {
     let assign = match r.assign {
-        AssignArg::Sampler => "",
-        AssignArg::Locality => ", locality",
+        Assign::Sampler => "",
+        Assign::Locality => ", locality",
     };
     match r.mode_auto {
         true => format!("{}{assign}", r.mode),
@@ -343,10 +340,10 @@ fn mode_arg(mode: ModeChoice) -> &'static str {
     }
 }
 
-fn assign_arg(assign: AssignArg) -> &'static str {
+fn assign_arg(assign: Assign) -> &'static str {
     match assign {
-        AssignArg::Sampler => "sampler",
-        AssignArg::Locality => "locality",
+        Assign::Sampler => "sampler",
+        Assign::Locality => "locality",
     }
 }
 

@@ -3,10 +3,10 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use lobster_io::Backend;
 use lobster_io::{
-    Assign, BudgetConfig, CacheConfig, FailureBudget, FaultInjection, IoOrder, JobConfig,
-    LinkPrices, LoaderConfig, OnError, PipelineThreads, ReadConfig, Schedule, StorageEmulation,
+    Assign, Backend, BudgetConfig, CacheConfig, FailureBudget, FaultInjection, FormChoice, IoOrder,
+    JobConfig, LinkPrices, LoaderConfig, OnError, PipelineThreads, ReadConfig, Schedule,
+    StorageEmulation,
 };
 use serde::Serialize;
 
@@ -130,18 +130,18 @@ pub struct RunArgs {
     #[arg(help_heading = "Reads", long, default_value_t = 20)]
     pub net_latency_us: u64,
     /// I/O backend of the pipelined strategies.
-    #[arg(help_heading = "Reads", long, value_enum, default_value_t = BackendArg::Auto)]
-    pub backend: BackendArg,
+    #[arg(help_heading = "Reads", long, value_enum, default_value_t = Backend::Auto)]
+    pub backend: Backend,
     /// How the kernel schedules lobster's planner and decode workers (the lobster strategies;
     /// pytorch's and nopfs's workers run as normal threads, as theirs do): `batch`
     /// (SCHED_BATCH: their wake-ups do not preempt the ranks) or `normal`.
-    #[arg(help_heading = "Budgets", long, value_enum, default_value_t = PipelineThreadsArg::Batch)]
-    pub pipeline_threads: PipelineThreadsArg,
+    #[arg(help_heading = "Budgets", long, value_enum, default_value_t = PipelineThreads::Batch)]
+    pub pipeline_threads: PipelineThreads,
     /// What lobster's reuse cache keeps of a sample: `encoded` bytes, `decoded` images, or
     /// `auto` (either, per sample and use, by the cost model). Default: auto with the jpeg
     /// decoder, encoded otherwise; strategies without the reuse cache keep encoded bytes.
     #[arg(help_heading = "Cache", long, value_enum)]
-    pub cache_forms: Option<CacheFormsArg>,
+    pub cache_forms: Option<FormChoice>,
     /// Lossy, off by default: decoded images the cache keeps are first brought down to at
     /// most this many pixels a side, so that hits on them transform a smaller image.
     #[arg(help_heading = "Cache", long)]
@@ -154,8 +154,8 @@ pub struct RunArgs {
     /// How the pipelined strategies order storage reads: `deadline` (one node-wide queue, each
     /// iteration's reads ending together for every rank) or `shares` (each rank held to the
     /// allocator's io_depth share, as the paper's per-rank I/O threads).
-    #[arg(help_heading = "Reads", long, value_enum, default_value_t = IoOrderArg::Deadline)]
-    pub io_order: IoOrderArg,
+    #[arg(help_heading = "Reads", long, value_enum, default_value_t = IoOrder::Deadline)]
+    pub io_order: IoOrder,
     /// Read with O_DIRECT, every strategy (the read-then-decode workers too, so that all of
     /// them read from the device, not from pages an earlier epoch left in the page cache).
     #[arg(help_heading = "Reads", long)]
@@ -192,8 +192,8 @@ pub struct RunArgs {
     /// plan: a sample goes to a rank of a node whose cache holds it; every step's samples and
     /// every rank's batch size unchanged). The JSON's `assign` says which ran, and why not
     /// locality where the cluster plan was not used.
-    #[arg(help_heading = "Job", long, value_enum, default_value_t = AssignArg::Sampler)]
-    pub assign: AssignArg,
+    #[arg(help_heading = "Job", long, value_enum, default_value_t = Assign::Sampler)]
+    pub assign: Assign,
     /// Under the cluster plan, price a remote hit against a storage read with the emulated
     /// bandwidths (--storage-mbps, --net-mbps, both above 0), so that a slow interconnect
     /// sends some remote hits to storage: `on`, or `off` (a peer serves all it holds).
@@ -236,7 +236,8 @@ pub struct RunArgs {
     pub inject_faults: Option<FaultInjection>,
 }
 
-/// What a rank does with a sample that fails.
+/// What a rank does with a sample that fails. Not [`OnError`]'s mirror: its `Skip` carries
+/// the budget, which `--max-failures` gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnErrorArg {
@@ -246,61 +247,8 @@ pub enum OnErrorArg {
     Skip,
 }
 
-/// The I/O backend, as the CLI spells it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendArg {
-    /// io_uring, falling back to pread if a ring cannot be set up.
-    Auto,
-    /// io_uring.
-    Uring,
-    /// The pread thread pool.
-    Pread,
-}
-
-impl BackendArg {
-    pub fn backend(self) -> Backend {
-        match self {
-            BackendArg::Auto => Backend::Auto,
-            BackendArg::Uring => Backend::Uring,
-            BackendArg::Pread => Backend::Pread,
-        }
-    }
-}
-
-/// What the cache keeps of a sample, as the CLI spells it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CacheFormsArg {
-    /// Encoded bytes.
-    Encoded,
-    /// Decoded images.
-    Decoded,
-    /// Either, by the cost model.
-    Auto,
-}
-
-impl CacheFormsArg {
-    pub(crate) fn choice(self) -> lobster_io::FormChoice {
-        match self {
-            CacheFormsArg::Encoded => lobster_io::FormChoice::Encoded,
-            CacheFormsArg::Decoded => lobster_io::FormChoice::Decoded,
-            CacheFormsArg::Auto => lobster_io::FormChoice::Auto,
-        }
-    }
-}
-
-/// How lobster's pipeline threads are scheduled, as the CLI spells it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PipelineThreadsArg {
-    /// SCHED_BATCH.
-    Batch,
-    /// The kernel's default scheduling.
-    Normal,
-}
-
-/// The pipelined strategies' schedule, as the CLI spells it.
+/// The pipelined strategies' schedule, as the CLI spells it. Not [`Schedule`]'s mirror: its
+/// `Allocate` carries the hysteresis, which `--hysteresis` gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ScheduleArg {
@@ -310,27 +258,9 @@ pub enum ScheduleArg {
     Equal,
 }
 
-/// The pipelined read order, as the CLI spells it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum IoOrderArg {
-    /// One node-wide queue in deadline order.
-    Deadline,
-    /// Per-rank io_depth shares.
-    Shares,
-}
-
-/// Which rank of a step gets which sample, as the CLI spells it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AssignArg {
-    /// PyTorch's DistributedSampler split.
-    Sampler,
-    /// To the nodes holding the samples, under the cluster plan.
-    Locality,
-}
-
-/// Whether the cluster plan prices remote hits, as the CLI spells it.
+/// Whether the cluster plan prices remote hits, as the CLI spells it. Not a library enum's
+/// mirror: `on` gives [`CacheConfig::link_prices`] the emulated bandwidths, where both are
+/// emulated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LinkPricesArg {
@@ -400,7 +330,7 @@ impl RunArgs {
         if self.cluster && self.nodes < 2 {
             bail!("--cluster needs --nodes 2 or more, got {}", self.nodes);
         }
-        if self.assign == AssignArg::Locality && !(self.cluster || self.mpi) {
+        if self.assign == Assign::Locality && !(self.cluster || self.mpi) {
             bail!("--assign locality needs peers' caches: add --cluster or --mpi");
         }
         if self.stop_after_iterations == Some(0) {
@@ -476,10 +406,7 @@ impl RunArgs {
             decode_threads: self.decode_threads,
             workers_per_rank: self.workers_per_rank()?,
             cache_bytes,
-            pipeline_threads: match self.pipeline_threads {
-                PipelineThreadsArg::Batch => PipelineThreads::Batch,
-                PipelineThreadsArg::Normal => PipelineThreads::Normal,
-            },
+            pipeline_threads: self.pipeline_threads,
         })
     }
 
@@ -515,13 +442,10 @@ impl RunArgs {
                 batch_size: self.batch_size,
                 epochs: self.epochs,
                 drop_last: false,
-                assign: match self.assign {
-                    AssignArg::Sampler => Assign::Sampler,
-                    AssignArg::Locality => Assign::Locality,
-                },
+                assign: self.assign,
             },
             cache: CacheConfig {
-                forms: self.cache_forms.map(CacheFormsArg::choice),
+                forms: self.cache_forms,
                 decoded_max_side: self.decoded_max_side,
                 link_prices: self.link_prices(),
                 ..CacheConfig::default()
@@ -533,11 +457,8 @@ impl RunArgs {
                 ..BudgetConfig::default()
             },
             reads: ReadConfig {
-                io_order: match self.io_order {
-                    IoOrderArg::Deadline => IoOrder::Deadline,
-                    IoOrderArg::Shares => IoOrder::Shares,
-                },
-                backend: self.backend.backend(),
+                io_order: self.io_order,
+                backend: self.backend,
                 direct: self.direct,
                 storage_emulation: (self.storage_mbps > 0.0).then_some(StorageEmulation {
                     bandwidth_bytes_per_s: self.storage_mbps * 1e6,
@@ -632,6 +553,33 @@ pub(super) mod tests {
             .on_error_rule()
             .unwrap_err();
         assert!(e.to_string().contains("--on-error skip"), "{e}");
+    }
+
+    #[test]
+    fn the_library_choice_enums_take_their_one_spelling_on_the_command_line() {
+        let args = parse(&[
+            "--backend",
+            "pread",
+            "--cache-forms",
+            "decoded",
+            "--io-order",
+            "shares",
+            "--pipeline-threads",
+            "normal",
+            "--assign",
+            "locality",
+            "--cluster",
+        ])
+        .unwrap();
+        let config = args.loader_config().unwrap();
+        assert_eq!(config.reads.backend, Backend::Pread);
+        assert_eq!(config.cache.forms, Some(FormChoice::Decoded));
+        assert_eq!(config.reads.io_order, IoOrder::Shares);
+        assert_eq!(config.job.assign, Assign::Locality);
+        let budgets = args.budgets(1).unwrap();
+        assert_eq!(budgets.pipeline_threads, PipelineThreads::Normal);
+        let e = parse(&["--io-order", "fifo"]).unwrap_err();
+        assert!(e.contains("fifo") && e.contains("deadline, shares"), "{e}");
     }
 
     #[test]

@@ -60,7 +60,8 @@ impl AsRef<[u8]> for Decoded {
     }
 }
 
-/// How a decoded image is transformed (`--transform`, `--image-size`).
+/// How a decoded image is transformed (`--transform`, `--image-size`). Not the library's
+/// `Transform` mirrored: its variants carry the side, which `--image-size` gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TransformArg {

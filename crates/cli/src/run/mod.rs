@@ -22,7 +22,6 @@ use lobster_io::{Dataset, LoaderState, OnError, RunMetrics};
 
 use args::RanksAs;
 pub use args::RunArgs;
-pub use args::{AssignArg, BackendArg};
 pub use dataset::default_dataset;
 pub use decode::{decode, Decoder, TransformArg};
 pub use strategy::{Budgets, Strategies, Strategy};
@@ -112,7 +111,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         backend: args.backend,
         io_order: args.io_order,
         assign: args.assign,
-        link_prices: args.link_prices().map(Into::into),
+        link_prices: args.link_prices(),
         cache_forms: args.cache_forms,
         decoded_max_side: args.decoded_max_side,
         direct: args.direct,

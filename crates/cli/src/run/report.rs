@@ -5,12 +5,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use lobster_io::{AllocationRecord, LinkPricesReport, RunMetrics};
+use lobster_io::{AllocationRecord, Assign, Backend, FormChoice, IoOrder, LinkPrices, RunMetrics};
 use serde::Serialize;
 
-use super::args::{
-    AssignArg, BackendArg, CacheFormsArg, IoOrderArg, OnErrorArg, RanksAs, ScheduleArg,
-};
+use super::args::{OnErrorArg, RanksAs, ScheduleArg};
 use super::decode::{Decoder, TransformArg};
 use super::strategy::Strategy;
 
@@ -43,15 +41,15 @@ pub(crate) struct RunConfig {
     pub storage_latency_us: u64,
     pub net_mbps: f64,
     pub net_latency_us: u64,
-    pub backend: BackendArg,
-    pub io_order: IoOrderArg,
+    pub backend: Backend,
+    pub io_order: IoOrder,
     /// Which rank of a step gets which sample, as asked (each strategy's `assign` says what
     /// ran).
-    pub assign: AssignArg,
+    pub assign: Assign,
     /// Whether the cluster plan priced remote hits, and with which bandwidths (the emulated
     /// ones, where both tiers are emulated and prices are on).
-    pub link_prices: Option<LinkPricesReport>,
-    pub cache_forms: Option<CacheFormsArg>,
+    pub link_prices: Option<LinkPrices>,
+    pub cache_forms: Option<FormChoice>,
     pub decoded_max_side: Option<u32>,
     pub direct: bool,
     pub ranks_as: RanksAs,

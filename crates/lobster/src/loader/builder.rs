@@ -4,9 +4,7 @@ use std::sync::Arc;
 
 use super::handles::{Loader, RankHandle};
 use super::sizing::{build_reader, memory_parts, pool_shape, window_bytes};
-use crate::config::{
-    Assign, CachePolicy, Execution, IoOrder, LoaderConfig, PeerPlanChoice, Schedule,
-};
+use crate::config::{CachePolicy, Execution, IoOrder, LoaderConfig, PeerPlanChoice, Schedule};
 use crate::dataset::{Dataset, SampleMeta};
 #[cfg(feature = "lab")]
 use crate::emulate::StorageEmulation;
@@ -15,10 +13,11 @@ use crate::error::{Cause, Error};
 use crate::faults::FaultInjection;
 use crate::faults::OnError;
 use crate::memory::{MachineMemory, MemoryPart};
-use crate::metrics::{CacheForms, Mode, PeerPlanKind};
+use crate::metrics::{CacheForms, Mode};
 use crate::pipeline::{self, Context, DecodeFn, Layout, Pipeline};
 use crate::resume::{self, JobFingerprint, LoaderState};
 use crate::sampler::{DistributedSampler, EpochOrder};
+use lobster_cache::{Assign, PeerPlanKind};
 use lobster_cache::{FormChoice, FormCosts, LinkPrices};
 
 /// Builds a [`Loader`]: the dataset, the job's layout, the cache, the budgets and the decode
@@ -592,7 +591,7 @@ fn cluster_plan(
     };
     let dataset_bytes: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
     let (nodes, capacity) = (config.job.nodes, config.cache.capacity_bytes);
-    if lobster_cache::Mode::auto(dataset_bytes, nodes, capacity) == lobster_cache::Mode::Local {
+    if PeerPlanKind::auto(dataset_bytes, nodes, capacity) == PeerPlanKind::Node {
         return Err(format!(
             "caches small enough that each node's own plan reads about the floor \
              ({capacity} bytes x {nodes}^2 nodes <= {dataset_bytes} dataset bytes)"
@@ -639,7 +638,7 @@ fn peers(
     if let Err(why) = cluster_plan(config, sizes, layout) {
         let plan = match (config.cache.policy.kind(), sizes) {
             (Some(policy), Some(sizes)) => {
-                let inputs = crate::pipeline::PeerPlanInputs {
+                let inputs = crate::pipeline::PeerHoldersInputs {
                     sizes: sizes.clone(),
                     nodes: config.job.nodes,
                     ranks_per_node: config.job.ranks_per_node,
@@ -651,14 +650,14 @@ fn peers(
                     capacity_bytes: config.cache.capacity_bytes,
                     margin_steps: ahead_steps + 1,
                 };
-                crate::pipeline::PeerPlan::build_resumed(
+                crate::pipeline::PeerHolders::build_resumed(
                     &inputs,
                     config.job.node,
                     &(layout.start_epoch, layout.head.clone()),
                 )?
             }
             // Without caches no peer holds anything.
-            _ => crate::pipeline::PeerPlan::empty(),
+            _ => crate::pipeline::PeerHolders::empty(),
         };
         let peers = pipeline::Peers {
             transport,
@@ -674,7 +673,7 @@ fn peers(
     }
     let peers = pipeline::Peers {
         transport,
-        plan: crate::pipeline::PeerPlan::empty(),
+        plan: crate::pipeline::PeerHolders::empty(),
         cluster: true,
         locality: config.job.assign == Assign::Locality,
         read_ahead_bytes: crate::pipeline::read_ahead_budget_bytes(

@@ -4,13 +4,12 @@
 use std::sync::Arc;
 
 use crate::batch::Batch;
-use crate::config::{Assign, CachePolicy, Execution, LoaderConfig, PipelineThreads};
+use crate::config::{CachePolicy, Execution, LoaderConfig, PipelineThreads};
 use crate::error::Error;
-use crate::metrics::{
-    CacheForms, CacheStore, Mode, PeerPlanKind, ReadPath, RunMetrics, ThreadClass,
-};
+use crate::metrics::{CacheForms, CacheStore, Mode, ReadPath, RunMetrics, ThreadClass};
 use crate::pipeline::{self, ForRanks, Pipeline};
 use crate::resume::{JobFingerprint, LoaderState, Positions};
+use lobster_cache::{Assign, PeerPlanKind};
 
 /// A running loader. Take the rank handles with [`ranks`](Loader::ranks), give one to each
 /// rank's training thread, and keep the loader alive while they iterate; dropping it stops

@@ -52,7 +52,7 @@ pub(crate) use decode::forms::{
 };
 pub(crate) use deliver::{detach, next_batch, poll_next_batch, ForRanks};
 pub(crate) use layout::{EpochEnds, Head, Layout};
-pub use peers::plan::{PeerPlan, PeerPlanInputs};
+pub use peers::plan::{PeerHolders, PeerHoldersInputs};
 pub(crate) use peers::{PeerCounters, Peers, ServedLandings};
 pub(crate) use plan::read_ahead_budget_bytes;
 pub(crate) use progress::Progress;

@@ -47,7 +47,9 @@ atexit.register(_close_at_exit)
 @dataclass(frozen=True)
 class Cache:
     """The node's cache: ``bytes`` of it (else ``frac`` of the dataset's bytes) under
-    ``policy`` ("lobster": evict the sample needed farthest ahead; "nopfs", "lru", "none").
+    ``policy`` ("reuse": evict the sample needed farthest ahead, Lobster's policy; "static":
+    pin the most accessed samples, NoPFS's; "lru"; "none"; "lobster" and "nopfs" are taken as
+    older spellings of "reuse" and "static").
     ``forms`` is what the lobster cache keeps of an image: "encoded" bytes, "decoded" pixels
     (a hit skips the decode; about 3 to 10 times the bytes) or "auto" (either, per image, by
     the cost model; ``None``: auto for "train" and "eval", encoded otherwise). Batches are the
@@ -62,7 +64,7 @@ class Cache:
 
     bytes: Optional[int] = None
     frac: float = 0.2
-    policy: str = "lobster"
+    policy: str = "reuse"
     forms: Optional[str] = None
     decoded_max_side: Optional[int] = None
     storage_bytes_per_s: Optional[int] = None

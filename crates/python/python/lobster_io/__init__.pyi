@@ -46,7 +46,7 @@ class Cache:
         self,
         bytes: Optional[int] = None,
         frac: float = 0.2,
-        policy: str = "lobster",
+        policy: str = "reuse",
         forms: Optional[str] = None,
         decoded_max_side: Optional[int] = None,
         storage_bytes_per_s: Optional[int] = None,

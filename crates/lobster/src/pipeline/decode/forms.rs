@@ -202,10 +202,7 @@ impl CostsFrom {
             }
         };
         FormCostsReport {
-            read_s: costs.read_s,
-            read_per_byte_s: costs.read_per_byte_s,
-            decode_s: costs.decode_s,
-            decode_per_byte_s: costs.decode_per_byte_s,
+            costs,
             read_source: self.read,
             decode_source: self.decode,
             model_pixels: self.pixels,

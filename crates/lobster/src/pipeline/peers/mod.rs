@@ -1,4 +1,4 @@
-//! Peer nodes' caches: which peer a miss may come from ([`PeerPlan`], priced by the cost
+//! Peer nodes' caches: which peer a miss may come from ([`PeerHolders`], priced by the cost
 //! model), what the peers did for this node, and this node's cache as its peers see it (the
 //! landings the planner keeps). The fetches themselves are in [`fetch`].
 
@@ -15,14 +15,14 @@ use lobster_sched::{CostParams, Tier};
 
 use crate::pipeline::access::AccessLanding;
 use crate::pipeline::sync::lock;
-use plan::PeerPlan;
+use plan::PeerHolders;
 
 /// The peers of this node, fixed at build time.
 pub(crate) struct Peers {
     pub(crate) transport: Arc<dyn Transport>,
-    /// Each peer's own plan replayed (`PeerPlan::empty` under the cluster plan, where the
+    /// Each peer's own plan replayed (`PeerHolders::empty` under the cluster plan, where the
     /// cache's decisions say where each miss comes from).
-    pub(crate) plan: PeerPlan,
+    pub(crate) plan: PeerHolders,
     /// The nodes' caches are planned as one (see `lobster_cache::cluster`).
     pub(crate) cluster: bool,
     /// Under the cluster plan: each step's samples go to the ranks of the nodes that hold

@@ -26,7 +26,7 @@ const NO_PEER: u16 = u16::MAX;
 
 /// The job's shape and cache, as every node has it.
 #[derive(Clone, Debug)]
-pub struct PeerPlanInputs {
+pub struct PeerHoldersInputs {
     /// Each sample's size, by sample id.
     pub sizes: Arc<[u32]>,
     /// Nodes in the job.
@@ -51,7 +51,7 @@ pub struct PeerPlanInputs {
 
 /// For each access of one node's stream, in canonical order, the peer planned to serve it.
 #[derive(Clone, Debug)]
-pub struct PeerPlan {
+pub struct PeerHolders {
     holders: Vec<u16>,
     planned: u64,
     build_peak_bytes: usize,
@@ -66,36 +66,36 @@ const ORDERS_HELD_MAX_BYTES: usize = 1 << 30;
 /// dataset's samples, so memory grows with them.
 const REPLAY_THREADS_MAX: usize = 4;
 
-impl PeerPlan {
+impl PeerHolders {
     /// Replays every peer's cache plan and plans the remote sources of `node`'s accesses.
     ///
     /// # Errors
     /// Inputs the sampler or the cache planner refuse (naming the parameter), or more than
     /// 65,535 nodes.
-    pub fn build(inputs: &PeerPlanInputs, node: usize) -> Result<PeerPlan, Error> {
-        PeerPlan::build_resumed(inputs, node, &(0, None))
+    pub fn build(inputs: &PeerHoldersInputs, node: usize) -> Result<PeerHolders, Error> {
+        PeerHolders::build_resumed(inputs, node, &(0, None))
     }
 
-    /// [`PeerPlan::build`] for a run resumed at `start` (its first epoch, and the rest of it
+    /// [`PeerHolders::build`] for a run resumed at `start` (its first epoch, and the rest of it
     /// when it resumes within one): every node's stream begins there, its cache cold.
     pub(crate) fn build_resumed(
-        inputs: &PeerPlanInputs,
+        inputs: &PeerHoldersInputs,
         node: usize,
         start: &(u32, Option<Head>),
-    ) -> Result<PeerPlan, Error> {
+    ) -> Result<PeerHolders, Error> {
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .clamp(1, REPLAY_THREADS_MAX);
-        PeerPlan::build_on(inputs, node, threads, start)
+        PeerHolders::build_on(inputs, node, threads, start)
     }
 
-    /// [`PeerPlan::build_resumed`] replaying peers on at most `threads` threads.
+    /// [`PeerHolders::build_resumed`] replaying peers on at most `threads` threads.
     fn build_on(
-        inputs: &PeerPlanInputs,
+        inputs: &PeerHoldersInputs,
         node: usize,
         threads: usize,
         start: &(u32, Option<Head>),
-    ) -> Result<PeerPlan, Error> {
+    ) -> Result<PeerHolders, Error> {
         let nodes = inputs.nodes;
         if nodes >= usize::from(NO_PEER) {
             return Err(Error::invalid(
@@ -161,7 +161,7 @@ impl PeerPlan {
             }
         }
         let planned = holders.iter().filter(|&&h| h != NO_PEER).count() as u64;
-        Ok(PeerPlan {
+        Ok(PeerHolders {
             holders,
             planned,
             build_peak_bytes,
@@ -170,8 +170,8 @@ impl PeerPlan {
     }
 
     /// A plan in which no peer serves any access (no node has a cache).
-    pub(crate) fn empty() -> PeerPlan {
-        PeerPlan {
+    pub(crate) fn empty() -> PeerHolders {
+        PeerHolders {
             holders: Vec::new(),
             planned: 0,
             build_peak_bytes: 0,
@@ -246,7 +246,7 @@ impl Replay {
     /// that covers some of `own`'s accesses with the margin.
     fn peer(
         &mut self,
-        inputs: &PeerPlanInputs,
+        inputs: &PeerHoldersInputs,
         own: &[OwnAccess],
         theirs: Layout,
         p: u16,
@@ -335,7 +335,7 @@ fn own_accesses(layout: &Layout) -> Vec<OwnAccess> {
 /// drawn once per epoch and held, where that fits [`ORDERS_HELD_MAX_BYTES`] (every peer's
 /// replay walks every epoch).
 fn held_orders(
-    inputs: &PeerPlanInputs,
+    inputs: &PeerHoldersInputs,
     world: usize,
     samples: usize,
 ) -> Result<(DistributedSampler, usize), Error> {
@@ -368,8 +368,8 @@ mod tests {
 
     use super::*;
 
-    fn inputs(policy: PolicyKind, capacity_bytes: u64, margin_steps: u64) -> PeerPlanInputs {
-        PeerPlanInputs {
+    fn inputs(policy: PolicyKind, capacity_bytes: u64, margin_steps: u64) -> PeerHoldersInputs {
+        PeerHoldersInputs {
             sizes: (0..96u32).map(|s| 100 + s % 7 * 10).collect(),
             nodes: 3,
             ranks_per_node: 2,
@@ -384,7 +384,7 @@ mod tests {
     }
 
     /// Node `node`'s layout, built directly from the inputs.
-    fn layout_of(inputs: &PeerPlanInputs, node: usize) -> Layout {
+    fn layout_of(inputs: &PeerHoldersInputs, node: usize) -> Layout {
         let world = inputs.nodes * inputs.ranks_per_node;
         let sampler =
             DistributedSampler::new(inputs.sizes.len(), world, false, inputs.order.clone())
@@ -401,7 +401,10 @@ mod tests {
     /// Each node's cache contents at the end of every step, and the samples it evicted
     /// during each step (one may be evicted and admitted again within a step), replayed with
     /// the public planner.
-    fn held_after_steps(inputs: &PeerPlanInputs, node: usize) -> Vec<(HashSet<u32>, HashSet<u32>)> {
+    fn held_after_steps(
+        inputs: &PeerHoldersInputs,
+        node: usize,
+    ) -> Vec<(HashSet<u32>, HashSet<u32>)> {
         let layout = layout_of(inputs, node);
         let mut steps = Vec::new();
         for e in 0..inputs.epochs {
@@ -439,7 +442,7 @@ mod tests {
     /// The peers that qualify for each access by brute force: a peer holds the sample at
     /// the end of the step `margin + 1` before the access and evicts it in none of the
     /// steps from there to `margin` after it.
-    fn qualifying(inputs: &PeerPlanInputs, node: usize) -> Vec<HashSet<usize>> {
+    fn qualifying(inputs: &PeerHoldersInputs, node: usize) -> Vec<HashSet<usize>> {
         let held: Vec<_> = (0..inputs.nodes)
             .map(|p| held_after_steps(inputs, p))
             .collect();
@@ -475,7 +478,7 @@ mod tests {
             let inputs = inputs(policy, capacity, margin);
             let mut any = 0;
             for node in 0..inputs.nodes {
-                let plan = PeerPlan::build(&inputs, node).unwrap();
+                let plan = PeerHolders::build(&inputs, node).unwrap();
                 let want = qualifying(&inputs, node);
                 assert_eq!(plan.accesses() as usize, want.len());
                 for (i, peers) in want.iter().enumerate() {
@@ -495,8 +498,8 @@ mod tests {
     #[test]
     fn every_node_computes_the_same_choice_and_the_load_spreads() {
         let inputs = inputs(PolicyKind::Static, 6_000, 0);
-        let a = PeerPlan::build(&inputs, 1).unwrap();
-        let b = PeerPlan::build(&inputs, 1).unwrap();
+        let a = PeerHolders::build(&inputs, 1).unwrap();
+        let b = PeerHolders::build(&inputs, 1).unwrap();
         assert_eq!(a.holders, b.holders);
         let served: HashSet<usize> = (0..a.accesses()).filter_map(|i| a.holder(i)).collect();
         assert_eq!(served, HashSet::from([0, 2]), "both peers serve some");
@@ -506,9 +509,9 @@ mod tests {
     #[test]
     fn the_plan_does_not_depend_on_the_replay_threads() {
         let inputs = inputs(PolicyKind::Reuse, 3_000, 1);
-        let one = PeerPlan::build_on(&inputs, 2, 1, &(0, None)).unwrap();
+        let one = PeerHolders::build_on(&inputs, 2, 1, &(0, None)).unwrap();
         for threads in [2, 3, 8] {
-            let many = PeerPlan::build_on(&inputs, 2, threads, &(0, None)).unwrap();
+            let many = PeerHolders::build_on(&inputs, 2, threads, &(0, None)).unwrap();
             assert_eq!(many.holders, one.holders, "{threads} threads");
             assert_eq!(many.replay_threads(), threads.min(2));
         }
@@ -517,9 +520,9 @@ mod tests {
 
     #[test]
     fn no_cache_plans_no_remote_hit_and_bad_nodes_are_refused() {
-        let plan = PeerPlan::build(&inputs(PolicyKind::Reuse, 0, 0), 0).unwrap();
+        let plan = PeerHolders::build(&inputs(PolicyKind::Reuse, 0, 0), 0).unwrap();
         assert_eq!(plan.planned(), 0);
-        let e = PeerPlan::build(&inputs(PolicyKind::Reuse, 0, 0), 3).unwrap_err();
+        let e = PeerHolders::build(&inputs(PolicyKind::Reuse, 0, 0), 3).unwrap_err();
         assert!(e.to_string().contains("node"), "{e}");
     }
 }

@@ -7,12 +7,11 @@
 use std::sync::Arc;
 
 use lobster_cache::{
-    Assign, ClusterConfig, ClusterCounts, ClusterDecision, ClusterLayout, ClusterPlanner,
-    LinkPrices, Mode,
+    Assign, ClusterConfig, ClusterDecision, ClusterLayout, ClusterPlanner, LinkPrices, PeerPlanKind,
 };
 
 use crate::error::Error;
-use crate::metrics::{ClusterEpochMetrics, ClusterPlanMetrics};
+use crate::metrics::ClusterPlanMetrics;
 use crate::pipeline::layout::Layout;
 use crate::sampler::SamplerOrders;
 
@@ -68,7 +67,7 @@ impl NodeShare {
         (locality, prices): (bool, Option<LinkPrices>),
     ) -> Result<NodeShare, Error> {
         let config = ClusterConfig {
-            mode: Some(Mode::Cluster),
+            mode: Some(PeerPlanKind::Cluster),
             assign: if locality {
                 Assign::Locality
             } else {
@@ -144,25 +143,15 @@ impl NodeShare {
     /// This node's share as the metrics report it.
     pub(crate) fn metrics(&self) -> ClusterPlanMetrics {
         let stats = self.planner.stats();
-        let epoch = |c: ClusterCounts| ClusterEpochMetrics {
-            local_hits: c.local_hits,
-            local_hit_bytes: c.local_hit_bytes,
-            remote_hits: c.remote_hits,
-            remote_hit_bytes: c.remote_hit_bytes,
-            storage_reads: c.storage_reads,
-            storage_bytes: c.storage_bytes,
-            rerouted_reads: c.rerouted_reads,
-            rerouted_bytes: c.rerouted_bytes,
-        };
         ClusterPlanMetrics {
             nodes: self.planner.layout().nodes(),
             dataset_bytes: stats.dataset_bytes(),
             floor_bytes_per_epoch: stats.floor_bytes_per_epoch(),
             epochs: (0..stats.epochs())
-                .map(|e| epoch(stats.of(e, usize::from(self.node))))
+                .map(|e| stats.of(e, usize::from(self.node)))
                 .collect(),
             serves_planned: self.serves_planned,
-            link_prices: self.prices.map(Into::into),
+            link_prices: self.prices,
         }
     }
 }

@@ -655,6 +655,115 @@ struct Started {
     feeder: Feeder,
 }
 
+/// What every loader a rank builds shares: the dataset, the configuration, the seed, the
+/// state it resumes from and its peers.
+struct Builders<'a> {
+    dataset: &'a Arc<Dataset>,
+    config: &'a LoaderConfig,
+    seed: u64,
+    resume: Option<&'a LoaderState>,
+    peers: Option<&'a Arc<dyn lobster_io::net::Transport>>,
+}
+
+impl Builders<'_> {
+    /// A loader of stacked images, transformed by `t`.
+    fn pixels(&self, t: lobster_io::images::Transform) -> LoaderBuilder<Pixels> {
+        self.with(LoaderBuilder::<Pixels>::new(Arc::clone(self.dataset)).decode_images(t))
+    }
+
+    /// A loader of each sample's bytes, or its image, as `s.output` asks.
+    fn bytes(&self, s: &Settings) -> LoaderBuilder<Vec<u8>> {
+        self.with(
+            LoaderBuilder::<Vec<u8>>::new(Arc::clone(self.dataset))
+                .decode(decode_bytes(s.output, s.image_pixels_max)),
+        )
+    }
+
+    /// `b` with what every loader of the rank shares.
+    fn with<T: Send + 'static>(&self, b: LoaderBuilder<T>) -> LoaderBuilder<T> {
+        let b = b.config(self.config.clone()).seed(self.seed);
+        let b = match self.resume {
+            Some(r) => b.resume_from(r.clone()),
+            None => b,
+        };
+        match self.peers {
+            Some(p) => b.peers(Arc::clone(p)),
+            None => b,
+        }
+    }
+}
+
+/// Every node must plan from the same inputs (the dataset's root may differ), and from
+/// where they start: a resume must be the same.
+fn agree(
+    world: &World,
+    dataset: &Dataset,
+    config: &LoaderConfig,
+    s: &Settings,
+    resume: Option<&LoaderState>,
+) -> PyResult<()> {
+    let mut fields = agreed(dataset, config, s);
+    fields.retain(|(k, _)| k != "node" && k != "dataset");
+    let point = resume.and_then(LoaderState::resume_point);
+    fields.push(("resume".into(), point.unwrap_or_else(|| "none".into())));
+    world.agree(fields)
+}
+
+/// A node's slot (one batch of a rank) and each sample's share of it, in bytes. A sample
+/// larger than its share is a bad sample (on_error), not a stopped node.
+fn slot_bytes(s: &Settings, dataset: &Dataset) -> PyResult<(u64, u64)> {
+    let sample_bytes = match (s.output.side(), s.output) {
+        (Some(side), _) => u64::from(side) * u64::from(side) * 3,
+        (None, Output::Raw) => dataset.max_sample_bytes(),
+        (None, _) => HEADER_BYTES as u64 + 3 * NONE_MAX_PIXELS,
+    };
+    // Saturating: the arena is checked against the memory available when made.
+    let slot_bytes = s
+        .slot_bytes
+        .unwrap_or(sample_bytes.saturating_mul(s.batch_size as u64));
+    let share_bytes = slot_bytes / s.batch_size as u64;
+    if share_bytes == 0 {
+        return Err(PyValueError::new_err(format!(
+            "budgets.slot_bytes = {slot_bytes}: a slot holds a batch, so at least \
+             batch_size = {}",
+            s.batch_size
+        )));
+    }
+    Ok((slot_bytes, share_bytes))
+}
+
+/// Starts the node's host, with the loader the settings ask for, serving `attaching`'s
+/// ranks.
+fn start_host(
+    env: &NodeEnv,
+    s: &Settings,
+    builders: &Builders<'_>,
+    attaching: &[(String, String)],
+    buffers: usize,
+) -> PyResult<NodeHost> {
+    let (slot_bytes, share_bytes) = slot_bytes(s, builders.dataset)?;
+    let options = HostOptions {
+        slots_per_rank: buffers,
+        slot_bytes,
+        attach_timeout: ATTACH_TIMEOUT,
+    };
+    match s.output {
+        Output::Stacked(t) => {
+            let loader = builders.pixels(t).build().map_err(loader_error)?;
+            NodeHost::start(env, loader, attaching.to_vec(), options)
+        }
+        _ => {
+            let loader = builders
+                .bytes(s)
+                .decoded_sample_bytes_max(share_bytes)
+                .build()
+                .map_err(loader_error)?;
+            NodeHost::start(env, loader, attaching.to_vec(), options)
+        }
+    }
+    .map_err(node_error)
+}
+
 /// Starts this rank: the loader in process, or the node's host and this rank attached;
 /// resumed from `resume` when given. A wait for the node's host or ranks ends when
 /// `keep_waiting` says no.
@@ -670,13 +779,7 @@ fn start(
         dataset, config, ..
     } = p;
     if let Some(w) = world {
-        // Every node must plan from the same inputs; the dataset's root may differ.
-        let mut fields = agreed(&dataset, &config, &s);
-        fields.retain(|(k, _)| k != "node" && k != "dataset");
-        // Nodes plan each other's caches from where they start: a resume must be the same.
-        let point = resume.as_ref().and_then(LoaderState::resume_point);
-        fields.push(("resume".into(), point.unwrap_or_else(|| "none".into())));
-        w.agree(fields)?;
+        agree(w, &dataset, &config, &s, resume.as_ref())?;
     }
     let peers = world.map(World::transport);
     // The node's ranks agreed on one position (their hellos say it), so the node's state
@@ -691,40 +794,19 @@ fn start(
     // Taken, not cloned: a start needs no GIL (another thread may hold it, waiting for
     // this start to finish).
     let decode = s.decode.take().map(|f| (f, Some(Arc::clone(&dataset))));
-    let builder_pixels = |t| {
-        let b = LoaderBuilder::<Pixels>::new(Arc::clone(&dataset))
-            .config(config.clone())
-            .seed(s.seed)
-            .decode_images(t);
-        let b = match &node_state {
-            Some(r) => b.resume_from(r.clone()),
-            None => b,
-        };
-        match &peers {
-            Some(p) => b.peers(Arc::clone(p)),
-            None => b,
-        }
-    };
-    let builder_bytes = || {
-        let b = LoaderBuilder::<Vec<u8>>::new(Arc::clone(&dataset))
-            .config(config.clone())
-            .seed(s.seed)
-            .decode(decode_bytes(s.output, s.image_pixels_max));
-        let b = match &node_state {
-            Some(r) => b.resume_from(r.clone()),
-            None => b,
-        };
-        match &peers {
-            Some(p) => b.peers(Arc::clone(p)),
-            None => b,
-        }
+    let builders = Builders {
+        dataset: &dataset,
+        config: &config,
+        seed: s.seed,
+        resume: node_state.as_ref(),
+        peers: peers.as_ref(),
     };
     // Every node's loader is built (serving its cache) before any fetches from a peer.
     let all_built = || world.map_or(Ok(()), World::barrier);
     if env.local_world_size == 1 {
         let (engine, thread): (Box<dyn Metered>, _) = match s.output {
             Output::Stacked(t) => {
-                let mut loader = builder_pixels(t).build().map_err(loader_error)?;
+                let mut loader = builders.pixels(t).build().map_err(loader_error)?;
                 let rank = take_rank(&mut loader)?;
                 all_built()?;
                 let ds = Arc::clone(&dataset);
@@ -732,7 +814,7 @@ fn start(
                 (Box::new(loader), thread)
             }
             output => {
-                let mut loader = builder_bytes().build().map_err(loader_error)?;
+                let mut loader = builders.bytes(&s).build().map_err(loader_error)?;
                 let rank = take_rank(&mut loader)?;
                 all_built()?;
                 let thread =
@@ -740,12 +822,11 @@ fn start(
                 (Box::new(loader), thread)
             }
         };
-        let positions = engine.positions();
         return Ok(Started {
+            positions: engine.positions(),
             engine: Engine::InProcess(engine),
             batches: rx,
             arena: None,
-            positions,
             feeder: Feeder {
                 stop,
                 thread,
@@ -760,45 +841,7 @@ fn start(
     let mut attaching = agreed(&dataset, &config, &s);
     attaching.extend(resume_fields(resume.as_ref())?);
     let engine = if env.is_host() {
-        let sample_bytes = match (s.output.side(), s.output) {
-            (Some(side), _) => u64::from(side) * u64::from(side) * 3,
-            (None, Output::Raw) => dataset.max_sample_bytes(),
-            (None, _) => HEADER_BYTES as u64 + 3 * NONE_MAX_PIXELS,
-        };
-        // Saturating: the arena is checked against the memory available when made.
-        let slot_bytes = s
-            .slot_bytes
-            .unwrap_or(sample_bytes.saturating_mul(s.batch_size as u64));
-        // A sample larger than its share of a slot is a bad sample (on_error), not a
-        // stopped node.
-        let share_bytes = slot_bytes / s.batch_size as u64;
-        if share_bytes == 0 {
-            return Err(PyValueError::new_err(format!(
-                "budgets.slot_bytes = {slot_bytes}: a slot holds a batch, so at least \
-                 batch_size = {}",
-                s.batch_size
-            )));
-        }
-        let options = HostOptions {
-            slots_per_rank: buffers,
-            slot_bytes,
-            attach_timeout: ATTACH_TIMEOUT,
-        };
-        let host = match s.output {
-            Output::Stacked(t) => {
-                let loader = builder_pixels(t).build().map_err(loader_error)?;
-                NodeHost::start(env, loader, attaching.clone(), options)
-            }
-            _ => {
-                let loader = builder_bytes()
-                    .decoded_sample_bytes_max(share_bytes)
-                    .build()
-                    .map_err(loader_error)?;
-                NodeHost::start(env, loader, attaching.clone(), options)
-            }
-        }
-        .map_err(node_error)?;
-        Engine::Host(host)
+        Engine::Host(start_host(env, &s, &builders, &attaching, buffers)?)
     } else {
         Engine::Attached
     };
@@ -830,6 +873,13 @@ fn take_rank<T: Send + 'static>(loader: &mut lobster_io::Loader<T>) -> PyResult<
         .ranks()
         .and_then(|mut r| r.pop())
         .ok_or_else(|| Error::new_err("the loader's rank was already taken"))
+}
+
+/// Counts `core` among the live loaders (and forgets those gone).
+fn live(core: &Arc<Core>) {
+    let mut live = lock(&LIVE);
+    live.retain(|c| c.strong_count() > 0);
+    live.push(Arc::downgrade(core));
 }
 
 #[pymethods]
@@ -871,13 +921,7 @@ impl Loader {
         let epochs = params::int("epochs", &epochs, 0..=u32::MAX)?;
         let seed = params::int("seed", &seed, 0..=u64::MAX)?;
         let data = params::data(data)?;
-        if let Some(f) = &decode {
-            if !f.bind(py).is_callable() {
-                return Err(PyValueError::new_err(
-                    "decode: a callable taking a sample's bytes and returning its array",
-                ));
-            }
-        }
+        params::callable(py, "decode", decode.as_ref())?;
         let (env, world) = mpi::place(py, &given)?;
         let settings = Settings {
             data,
@@ -913,11 +957,7 @@ impl Loader {
             next_epoch: AtomicU32::new(0),
             taken: Mutex::new(0),
         });
-        {
-            let mut live = lock(&LIVE);
-            live.retain(|c| c.strong_count() > 0);
-            live.push(Arc::downgrade(&core));
-        }
+        live(&core);
         let loader = Loader {
             origin,
             core,

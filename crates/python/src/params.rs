@@ -301,3 +301,14 @@ pub(crate) fn mpi_place(given: &Given, node: usize, nodes: usize) -> PyResult<No
     let job_id = given.job_id.clone().unwrap_or_else(|| "mpi".into());
     NodeEnv::new(node, nodes, 0, 1, node, nodes, job_id).map_err(node_error)
 }
+
+/// A parameter that must be a callable, if given: `decode` takes a sample's bytes and returns
+/// its array.
+pub(crate) fn callable(py: Python<'_>, name: &str, f: Option<&Py<PyAny>>) -> PyResult<()> {
+    match f {
+        Some(f) if !f.bind(py).is_callable() => Err(PyValueError::new_err(format!(
+            "{name}: a callable taking a sample's bytes and returning its array"
+        ))),
+        _ => Ok(()),
+    }
+}

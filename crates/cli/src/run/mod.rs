@@ -53,20 +53,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let node = cluster.as_ref().map_or(args.node, cluster::Cluster::node);
     // Node 0 alone speaks for an MPI job.
     let lead = node == 0 || cluster.is_none();
-    let data = match &args.data {
-        Some(d) => d.clone(),
-        None => {
-            // Node 0 generates the default set; the others wait for it, then reuse it.
-            let made = lead.then(|| dataset::default_dataset(args.samples, args.quiet));
-            if let Some(c) = &cluster {
-                c.barrier()?;
-            }
-            match made {
-                Some(made) => made?,
-                None => dataset::default_dataset(args.samples, true)?,
-            }
-        }
-    };
+    let data = resolve_data(args, lead, cluster.as_ref())?;
     // Rank processes are given the dataset as resolved here, and the decoder chosen for it:
     // the built-in set keeps its synthetic decoder once it is named like a user's --data.
     let args = &RunArgs {
@@ -82,8 +69,126 @@ pub fn run(args: &RunArgs) -> Result<()> {
     );
     let cache_bytes = args.cache_capacity_bytes(&dataset);
     build::check_strategies(args, &dataset, cache_bytes)?;
-    let config = RunConfig {
-        data: data.clone(),
+    let config = run_config(args, &dataset, cache_bytes, cluster.as_ref())?;
+    if let Some(c) = &cluster {
+        // Nodes plan each other's caches from where they start: a resume must be the same.
+        let mut fields = report::plan_fields(&config)?;
+        let point = resume.as_ref().and_then(|(_, s)| s.resume_point());
+        fields.push(("resume".into(), point.unwrap_or_else(|| "none".into())));
+        c.agree(fields)?;
+    }
+    if lead {
+        report::print_header(&config);
+    }
+    if args.cluster {
+        return run_nodes(args, &dataset, cache_bytes, &config, resume.as_ref());
+    }
+    let mut results = Vec::with_capacity(args.strategy.0.len());
+    // The state every strategy stopped at: the same batches taken, the same state.
+    let mut saved: Option<(Strategy, LoaderState)> = None;
+    for &strategy in &args.strategy.0 {
+        let (metrics, measured, stopped) = run_strategy(
+            args,
+            &dataset,
+            cache_bytes,
+            strategy,
+            cluster.as_ref(),
+            resume.as_ref(),
+        )?;
+        results.push(StrategyResult::new(strategy, metrics, measured));
+        if let (Some(path), Some(state)) = (&args.save_state, stopped) {
+            keep_state(path, (strategy, state), &mut saved, lead)?;
+        }
+    }
+    report::set_speedups(&mut results);
+    let per_node = match &cluster {
+        Some(c) => Some(
+            c.gather(serde_json::to_vec(&results)?)?
+                .iter()
+                .map(|b| serde_json::from_slice::<serde_json::Value>(b))
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+        None => None,
+    };
+    if !lead {
+        return Ok(());
+    }
+    report_run(
+        args,
+        &config,
+        &results,
+        per_node.as_deref(),
+        saved.as_ref().map(|(_, s)| s),
+    )
+}
+
+/// Writes the first strategy's stopped state to `path` (node 0 speaks for the job: every
+/// node is at the same step); every later strategy must have stopped at the same state.
+fn keep_state(
+    path: &std::path::Path,
+    (strategy, state): (Strategy, LoaderState),
+    saved: &mut Option<(Strategy, LoaderState)>,
+    lead: bool,
+) -> Result<()> {
+    match saved {
+        None => {
+            if lead {
+                state::write(path, &state)?;
+            }
+            *saved = Some((strategy, state));
+        }
+        Some((first, s)) if *s != state => anyhow::bail!(
+            "{strategy} stopped at another state than {first} (written to {}): {:?} \
+             against {:?}",
+            path.display(),
+            state.ranks,
+            s.ranks
+        ),
+        Some(_) => {}
+    }
+    Ok(())
+}
+
+/// Node 0's report: the tables, where the state went, and the JSON.
+fn report_run(
+    args: &RunArgs,
+    config: &RunConfig,
+    results: &[StrategyResult],
+    per_node: Option<&[serde_json::Value]>,
+    saved: Option<&LoaderState>,
+) -> Result<()> {
+    report::print_table(results);
+    report::print_start(results);
+    report::print_forms(results);
+    report::print_skipped(results);
+    if let Some(nodes) = per_node {
+        report::print_nodes(nodes);
+        report::print_cluster(nodes, config);
+    }
+    if let (Some(path), Some(state)) = (&args.save_state, saved) {
+        let at = state.ranks.first().map(|r| (r.epoch, r.iteration));
+        let (epoch, iteration) = at.unwrap_or_default();
+        println!(
+            "wrote the loader state to {} (next batch: epoch {epoch}, iteration {iteration})",
+            path.display()
+        );
+    }
+    if let Some(path) = &args.json {
+        report::write_json(path, config, results, per_node)?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// What the report says of the run: its parameters as resolved.
+fn run_config(
+    args: &RunArgs,
+    dataset: &Dataset,
+    cache_bytes: u64,
+    cluster: Option<&cluster::Cluster>,
+) -> Result<RunConfig> {
+    Ok(RunConfig {
+        data: args.data.clone().expect("resolved by run"),
         samples: dataset.len(),
         dataset_bytes: dataset.total_bytes(),
         nodes: args.nodes,
@@ -129,88 +234,28 @@ pub fn run(args: &RunArgs) -> Result<()> {
         }),
         mpi: cluster.is_some(),
         in_process_nodes: args.cluster,
-        remote_hits: args.cluster || cluster.as_ref().is_some_and(|c| c.peers().is_some()),
-    };
-    if let Some(c) = &cluster {
-        // Nodes plan each other's caches from where they start: a resume must be the same.
-        let mut fields = report::plan_fields(&config)?;
-        let point = resume.as_ref().and_then(|(_, s)| s.resume_point());
-        fields.push(("resume".into(), point.unwrap_or_else(|| "none".into())));
-        c.agree(fields)?;
+        remote_hits: args.cluster || cluster.is_some_and(|c| c.peers().is_some()),
+    })
+}
+
+/// The dataset: `--data`, or the built-in set, which node 0 generates while the others wait
+/// for it, then reuse it.
+fn resolve_data(
+    args: &RunArgs,
+    lead: bool,
+    cluster: Option<&cluster::Cluster>,
+) -> Result<std::path::PathBuf> {
+    if let Some(d) = &args.data {
+        return Ok(d.clone());
     }
-    if lead {
-        report::print_header(&config);
+    let made = lead.then(|| dataset::default_dataset(args.samples, args.quiet));
+    if let Some(c) = cluster {
+        c.barrier()?;
     }
-    if args.cluster {
-        return run_nodes(args, &dataset, cache_bytes, &config, resume.as_ref());
+    match made {
+        Some(made) => made,
+        None => dataset::default_dataset(args.samples, true),
     }
-    let mut results = Vec::with_capacity(args.strategy.0.len());
-    // The state every strategy stopped at: the same batches taken, the same state.
-    let mut saved: Option<(Strategy, LoaderState)> = None;
-    for &strategy in &args.strategy.0 {
-        let (metrics, measured, stopped) = run_strategy(
-            args,
-            &dataset,
-            cache_bytes,
-            strategy,
-            cluster.as_ref(),
-            resume.as_ref(),
-        )?;
-        results.push(StrategyResult::new(strategy, metrics, measured));
-        if let (Some(path), Some(state)) = (&args.save_state, stopped) {
-            match &saved {
-                None => {
-                    // Every node is at the same step; node 0 speaks for the job.
-                    if lead {
-                        state::write(path, &state)?;
-                    }
-                    saved = Some((strategy, state));
-                }
-                Some((first, s)) if *s != state => anyhow::bail!(
-                    "{strategy} stopped at another state than {first} (written to {}): {:?} \
-                     against {:?}",
-                    path.display(),
-                    state.ranks,
-                    s.ranks
-                ),
-                Some(_) => {}
-            }
-        }
-    }
-    report::set_speedups(&mut results);
-    let per_node = match &cluster {
-        Some(c) => Some(
-            c.gather(serde_json::to_vec(&results)?)?
-                .iter()
-                .map(|b| serde_json::from_slice::<serde_json::Value>(b))
-                .collect::<Result<Vec<_>, _>>()?,
-        ),
-        None => None,
-    };
-    if !lead {
-        return Ok(());
-    }
-    report::print_table(&results);
-    report::print_start(&results);
-    report::print_forms(&results);
-    report::print_skipped(&results);
-    if let Some(nodes) = &per_node {
-        report::print_nodes(nodes);
-        report::print_cluster(nodes, &config);
-    }
-    if let (Some(path), Some((_, state))) = (&args.save_state, &saved) {
-        let at = state.ranks.first().map(|r| (r.epoch, r.iteration));
-        let (epoch, iteration) = at.unwrap_or_default();
-        println!(
-            "wrote the loader state to {} (next batch: epoch {epoch}, iteration {iteration})",
-            path.display()
-        );
-    }
-    if let Some(path) = &args.json {
-        report::write_json(path, &config, &results, per_node.as_deref())?;
-        println!("wrote {}", path.display());
-    }
-    Ok(())
 }
 
 /// Refuses `path` unless a file can be written there: its folder exists and takes a new
@@ -281,7 +326,7 @@ fn run_strategy(
     let cpu_before = process::cpu_seconds();
     let peers = cluster.and_then(cluster::Cluster::peers);
     let started = Instant::now();
-    let (mut loader, loader_config) = build::loader(
+    let (loader, loader_config) = build::loader(
         args,
         dataset,
         cache_bytes,
@@ -290,36 +335,62 @@ fn run_strategy(
         peers,
         resume.map(|(_, s)| s.clone()),
     )
-    .with_context(|| match resume {
-        Some((path, _)) => format!("resuming from {}", path.display()),
-        None => "starting".into(),
+    .with_context(|| {
+        resume.map_or("starting".into(), |(p, _)| {
+            format!("resuming from {}", p.display())
+        })
     })?;
     let build_s = started.elapsed().as_secs_f64();
     let cache_capacity_bytes = loader_config.cache.capacity_bytes;
-    let backend = loader
-        .backend()
-        .map_or("read-then-decode workers".to_string(), |b| {
-            format!("{:?}", b.active).to_lowercase()
-        });
-    let prefetch_window_bytes = loader.prefetch_window_bytes();
+    // What the loader is, before it runs.
+    let loader_figures = Measured {
+        backend: report::backend_name(&loader),
+        prefetch_window_bytes: loader.prefetch_window_bytes(),
+        cache_capacity_bytes,
+        ..Measured::default()
+    };
     if args.ranks_as == RanksAs::Processes {
         let (metrics, node) =
             processes::host_and_ranks(args, dataset, strategy, &loader_config, loader)?;
         let measured = Measured {
-            backend,
             peak_rss_bytes: node.peak_pss_bytes,
             memory: "peak sum of PSS, host and rank processes",
-            prefetch_window_bytes,
-            cache_capacity_bytes,
             cpu_seconds: process::cpu_seconds() - cpu_before + node.ranks_cpu_seconds,
             batches_crc32: Some(batches_crc32(
                 &node.runs.iter().map(|r| r.totals).collect::<Vec<_>>(),
             )),
             start: None,
             step_crc32: step_digests(&node.runs),
+            ..loader_figures
         };
         return Ok((metrics, measured, None));
     }
+    let (metrics, runs, stopped, start) =
+        train_threads(args, loader, strategy, cluster, (started, build_s), resume)?;
+    let totals: Vec<RankTotals> = runs.iter().map(|r| r.totals).collect();
+    let measured = Measured {
+        peak_rss_bytes: process::status_bytes("VmHWM"),
+        memory: "peak RSS of this process",
+        cpu_seconds: process::cpu_seconds() - cpu_before,
+        batches_crc32: Some(batches_crc32(&totals)),
+        start: Some(start),
+        step_crc32: step_digests(&runs),
+        ..loader_figures
+    };
+    Ok((metrics, measured, stopped))
+}
+
+/// Trains on the loader's rank handles, ranks as threads of this process: the metrics, each
+/// rank's run, the state where it stopped (with `--stop-after-iterations`) and what the
+/// start cost (`started`: when the build began, and how long it took).
+fn train_threads(
+    args: &RunArgs,
+    mut loader: lobster_io::Loader<decode::Decoded>,
+    strategy: Strategy,
+    cluster: Option<&cluster::Cluster>,
+    (started, build_s): (Instant, f64),
+    resume: Option<&(PathBuf, LoaderState)>,
+) -> Result<(RunMetrics, Vec<RankRun>, Option<LoaderState>, StartFigures)> {
     let positions = loader.positions();
     let steps = loader.steps();
     // A resumed run's first epoch is what is left of the interrupted one.
@@ -360,12 +431,10 @@ fn run_strategy(
     let stopped = stop_after.map(|_| loader.state());
     // Dropping joins the loader's threads, so their CPU time is counted.
     drop(loader);
-    let since = |t: Instant| t.duration_since(started).as_secs_f64();
-    let first_epoch_s = runs
-        .iter()
-        .map(|r| r.first_epoch_end.map(since))
-        .collect::<Option<Vec<f64>>>()
-        .and_then(|t| t.into_iter().reduce(f64::max));
+    let (first_batch_s, first_epoch_s) = (
+        slowest_since(&runs, started, |r| r.first_batch),
+        slowest_since(&runs, started, |r| r.first_epoch_end),
+    );
     let first_epoch_samples = runs.iter().map(|r| r.first_epoch_delivered).sum::<u64>();
     let start = StartFigures {
         resumed_from: resume.map(|(p, _)| p.clone()),
@@ -375,11 +444,7 @@ fn run_strategy(
         // Only a run that stopped before its end.
         stopped_after_iterations: stop_after.filter(|&k| k < steps),
         build_s,
-        first_batch_s: runs
-            .iter()
-            .map(|r| r.first_batch.map(since))
-            .collect::<Option<Vec<f64>>>()
-            .and_then(|t| t.into_iter().reduce(f64::max)),
+        first_batch_s,
         first_epoch_steps,
         first_epoch_samples,
         first_epoch_s,
@@ -387,19 +452,20 @@ fn run_strategy(
             .filter(|&t| t > 0.0)
             .map(|t| first_epoch_samples as f64 / t),
     };
-    let totals: Vec<RankTotals> = runs.iter().map(|r| r.totals).collect();
-    let measured = Measured {
-        backend,
-        peak_rss_bytes: process::status_bytes("VmHWM"),
-        memory: "peak RSS of this process",
-        prefetch_window_bytes,
-        cache_capacity_bytes,
-        cpu_seconds: process::cpu_seconds() - cpu_before,
-        batches_crc32: Some(batches_crc32(&totals)),
-        start: Some(start),
-        step_crc32: step_digests(&runs),
-    };
-    Ok((metrics, measured, stopped))
+    Ok((metrics, runs, stopped, start))
+}
+
+/// When the slowest rank reached what `at` says it reached, in seconds from `started`; `None`
+/// if a rank never did.
+fn slowest_since(
+    runs: &[RankRun],
+    started: Instant,
+    at: impl Fn(&RankRun) -> Option<Instant>,
+) -> Option<f64> {
+    runs.iter()
+        .map(|r| at(r).map(|t| t.duration_since(started).as_secs_f64()))
+        .collect::<Option<Vec<f64>>>()
+        .and_then(|t| t.into_iter().reduce(f64::max))
 }
 
 /// Each step's batches as one digest: the ranks' batch CRCs in rank order.

@@ -15,7 +15,7 @@ use super::build;
 use super::decode;
 use super::report::{self, Measured};
 use super::strategy::Strategy;
-use super::train::{batches_crc32, train};
+use super::train::{batches_crc32, train, RankTotals};
 use crate::process;
 
 /// Runs `strategy` on every node; each node's metrics and what was measured, in node order.
@@ -61,45 +61,13 @@ pub(crate) fn run_strategy(
         .iter_mut()
         .map(|(l, _)| l.ranks().context("rank handles already taken"))
         .collect::<Result<Vec<_>>>()?;
-    let totals = std::thread::scope(|s| {
-        let threads: Vec<_> = handles
-            .into_iter()
-            .enumerate()
-            .map(|(node, ranks)| {
-                let job_barrier = &job_barrier;
-                s.spawn(move || {
-                    train(
-                        ranks,
-                        compute,
-                        strategy.name(),
-                        |_| {
-                            if node == 0 {
-                                bar.inc(1);
-                            }
-                        },
-                        Some(job_barrier as &(dyn Fn() -> Result<()> + Sync)),
-                        decode::collate,
-                    )
-                    .with_context(|| format!("node {node}"))
-                })
-            })
-            .collect();
-        threads
-            .into_iter()
-            .map(|t| t.join().expect("a node's training thread panicked"))
-            .collect::<Result<Vec<_>>>()
-    })?;
+    let totals = train_nodes(handles, compute, strategy, bar, &job_barrier)?;
     bar.finish_and_clear();
     let mut out = Vec::with_capacity(args.nodes);
     let mut measured = Vec::with_capacity(args.nodes);
     for ((loader, config), totals) in loaders.iter().zip(&totals) {
-        let backend = loader
-            .backend()
-            .map_or("read-then-decode workers".to_string(), |b| {
-                format!("{:?}", b.active).to_lowercase()
-            });
         measured.push((
-            backend,
+            report::backend_name(loader),
             loader.prefetch_window_bytes(),
             config.cache.capacity_bytes,
             batches_crc32(totals),
@@ -128,4 +96,42 @@ pub(crate) fn run_strategy(
             (metrics, m)
         })
         .collect())
+}
+
+/// Trains every node's ranks at once, a thread per node: each node's rank totals, in node
+/// order.
+fn train_nodes(
+    handles: Vec<Vec<lobster_io::RankHandle<decode::Decoded>>>,
+    compute: Duration,
+    strategy: Strategy,
+    bar: &indicatif::ProgressBar,
+    job_barrier: &(dyn Fn() -> Result<()> + Sync),
+) -> Result<Vec<Vec<RankTotals>>> {
+    std::thread::scope(|s| {
+        let threads: Vec<_> = handles
+            .into_iter()
+            .enumerate()
+            .map(|(node, ranks)| {
+                s.spawn(move || {
+                    train(
+                        ranks,
+                        compute,
+                        strategy.name(),
+                        |_| {
+                            if node == 0 {
+                                bar.inc(1);
+                            }
+                        },
+                        Some(job_barrier as &(dyn Fn() -> Result<()> + Sync)),
+                        decode::collate,
+                    )
+                    .with_context(|| format!("node {node}"))
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("a node's training thread panicked"))
+            .collect::<Result<Vec<_>>>()
+    })
 }

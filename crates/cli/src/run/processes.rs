@@ -184,25 +184,8 @@ pub(crate) fn host_and_ranks(
         let err = read_all(Box::new(child.stderr.take().expect("piped")));
         ranks.push((child, out, err));
     }
-    // The node's memory: sampled while the ranks run.
-    let mut peak_pss_bytes = 0;
-    let mut codes: Vec<Option<std::process::ExitStatus>> = vec![None; ranks.len()];
-    while codes.iter().any(Option::is_none) {
-        let mut pss = process::pss_bytes("self");
-        for (i, (child, _, _)) in ranks.iter_mut().enumerate() {
-            if codes[i].is_none() {
-                pss += process::pss_bytes(&child.id().to_string());
-                codes[i] = child.try_wait().context("waiting for a rank process")?;
-                // A rank that failed (even before attaching) stops the job now, not at the
-                // attach timeout.
-                if let Some(code) = codes[i].filter(|c| !c.success()) {
-                    host.stop(format!("rank process {i} exited with {code}"));
-                }
-            }
-        }
-        peak_pss_bytes = peak_pss_bytes.max(pss);
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut children: Vec<&mut Child> = ranks.iter_mut().map(|(c, _, _)| c).collect();
+    let (codes, peak_pss_bytes) = wait_for_ranks(&mut children, &host)?;
     let (outs, said): (Vec<String>, Vec<String>) = ranks
         .into_iter()
         .map(|(_, out, err)| {
@@ -245,6 +228,32 @@ pub(crate) fn host_and_ranks(
             runs,
         },
     ))
+}
+
+/// Waits for every rank process to exit, sampling the node's memory (the peak sum of PSS,
+/// this process's and the ranks') meanwhile: their exit statuses and that peak. A rank that
+/// fails (even before attaching) stops the job now, not at the attach timeout.
+fn wait_for_ranks(
+    children: &mut [&mut Child],
+    host: &NodeHost,
+) -> Result<(Vec<Option<std::process::ExitStatus>>, u64)> {
+    let mut peak_pss_bytes = 0;
+    let mut codes: Vec<Option<std::process::ExitStatus>> = vec![None; children.len()];
+    while codes.iter().any(Option::is_none) {
+        let mut pss = process::pss_bytes("self");
+        for (i, child) in children.iter_mut().enumerate() {
+            if codes[i].is_none() {
+                pss += process::pss_bytes(&child.id().to_string());
+                codes[i] = child.try_wait().context("waiting for a rank process")?;
+                if let Some(code) = codes[i].filter(|c| !c.success()) {
+                    host.stop(format!("rank process {i} exited with {code}"));
+                }
+            }
+        }
+        peak_pss_bytes = peak_pss_bytes.max(pss);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok((codes, peak_pss_bytes))
 }
 
 /// What a rank says when it stops because another rank failed.

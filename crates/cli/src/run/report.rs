@@ -63,8 +63,17 @@ pub(crate) struct RunConfig {
     pub remote_hits: bool,
 }
 
+/// The I/O backend the loader runs, as the report names it.
+pub(crate) fn backend_name<T>(loader: &lobster_io::Loader<T>) -> String {
+    loader
+        .backend()
+        .map_or("read-then-decode workers".to_string(), |b| {
+            format!("{:?}", b.active).to_lowercase()
+        })
+}
+
 /// What one strategy's run measured besides the loader's metrics.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Measured {
     pub backend: String,
     /// The node's peak memory, as `memory` says it was measured.

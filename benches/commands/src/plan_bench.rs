@@ -114,38 +114,7 @@ pub fn run(args: &PlanBenchArgs) -> Result<()> {
         return decode_constants(dir, args.runs);
     }
     if args.sweep || args.plan == PlanKind::Cluster {
-        anyhow::ensure!(
-            args.policy == PolicyKind::Reuse,
-            "the cluster plan runs the reuse policy on every node, not {}",
-            args.policy
-        );
-        let case = cluster::Case {
-            samples: args.samples,
-            median_kb: args.median_kb,
-            nodes: args.nodes,
-            ranks_per_node: args.ranks_per_node,
-            batch_size: args.batch_size,
-            epochs: args.epochs,
-            cache_frac: args.cache_frac,
-            seed: args.seed,
-            mode: args.mode,
-            assign: args.assign,
-        };
-        if args.sweep {
-            let sweep = cluster::Sweep {
-                samples: args.sweep_samples.clone(),
-                nodes: args.sweep_nodes.clone(),
-                cache_fracs: args.sweep_cache_fracs.clone(),
-                base: case,
-            };
-            return cluster::run_sweep(&sweep, args.json);
-        }
-        let report = cluster::run_case(&case)?;
-        match args.json {
-            true => println!("{}", serde_json::to_string(&report)?),
-            false => cluster::print_case(&report),
-        }
-        return Ok(());
+        return run_cluster(args);
     }
     if !(0.0..=1.0).contains(&args.cache_frac) {
         anyhow::bail!("--cache-frac {}: expected 0 to 1", args.cache_frac);
@@ -222,6 +191,42 @@ pub fn run(args: &PlanBenchArgs) -> Result<()> {
         seconds,
         plan.replay_threads()
     );
+    Ok(())
+}
+
+/// The cluster plan: one case, or a sweep of them.
+fn run_cluster(args: &PlanBenchArgs) -> Result<()> {
+    anyhow::ensure!(
+        args.policy == PolicyKind::Reuse,
+        "the cluster plan runs the reuse policy on every node, not {}",
+        args.policy
+    );
+    let case = cluster::Case {
+        samples: args.samples,
+        median_kb: args.median_kb,
+        nodes: args.nodes,
+        ranks_per_node: args.ranks_per_node,
+        batch_size: args.batch_size,
+        epochs: args.epochs,
+        cache_frac: args.cache_frac,
+        seed: args.seed,
+        mode: args.mode,
+        assign: args.assign,
+    };
+    if args.sweep {
+        let sweep = cluster::Sweep {
+            samples: args.sweep_samples.clone(),
+            nodes: args.sweep_nodes.clone(),
+            cache_fracs: args.sweep_cache_fracs.clone(),
+            base: case,
+        };
+        return cluster::run_sweep(&sweep, args.json);
+    }
+    let report = cluster::run_case(&case)?;
+    match args.json {
+        true => println!("{}", serde_json::to_string(&report)?),
+        false => cluster::print_case(&report),
+    }
     Ok(())
 }
 

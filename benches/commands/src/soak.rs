@@ -17,7 +17,9 @@ use lobster_io::{
 use serde::Serialize;
 
 use lobster_cli::process;
-use lobster_cli::run::{decode, train, Budgets, Decoder, RankTotals, Strategies, Strategy};
+use lobster_cli::run::{
+    decode, train, Budgets, Decoded, Decoder, RankTotals, Strategies, Strategy,
+};
 
 /// Arguments of `lobster-bench soak`.
 #[derive(Clone, Debug, clap::Args)]
@@ -127,24 +129,7 @@ struct SoakReport {
 }
 
 pub fn run(args: &SoakArgs) -> Result<()> {
-    if args.epochs < 3 {
-        bail!("--epochs = {}: allowed 3 or more", args.epochs);
-    }
-    if !(args.cache_frac.is_finite() && (0.0..=1.0).contains(&args.cache_frac)) {
-        bail!("--cache-frac = {}: allowed 0 to 1", args.cache_frac);
-    }
-    if args.rss_steady_epoch == 0 {
-        bail!("--rss-steady-epoch = 0: allowed 1 or more");
-    }
-    for (name, value) in [
-        ("--rss-growth-max", args.rss_growth_max),
-        ("--rss-steady-growth-max", args.rss_steady_growth_max),
-        ("--rss-excursion-max", args.rss_excursion_max),
-    ] {
-        if !(value.is_finite() && value >= 0.0) {
-            bail!("{name} = {value}: allowed 0 or more");
-        }
-    }
+    check_args(args)?;
     let &[strategy] = args.strategy.0.as_slice() else {
         bail!("--strategy: soak runs one strategy at a time");
     };
@@ -171,10 +156,48 @@ pub fn run(args: &SoakArgs) -> Result<()> {
             .with_context(|| format!("opening the dataset {}", data.display()))?,
     );
     let report = soak(args, strategy, &dataset, &signal)?;
+    print_report(args, &report);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let failures = failures(args, &report);
+    if !failures.is_empty() {
+        bail!("soak failed: {}", failures.join("; "));
+    }
+    println!("soak passed");
+    Ok(())
+}
+
+/// Refuses nonsense parameters, naming each.
+fn check_args(args: &SoakArgs) -> Result<()> {
+    if args.epochs < 3 {
+        bail!("--epochs = {}: allowed 3 or more", args.epochs);
+    }
+    if !(args.cache_frac.is_finite() && (0.0..=1.0).contains(&args.cache_frac)) {
+        bail!("--cache-frac = {}: allowed 0 to 1", args.cache_frac);
+    }
+    if args.rss_steady_epoch == 0 {
+        bail!("--rss-steady-epoch = 0: allowed 1 or more");
+    }
+    for (name, value) in [
+        ("--rss-growth-max", args.rss_growth_max),
+        ("--rss-steady-growth-max", args.rss_steady_growth_max),
+        ("--rss-excursion-max", args.rss_excursion_max),
+    ] {
+        if !(value.is_finite() && value >= 0.0) {
+            bail!("{name} = {value}: allowed 0 or more");
+        }
+    }
+    Ok(())
+}
+
+/// The soak's figures, as a reader follows them.
+fn print_report(args: &SoakArgs, report: &SoakReport) {
     println!(
         "{} epochs of {}: {} samples planned, {} delivered, {} skipped by --on-error, {} lost",
         report.epochs,
-        strategy,
+        report.strategy,
         report.samples_planned,
         report.samples_delivered,
         report.samples_skipped,
@@ -228,10 +251,11 @@ pub fn run(args: &SoakArgs) -> Result<()> {
         report.threads_after,
         report.elapsed_s
     );
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
+}
+
+/// What failed the soak, if anything: a lost sample, memory past its bounds, a descriptor or a
+/// thread left behind.
+fn failures(args: &SoakArgs, report: &SoakReport) -> Vec<String> {
     let mut failures = Vec::new();
     if report.samples_lost != 0 {
         failures.push(format!("{} samples lost", report.samples_lost));
@@ -268,11 +292,7 @@ pub fn run(args: &SoakArgs) -> Result<()> {
             report.threads_before, report.threads_after
         ));
     }
-    if !failures.is_empty() {
-        bail!("soak failed: {}", failures.join("; "));
-    }
-    println!("soak passed");
-    Ok(())
+    failures
 }
 
 fn soak(
@@ -285,38 +305,7 @@ fn soak(
     let per_rank =
         DistributedSampler::new(dataset.len(), world, false, EpochOrder::Shuffle { seed: 0 })?
             .per_rank();
-    let cache_bytes = (dataset.total_bytes() as f64 * args.cache_frac).max(1.0) as u64;
-    let mut config = LoaderConfig {
-        job: JobConfig {
-            nodes: args.nodes,
-            node: 0,
-            ranks_per_node: args.ranks_per_node,
-            batch_size: args.batch_size,
-            epochs: args.epochs,
-            drop_last: false,
-            ..JobConfig::default()
-        },
-        budgets: BudgetConfig {
-            io_depth: 4 * args.ranks_per_node,
-            ..BudgetConfig::default()
-        },
-        reads: ReadConfig {
-            inject_faults: Some(args.inject_faults),
-            ..ReadConfig::default()
-        },
-        on_error: OnError::Skip {
-            max_failures: args.max_failures,
-        },
-        ..LoaderConfig::default()
-    };
-    let budgets = Budgets {
-        pipelined_schedule: Schedule::Allocate { hysteresis: 0.05 },
-        decode_threads: 2 * args.ranks_per_node,
-        workers_per_rank: 2,
-        cache_bytes,
-        pipeline_threads: lobster_io::PipelineThreads::default(),
-    };
-    strategy.apply(&budgets, &mut config);
+    let config = soak_config(args, strategy, dataset);
     let cache_capacity_bytes = config.cache.capacity_bytes;
     let decoder = args.decoder;
     let fds_before = process::open_fds();
@@ -341,35 +330,12 @@ fn soak(
     let iterations = loader.iterations_per_epoch();
     let prefetch_window_bytes = loader.prefetch_window_bytes();
     let handles = loader.ranks().context("rank handles already taken")?;
-    let rss = Mutex::new(Vec::with_capacity(args.epochs as usize));
-    // Each epoch's peak from here on, not the build's.
-    process::reset_peak_rss();
-    let totals = train(
-        handles,
-        Duration::ZERO,
-        strategy.name(),
-        |step| {
-            if (step + 1) % iterations == 0 {
-                let now = process::status_bytes("VmRSS");
-                let peak = process::status_bytes("VmHWM");
-                process::reset_peak_rss();
-                rss.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push((now, peak));
-            }
-        },
-        // Polled once a step: a signal stops every rank at the same step.
-        Some(&|| signal.check()),
-        |_, _: &mut ()| {},
-    )?;
+    let (totals, rss) = train_sampling_rss(handles, iterations, strategy, signal)?;
     let metrics = loader.metrics();
     drop(loader);
     let elapsed_s = started.elapsed().as_secs_f64();
-    let (rss_bytes_per_epoch, rss_peak_bytes_per_epoch): (Vec<u64>, Vec<u64>) = rss
-        .into_inner()
-        .unwrap_or_else(|p| p.into_inner())
-        .into_iter()
-        .unzip();
+    let (rss_bytes_per_epoch, rss_peak_bytes_per_epoch): (Vec<u64>, Vec<u64>) =
+        rss.into_iter().unzip();
     // The checks compare levels of the epochs' peaks: one instant moves by what is in flight
     // then (reads in the pool, images being decoded), one epoch's peak by where its highest
     // moment lands (a few MiB either way in a level run), and one epoch against the highest
@@ -421,6 +387,80 @@ fn soak(
         threads_after: process::threads(),
         elapsed_s,
     })
+}
+
+/// Resident bytes at an epoch's end, and the peak during it.
+type EpochRss = (u64, u64);
+
+/// Trains on `handles` to the end, stopping every rank at the same step on a signal: the
+/// ranks' totals, and resident memory (now, and the peak since the last) at each epoch's end
+/// (`iterations` steps).
+fn train_sampling_rss(
+    handles: Vec<lobster_io::RankHandle<Decoded>>,
+    iterations: usize,
+    strategy: Strategy,
+    signal: &Signals,
+) -> Result<(Vec<RankTotals>, Vec<EpochRss>)> {
+    let rss = Mutex::new(Vec::new());
+    // Each epoch's peak from here on, not the build's.
+    process::reset_peak_rss();
+    let totals = train(
+        handles,
+        Duration::ZERO,
+        strategy.name(),
+        |step| {
+            if (step + 1) % iterations == 0 {
+                let now = process::status_bytes("VmRSS");
+                let peak = process::status_bytes("VmHWM");
+                process::reset_peak_rss();
+                rss.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((now, peak));
+            }
+        },
+        // Polled once a step: a signal stops every rank at the same step.
+        Some(&|| signal.check()),
+        |_, _: &mut ()| {},
+    )?;
+    let rss = rss.into_inner().unwrap_or_else(|p| p.into_inner());
+    Ok((totals, rss))
+}
+
+/// The loader's configuration: the strategy's, with the soak's world, faults and error rule.
+fn soak_config(args: &SoakArgs, strategy: Strategy, dataset: &Dataset) -> LoaderConfig {
+    let cache_bytes = (dataset.total_bytes() as f64 * args.cache_frac).max(1.0) as u64;
+    let mut config = LoaderConfig {
+        job: JobConfig {
+            nodes: args.nodes,
+            node: 0,
+            ranks_per_node: args.ranks_per_node,
+            batch_size: args.batch_size,
+            epochs: args.epochs,
+            drop_last: false,
+            ..JobConfig::default()
+        },
+        budgets: BudgetConfig {
+            io_depth: 4 * args.ranks_per_node,
+            ..BudgetConfig::default()
+        },
+        reads: ReadConfig {
+            inject_faults: Some(args.inject_faults),
+            ..ReadConfig::default()
+        },
+        on_error: OnError::Skip {
+            max_failures: args.max_failures,
+        },
+        ..LoaderConfig::default()
+    };
+    let budgets = Budgets {
+        pipelined_schedule: Schedule::Allocate { hysteresis: 0.05 },
+        decode_threads: 2 * args.ranks_per_node,
+        workers_per_rank: 2,
+        cache_bytes,
+        pipeline_threads: lobster_io::PipelineThreads::default(),
+    };
+    strategy.apply(&budgets, &mut config);
+    config
 }
 
 /// Epochs whose median peak makes one level of resident memory.

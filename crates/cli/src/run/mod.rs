@@ -23,7 +23,7 @@ use lobster_io::{Dataset, LoaderState, OnError, RunMetrics};
 use args::RanksAs;
 pub use args::RunArgs;
 pub use dataset::default_dataset;
-pub use decode::{decode, Decoder, TransformArg};
+pub use decode::{decode, Decoded, Decoder, TransformArg};
 pub use strategy::{Budgets, Strategies, Strategy};
 use train::batches_crc32;
 pub use train::{train, RankTotals};

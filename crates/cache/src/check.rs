@@ -246,8 +246,7 @@ mod tests {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
-    use crate::gen::{lognormal_sizes, ShuffledStream};
-    use crate::StreamSource;
+    use lobster_testkit::gen::{lognormal_sizes, ShuffledStream};
 
     #[test]
     fn seeded_random_traces_parse_or_fail_cleanly() {
@@ -299,13 +298,7 @@ mod tests {
                 node: nodes - 1,
                 seed: 42,
             };
-            let epochs: Vec<Vec<SampleId>> = (0..stream.epochs)
-                .map(|e| {
-                    let mut v = Vec::new();
-                    stream.fill_epoch(e, &mut v);
-                    v
-                })
-                .collect();
+            let epochs: Vec<Vec<SampleId>> = stream.to_epochs();
             check_case(
                 &epochs,
                 &sizes,

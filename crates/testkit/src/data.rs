@@ -16,9 +16,15 @@ pub fn content(i: u32) -> Vec<u8> {
     v
 }
 
-/// Writes an ImageFolder of `samples` files of [`content`] under `dir`, spread round-robin
-/// over `classes` classes (`c0`, `c1`, ...); file names carry the generator index.
-pub fn write_image_folder(dir: &Path, samples: u32, classes: u32) {
+/// Writes an ImageFolder of `samples` files under `dir`, sample `i` of `content(i)` bytes,
+/// spread round-robin over `classes` classes (`c0`, `c1`, ...); file names carry the
+/// generator index.
+pub fn write_image_folder(
+    dir: &Path,
+    samples: u32,
+    classes: u32,
+    content: impl Fn(u32) -> Vec<u8>,
+) {
     for i in 0..samples {
         let class = dir.join(format!("c{}", i % classes));
         std::fs::create_dir_all(&class).unwrap();
@@ -30,7 +36,7 @@ pub fn write_image_folder(dir: &Path, samples: u32, classes: u32) {
 /// classes ([`write_image_folder`]), opened.
 #[cfg(feature = "loader")]
 pub fn make_dataset(dir: &Path, samples: u32, classes: u32) -> Arc<Dataset> {
-    write_image_folder(dir, samples, classes);
+    write_image_folder(dir, samples, classes, content);
     Arc::new(Dataset::open_image_folder(dir).unwrap())
 }
 

@@ -1,5 +1,10 @@
 //! A naive reference model of the three policies, written for clarity (quadratic), and the
 //! checker that runs the real planner against it. Shared by unit tests and fuzz targets.
+//!
+//! It stays in this crate, not in lobster-testkit with the other oracles: the index shrinks
+//! its bounds under cfg(test) and cfg(fuzzing) so that the checker reaches its far map, the
+//! wrap of its batch ids and its fallback scan, and the kit's build of this crate (what an
+//! integration test links) has the production bounds.
 
 use std::cmp::Reverse;
 use std::collections::BTreeSet;

@@ -53,7 +53,8 @@ fn next_uses(stream: &[(u16, SampleId)]) -> Vec<u64> {
 /// pooled cache of `nodes * capacity_bytes` if `pooled`.
 ///
 /// # Errors
-/// [`CacheError::SampleOutOfRange`] for a sample without a size (epoch 0 is reported);
+/// [`OracleError::Cache`] of [`CacheError::SampleOutOfRange`] for a sample without a size
+/// (epoch 0 is reported);
 /// [`OracleError::TooManyIntervals`] for a stream of more than [`MAX_INTERVALS`] reuses.
 pub fn optimal_storage_bytes(
     stream: &[(u16, SampleId)],

@@ -34,7 +34,7 @@ struct Interval {
 /// at most `capacity_bytes` cached at any position, by `costs`.
 ///
 /// # Errors
-/// [`CacheError::SampleOutOfRange`] for a sample without sizes;
+/// [`OracleError::Cache`] of [`CacheError::SampleOutOfRange`] for a sample without sizes;
 /// [`OracleError::TooManyIntervals`] for a stream of more than [`MAX_INTERVALS`] reuses.
 pub fn optimal_saving_s(
     epochs: &[Vec<SampleId>],
@@ -209,7 +209,7 @@ pub fn rule_savings_s(case: &FormCase) -> Result<[f64; 3], CacheError> {
 /// Runs the rule and the exhaustive search on `case` for every choice.
 ///
 /// # Errors
-/// As [`optimal_saving_s`].
+/// As [`optimal_saving_s`], and [`rule_savings_s`]'s in [`OracleError::Cache`].
 pub fn compare(case: &FormCase) -> Result<Comparison, OracleError> {
     let rule_s = rule_savings_s(case)?;
     let mut optimum_s = [0.0; 3];

@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use ahash::RandomState as AState;
 use criterion::{Criterion, Throughput};
-use lobster_cache::gen::{lognormal_sizes, ShuffledStream};
 use lobster_cache::{Planner, PolicyKind, Store};
+use lobster_testkit::gen::{lognormal_sizes, ShuffledStream};
 
 const SEED: u64 = 7;
 const OPEN_FILES_MAX: usize = 1024;

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use lobster_cache::gen::{lognormal_sizes, ShuffledStream};
 use lobster_cache::{
     Access, LruPolicy, NextUseIndex, Planner, Policy, PolicyKind, ReusePolicy, StaticPolicy,
     StreamSource,
 };
+use lobster_testkit::gen::{lognormal_sizes, ShuffledStream};
 
 const SAMPLES: u32 = 1_281_167;
 const SEED: u64 = 7;

@@ -9,8 +9,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use lobster_cache::gen::{lognormal_sizes, ShuffledStream};
 use lobster_cache::{Planner, PolicyKind, Stats};
+use lobster_testkit::gen::{lognormal_sizes, ShuffledStream};
 
 const SAMPLES: u32 = 10_000;
 const EPOCHS: u32 = 20;

@@ -1,2 +1,4 @@
 #![no_main]
-libfuzzer_sys::fuzz_target!(|data: &[u8]| lobster_cache::fuzz_check_cluster(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    lobster_testkit::cluster_optimum::check_cluster_bytes(data);
+});

@@ -1,2 +1,2 @@
 #![no_main]
-libfuzzer_sys::fuzz_target!(|data: &[u8]| lobster_cache::fuzz_check_forms(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| lobster_testkit::forms_optimum::check_form_bytes(data));

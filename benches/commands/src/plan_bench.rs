@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
-use lobster_cache::{gen::lognormal_sizes, PolicyKind};
+use lobster_cache::PolicyKind;
 use lobster_io::{EpochOrder, PeerHolders, PeerHoldersInputs};
+use lobster_testkit::gen::lognormal_sizes;
 
 /// Which plan `lobster-bench plan-bench` builds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -18,11 +18,11 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lobster_cache::gen::{lognormal_sizes, ShuffledStream};
 use lobster_cache::{
     ClusterConfig, ClusterLayout, ClusterPlanner, PeerPlanKind, Planner, PolicyKind, StreamSource,
     VecSource,
 };
+use lobster_testkit::gen::{lognormal_sizes, ShuffledStream};
 
 /// Median of the log-normal sizes; with sigma 0.5 the mean is 1.133 times it: 110 KB.
 const MEDIAN_BYTES: f64 = 97_100.0;

@@ -3,9 +3,9 @@
 //!
 //! `cargo run --release -p lobster-cache --example forms_quality [CASES]`
 
-use lobster_cache::forms_optimum::{compare, rule_savings_s};
-use lobster_cache::gen::{CostRegime, FormCase};
 use lobster_cache::FormChoice;
+use lobster_testkit::forms_optimum::{compare, rule_savings_s};
+use lobster_testkit::gen::{CostRegime, FormCase};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cases: u64 = std::env::args().nth(1).map_or(Ok(2000), |a| a.parse())?;

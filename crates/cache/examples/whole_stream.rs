@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lobster_cache::gen::{lognormal_sizes, ShuffledStream};
 use lobster_cache::{Planner, PolicyKind};
+use lobster_testkit::gen::{lognormal_sizes, ShuffledStream};
 
 /// This thread's CPU time from procfs (utime + stime, in clock ticks of 10 ms), so other
 /// processes on the shared machine do not count.

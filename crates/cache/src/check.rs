@@ -1,5 +1,10 @@
 //! A naive reference model of the three policies, written for clarity (quadratic), and the
 //! checker that runs the real planner against it. Shared by unit tests and fuzz targets.
+//!
+//! It stays in this crate, not in lobster-testkit with the other oracles: the index shrinks
+//! its bounds under cfg(test) and cfg(fuzzing) so that the checker reaches its far map, the
+//! wrap of its batch ids and its fallback scan, and the kit's build of this crate (what an
+//! integration test links) has the production bounds.
 
 use std::cmp::Reverse;
 use std::collections::BTreeSet;
@@ -246,8 +251,7 @@ mod tests {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
-    use crate::gen::{lognormal_sizes, ShuffledStream};
-    use crate::StreamSource;
+    use lobster_testkit::gen::{lognormal_sizes, ShuffledStream};
 
     #[test]
     fn seeded_random_traces_parse_or_fail_cleanly() {
@@ -299,13 +303,7 @@ mod tests {
                 node: nodes - 1,
                 seed: 42,
             };
-            let epochs: Vec<Vec<SampleId>> = (0..stream.epochs)
-                .map(|e| {
-                    let mut v = Vec::new();
-                    stream.fill_epoch(e, &mut v);
-                    v
-                })
-                .collect();
+            let epochs: Vec<Vec<SampleId>> = stream.to_epochs();
             check_case(
                 &epochs,
                 &sizes,

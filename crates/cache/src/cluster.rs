@@ -37,8 +37,8 @@
 //!   capacity_bytes`, any sample anywhere), which reads at least the floor: in each epoch, the
 //!   first access of each distinct sample hits only if the sample was held when the epoch
 //!   began, so the epoch reads at least `max(0, F - nodes * capacity_bytes)` where `F` is the
-//!   bytes of its distinct samples. [`cluster_optimum`](crate::cluster_optimum) finds both
-//!   optima by exhaustive search on small cases, and the tests compare.
+//!   bytes of its distinct samples. lobster-testkit's `cluster_optimum` finds both optima by
+//!   exhaustive search on small cases, and the tests compare.
 //!
 //! # Priced remote hits
 //! With [`LinkPrices`] (the cluster plan only) a remote hit may be served by storage instead, so
@@ -1257,17 +1257,20 @@ impl<O: StreamSource + Clone> ClusterPlanner<O> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gen::{lognormal_sizes, ShuffledStream};
     use crate::VecSource;
+    use lobster_testkit::gen::{lognormal_sizes, ShuffledStream};
 
-    fn shuffled(samples: u32, epochs: u32, seed: u64) -> ShuffledStream {
-        ShuffledStream {
+    /// The kit's shuffled stream as plain ids: this build's cfg(test) bounds of the index
+    /// hold only in unit tests, which cannot take the kit's `StreamSource`.
+    fn shuffled(samples: u32, epochs: u32, seed: u64) -> VecSource {
+        let stream = ShuffledStream {
             num_samples: samples,
             epochs,
             nodes: 1,
             node: 0,
             seed,
-        }
+        };
+        VecSource::new(stream.to_epochs())
     }
 
     #[test]

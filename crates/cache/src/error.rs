@@ -48,13 +48,6 @@ pub enum CacheError {
         /// Its value.
         value: f64,
     },
-    /// A stream too long for the exhaustive search.
-    TooManyIntervals {
-        /// Reuse intervals in the stream.
-        intervals: usize,
-        /// The most the search takes.
-        max: usize,
-    },
     /// The encoded and decoded size tables differ in length.
     SizeTables {
         /// Samples in the encoded table.
@@ -94,10 +87,6 @@ impl fmt::Display for CacheError {
             CacheError::InvalidCost { parameter, value } => write!(
                 f,
                 "cache form cost {parameter} = {value}: must be finite and at least 0"
-            ),
-            CacheError::TooManyIntervals { intervals, max } => write!(
-                f,
-                "{intervals} reuse intervals: the exhaustive search takes at most {max}"
             ),
             CacheError::SizeTables { encoded, decoded } => write!(
                 f,

@@ -167,8 +167,8 @@ pub struct FormOutcome {
 /// Belady's rule with "do no harm" ([`ReusePolicy`](crate::ReusePolicy)): the least dense is
 /// the farthest used. Sizes and savings that differ make it weigh them, which Belady does not.
 /// Decisions are a pure function of the stream, the two size tables, the budget and the
-/// costs. [`forms_optimum`](crate::forms_optimum) checks the rule against an exhaustive
-/// search on small streams.
+/// costs. lobster-testkit's `forms_optimum` checks the rule against an exhaustive search on
+/// small streams.
 ///
 /// Memory: 1 byte per sample, plus per form a max-heap of at most `1.25 * cached + 1024`
 /// entries of 16 bytes.
@@ -580,4 +580,129 @@ fn preferred_forms(
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Planner, PolicyKind, VecSource};
+    use lobster_testkit::gen::{lognormal_sizes, ShuffledStream};
+
+    const COSTS: FormCosts = FormCosts {
+        read_s: 1.0,
+        read_per_byte_s: 0.0,
+        decode_s: 4.0,
+        decode_per_byte_s: 0.0,
+    };
+
+    fn planner(
+        epochs: Vec<Vec<SampleId>>,
+        encoded: &[u32],
+        decoded: &[u32],
+        capacity_bytes: u64,
+        choice: FormChoice,
+        costs: FormCosts,
+    ) -> FormPlanner<VecSource> {
+        let policy = FormPolicy::new(
+            encoded.to_vec().into(),
+            decoded.to_vec().into(),
+            capacity_bytes,
+            choice,
+            costs,
+        )
+        .unwrap();
+        FormPlanner::new(VecSource::new(epochs), policy)
+    }
+
+    #[test]
+    fn one_form_of_one_size_decides_exactly_as_the_reuse_policy() {
+        let sizes = vec![3000u32; 400];
+        let total: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
+        let stream = ShuffledStream {
+            num_samples: 400,
+            epochs: 5,
+            nodes: 2,
+            node: 1,
+            seed: 4,
+        };
+        let epochs: Vec<Vec<SampleId>> = stream.to_epochs();
+        for capacity in [total / 20, total / 5, total / 2] {
+            let sizes: Arc<[u32]> = sizes.clone().into();
+            let mut reuse = Planner::new(
+                VecSource::new(epochs.clone()),
+                sizes.clone(),
+                capacity,
+                PolicyKind::Reuse,
+            )
+            .unwrap();
+            // Decoded sizes that would be the better form, were they allowed.
+            let decoded: Vec<u32> = sizes.iter().map(|&s| s * 2).collect();
+            let _ = lognormal_sizes;
+            let mut forms = planner(
+                epochs.clone(),
+                &sizes,
+                &decoded,
+                capacity,
+                FormChoice::Encoded,
+                COSTS,
+            );
+            let (mut ev_a, mut ev_b) = (Vec::new(), Vec::new());
+            while let Some(a) = reuse.next(&mut ev_a).unwrap() {
+                let b = forms.next(&mut ev_b).unwrap().unwrap();
+                assert_eq!(a.hit, b.outcome.hit.is_some(), "at {}", a.position);
+                let kept_before_and_after = a.hit && !ev_a.contains(&a.sample);
+                assert_eq!(
+                    a.admitted || kept_before_and_after,
+                    b.outcome.kept.is_some(),
+                    "at {}",
+                    a.position
+                );
+                assert!(b.outcome.kept.is_none_or(|f| f == Form::Encoded));
+                ev_a.sort_unstable();
+                ev_b.sort_unstable();
+                assert_eq!(ev_a, ev_b, "at {}", a.position);
+            }
+            assert!(forms.next(&mut ev_b).unwrap().is_none());
+        }
+    }
+
+    #[test]
+    fn where_decoding_dominates_auto_keeps_decoded_and_where_reads_do_encoded() {
+        // Four samples of 10 encoded and 30 decoded bytes, room for two decoded or six
+        // encoded: every form fits once, so the costs alone choose.
+        let epochs = vec![vec![0, 1, 2, 3], vec![3, 2, 1, 0], vec![0, 1, 2, 3]];
+        let run = |costs| {
+            let mut p = planner(
+                epochs.clone(),
+                &[10; 4],
+                &[30; 4],
+                60,
+                FormChoice::Auto,
+                costs,
+            );
+            let stats = p.run_to_end().unwrap();
+            stats.hits
+        };
+        let decode_bound = FormCosts {
+            read_s: 0.1,
+            read_per_byte_s: 0.0,
+            decode_s: 2.0,
+            decode_per_byte_s: 0.0,
+        };
+        let read_bound = FormCosts {
+            read_s: 9.0,
+            decode_s: 1.0,
+            ..decode_bound
+        };
+        let [encoded, decoded] = run(decode_bound);
+        assert!(
+            decoded > 0 && encoded == 0,
+            "{encoded} encoded, {decoded} decoded hits"
+        );
+        let [encoded, decoded] = run(read_bound);
+        assert!(
+            encoded > 0 && decoded == 0,
+            "{encoded} encoded, {decoded} decoded hits"
+        );
+    }
 }

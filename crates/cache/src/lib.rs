@@ -10,7 +10,10 @@
 //! - [`Store`] holds what the cache keeps of each sample, never over capacity.
 //! - [`ClusterPlanner`] plans the nodes' caches of a multi-node job as one (see [`PeerPlanKind`]).
 //! - [`trace`] parses and replays `SAMPLE_ID SIZE_BYTES` traces (the `lobster replay`
-//!   command); [`gen`] makes shuffled multi-epoch streams for benches and tests.
+//!   command).
+//!
+//! The exhaustive optima that check the cluster plan and the two-form rule, and the shuffled
+//! streams of the tests and benches, are in the `lobster-testkit` crate.
 //!
 //! Pure logic: no I/O, no threads of its own, no `unsafe`.
 //!
@@ -50,9 +53,6 @@ mod reuse;
 mod static_;
 mod store;
 
-pub mod cluster_optimum;
-pub mod forms_optimum;
-pub mod gen;
 pub mod trace;
 
 #[cfg(any(test, fuzzing))]
@@ -80,22 +80,6 @@ pub use store::Store;
 #[cfg(fuzzing)]
 pub fn fuzz_check(data: &[u8]) {
     check::check_bytes(data);
-}
-
-/// Checker run by the two-form fuzz target: arbitrary bytes as a small stream, both size
-/// tables, a budget, a choice and costs; panics if the two-form rule breaks an invariant
-/// or saves more than the exhaustive optimum.
-#[cfg(fuzzing)]
-pub fn fuzz_check_forms(data: &[u8]) {
-    forms_optimum::check_form_bytes(data);
-}
-
-/// Checker run by the cluster fuzz target: arbitrary bytes as a small multi-node job; panics
-/// if the cluster plan breaks an invariant, differs from its naive model, or reads less than
-/// the exhaustive optimum.
-#[cfg(fuzzing)]
-pub fn fuzz_check_cluster(data: &[u8]) {
-    cluster_optimum::check_cluster_bytes(data);
 }
 
 /// Checker run by the trace fuzz target: arbitrary bytes parsed as a trace never panic, and a

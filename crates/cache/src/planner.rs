@@ -274,8 +274,8 @@ mod tests {
 
     #[test]
     fn a_store_mirroring_the_decisions_never_refuses_and_always_has_the_hits() {
-        use crate::gen::{lognormal_sizes, ShuffledStream};
         use crate::Store;
+        use lobster_testkit::gen::{lognormal_sizes, ShuffledStream};
         let sizes: Arc<[u32]> = lognormal_sizes(300, 2000.0, 0.7, 5).into();
         let total: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
         for kind in PolicyKind::ALL {
@@ -286,7 +286,8 @@ mod tests {
                 node: 1,
                 seed: 3,
             };
-            let mut planner = Planner::new(stream, sizes.clone(), total / 8, kind).unwrap();
+            let source = VecSource::new(stream.to_epochs());
+            let mut planner = Planner::new(source, sizes.clone(), total / 8, kind).unwrap();
             let mut store: Store<bytes::Bytes> = Store::new(total / 8);
             let mut evicted = Vec::new();
             while let Some(d) = planner.next(&mut evicted).unwrap() {

@@ -213,10 +213,10 @@ fn a_missing_dataset_is_named() {
 }
 
 /// PyTorch's own `DistributedSampler` output, vendored with its provenance in
-/// `tests/data/README.md`: the expectations come from outside this repository.
+/// `crates/lobster/tests/data/README.md`: the expectations come from outside this repository.
 const TORCH_SAMPLER_JSON: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../tests/data/torch_sampler.json"
+    "/../lobster/tests/data/torch_sampler.json"
 );
 
 #[test]

@@ -29,20 +29,18 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Sample `i`'s bytes: its id, repeated, a length that varies.
+/// Sample `i`'s bytes: its id, repeated, a length that varies. Smaller than the kit's
+/// `content`, so that a batch fits the node's slots.
 fn content(i: u32) -> Vec<u8> {
     let mut v = i.to_le_bytes().to_vec();
     v.resize(64 + (i as usize * 37) % 900, (i % 251) as u8);
     v
 }
 
+/// An ImageFolder of [`content`] in `dir/data`, 3 classes.
 fn make_dataset(dir: &Path) -> PathBuf {
     let root = dir.join("data");
-    for i in 0..SAMPLES {
-        let class = root.join(format!("c{}", i % 3));
-        std::fs::create_dir_all(&class).unwrap();
-        std::fs::write(class.join(format!("{i:04}.jpg")), content(i)).unwrap();
-    }
+    lobster_testkit::data::write_image_folder(&root, SAMPLES, 3, content);
     root
 }
 

@@ -11,7 +11,14 @@ from PIL import Image
 
 import lobster_io
 
-VECTORS = pathlib.Path(__file__).resolve().parents[3] / "tests" / "data" / "torch_sampler.json"
+VECTORS = (
+    pathlib.Path(__file__).resolve().parents[3]
+    / "crates"
+    / "lobster"
+    / "tests"
+    / "data"
+    / "torch_sampler.json"
+)
 
 
 def make_folder(root, n, classes, size=(40, 30), seed=0):

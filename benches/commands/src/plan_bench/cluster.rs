@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use lobster_cache::gen::lognormal_sizes;
 use lobster_cache::{
     Assign, ClusterConfig, ClusterLayout, ClusterPlanner, ClusterStats, PeerPlanKind,
 };
 use lobster_io::{DistributedSampler, EpochOrder, SamplerOrders};
+use lobster_testkit::gen::lognormal_sizes;
 use serde::{Deserialize, Serialize};
 
 /// Which mode the cluster plan runs in.

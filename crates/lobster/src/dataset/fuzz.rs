@@ -148,6 +148,8 @@ pub(crate) fn check_table(data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    // Bytes only: the kit links its own build of this crate.
+    use lobster_testkit::data::ustar;
 
     /// A small deterministic generator (xorshift64*).
     struct Rng(u64);
@@ -186,26 +188,6 @@ mod tests {
                 _ => out[at] = b"0123456789"[rng.below(10) as usize],
             }
         }
-        out
-    }
-
-    fn ustar(members: &[(&str, &[u8])]) -> Vec<u8> {
-        let mut out = Vec::new();
-        for (name, bytes) in members {
-            let mut h = [0u8; 512];
-            h[..name.len()].copy_from_slice(name.as_bytes());
-            h[100..108].copy_from_slice(b"0000644\0");
-            h[124..136].copy_from_slice(format!("{:011o}\0", bytes.len()).as_bytes());
-            h[156] = b'0';
-            h[257..263].copy_from_slice(b"ustar\0");
-            h[148..156].fill(b' ');
-            let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
-            h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
-            out.extend_from_slice(&h);
-            out.extend_from_slice(bytes);
-            out.resize(out.len().next_multiple_of(512), 0);
-        }
-        out.resize(out.len() + 1024, 0);
         out
     }
 

@@ -6,18 +6,17 @@
 //! One test in its own binary: it counts the process's threads and descriptors, which tests
 //! running beside it would change.
 
-mod common;
-
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{content, fds, guarded, make_dataset, threads, Watchdog};
 use lobster_io::Backend;
 use lobster_io::{
     Dataset, Error, Execution, FailureBudget, FaultInjection, Loader, LoaderBuilder, OnError,
     StorageEmulation,
 };
+use lobster_testkit::data::{content, make_dataset};
+use lobster_testkit::process::{fds, guarded, threads, Watchdog};
 
 const SAMPLES: u32 = 200;
 const RANKS: usize = 2;

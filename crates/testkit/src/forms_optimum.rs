@@ -10,11 +10,12 @@
 
 use std::sync::Arc;
 
-use crate::forms::{Form, FormChoice, FormCosts, FormPlanner, FormPolicy};
+use lobster_cache::{
+    CacheError, Form, FormChoice, FormCosts, FormPlanner, FormPolicy, SampleId, VecSource, NEVER,
+};
+
 use crate::gen::FormCase;
-use crate::index::VecSource;
-use crate::policy::NEVER;
-use crate::{CacheError, SampleId};
+use crate::OracleError;
 
 /// The most intervals [`optimal_saving_s`] searches (3 choices each).
 pub const MAX_INTERVALS: usize = 16;
@@ -33,8 +34,8 @@ struct Interval {
 /// at most `capacity_bytes` cached at any position, by `costs`.
 ///
 /// # Errors
-/// [`CacheError::SampleOutOfRange`] for a sample without sizes;
-/// [`CacheError::TooManyIntervals`] for a stream of more than [`MAX_INTERVALS`] reuses.
+/// [`OracleError::Cache`] of [`CacheError::SampleOutOfRange`] for a sample without sizes;
+/// [`OracleError::TooManyIntervals`] for a stream of more than [`MAX_INTERVALS`] reuses.
 pub fn optimal_saving_s(
     epochs: &[Vec<SampleId>],
     encoded: &[u32],
@@ -42,7 +43,7 @@ pub fn optimal_saving_s(
     capacity_bytes: u64,
     choice: FormChoice,
     costs: &FormCosts,
-) -> Result<f64, CacheError> {
+) -> Result<f64, OracleError> {
     let stream: Vec<(u32, SampleId)> = epochs
         .iter()
         .enumerate()
@@ -54,7 +55,8 @@ pub fn optimal_saving_s(
             sample,
             epoch,
             num_samples: n,
-        });
+        }
+        .into());
     }
     let mut next = vec![NEVER; stream.len()];
     let mut seen = vec![NEVER; n];
@@ -85,7 +87,7 @@ pub fn optimal_saving_s(
         });
     }
     if intervals.len() > MAX_INTERVALS {
-        return Err(CacheError::TooManyIntervals {
+        return Err(OracleError::TooManyIntervals {
             intervals: intervals.len(),
             max: MAX_INTERVALS,
         });
@@ -132,8 +134,9 @@ impl Search<'_> {
             self.best = saved;
             return;
         };
-        for f in Form::ALL {
-            let Some((size, saving)) = iv.options[f.index()] else {
+        // `options` follows `Form::ALL`.
+        for (option, f) in iv.options.into_iter().zip(Form::ALL) {
+            let Some((size, saving)) = option else {
                 continue;
             };
             let after_decoded = iv.previous.and_then(|p| self.chosen[p]) == Some(Form::Decoded);
@@ -206,8 +209,8 @@ pub fn rule_savings_s(case: &FormCase) -> Result<[f64; 3], CacheError> {
 /// Runs the rule and the exhaustive search on `case` for every choice.
 ///
 /// # Errors
-/// As [`optimal_saving_s`].
-pub fn compare(case: &FormCase) -> Result<Comparison, CacheError> {
+/// As [`optimal_saving_s`], and [`rule_savings_s`]'s in [`OracleError::Cache`].
+pub fn compare(case: &FormCase) -> Result<Comparison, OracleError> {
     let rule_s = rule_savings_s(case)?;
     let mut optimum_s = [0.0; 3];
     for (best, choice) in optimum_s.iter_mut().zip(FormChoice::ALL) {
@@ -229,8 +232,7 @@ pub fn compare(case: &FormCase) -> Result<Comparison, CacheError> {
 /// not allow or a decoded size of 0, an eviction of a sample not cached, bytes over the
 /// budget or apart from what is cached, decisions that differ between two runs, or (where
 /// the stream is short enough) a saving above the exhaustive optimum's.
-#[cfg(any(test, fuzzing))]
-pub(crate) fn check_form_bytes(data: &[u8]) {
+pub fn check_form_bytes(data: &[u8]) {
     let mut it = data.iter().copied();
     let mut byte = || it.next().unwrap_or(0);
     let num_samples = 1 + usize::from(byte() % 8);
@@ -328,274 +330,5 @@ pub(crate) fn check_form_bytes(data: &[u8]) {
             saved_s <= best * (1.0 + 1e-9) + 1e-9,
             "the rule saved {saved_s} over the optimum's {best}"
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::gen::{lognormal_sizes, CostRegime, ShuffledStream};
-    use crate::{Planner, PolicyKind, StreamSource};
-
-    const COSTS: FormCosts = FormCosts {
-        read_s: 1.0,
-        read_per_byte_s: 0.0,
-        decode_s: 4.0,
-        decode_per_byte_s: 0.0,
-    };
-
-    fn planner(
-        epochs: Vec<Vec<SampleId>>,
-        encoded: &[u32],
-        decoded: &[u32],
-        capacity_bytes: u64,
-        choice: FormChoice,
-        costs: FormCosts,
-    ) -> FormPlanner<VecSource> {
-        let policy = FormPolicy::new(
-            encoded.to_vec().into(),
-            decoded.to_vec().into(),
-            capacity_bytes,
-            choice,
-            costs,
-        )
-        .unwrap();
-        FormPlanner::new(VecSource::new(epochs), policy)
-    }
-
-    #[test]
-    fn one_form_of_one_size_decides_exactly_as_the_reuse_policy() {
-        let sizes = vec![3000u32; 400];
-        let total: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
-        let stream = ShuffledStream {
-            num_samples: 400,
-            epochs: 5,
-            nodes: 2,
-            node: 1,
-            seed: 4,
-        };
-        let epochs: Vec<Vec<SampleId>> = (0..5)
-            .map(|e| {
-                let mut v = Vec::new();
-                stream.fill_epoch(e, &mut v);
-                v
-            })
-            .collect();
-        for capacity in [total / 20, total / 5, total / 2] {
-            let sizes: Arc<[u32]> = sizes.clone().into();
-            let mut reuse = Planner::new(
-                VecSource::new(epochs.clone()),
-                sizes.clone(),
-                capacity,
-                PolicyKind::Reuse,
-            )
-            .unwrap();
-            // Decoded sizes that would be the better form, were they allowed.
-            let decoded: Vec<u32> = sizes.iter().map(|&s| s * 2).collect();
-            let _ = lognormal_sizes;
-            let mut forms = planner(
-                epochs.clone(),
-                &sizes,
-                &decoded,
-                capacity,
-                FormChoice::Encoded,
-                COSTS,
-            );
-            let (mut ev_a, mut ev_b) = (Vec::new(), Vec::new());
-            while let Some(a) = reuse.next(&mut ev_a).unwrap() {
-                let b = forms.next(&mut ev_b).unwrap().unwrap();
-                assert_eq!(a.hit, b.outcome.hit.is_some(), "at {}", a.position);
-                let kept_before_and_after = a.hit && !ev_a.contains(&a.sample);
-                assert_eq!(
-                    a.admitted || kept_before_and_after,
-                    b.outcome.kept.is_some(),
-                    "at {}",
-                    a.position
-                );
-                assert!(b.outcome.kept.is_none_or(|f| f == Form::Encoded));
-                ev_a.sort_unstable();
-                ev_b.sort_unstable();
-                assert_eq!(ev_a, ev_b, "at {}", a.position);
-            }
-            assert!(forms.next(&mut ev_b).unwrap().is_none());
-        }
-    }
-
-    #[test]
-    fn the_rule_never_beats_the_optimum_and_comes_close_to_it() {
-        let mut worst = [1.0f64; 3];
-        let mut sum = [0.0f64; 3];
-        let cases = 400;
-        for seed in 0..cases {
-            let case = FormCase::small(seed, 10);
-            let c = compare(&case).unwrap();
-            for (i, choice) in FormChoice::ALL.into_iter().enumerate() {
-                assert!(
-                    c.rule_s[i] <= c.optimum_s[i] * (1.0 + 1e-9) + 1e-9,
-                    "seed {seed} {choice}: the rule saved {} over the optimum's {}",
-                    c.rule_s[i],
-                    c.optimum_s[i]
-                );
-                let r = c.ratio(choice);
-                worst[i] = worst[i].min(r);
-                sum[i] += r;
-            }
-        }
-        let mean = sum.map(|s| s / cases as f64);
-        eprintln!("rule / optimum over {cases} cases: mean {mean:?}, worst {worst:?}");
-        // Bounds under the figures measured (docs/benchmarks/decoded-tier.md): a change that
-        // makes the rule worse on these seeded cases fails here.
-        for (i, choice) in FormChoice::ALL.into_iter().enumerate() {
-            assert!(mean[i] >= MEAN_BOUND[i], "{choice}: mean {}", mean[i]);
-            assert!(worst[i] >= WORST_BOUND[i], "{choice}: worst {}", worst[i]);
-        }
-    }
-
-    /// Measured 2026-12-02 (encoded, decoded, auto): mean 0.981, 0.943, 0.930; worst 0.481,
-    /// 0.392, 0.374.
-    const MEAN_BOUND: [f64; 3] = [0.97, 0.93, 0.92];
-    const WORST_BOUND: [f64; 3] = [0.45, 0.35, 0.35];
-
-    #[test]
-    fn on_training_streams_auto_is_never_3_percent_below_the_better_single_form() {
-        for regime in CostRegime::ALL {
-            for percent in [10, 25, 50, 100] {
-                let case = FormCase::training(300, 3, 3.0, regime, percent, 5);
-                let [encoded, decoded, auto] = rule_savings_s(&case).unwrap();
-                let single = encoded.max(decoded);
-                assert!(
-                    auto >= 0.97 * single,
-                    "{regime:?} at {percent}%: auto saved {auto}, encoded {encoded}, decoded {decoded}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn a_decoded_hit_is_never_kept_encoded_and_the_budget_holds() {
-        for seed in 0..200 {
-            let case = FormCase::small(seed, 30);
-            let mut p = planner(
-                case.epochs.clone(),
-                &case.encoded,
-                &case.decoded,
-                case.capacity_bytes,
-                FormChoice::Auto,
-                case.costs,
-            );
-            let mut mirror = vec![None; case.encoded.len()];
-            let mut evicted = Vec::new();
-            while let Some(d) = p.next(&mut evicted).unwrap() {
-                assert_eq!(d.outcome.hit, mirror[d.sample as usize], "seed {seed}");
-                if d.outcome.hit == Some(Form::Decoded) {
-                    assert_ne!(d.outcome.kept, Some(Form::Encoded), "seed {seed}");
-                }
-                mirror[d.sample as usize] = d.outcome.kept;
-                for &e in &evicted {
-                    if e != d.sample {
-                        assert!(mirror[e as usize].is_some(), "seed {seed}: {e} not cached");
-                        mirror[e as usize] = None;
-                    }
-                }
-                let used: u64 = mirror
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(s, f)| {
-                        f.map(|f| {
-                            u64::from(match f {
-                                Form::Encoded => case.encoded[s],
-                                Form::Decoded => case.decoded[s],
-                            })
-                        })
-                    })
-                    .sum();
-                assert_eq!(used, p.policy().used_bytes(), "seed {seed}");
-                assert!(used <= case.capacity_bytes, "seed {seed}");
-            }
-        }
-    }
-
-    #[test]
-    fn where_decoding_dominates_auto_keeps_decoded_and_where_reads_do_encoded() {
-        // Four samples of 10 encoded and 30 decoded bytes, room for two decoded or six
-        // encoded: every form fits once, so the costs alone choose.
-        let epochs = vec![vec![0, 1, 2, 3], vec![3, 2, 1, 0], vec![0, 1, 2, 3]];
-        let run = |costs| {
-            let mut p = planner(
-                epochs.clone(),
-                &[10; 4],
-                &[30; 4],
-                60,
-                FormChoice::Auto,
-                costs,
-            );
-            let stats = p.run_to_end().unwrap();
-            stats.hits
-        };
-        let decode_bound = FormCosts {
-            read_s: 0.1,
-            read_per_byte_s: 0.0,
-            decode_s: 2.0,
-            decode_per_byte_s: 0.0,
-        };
-        let read_bound = FormCosts {
-            read_s: 9.0,
-            decode_s: 1.0,
-            ..decode_bound
-        };
-        let [encoded, decoded] = run(decode_bound);
-        assert!(
-            decoded > 0 && encoded == 0,
-            "{encoded} encoded, {decoded} decoded hits"
-        );
-        let [encoded, decoded] = run(read_bound);
-        assert!(
-            encoded > 0 && decoded == 0,
-            "{encoded} encoded, {decoded} decoded hits"
-        );
-    }
-
-    #[test]
-    fn seeded_random_bytes_keep_every_invariant() {
-        use rand::rngs::StdRng;
-        use rand::{Rng, SeedableRng};
-        let mut rng = StdRng::seed_from_u64(0xF0F0);
-        for _ in 0..2000 {
-            let len = rng.gen_range(0..48);
-            let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
-            check_form_bytes(&data);
-        }
-    }
-
-    #[test]
-    fn names_costs_and_tables_are_checked() {
-        for c in FormChoice::ALL {
-            assert_eq!(c.as_str().parse::<FormChoice>().unwrap(), c);
-        }
-        let e = "raw".parse::<FormChoice>().unwrap_err().to_string();
-        assert!(e.contains("\"raw\""), "{e}");
-        let bad = FormCosts {
-            decode_per_byte_s: f64::NAN,
-            ..COSTS
-        };
-        let e = FormPolicy::new(vec![1].into(), vec![1].into(), 10, FormChoice::Auto, bad)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("decode_per_byte_s"), "{e}");
-        let e = FormPolicy::new(
-            vec![1].into(),
-            vec![1, 2].into(),
-            10,
-            FormChoice::Auto,
-            COSTS,
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("2 samples"), "{e}");
-        let long = vec![vec![0, 1, 2, 3, 4, 5, 6, 7, 8]; 3];
-        let e = optimal_saving_s(&long, &[1; 9], &[1; 9], 9, FormChoice::Auto, &COSTS)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("18 reuse intervals"), "{e}");
     }
 }

@@ -3,12 +3,12 @@
 //! waits for the slowest rank), errors as the iterator gives them, and a dropped stream
 //! detaching its rank.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::{assert_delivered, guarded, make_dataset, rank_plan, run_ranks, Shape};
 use lobster_io::{Batch, CachePolicy, Dataset, Loader, LoaderBuilder};
+use lobster_testkit::data::make_dataset;
+use lobster_testkit::loader::{assert_delivered, rank_plan, run_ranks, Shape};
+use lobster_testkit::process::guarded;
 
 const RANKS: usize = 4;
 const BATCH: usize = 5;

@@ -4,8 +4,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-use crate::index::StreamSource;
-use crate::SampleId;
+use lobster_cache::{FormCosts, SampleId, StreamSource};
 
 /// Every epoch a fresh permutation of `0..num_samples` (seeded by `seed` and the epoch);
 /// node `node` of `nodes` sees the permutation's indices `node, node + nodes, ...`.
@@ -46,6 +45,20 @@ impl StreamSource for ShuffledStream {
     }
 }
 
+impl ShuffledStream {
+    /// Every epoch of the stream, as plain ids (what a test of a second build of
+    /// lobster-cache, which has its own `StreamSource`, can take).
+    pub fn to_epochs(&self) -> Vec<Vec<SampleId>> {
+        (0..self.epochs)
+            .map(|e| {
+                let mut v = Vec::new();
+                self.fill_epoch(e, &mut v);
+                v
+            })
+            .collect()
+    }
+}
+
 /// `n` sizes drawn from a log-normal distribution with the given median and shape `sigma`
 /// (of the underlying normal), clamped to `1..=u32::MAX`.
 pub fn lognormal_sizes(n: usize, median_bytes: f64, sigma: f64, seed: u64) -> Vec<u32> {
@@ -74,7 +87,7 @@ pub struct FormCase {
     /// Between the largest encoded sample and the whole decoded set.
     pub capacity_bytes: u64,
     /// Read and decode costs, each 0.1 to 10 seconds fixed plus up to 1 per byte.
-    pub costs: crate::FormCosts,
+    pub costs: FormCosts,
 }
 
 impl FormCase {
@@ -101,7 +114,7 @@ impl FormCase {
             })
             .collect();
         let mut cost = || rng.gen_range(0.1..10.0);
-        let costs = crate::FormCosts {
+        let costs = FormCosts {
             read_s: cost(),
             read_per_byte_s: cost() / 10.0,
             decode_s: cost(),
@@ -138,14 +151,14 @@ impl CostRegime {
     ];
 
     /// The regime's costs.
-    pub fn costs(self) -> crate::FormCosts {
+    pub fn costs(self) -> FormCosts {
         let decode = (20e-6, 16e-9);
         let (read_s, read_per_byte_s) = match self {
             CostRegime::DecodeBound => (100e-6, 1e-9),
             CostRegime::Balanced => (1e-3, 4e-9),
             CostRegime::ReadBound => (8e-3, 8e-9),
         };
-        crate::FormCosts {
+        FormCosts {
             read_s,
             read_per_byte_s,
             decode_s: decode.0,

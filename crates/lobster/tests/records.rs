@@ -2,13 +2,12 @@
 //! files at unaligned offsets are delivered byte for byte on every read path, and a range
 //! its file does not hold fails naming the sample.
 
-mod common;
-
 use std::path::Path;
 use std::sync::Arc;
 
-use common::{content, rank_plan, run_ranks, Shape};
 use lobster_io::{CachePolicy, Dataset, LoaderBuilder, ResidentReads, SampleRecord};
+use lobster_testkit::data::content;
+use lobster_testkit::loader::{rank_plan, run_ranks, Shape};
 
 const SHAPE: Shape = Shape {
     nodes: 1,

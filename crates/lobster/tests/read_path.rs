@@ -2,15 +2,14 @@
 //! cache holds them, by the dispatcher otherwise, and says so in its metrics. Samples the
 //! cache admits that the page cache holds stay there, until the page cache lets them go.
 
-mod common;
-
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Barrier};
 
-use common::{make_dataset, rank_plan, run_ranks, Shape};
 use lobster_io::{
     CachePolicy, CacheStore, Dataset, LoaderBuilder, Mode, ReadPath, ResidentReads, RunMetrics,
 };
+use lobster_testkit::data::make_dataset;
+use lobster_testkit::loader::{rank_plan, run_ranks, Shape};
 
 const SHAPE: Shape = Shape {
     nodes: 1,

@@ -2,15 +2,13 @@
 //! the inputs, not of how fast the machine decoded at build; and a second open of a dataset
 //! with the decoded tier reads no image, its headers kept in the dataset's table or indexes.
 
-mod common;
-
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use common::ustar;
 use lobster_io::{CachePolicy, Dataset, FormChoice, LoaderBuilder, RunMetrics, StorageEmulation};
+use lobster_testkit::data::ustar;
 
 /// A noisy RGB JPEG of `w` x `h` (noise keeps the encoded size near the decoded one's
 /// share a real photo has).

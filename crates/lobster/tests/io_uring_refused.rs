@@ -10,9 +10,6 @@
 //! The filter is a BPF program over x86_64 system call numbers; elsewhere the test says it
 //! was skipped and why.
 
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-mod common;
-
 #[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
 #[test]
 fn with_io_uring_refused_by_seccomp_the_loader_runs_on_pread_and_says_so_once() {
@@ -30,9 +27,10 @@ fn with_io_uring_refused_by_seccomp_the_loader_runs_on_pread_and_says_so_once() 
 mod x86_64_linux {
     use std::sync::{Arc, Mutex};
 
-    use super::common::{assert_delivered, make_dataset, rank_plan, run_ranks, Shape};
     use lobster_io::{ActiveBackend, Backend};
     use lobster_io::{Dataset, Execution, Loader, LoaderBuilder};
+    use lobster_testkit::data::make_dataset;
+    use lobster_testkit::loader::{assert_delivered, rank_plan, run_ranks, Shape};
 
     const SHAPE: Shape = Shape {
         nodes: 2,

@@ -4,18 +4,17 @@
 //! for a truncated archive, a key split across shards, a duplicate member and a missing
 //! label; labels from `.json` members; shard indexes kept and reused.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use common::{run_ranks, ustar};
 use lobster_io::{CachePolicy, Dataset, LoaderBuilder};
+use lobster_testkit::data::ustar;
+use lobster_testkit::loader::run_ranks;
 use serde_json::Value;
 
 fn tars() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/tars")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tars")
 }
 
 fn listing(shard: &str) -> Vec<(String, u64, u64, u32)> {

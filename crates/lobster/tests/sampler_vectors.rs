@@ -4,7 +4,7 @@ use lobster_io::{torch_randperm, DistributedSampler, EpochOrder};
 use serde_json::Value;
 
 fn vectors() -> Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/data/torch_sampler.json");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/torch_sampler.json");
     let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("the PyTorch vectors at {path} are required: {e}"));
     serde_json::from_str(&text).expect("vectors are JSON")

@@ -17,10 +17,12 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::cluster::{ClusterConfig, ClusterLayout, ClusterPlanner, PeerPlanKind, Served};
-use crate::index::{StreamSource, VecSource};
-use crate::policy::NEVER;
-use crate::{CacheError, SampleId};
+use lobster_cache::{
+    CacheError, ClusterConfig, ClusterLayout, ClusterPlanner, PeerPlanKind, Planner, PolicyKind,
+    SampleId, Served, StreamSource, VecSource, NEVER,
+};
+
+use crate::OracleError;
 
 /// The most intervals [`optimal_storage_bytes`] searches (2 choices each).
 pub const MAX_INTERVALS: usize = 18;
@@ -51,21 +53,23 @@ fn next_uses(stream: &[(u16, SampleId)]) -> Vec<u64> {
 /// pooled cache of `nodes * capacity_bytes` if `pooled`.
 ///
 /// # Errors
-/// [`CacheError::SampleOutOfRange`] for a sample without a size (epoch 0 is reported);
-/// [`CacheError::TooManyIntervals`] for a stream of more than [`MAX_INTERVALS`] reuses.
+/// [`OracleError::Cache`] of [`CacheError::SampleOutOfRange`] for a sample without a size
+/// (epoch 0 is reported);
+/// [`OracleError::TooManyIntervals`] for a stream of more than [`MAX_INTERVALS`] reuses.
 pub fn optimal_storage_bytes(
     stream: &[(u16, SampleId)],
     sizes: &[u32],
     nodes: usize,
     capacity_bytes: u64,
     pooled: bool,
-) -> Result<u64, CacheError> {
+) -> Result<u64, OracleError> {
     if let Some(&(_, sample)) = stream.iter().find(|(_, s)| *s as usize >= sizes.len()) {
         return Err(CacheError::SampleOutOfRange {
             sample,
             epoch: 0,
             num_samples: sizes.len(),
-        });
+        }
+        .into());
     }
     let (caches, capacity) = if pooled {
         (1, capacity_bytes.saturating_mul(nodes as u64))
@@ -90,7 +94,7 @@ pub fn optimal_storage_bytes(
         });
     }
     if intervals.len() > MAX_INTERVALS {
-        return Err(CacheError::TooManyIntervals {
+        return Err(OracleError::TooManyIntervals {
             intervals: intervals.len(),
             max: MAX_INTERVALS,
         });
@@ -429,11 +433,11 @@ pub fn check_cluster_case(case: &ClusterCase, batch: usize) -> ClusterComparison
     let (local, local_bytes) = run_checked(case, PeerPlanKind::Node, batch);
     let mut alone: Vec<_> = (0..case.nodes)
         .map(|a| {
-            crate::Planner::new(
+            Planner::new(
                 layout.node(a),
                 sizes.clone(),
                 case.capacity_bytes,
-                crate::PolicyKind::Reuse,
+                PolicyKind::Reuse,
             )
             .unwrap()
         })
@@ -465,8 +469,8 @@ pub fn check_cluster_case(case: &ClusterCase, batch: usize) -> ClusterComparison
     let pooled = optimal_storage_bytes(&stream, &case.sizes, case.nodes, case.capacity_bytes, true);
     let (holder, pooled) = match (holder, pooled) {
         (Ok(h), Ok(p)) => (Some(h), Some(p)),
-        (Err(CacheError::TooManyIntervals { .. }), _)
-        | (_, Err(CacheError::TooManyIntervals { .. })) => (None, None),
+        (Err(OracleError::TooManyIntervals { .. }), _)
+        | (_, Err(OracleError::TooManyIntervals { .. })) => (None, None),
         (Err(e), _) | (_, Err(e)) => panic!("optimum: {e}"),
     };
     assert!(cluster_bytes >= floor_bytes && local_bytes >= floor_bytes);
@@ -542,50 +546,6 @@ pub fn check_cluster_bytes(data: &[u8]) -> ClusterComparison {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::rngs::StdRng;
-    use rand::{Rng, SeedableRng};
-
-    #[test]
-    fn seeded_small_jobs_keep_every_invariant_and_bound() {
-        let mut rng = StdRng::seed_from_u64(0xC1);
-        // Per size kind (unit, varied): jobs searched, cluster plan at the holder-model
-        // optimum, at the pooled optimum, local plan at or below the cluster plan, sum of
-        // cluster / holder optimum, worst.
-        let mut tally = [(0u32, 0u32, 0u32, 0u32, 0.0f64, 1.0f64); 2];
-        for _ in 0..3000 {
-            let data: Vec<u8> = (0..64).map(|_| rng.gen()).collect();
-            let c = check_cluster_bytes(&data);
-            if let (Some(h), Some(p)) = (c.holder_optimum_bytes, c.pooled_optimum_bytes) {
-                let t = &mut tally[usize::from(data[5] % 2)];
-                let ratio = if h == 0 {
-                    1.0
-                } else {
-                    c.cluster_bytes as f64 / h as f64
-                };
-                t.0 += 1;
-                t.1 += u32::from(c.cluster_bytes == h);
-                t.2 += u32::from(c.cluster_bytes == p);
-                t.3 += u32::from(c.local_bytes <= c.cluster_bytes);
-                t.4 += ratio;
-                t.5 = t.5.max(ratio);
-            }
-        }
-        // Most cases are small enough to search, both unit and varied sizes.
-        assert!(tally[0].0 > 1000 && tally[1].0 > 800, "{tally:?}");
-        for (kind, t) in ["unit", "varied"].iter().zip(tally) {
-            eprintln!(
-                "{kind} sizes: {} jobs searched; cluster plan at the holder-model optimum in {}, \
-                 at the pooled optimum in {}, local plan as good in {}; cluster / holder \
-                 optimum mean {:.4}, worst {:.3}",
-                t.0,
-                t.1,
-                t.2,
-                t.3,
-                t.4 / f64::from(t.0),
-                t.5
-            );
-        }
-    }
 
     #[test]
     fn per_node_belady_is_not_the_holder_model_optimum() {
@@ -612,11 +572,11 @@ mod tests {
         let err = optimal_storage_bytes(&[(0, 3)], &[1], 1, 1, false).unwrap_err();
         assert!(matches!(
             err,
-            CacheError::SampleOutOfRange { sample: 3, .. }
+            OracleError::Cache(CacheError::SampleOutOfRange { sample: 3, .. })
         ));
         let long: Vec<(u16, SampleId)> = (0..40).map(|p| (0, p % 2)).collect();
         let err = optimal_storage_bytes(&long, &[1, 1], 1, 1, false).unwrap_err();
-        assert!(matches!(err, CacheError::TooManyIntervals { .. }));
+        assert!(matches!(err, OracleError::TooManyIntervals { .. }));
     }
 
     #[test]
@@ -625,38 +585,5 @@ mod tests {
         let epoch_of = [0, 0, 0, 1, 1];
         // Epoch 0: {0, 1} = 5 bytes, epoch 1: {1, 2} = 7 bytes; pool 2 x 2.
         assert_eq!(floor_bytes(&stream, &epoch_of, &[2, 3, 4], 2, 2), 1 + 3);
-    }
-
-    #[test]
-    fn shuffled_jobs_at_sizes_beyond_the_search_agree_with_the_model() {
-        use crate::gen::lognormal_sizes;
-        for (nodes, ranks, batch_size, frac, batch) in [
-            (4, 2, 3, 0.1, 50),
-            (3, 1, 5, 0.3, 7),
-            (2, 4, 2, 0.05, 1000),
-            (5, 1, 4, 0.4, 33),
-        ] {
-            let n = 61;
-            let sizes = lognormal_sizes(n, 1000.0, 0.6, 7);
-            let total: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
-            let mut rng = StdRng::seed_from_u64(nodes as u64);
-            let orders = (0..4)
-                .map(|_| {
-                    let mut o: Vec<SampleId> = (0..n as SampleId).collect();
-                    rand::seq::SliceRandom::shuffle(&mut o[..], &mut rng);
-                    o
-                })
-                .collect();
-            let case = ClusterCase {
-                orders,
-                sizes,
-                nodes,
-                ranks_per_node: ranks,
-                batch_size,
-                capacity_bytes: (total as f64 * frac) as u64,
-            };
-            let c = check_cluster_case(&case, batch);
-            assert!(c.holder_optimum_bytes.is_none());
-        }
     }
 }

@@ -1,9 +1,8 @@
 //! The loader delivers every planned sample exactly once per epoch per rank, in plan order,
 //! with the right label and bytes; hits and misses do not depend on threads or backends.
 
-mod common;
-
-use common::{content, make_dataset, rank_plan, run_ranks, Shape};
+use lobster_testkit::data::{content, make_dataset};
+use lobster_testkit::loader::{rank_plan, run_ranks, Shape};
 use std::sync::Arc;
 
 use lobster_io::Backend;
@@ -358,7 +357,10 @@ fn the_decode_function_is_told_each_accesss_epoch_cache_hits_too() {
         .build()
         .unwrap();
     let mut seen = 0;
-    for batch in common::run_ranks(&mut loader).into_iter().flatten() {
+    for batch in lobster_testkit::loader::run_ranks(&mut loader)
+        .into_iter()
+        .flatten()
+    {
         let batch = batch.unwrap();
         for s in &batch.samples {
             assert_eq!(s.value, (s.id, batch.epoch));

@@ -3,9 +3,9 @@
 //! with the fail policy each fault surfaces on its rank naming its sample; same seed, same
 //! faults, on both I/O backends and both executions.
 
-mod common;
-
-use common::{content, guarded, make_dataset, rank_plan, run_ranks, Shape};
+use lobster_testkit::data::{content, make_dataset};
+use lobster_testkit::loader::{rank_plan, run_ranks, Shape};
+use lobster_testkit::process::guarded;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 

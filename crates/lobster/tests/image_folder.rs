@@ -9,7 +9,7 @@ use lobster_io::Dataset;
 use serde_json::Value;
 
 fn data(name: &str) -> Value {
-    let path = format!("{}/data/{name}", env!("CARGO_MANIFEST_DIR"));
+    let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("the fixture {path} is required: {e}"));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))

@@ -1,4 +1,5 @@
-"""Writes the tar fixtures of tests/shards.rs with Python's tarfile (an independent writer):
+"""Writes the tar fixtures of crates/lobster/tests/shards.rs with Python's tarfile (an
+independent writer):
 
 - wds-{0..1}.tar: webdataset layout (PAX format, tarfile's default), 3 samples each, keys
   shard-major; sample 1 of shard 0 has a 150-character key (a pax path header).
@@ -9,7 +10,7 @@
 - json.tar: labels from .json members ({"cls": n}, {"label": n}, and .cls beside .json,
   which wins). json_bad.tar: a .json member without either field.
 
-Run: python3 tests/data/tars/make_tars.py (deterministic: fixed mtimes, owners and bytes).
+Run: python3 crates/lobster/tests/data/tars/make_tars.py (deterministic: fixed mtimes, owners and bytes).
 """
 
 import io

@@ -2,16 +2,15 @@
 //! `InProcessNodes`): without faults every planned remote hit is served and every sample
 //! delivered with its bytes; a silent peer's fetches fall back to storage, nothing lost.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::{make_dataset, rank_plan, Shape};
 use lobster_io::net::{InProcessNode, InProcessNodes, Transport};
 use lobster_io::{
     Assign, Batch, CachePolicy, Dataset, Error, Execution, LoaderBuilder, PeerPlanChoice,
     PeerPlanKind, RunMetrics, StorageEmulation,
 };
+use lobster_testkit::data::make_dataset;
+use lobster_testkit::loader::{rank_plan, Shape};
 
 const NODES: usize = 3;
 const RANKS: usize = 2;
@@ -84,7 +83,7 @@ fn run_job_with(
     if let Some(n) = silent {
         nodes[n].silence();
     }
-    let got = common::run_lock_step(&mut loaders, None, |b| b);
+    let got = lobster_testkit::loader::run_lock_step(&mut loaders, None, |b| b);
     got.into_iter()
         .zip(&loaders)
         .map(|(g, l)| (g, l.metrics()))

@@ -2,8 +2,6 @@
 //! (`LoaderBuilder::decode_images`) and collated per rank into `[B, H, W, 3]` buffers from a
 //! fixed number of slots (`ImageBatches`).
 
-mod common;
-
 use std::path::Path;
 use std::sync::Arc;
 
@@ -13,7 +11,7 @@ use lobster_io::{CacheForms, Dataset, LoaderBuilder, Mode};
 
 /// A folder of 3 classes x 4 JPEGs, each a gradient of its own size (so that crops differ).
 fn folder(dir: &Path) -> Arc<Dataset> {
-    common::gradient_jpegs(dir, 12, 3, |i| (20 + 3 * i, 16 + 2 * i), 95)
+    lobster_testkit::data::gradient_jpegs(dir, 12, 3, |i| (20 + 3 * i, 16 + 2 * i), 95)
 }
 
 fn loader(ds: &Arc<Dataset>, transform: Transform, seed: u64) -> lobster_io::Loader<Pixels> {

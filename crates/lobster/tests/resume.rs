@@ -4,8 +4,6 @@
 //! pixels' CRC with augmentation and the decoded tier on). Elastic resumes (8 ranks to 4, 4 to
 //! 8) take every sample of the interrupted epoch once, beyond the sampler's padding.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -52,7 +50,7 @@ fn crc32(crc: u32, bytes: &[u8]) -> u32 {
 
 /// A folder of 4 classes x 10 JPEGs of different sizes, so that crops and flips differ.
 fn jpegs(dir: &Path) -> Arc<Dataset> {
-    common::gradient_jpegs(dir, 40, 4, |i| (24 + i, 18 + (i * 7) % 13), 90)
+    lobster_testkit::data::gradient_jpegs(dir, 40, 4, |i| (24 + i, 18 + (i * 7) % 13), 90)
 }
 
 /// 2 ranks of batch 3 over 40 images, 3 epochs: 7 iterations an epoch, the last of 2.
@@ -198,7 +196,7 @@ fn bytes_loader(
 fn elastic(from: usize, to: usize, k: usize) {
     let dir = tempfile::tempdir().unwrap();
     let samples = 203u32;
-    let ds = common::make_dataset(dir.path(), samples, 3);
+    let ds = lobster_testkit::data::make_dataset(dir.path(), samples, 3);
     let mut old = bytes_loader(&ds, from, None).unwrap();
     let per_epoch = old.iterations_per_epoch();
     let before = take(&mut old, Some(per_epoch + k));
@@ -272,7 +270,7 @@ fn elastic_resume_from_4_ranks_to_8_takes_every_sample_of_the_epoch_once() {
 #[test]
 fn a_state_from_another_job_is_refused_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    let ds = common::make_dataset(dir.path(), 50, 2);
+    let ds = lobster_testkit::data::make_dataset(dir.path(), 50, 2);
     let mut a = bytes_loader(&ds, 2, None).unwrap();
     take(&mut a, Some(2));
     let state = a.state();
@@ -307,7 +305,7 @@ fn a_state_from_another_job_is_refused_naming_the_field() {
             .unwrap_err()
     };
     let other = tempfile::tempdir().unwrap();
-    let err = resumed_on(common::make_dataset(other.path(), 51, 2));
+    let err = resumed_on(lobster_testkit::data::make_dataset(other.path(), 51, 2));
     assert!(
         matches!(
             err,
@@ -320,7 +318,7 @@ fn a_state_from_another_job_is_refused_naming_the_field() {
     );
     // Same count, one file changed: the dataset's digest differs.
     let third = tempfile::tempdir().unwrap();
-    common::make_dataset(third.path(), 50, 2);
+    lobster_testkit::data::make_dataset(third.path(), 50, 2);
     std::fs::write(third.path().join("c0").join("000000.jpg"), b"other bytes").unwrap();
     let err = resumed_on(Arc::new(Dataset::open_image_folder(third.path()).unwrap()));
     assert!(
@@ -338,7 +336,7 @@ fn a_state_from_another_job_is_refused_naming_the_field() {
 #[test]
 fn ranks_saved_at_different_batches_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let ds = common::make_dataset(dir.path(), 50, 2);
+    let ds = lobster_testkit::data::make_dataset(dir.path(), 50, 2);
     let mut a = bytes_loader(&ds, 2, None).unwrap();
     let mut handles = a.ranks().unwrap();
     let mut second = handles.pop().unwrap();
@@ -360,7 +358,7 @@ fn ranks_saved_at_different_batches_are_refused() {
 #[test]
 fn a_damaged_state_file_is_an_error_not_a_fresh_start() {
     let dir = tempfile::tempdir().unwrap();
-    let ds = common::make_dataset(dir.path(), 50, 2);
+    let ds = lobster_testkit::data::make_dataset(dir.path(), 50, 2);
     let mut a = bytes_loader(&ds, 2, None).unwrap();
     take(&mut a, Some(3));
     let json = a.state().to_json();
@@ -420,13 +418,13 @@ fn node_loader(
 #[test]
 fn a_job_of_nodes_with_peers_resumes_exactly_and_serves_every_planned_remote_hit() {
     let dir = tempfile::tempdir().unwrap();
-    let ds = common::make_dataset(dir.path(), 96, 3);
+    let ds = lobster_testkit::data::make_dataset(dir.path(), 96, 3);
     let nodes = lobster_io::net::InProcessNodes::connect(NODES);
     let mut whole: Vec<_> = (0..NODES)
         .map(|n| node_loader(&ds, n, nodes[n].clone(), None))
         .collect();
     let per_epoch = whole[0].iterations_per_epoch();
-    let full = common::run_lock_step(&mut whole, None, |b| seen(&b.unwrap()));
+    let full = lobster_testkit::loader::run_lock_step(&mut whole, None, |b| seen(&b.unwrap()));
     drop(whole);
     for (k, plan) in [
         (per_epoch, lobster_io::PeerPlanKind::Cluster),
@@ -436,7 +434,7 @@ fn a_job_of_nodes_with_peers_resumes_exactly_and_serves_every_planned_remote_hit
         let mut first: Vec<_> = (0..NODES)
             .map(|n| node_loader(&ds, n, nodes[n].clone(), None))
             .collect();
-        common::run_lock_step(&mut first, Some(k), |b| seen(&b.unwrap()));
+        lobster_testkit::loader::run_lock_step(&mut first, Some(k), |b| seen(&b.unwrap()));
         let states: Vec<LoaderState> = first.iter().map(Loader::state).collect();
         drop(first);
         let nodes = lobster_io::net::InProcessNodes::connect(NODES);
@@ -445,7 +443,8 @@ fn a_job_of_nodes_with_peers_resumes_exactly_and_serves_every_planned_remote_hit
             .enumerate()
             .map(|(n, s)| node_loader(&ds, n, nodes[n].clone(), Some(s)))
             .collect();
-        let rest = common::run_lock_step(&mut resumed, None, |b| seen(&b.unwrap()));
+        let rest =
+            lobster_testkit::loader::run_lock_step(&mut resumed, None, |b| seen(&b.unwrap()));
         for (n, (got, want)) in rest.iter().zip(&full).enumerate() {
             assert_eq!(got, &after(want, k), "node {n} resumed after {k}");
             let m = resumed[n].metrics();

@@ -3,7 +3,7 @@ tree in imagefolder_tree.json (classes, their indices, and every sample in order
 relative to the root), and the error it raises when classes have no valid file.
 
 Run from anywhere with torchvision installed:
-    python3 tests/data/torchvision_imagefolder.py
+    python3 crates/lobster/tests/data/torchvision_imagefolder.py
 """
 
 import json

@@ -1,1 +1,0 @@
-//! Integration tests across the lobster-io crates live in this package's `[[test]]` targets.

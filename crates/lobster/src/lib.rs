@@ -129,6 +129,8 @@ pub use metrics::{
     AllocationRecord, CacheForms, CacheStore, ClusterPlanMetrics, FormCostsReport,
     IterationMetrics, Mode, ReadPath, RunMetrics, SkippedSample, ThreadClass,
 };
+// Which peer holds each access's sample, for the plan-bench's figures of its size and start.
+#[cfg(feature = "lab")]
 pub use pipeline::{PeerHolders, PeerHoldersInputs};
 pub use resume::{
     JobFingerprint, LoaderState, Positions, RankPosition, STATE_JSON_MAX_BYTES, STATE_VERSION,

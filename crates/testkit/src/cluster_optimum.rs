@@ -391,12 +391,12 @@ fn run_checked(case: &ClusterCase, mode: PeerPlanKind, batch: usize) -> (Vec<Ste
     (steps, storage)
 }
 
-/// Checks the plan on `case` in both modes with an index batch of `batch` accesses: every
-/// invariant, cluster mode against the naive model, local mode against independent per-node
-/// planners, and both against the exhaustive optima and the floor. Panics on any failure.
-pub fn check_cluster_case(case: &ClusterCase, batch: usize) -> ClusterComparison {
-    let layout = layout_of(case);
-    let sizes: Arc<[u32]> = case.sizes.clone().into();
+/// The global stream of `layout` as (node, sample) pairs and each access's epoch, checked
+/// against each node's view: its share of the global stream, in order.
+fn global_stream(
+    case: &ClusterCase,
+    layout: &ClusterLayout<VecSource>,
+) -> (Vec<(u16, SampleId)>, Vec<u32>) {
     let mut stream = Vec::new();
     let mut epoch_of = Vec::new();
     let view = layout.global();
@@ -423,6 +423,16 @@ pub fn check_cluster_case(case: &ClusterCase, batch: usize) -> ClusterComparison
             .collect();
         assert_eq!(own, share, "node {a}'s stream");
     }
+    (stream, epoch_of)
+}
+
+/// Checks the plan on `case` in both modes with an index batch of `batch` accesses: every
+/// invariant, cluster mode against the naive model, local mode against independent per-node
+/// planners, and both against the exhaustive optima and the floor. Panics on any failure.
+pub fn check_cluster_case(case: &ClusterCase, batch: usize) -> ClusterComparison {
+    let layout = layout_of(case);
+    let sizes: Arc<[u32]> = case.sizes.clone().into();
+    let (stream, epoch_of) = global_stream(case, &layout);
 
     let (cluster, cluster_bytes) = run_checked(case, PeerPlanKind::Cluster, batch);
     let want = reference(&stream, &case.sizes, case.nodes, case.capacity_bytes);

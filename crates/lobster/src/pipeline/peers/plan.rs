@@ -50,6 +50,8 @@ pub struct PeerHoldersInputs {
 }
 
 /// For each access of one node's stream, in canonical order, the peer planned to serve it.
+// What the plan-bench reads of a plan (its size, its start) is public with the lab alone.
+#[cfg_attr(not(feature = "lab"), allow(dead_code))]
 #[derive(Clone, Debug)]
 pub struct PeerHolders {
     holders: Vec<u16>,
@@ -66,6 +68,7 @@ const ORDERS_HELD_MAX_BYTES: usize = 1 << 30;
 /// dataset's samples, so memory grows with them.
 const REPLAY_THREADS_MAX: usize = 4;
 
+#[cfg_attr(not(feature = "lab"), allow(dead_code))]
 impl PeerHolders {
     /// Replays every peer's cache plan and plans the remote sources of `node`'s accesses.
     ///

@@ -60,7 +60,9 @@ impl InProcessNodes {
 }
 
 impl InProcessNode {
-    /// From now on this node answers no fetch: its peers' fetches time out (a fault).
+    /// From now on this node answers no fetch: its peers' fetches time out (a fault; feature
+    /// `lab`).
+    #[cfg(any(test, feature = "lab"))]
     pub fn silence(&self) {
         self.all[self.node].silent.store(true, Ordering::SeqCst);
     }

@@ -74,6 +74,7 @@ enum Command {
         done: Done,
     },
     Serve(Option<Arc<dyn Served>>),
+    #[cfg(feature = "lab")]
     Silence,
 }
 
@@ -180,8 +181,9 @@ impl MpiNodes {
         rx.recv().map_err(|_| NetError::Stopped)?
     }
 
-    /// From now on this node takes its peers' requests and never answers them (a fault, for
-    /// tests): their fetches time out.
+    /// From now on this node takes its peers' requests and never answers them (a fault;
+    /// feature `lab`): their fetches time out.
+    #[cfg(feature = "lab")]
     pub fn silence(&self) -> Result<(), NetError> {
         self.send(Command::Silence)
     }
@@ -434,6 +436,7 @@ impl Loop<'_> {
                 self.queued.entry(peer).or_default().push((sample, done));
             }
             Command::Serve(served) => self.served = served,
+            #[cfg(feature = "lab")]
             Command::Silence => self.silent = true,
         }
     }

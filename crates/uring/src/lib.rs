@@ -82,11 +82,10 @@
 //! tokio-uring could read for an embedder already on tokio, so it was measured against a
 //! `Session` on the same reads at depth 32 (`benches/tokio-uring/run.sh`, a standalone
 //! crate; `docs/benchmarks/tokio-uring.md`). At its best (registered buffers, 32 reads in
-//! flight) it is level: <!-- provisional -->provisional medians of 7 runs on a loaded
-//! 2-vCPU machine (2026-12-07) put tokio-uring / lobster at 0.97, 0.95 and 1.06 in MB/s for
-//! O_DIRECT 4 KiB, O_DIRECT 128 KiB and page-cache 128 KiB reads, 0.96 by path in a held
-//! directory (the engine's way) and 1.13 by full path, signs that flip between passes, and
-//! at 0.99 to 1.08 in CPU per GB<!-- /provisional -->.
+//! flight) it is level: medians of 7 runs each, engines alternating, on a quiet 2-vCPU machine
+//! (2026-12-07) put tokio-uring / lobster at 0.955, 1.004 and 1.003 in MB/s for O_DIRECT
+//! 4 KiB, O_DIRECT 128 KiB and page-cache 128 KiB reads, 1.010 by path in a held directory
+//! (the engine's way) and 1.025 by full path, and at 0.97 to 1.08 in CPU per GB.
 //! No gain of 5% in MB/s or 10% in CPU held up, and it would cost what this crate is for:
 //! tokio-uring panics where no ring can be set up (no pread fallback), runs its own
 //! single-thread runtime (it panics inside another tokio runtime), has no io_depth classes,

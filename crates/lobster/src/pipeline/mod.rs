@@ -16,7 +16,7 @@
 //! fate (emulated tier, injected fault, retry, error), for the dispatcher's reads and the
 //! workers' alike; [`peers`], other nodes' caches (which peer holds each access's sample,
 //! the fetch and its settling, this node's cache as its peers see it); and [`context`], what
-//! never changes (it names `read`'s storage and directories). Each thread is given only what
+//! never changes (it names `read`'s read fates and directories). Each thread is given only what
 //! it touches: [`plan::ForPlanner`], [`io::ForDispatcher`], [`decode::ForWorkers`],
 //! [`deliver::ForRanks`], built here.
 

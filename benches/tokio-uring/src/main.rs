@@ -25,7 +25,7 @@ use std::time::Instant;
 use anyhow::{bail, ensure, Context, Result};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lobster_uring::{
-    block_bytes, ActiveBackend, Backend, OpenOptions, PathRead, ReadRequest, Reader,
+    block_bytes, ActiveBackend, Backend, OpenOptions, PathRead, ReadRequest, Reader, Session,
 };
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -362,96 +362,12 @@ fn run_lobster(args: &Args, data: &Data, plan: &Plan) -> Result<()> {
         "lobster-uring fell back to pread"
     );
     let info = reader.backend().clone();
-    let crcs = plan.crcs(data);
-    let n = plan.index.len();
-    let mut totals = Totals::default();
     let mut session = reader.session()?;
-    let mut done = Vec::with_capacity(args.depth);
-    let (mut next, mut finished) = (0, 0);
-    let clock;
-    if plan.by_path {
-        let dir = if plan.use_dir {
-            Some(Arc::new(lobster_uring::open_dir(&data.files_dir)?))
-        } else {
-            None
-        };
-        let path_read = |i: usize| PathRead {
-            path: data.files[plan.index[i]].clone(),
-            dir: dir.clone(),
-            direct: plan.direct,
-            offset: 0,
-            len: read_len,
-            to_eof: true,
-            class: 0,
-            tag: i as u64,
-        };
-        clock = Clock::start();
-        // Queued without a system call; they reach the kernel with the next wait.
-        while next < n.min(args.depth) {
-            session.queue_path(path_read(next))?;
-            next += 1;
-        }
-        while finished < n {
-            session.wait(1, &mut done)?;
-            for c in done.drain(..) {
-                let i = c.tag as usize;
-                totals.check(
-                    plan,
-                    crcs,
-                    i,
-                    &c.result.with_context(|| format!("read {i}"))?,
-                );
-                finished += 1;
-                if next < n {
-                    session.queue_path(path_read(next))?;
-                    next += 1;
-                }
-            }
-        }
+    let (totals, clock) = if plan.by_path {
+        lobster_by_path(args, data, plan, &mut session, read_len)?
     } else {
-        let file = reader.open(
-            &data.large,
-            OpenOptions {
-                direct: plan.direct,
-            },
-        )?;
-        let request = |i: usize| ReadRequest {
-            file,
-            offset: plan.offset(i),
-            len: plan.len,
-            class: 0,
-            tag: i as u64,
-        };
-        let mut batch: Vec<ReadRequest> = (0..n.min(args.depth)).map(request).collect();
-        clock = Clock::start();
-        ensure!(
-            session.submit_batch(&batch)? == batch.len(),
-            "a first read was refused"
-        );
-        next = batch.len();
-        while finished < n {
-            session.wait(1, &mut done)?;
-            batch.clear();
-            for c in done.drain(..) {
-                let i = c.tag as usize;
-                totals.check(
-                    plan,
-                    crcs,
-                    i,
-                    &c.result.with_context(|| format!("read {i}"))?,
-                );
-                finished += 1;
-                if next < n {
-                    batch.push(request(next));
-                    next += 1;
-                }
-            }
-            ensure!(
-                session.submit_batch(&batch)? == batch.len(),
-                "a read was refused"
-            );
-        }
-    }
+        lobster_ranges(args, data, plan, &reader, &mut session)?
+    };
     let (wall_s, cpu_s) = clock.stop();
     let extra = format!(
         ",\"fixed_buffers\":{},\"direct_descriptors\":{}",
@@ -460,6 +376,121 @@ fn run_lobster(args: &Args, data: &Data, plan: &Plan) -> Result<()> {
     );
     report(args, "session", &extra, &totals, wall_s, cpu_s);
     Ok(())
+}
+
+/// Reads every file of the plan by path, open, read and close linked, `args.depth` in flight,
+/// queued without a system call (they reach the kernel with the next wait); the clock starts
+/// with the first read.
+fn lobster_by_path(
+    args: &Args,
+    data: &Data,
+    plan: &Plan,
+    session: &mut Session,
+    read_len: usize,
+) -> Result<(Totals, Clock)> {
+    let crcs = plan.crcs(data);
+    let n = plan.index.len();
+    let mut totals = Totals::default();
+    let mut done = Vec::with_capacity(args.depth);
+    let (mut next, mut finished) = (0, 0);
+    let dir = if plan.use_dir {
+        Some(Arc::new(lobster_uring::open_dir(&data.files_dir)?))
+    } else {
+        None
+    };
+    let path_read = |i: usize| PathRead {
+        path: data.files[plan.index[i]].clone(),
+        dir: dir.clone(),
+        direct: plan.direct,
+        offset: 0,
+        len: read_len,
+        to_eof: true,
+        class: 0,
+        tag: i as u64,
+    };
+    let clock = Clock::start();
+    while next < n.min(args.depth) {
+        session.queue_path(path_read(next))?;
+        next += 1;
+    }
+    while finished < n {
+        session.wait(1, &mut done)?;
+        for c in done.drain(..) {
+            let i = c.tag as usize;
+            totals.check(
+                plan,
+                crcs,
+                i,
+                &c.result.with_context(|| format!("read {i}"))?,
+            );
+            finished += 1;
+            if next < n {
+                session.queue_path(path_read(next))?;
+                next += 1;
+            }
+        }
+    }
+    Ok((totals, clock))
+}
+
+/// Reads the plan's ranges of the large file, opened once, `args.depth` in flight, each
+/// completion's replacement submitted with the others of its wait; the clock starts with the
+/// first read.
+fn lobster_ranges(
+    args: &Args,
+    data: &Data,
+    plan: &Plan,
+    reader: &Reader,
+    session: &mut Session,
+) -> Result<(Totals, Clock)> {
+    let crcs = plan.crcs(data);
+    let n = plan.index.len();
+    let mut totals = Totals::default();
+    let mut done = Vec::with_capacity(args.depth);
+    let mut finished = 0;
+    let file = reader.open(
+        &data.large,
+        OpenOptions {
+            direct: plan.direct,
+        },
+    )?;
+    let request = |i: usize| ReadRequest {
+        file,
+        offset: plan.offset(i),
+        len: plan.len,
+        class: 0,
+        tag: i as u64,
+    };
+    let mut batch: Vec<ReadRequest> = (0..n.min(args.depth)).map(request).collect();
+    let clock = Clock::start();
+    ensure!(
+        session.submit_batch(&batch)? == batch.len(),
+        "a first read was refused"
+    );
+    let mut next = batch.len();
+    while finished < n {
+        session.wait(1, &mut done)?;
+        batch.clear();
+        for c in done.drain(..) {
+            let i = c.tag as usize;
+            totals.check(
+                plan,
+                crcs,
+                i,
+                &c.result.with_context(|| format!("read {i}"))?,
+            );
+            finished += 1;
+            if next < n {
+                batch.push(request(next));
+                next += 1;
+            }
+        }
+        ensure!(
+            session.submit_batch(&batch)? == batch.len(),
+            "a read was refused"
+        );
+    }
+    Ok((totals, clock))
 }
 
 // ---- tokio-uring: File::open + read_at futures on tokio_uring::start ----

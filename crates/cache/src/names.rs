@@ -1,10 +1,13 @@
 //! One spelling per value of the crate's choice enums: what `Display` writes, `FromStr`
 //! reads (with the aliases older spellings keep working as), and serde writes and reads.
 
-/// Implements `as_str`, `Display`, `FromStr` and, with the `serde` feature, `Serialize` and
-/// `Deserialize` for a unit enum from one table: each variant's canonical name, then the
-/// aliases a parser also accepts. `$err` makes the parse error from the name given.
-macro_rules! names {
+/// Implements `as_str`, `Display` and `FromStr` for a unit enum from one table: each
+/// variant's canonical name, then the aliases a parser also accepts. `$err` makes the parse
+/// error from the name given. Shared with lobster-io's configuration enums, so each spelling
+/// rule is written once.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! choice_names {
     ($ty:ident, $err_ty:ty, $err:expr, {
         $($variant:ident => $name:literal $(| $alias:literal)*,)+
     }) => {
@@ -34,21 +37,36 @@ macro_rules! names {
                 }
             }
         }
+    };
+}
 
-        #[cfg(feature = "serde")]
-        impl serde::Serialize for $ty {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+/// `Serialize` and `Deserialize` for an enum of [`choice_names!`]: its names, as `Display`
+/// writes and `FromStr` reads them.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! choice_serde {
+    ($ty:ident) => {
+        impl ::serde::Serialize for $ty {
+            fn serialize<S: ::serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 s.serialize_str(self.as_str())
             }
         }
 
-        #[cfg(feature = "serde")]
-        impl<'de> serde::Deserialize<'de> for $ty {
-            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        impl<'de> ::serde::Deserialize<'de> for $ty {
+            fn deserialize<D: ::serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
-                s.parse().map_err(serde::de::Error::custom)
+                s.parse().map_err(::serde::de::Error::custom)
             }
         }
+    };
+}
+
+/// [`choice_names!`], and serde with the `serde` feature.
+macro_rules! names {
+    ($ty:ident, $err_ty:ty, $err:expr, { $($table:tt)+ }) => {
+        $crate::choice_names!($ty, $err_ty, $err, { $($table)+ });
+        #[cfg(feature = "serde")]
+        $crate::choice_serde!($ty);
     };
 }
 

@@ -2,53 +2,19 @@
 //! `FromStr` reads (with the aliases older spellings keep working as), and serde writes and
 //! reads.
 
-/// Implements `as_str`, `Display`, `FromStr`, `Serialize` and `Deserialize` for a unit enum
-/// from one table: each variant's canonical name, then the aliases a parser also accepts. A
-/// name that is none of them is [`Error::InvalidParameter`](crate::Error::InvalidParameter)
+/// lobster-cache's [`choice_names!`](lobster_cache::choice_names) and
+/// [`choice_serde!`](lobster_cache::choice_serde) for a unit enum of the configuration: a name
+/// that is none of the table's is [`Error::InvalidParameter`](crate::Error::InvalidParameter)
 /// naming `$parameter` and the names `$allowed`.
 macro_rules! names {
-    ($ty:ident, $parameter:literal, $allowed:literal, {
-        $($variant:ident => $name:literal $(| $alias:literal)*,)+
-    }) => {
-        impl $ty {
-            /// The name [`FromStr`](std::str::FromStr) accepts and
-            /// [`Display`](std::fmt::Display) writes.
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $($ty::$variant => $name,)+
-                }
-            }
-        }
-
-        impl std::fmt::Display for $ty {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-
-        impl std::str::FromStr for $ty {
-            type Err = crate::error::Error;
-
-            fn from_str(s: &str) -> Result<Self, crate::error::Error> {
-                match s {
-                    $($name $(| $alias)* => Ok($ty::$variant),)+
-                    other => Err(crate::error::Error::invalid($parameter, other, $allowed)),
-                }
-            }
-        }
-
-        impl serde::Serialize for $ty {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.serialize_str(self.as_str())
-            }
-        }
-
-        impl<'de> serde::Deserialize<'de> for $ty {
-            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                let s = String::deserialize(d)?;
-                s.parse().map_err(serde::de::Error::custom)
-            }
-        }
+    ($ty:ident, $parameter:literal, $allowed:literal, { $($table:tt)+ }) => {
+        lobster_cache::choice_names!(
+            $ty,
+            crate::error::Error,
+            |other: &str| crate::error::Error::invalid($parameter, other, $allowed),
+            { $($table)+ }
+        );
+        lobster_cache::choice_serde!($ty);
     };
 }
 

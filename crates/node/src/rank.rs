@@ -271,11 +271,6 @@ impl NodeRank {
                 our_uid: cred::our_uid(),
             });
         }
-        let gone = |reason: String| NodeError::HostGone {
-            address: address.clone(),
-            pid: host.pid,
-            reason,
-        };
         let hello = ToHost::Hello {
             local_rank: env.local_rank as u32,
             pid: std::process::id(),
@@ -317,7 +312,7 @@ impl NodeRank {
         stream
             .set_read_timeout(None)
             .and_then(|()| stream.set_write_timeout(None))
-            .map_err(|e| gone(format!("clearing the timeouts: {e}")))?;
+            .map_err(|e| at.gone(format!("clearing the timeouts: {e}")))?;
         let fd = fd.ok_or_else(|| NodeError::Protocol {
             reason: "the welcome came without the arena".into(),
         })?;

@@ -89,7 +89,7 @@ impl<T> Loader<T> {
         {
             m.faults_injected = count(&self.pipeline.context.storage.counters.injected);
         }
-        let path = &shared.read_path;
+        let path = &shared.for_planner.read_path;
         let tried = count(&path.tried);
         m.reads_resident = count(&path.resident);
         m.reads_not_resident = tried - m.reads_resident.min(tried);
@@ -97,7 +97,7 @@ impl<T> Loader<T> {
         m.dirs_held = self.pipeline.dirs_held as u64;
         m.pipeline_threads = match (
             self.config.budgets.pipeline_threads,
-            &*pipeline::lock(&shared.batch_refused),
+            &*pipeline::lock(&shared.for_planner.batch_refused),
         ) {
             (PipelineThreads::Normal, _) => Mode::chosen(ThreadClass::Normal),
             (PipelineThreads::Batch, None) => Mode::chosen(ThreadClass::Batch),
@@ -117,7 +117,7 @@ impl<T> Loader<T> {
         m.hits_lost_by_page_cache = count(&path.page_cache_lost);
         m.cache_store = match self.config.cache_in_page_cache() {
             _ if self.config.cache.policy == CachePolicy::None => Mode::chosen(CacheStore::None),
-            _ if self.pipeline.peers.is_some() => {
+            _ if self.pipeline.for_planner.peers.is_some() => {
                 Mode::because(CacheStore::Copies, "served to peers")
             }
             Ok(()) if path.leave_in_page_cache() => {
@@ -129,7 +129,7 @@ impl<T> Loader<T> {
             ),
             Err(why) => Mode::because(CacheStore::Copies, why),
         };
-        if let Some(peers) = &self.pipeline.peers {
+        if let Some(peers) = &self.pipeline.for_planner.peers {
             let c = &peers.counters;
             m.planned_remote_hits = count(&c.planned);
             m.remote_hits = count(&c.hits);
@@ -140,7 +140,7 @@ impl<T> Loader<T> {
         }
         m.peer_plan = self.peer_plan.clone();
         m.assign = self.assign.clone();
-        if let Some(plan) = pipeline::lock(&shared.cluster_plan).clone() {
+        if let Some(plan) = pipeline::lock(&shared.for_planner.cluster_plan).clone() {
             m.peer_planned_accesses = plan.epochs.iter().map(|e| e.remote_hits).sum();
             m.cluster_plan = Some(plan);
         }
@@ -149,14 +149,14 @@ impl<T> Loader<T> {
             self.pipeline.context.storage.delivered.counts();
         m.reads_recovered = count(&self.pipeline.context.storage.counters.recovered);
         m.cache_forms = self.cache_forms.clone();
-        if let Some(tier) = &self.pipeline.tier {
+        if let Some(tier) = &self.pipeline.for_planner.tier {
             let f = &shared.forms;
             m.form_costs = Some(tier.costs_from.report(tier.costs));
             m.decoded_hits_served = count(&f.decoded_hits);
             m.decode_saved_seconds = count(&f.decode_saved_ns) as f64 * 1e-9;
             m.images_kept = count(&f.images_kept);
             m.decoded_again = count(&f.decoded_again);
-            if let Some(plan) = *pipeline::lock(&shared.form_plan) {
+            if let Some(plan) = *pipeline::lock(&shared.for_planner.form_plan) {
                 [m.hits_encoded, m.hits_decoded] = plan.hits;
                 [m.peak_cached_encoded_bytes, m.peak_cached_decoded_bytes] = plan.peak_bytes;
             }

@@ -42,7 +42,6 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::Receiver;
 
-use lobster_cache::FormStats;
 use lobster_sched::CostModel;
 use lobster_uring::Reader;
 
@@ -62,7 +61,7 @@ pub(crate) use read_path::ReadPathCounters;
 pub(crate) use sync::lock;
 
 use crate::error::Error;
-use crate::metrics::{ClusterPlanMetrics, Collector};
+use crate::metrics::Collector;
 use decode::queue::DecodeQueues;
 use deliver::reorder::ReorderBuffer;
 use sync::StopSignal;
@@ -78,22 +77,13 @@ pub(crate) struct Pipeline<T> {
     pub(crate) context: Arc<Context<T>>,
     /// What each rank's handle is given.
     pub(crate) for_ranks: Arc<ForRanks<T>>,
-    /// Kept for the answers of the planner's peer fetches, which may come after it ends.
-    _for_planner: Arc<plan::ForPlanner<T>>,
+    /// What the planner is given, which the loader's metrics read (the read path, the
+    /// planner's form and cluster plans, the peers, the decoded tier); kept too for the
+    /// answers of the planner's peer fetches, which may come after it ends.
+    pub(crate) for_planner: Arc<plan::ForPlanner<T>>,
     stopper: Arc<Stopper<T>>,
-    pub(crate) read_path: Arc<ReadPathCounters>,
-    /// Why a pipeline thread could not run as `SCHED_BATCH`, if one could not.
-    pub(crate) batch_refused: Arc<Mutex<Option<String>>>,
     /// What the decoded tier did.
     pub(crate) forms: Arc<FormCounters>,
-    /// The planner's form decisions, once it is done (with a decoded tier).
-    pub(crate) form_plan: Arc<Mutex<Option<FormStats>>>,
-    /// This node's share of the cluster plan, once the planner is done (under it).
-    pub(crate) cluster_plan: Arc<Mutex<Option<ClusterPlanMetrics>>>,
-    /// Peer nodes whose caches serve planned misses, and which this node's cache serves.
-    pub(crate) peers: Option<Arc<Peers>>,
-    /// The decoded tier, where the cache may keep decoded images.
-    pub(crate) tier: Option<Arc<DecodedTier<T>>>,
     /// Whether this node's cache is still served to its peers.
     serving: bool,
 }
@@ -271,16 +261,10 @@ impl<T: Send + 'static> Pipeline<T> {
             dirs_held: ctx.dirs.as_ref().map_or(0, SampleDirs::held),
             context: ctx.clone(),
             for_ranks: handles.for_ranks.clone(),
-            _for_planner: planner.clone(),
+            for_planner: planner.clone(),
             stopper: handles.stopper.clone(),
-            read_path: planner.read_path.clone(),
-            batch_refused: planner.batch_refused.clone(),
             forms: handles.for_workers.forms.clone(),
-            form_plan: planner.form_plan.clone(),
-            cluster_plan: planner.cluster_plan.clone(),
             serving: peers.is_some(),
-            peers,
-            tier: planner.tier.clone(),
         };
         // On an error, dropping `pipeline` stops and joins what started.
         pipeline.spawn_stages(&ctx, handles, reader.as_ref())?;
@@ -349,7 +333,7 @@ impl<T> Pipeline<T> {
     /// Stops every thread and waits for them; in-flight reads are waited for by the reader.
     pub(crate) fn shutdown(&mut self) {
         if std::mem::take(&mut self.serving) {
-            if let Some(peers) = &self.peers {
+            if let Some(peers) = &self.for_planner.peers {
                 peers.transport.unserve();
             }
         }
@@ -358,7 +342,7 @@ impl<T> Pipeline<T> {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
-        if let Some(peers) = &self.peers {
+        if let Some(peers) = &self.for_planner.peers {
             peers.gate.close();
         }
         self.reader = None;

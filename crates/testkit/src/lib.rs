@@ -10,6 +10,8 @@
 //! - [`data`]: sample bytes, ImageFolders of them, JPEGs and ustar archives.
 //! - [`process`]: the test process's threads and descriptors, and a watchdog for hangs.
 //! - `loader` (feature `loader`): rank plans and drivers of lobster-io's loaders.
+//! - `proxy` (feature `proxy`): a delaying proxy on loopback, per-request latency and per-node
+//!   bandwidth between clients and one upstream server, with counts per node.
 //!
 //! The fuzz targets of the cluster plan and the two-form rule are one-liners that call a
 //! checker here ([`cluster_optimum::check_cluster_bytes`], [`forms_optimum::check_form_bytes`]);
@@ -54,6 +56,8 @@ pub mod gen;
 #[cfg(feature = "loader")]
 pub mod loader;
 pub mod process;
+#[cfg(feature = "proxy")]
+pub mod proxy;
 
 /// Why an exhaustive search gave no optimum.
 #[derive(Debug)]

@@ -9,13 +9,14 @@ use clap::{Parser, Subcommand};
 mod image_bench;
 mod plan_bench;
 mod read_bench;
+mod s3_proxy;
 mod soak;
 
 #[derive(Debug, Parser)]
 #[command(
     name = "lobster-bench",
     version,
-    about = "Bench commands of lobster-io: the reader, the image stage, planning, soak"
+    about = "Bench commands of lobster-io: the reader, the image stage, planning, soak, an S3 proxy"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -37,6 +38,9 @@ enum Command {
     /// cluster` the job's cluster plan and its storage reads against the floor (`--sweep`:
     /// 4, 16 and 64 nodes at ImageNet-1k and -22k sizes).
     PlanBench(plan_bench::PlanBenchArgs),
+    /// A delaying proxy in front of an S3 server on loopback: one port per emulated node,
+    /// latency per request, bandwidth per node, counts per node; runs until SIGINT/SIGTERM.
+    S3Proxy(s3_proxy::S3ProxyArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -47,5 +51,6 @@ fn main() -> anyhow::Result<()> {
         Command::Soak(args) => soak::run(&args),
         Command::ImageBench(args) => image_bench::run(&args),
         Command::PlanBench(args) => plan_bench::run(&args),
+        Command::S3Proxy(args) => s3_proxy::run(&args),
     }
 }

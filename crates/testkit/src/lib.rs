@@ -10,6 +10,7 @@
 //! - [`data`]: sample bytes, ImageFolders of them, JPEGs and ustar archives.
 //! - [`process`]: the test process's threads and descriptors, and a watchdog for hangs.
 //! - `loader` (feature `loader`): rank plans and drivers of lobster-io's loaders.
+//! - `s3` (feature `s3`): a real S3 server (s3s-fs) on loopback with switchable faults.
 //!
 //! The fuzz targets of the cluster plan and the two-form rule are one-liners that call a
 //! checker here ([`cluster_optimum::check_cluster_bytes`], [`forms_optimum::check_form_bytes`]);
@@ -54,6 +55,8 @@ pub mod gen;
 #[cfg(feature = "loader")]
 pub mod loader;
 pub mod process;
+#[cfg(feature = "s3")]
+pub mod s3;
 
 /// Why an exhaustive search gave no optimum.
 #[derive(Debug)]

@@ -55,6 +55,9 @@ pub struct ObjectInfo {
     pub etag: Option<String>,
 }
 
+/// One level of a listing: the common prefixes and the objects.
+pub(crate) type Listing = (Vec<String>, Vec<ObjectInfo>);
+
 /// The end of one queued read.
 #[derive(Debug)]
 pub struct StoreCompletion {

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use crate::config::StoreConfig;
 use crate::error::{message, Cause, StoreError};
-use crate::read::{Counters, ObjectInfo, RangeRead, StoreCompletion};
+use crate::read::{Counters, Listing, ObjectInfo, RangeRead, StoreCompletion};
 use crate::url::display;
 
 /// Idle connections kept per host: at least the deepest io_depth, so that reads in flight
@@ -85,7 +85,7 @@ pub(crate) enum Job {
     List {
         prefix: String,
         delimiter: bool,
-        reply: Reply<Result<(Vec<String>, Vec<ObjectInfo>), StoreError>>,
+        reply: Reply<Result<Listing, StoreError>>,
     },
     /// One LIST page of one key: does the bucket exist, and may we read it.
     Probe(Reply<Result<(), StoreError>>),
@@ -401,11 +401,7 @@ async fn head(shared: &Shared, key: &str) -> Result<ObjectInfo, StoreError> {
     result
 }
 
-async fn list(
-    shared: &Shared,
-    prefix: &str,
-    delimiter: bool,
-) -> Result<(Vec<String>, Vec<ObjectInfo>), StoreError> {
+async fn list(shared: &Shared, prefix: &str, delimiter: bool) -> Result<Listing, StoreError> {
     let url = display(&shared.bucket, prefix);
     let mut prefixes = Vec::new();
     let mut objects = Vec::new();

@@ -7,7 +7,7 @@ use bytes::Bytes;
 
 use crate::config::StoreConfig;
 use crate::error::StoreError;
-use crate::read::{Counters, ObjectInfo, RangeRead, StoreStats};
+use crate::read::{Counters, Listing, ObjectInfo, RangeRead, StoreStats};
 use crate::runtime::{self, Job, ReadReply, Reply, StoreThread};
 use crate::session::StoreSession;
 use crate::url::display;
@@ -98,11 +98,7 @@ impl Store {
         self.counters.snapshot()
     }
 
-    fn list_job(
-        &self,
-        prefix: &str,
-        delimiter: bool,
-    ) -> Result<(Vec<String>, Vec<ObjectInfo>), StoreError> {
+    fn list_job(&self, prefix: &str, delimiter: bool) -> Result<Listing, StoreError> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let reply = Reply::new(tx, Err(StoreError::Stopped));
         self.thread.send(Job::List {

@@ -103,6 +103,13 @@ pub enum StoreError {
         /// What failed.
         cause: Cause,
     },
+    /// A listing longer than the bound on one listing.
+    TooManyObjects {
+        /// `s3://bucket/prefix`.
+        url: String,
+        /// The most one listing returns.
+        max: usize,
+    },
     /// The store thread could not start.
     Start {
         /// What failed.
@@ -136,7 +143,8 @@ impl StoreError {
             | StoreError::Short { url, .. }
             | StoreError::Grew { url, .. }
             | StoreError::Deadline { url, .. }
-            | StoreError::Request { url, .. } => Some(url),
+            | StoreError::Request { url, .. }
+            | StoreError::TooManyObjects { url, .. } => Some(url),
             StoreError::Config { .. }
             | StoreError::Profile { .. }
             | StoreError::Start { .. }
@@ -202,6 +210,9 @@ impl fmt::Display for StoreError {
                     write!(f, " with HTTP {s}")?;
                 }
                 write!(f, ": {cause}")
+            }
+            StoreError::TooManyObjects { url, max } => {
+                write!(f, "{url}: more than {max} objects under the prefix, list a narrower one")
             }
             StoreError::Start { cause } => write!(f, "the store thread could not start: {cause}"),
             StoreError::Stopped => write!(f, "the store thread has stopped"),

@@ -446,14 +446,9 @@ async fn list(shared: &Shared, prefix: &str, delimiter: bool) -> Result<Listing,
         }));
         if objects.len() + prefixes.len() > shared.list_objects_max {
             Counters::add(&shared.counters.failed_requests, 1);
-            return Err(StoreError::Request {
+            return Err(StoreError::TooManyObjects {
                 url,
-                range: None,
-                status: None,
-                cause: message(format!(
-                    "more than {} objects under the prefix: list a narrower one",
-                    shared.list_objects_max
-                )),
+                max: shared.list_objects_max,
             });
         }
         match page.page_token {

@@ -162,6 +162,33 @@ fn list_follows_pages_and_sorts_by_key() {
     assert_eq!(store.stats().list_requests - lists_before, 4);
     assert_eq!(store.list("").unwrap().len(), 26);
     assert!(store.list("nothing/").unwrap().is_empty());
+    // A listing past its bound stops with an error naming the prefix.
+    let bounded = Store::open(
+        &config(&s3).with_list_page_keys(7).with_list_objects_max(10),
+        "bkt",
+    )
+    .unwrap();
+    let e = bounded.list("p/").unwrap_err();
+    assert!(
+        matches!(e, StoreError::TooManyObjects { max: 10, .. }),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string()
+            .starts_with("s3://bkt/p/: more than 10 objects"),
+        "{e}"
+    );
+}
+
+#[test]
+fn handles_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Store>();
+    send_sync::<StoreConfig>();
+    send_sync::<StoreError>();
+    send::<lobster_store::StoreSession>();
+    send::<StoreCompletion>();
 }
 
 #[test]

@@ -13,6 +13,20 @@
 //! No credential is ever printed: secrets are [`Secret`]s, [`StoreConfig`]'s `Debug` is
 //! hand-written, and errors name objects and byte ranges only.
 //!
+//! Choices worth knowing:
+//! - The store retries (object_store's retry: 503 SlowDown, 5xx, 429, timeouts, and a body
+//!   silent for the stall timeout is resumed from the bytes received) until the request
+//!   deadline; then the request is [`StoreError::Deadline`]. So
+//!   [`StoreError::is_transient`] is false for a deadline and for final answers (403, 404,
+//!   412, 416, a short or grown object); it is true only for a server or connection failure
+//!   that ran out of the client's retry count before the deadline.
+//! - Credentials: the environment, else the profile's static keys in the AWS files. SSO,
+//!   `credential_process` and assumed roles are refused by name. With no credentials at all
+//!   the client tries object_store's own sources (instance metadata, container credentials).
+//! - The request deadline bounds each request: a GET, a HEAD, one LIST page.
+//! - object_store hides the HTTP status of errors outside its named kinds, so a 416 (a range
+//!   wholly past the end) and a 5xx are told apart by the `status code: NNN` its error prints.
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use lobster_store::{RangeRead, Store, StoreConfig, StoreUrl};

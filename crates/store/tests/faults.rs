@@ -190,3 +190,28 @@ fn reads_in_flight_when_the_store_is_dropped_are_answered_by_a_session_that_outl
     assert_eq!(done[0].tag, 9);
     assert_eq!(&done[0].result.as_ref().unwrap()[..], &data(10)[..]);
 }
+
+#[test]
+fn an_endpoint_nobody_answers_fails_open_at_the_deadline() {
+    let _serial = serial();
+    // A port that was free a moment ago: connections are refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = StoreConfig::default()
+        .with_endpoint(&format!("http://127.0.0.1:{port}"))
+        .with_credentials("AKID", "secret", None)
+        .with_request_deadline(Duration::from_millis(500));
+    let (e, took) = guarded("open against a closed port".into(), || {
+        Store::open(&config, "bkt").unwrap_err()
+    });
+    println!("open against a closed port: {e} after {took:?}");
+    assert!(matches!(e, StoreError::Deadline { .. }), "{e:?}");
+    assert!(
+        e.to_string()
+            .starts_with("s3://bkt: no answer within the deadline of 500ms"),
+        "{e}"
+    );
+}

@@ -12,6 +12,7 @@
 //! - `loader` (feature `loader`): rank plans and drivers of lobster-io's loaders.
 //! - `proxy` (feature `proxy`): a delaying proxy on loopback, per-request latency and per-node
 //!   bandwidth between clients and one upstream server, with counts per node.
+//! - `s3` (feature `s3`): a real S3 server (s3s-fs) on loopback with switchable faults.
 //!
 //! The fuzz targets of the cluster plan and the two-form rule are one-liners that call a
 //! checker here ([`cluster_optimum::check_cluster_bytes`], [`forms_optimum::check_form_bytes`]);
@@ -58,6 +59,8 @@ pub mod loader;
 pub mod process;
 #[cfg(feature = "proxy")]
 pub mod proxy;
+#[cfg(feature = "s3")]
+pub mod s3;
 
 /// Why an exhaustive search gave no optimum.
 #[derive(Debug)]

@@ -63,8 +63,8 @@ pub(crate) fn pack(ds: &Dataset, out: &Path, shard_bytes: u64) -> Result<usize> 
             .unwrap_or_default();
         // Read at most its size and one byte more: a sample that changed while packing (or
         // a symlink to a device) is refused, not read on.
-        let image = s
-            .read_bytes()
+        let image = ds
+            .sample_bytes(s)
             .with_context(|| format!("packing {}", s.path.display()))?;
         let key = format!("{:08}", s.id);
         let label = s.label.to_string();

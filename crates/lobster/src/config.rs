@@ -407,7 +407,7 @@ impl LoaderConfig {
         match () {
             _ if !self.execution.dispatches() => Err("read-then-decode workers read every sample"),
             _ if self.reads.resident_reads == ResidentReads::Dispatcher => {
-                Err("resident reads are off")
+                Err("resident reads are off (as asked, or for a dataset in an object store)")
             }
             _ if self.reads.direct => Err("O_DIRECT bypasses the page cache"),
             _ if self.reads.emulation().is_some() => {

@@ -123,6 +123,10 @@ pub use loader::{Loader, LoaderBuilder, RankHandle, RankStream};
 pub use lobster_cache::{
     Assign, ClusterCounts, Form, FormChoice, FormCosts, LinkPrices, PeerPlanKind,
 };
+/// The object store a dataset in S3 is read from (feature `s3`): its endpoint, region,
+/// credentials and deadlines, for [`Dataset::open_objects_with`].
+#[cfg(feature = "s3")]
+pub use lobster_store::{StoreConfig, StoreError};
 pub use lobster_uring::{hold_heap, ActiveBackend, Backend, BackendInfo, HeapLimits};
 pub use memory::{MachineMemory, MemoryPart, MemoryShort};
 pub use metrics::{

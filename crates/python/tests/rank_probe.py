@@ -16,6 +16,8 @@ def rss_bytes():
 
 def main():
     data, out, batch_size, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    # Under torchrun every rank is given the same arguments: `{rank}` in the path tells them apart.
+    out = out.replace("{rank}", os.environ.get("RANK", "0"))
     try:
         seen = iterate(data, batch_size, epochs)
     except lobster_io.Error as e:

@@ -19,6 +19,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::source::Source;
 use super::table::{
     held_probes, Dataset, Kept, Key, LinesFrom, Probe, SampleMeta, IMAGE_EXTENSIONS,
 };
@@ -57,7 +58,7 @@ impl Default for FolderOptions {
 }
 
 impl FolderOptions {
-    fn is_sample(&self, name: &std::ffi::OsStr) -> bool {
+    pub(super) fn is_sample(&self, name: &std::ffi::OsStr) -> bool {
         let name = name.as_bytes();
         self.extensions.iter().any(|e| {
             let e = e.as_bytes();
@@ -186,6 +187,7 @@ fn scan(root: &Path, options: &FolderOptions) -> Result<(Dataset, Vec<Walked>), 
         probes: Vec::new(),
         kept: Vec::new(),
         probed: Default::default(),
+        source: Source::Files,
     };
     Ok((ds, walked))
 }
@@ -452,6 +454,7 @@ fn from_bytes(
         probes,
         kept: vec![kept],
         probed,
+        source: Source::Files,
     }))
 }
 

@@ -11,8 +11,11 @@ use crate::error::Error;
 mod folder;
 #[cfg(any(test, fuzzing))]
 pub(crate) mod fuzz;
+#[cfg(feature = "s3")]
+pub(crate) mod objects;
 mod probe;
 mod shards;
+mod source;
 mod table;
 mod table_file;
 mod tar_index;
@@ -22,6 +25,9 @@ pub use folder::FolderOptions;
 /// The most classes a dataset may have (labels `0..CLASSES_MAX`): ImageNet-22k has 21,841,
 /// and a label read from a shard names every class below it.
 pub const CLASSES_MAX: u32 = 1 << 20;
+#[cfg(feature = "s3")]
+pub(crate) use source::Objects;
+pub(crate) use source::Source;
 pub use table::{Dataset, Probe, SampleMeta, SampleRecord, IMAGE_EXTENSIONS};
 use table::{Kept, LinesFrom};
 pub(crate) use table_file::read_at_most;
@@ -33,6 +39,9 @@ impl Dataset {
     /// # Errors
     /// As [`Dataset::open_shards`] or [`Dataset::open_image_folder`].
     pub fn open(spec: &str) -> Result<Self, Error> {
+        if spec.starts_with("s3://") {
+            return Self::open_objects(spec, table_file::default_dir().as_deref(), true);
+        }
         match Self::names_shards(spec)? {
             true => Self::open_shards(spec),
             false => Self::open_image_folder(spec),
@@ -80,7 +89,49 @@ impl Dataset {
             .ok_or_else(|| {
                 Error::dataset(Path::new(spec), "no directory to keep indexes in: no $HOME")
             })?;
+        if spec.starts_with("s3://") {
+            return Self::open_objects(spec, Some(&dir), false);
+        }
         Self::shards_from(spec, Some(&dir), false)
+    }
+
+    /// Opens what `spec` (`s3://bucket/key...`) names in an S3-compatible bucket, as
+    /// [`Dataset::open`] opens a local path: shards (a brace pattern, a `.tar` object, or
+    /// a prefix holding `.tar` objects) or an ImageFolder-shaped prefix. The endpoint,
+    /// region and credentials come from the environment and the `~/.aws` files as the AWS
+    /// tools take them. Each shard's index is kept in `index_dir`, reused when `reuse` while
+    /// the object has the same size and ETag.
+    ///
+    /// # Errors
+    /// As [`Dataset::open_shards`] and [`Dataset::open_image_folder`], naming the object;
+    /// and a URL, endpoint or credentials the store refuses, a missing bucket or object.
+    /// Without the `s3` feature, an error saying so.
+    pub fn open_objects(spec: &str, index_dir: Option<&Path>, reuse: bool) -> Result<Self, Error> {
+        #[cfg(feature = "s3")]
+        return objects::open(spec, None, index_dir, reuse);
+        #[cfg(not(feature = "s3"))]
+        {
+            let _ = (index_dir, reuse);
+            Err(Error::dataset(
+                Path::new(spec),
+                "object stores need lobster-io's `s3` feature, which this build lacks",
+            ))
+        }
+    }
+
+    /// [`Dataset::open_objects`] on the store `config` names (its endpoint, region,
+    /// credentials and deadlines), not the environment's.
+    ///
+    /// # Errors
+    /// As [`Dataset::open_objects`].
+    #[cfg(feature = "s3")]
+    pub fn open_objects_with(
+        spec: &str,
+        config: &lobster_store::StoreConfig,
+        index_dir: Option<&Path>,
+        reuse: bool,
+    ) -> Result<Self, Error> {
+        objects::open(spec, Some(config), index_dir, reuse)
     }
 
     /// Whether [`Dataset::open`] takes `spec` for shards (else for a folder).
@@ -108,6 +159,15 @@ impl Dataset {
     fn shards_from(spec: &str, index_dir: Option<&Path>, reuse: bool) -> Result<Self, Error> {
         let paths = shards::shard_paths(spec)?;
         let indexed = shards::indexed(&paths, index_dir, reuse)?;
+        Self::from_shards(PathBuf::from(spec), &paths, indexed)
+    }
+
+    /// The dataset of `paths`' samples, as `indexed` found them.
+    fn from_shards(
+        root: PathBuf,
+        paths: &[PathBuf],
+        indexed: Vec<shards::ShardSamples>,
+    ) -> Result<Self, Error> {
         // Keys are unique already (within a shard by grouping, across shards checked).
         let total = indexed.iter().map(|s| s.samples.len()).sum();
         let mut samples = Vec::with_capacity(total);
@@ -152,13 +212,14 @@ impl Dataset {
         let classes = samples.iter().map(|s| s.label + 1).max().unwrap_or(0);
         let (probes, probed) = table::held_probes(probes);
         Ok(Self {
-            root: PathBuf::from(spec),
+            root,
             classes: (0..classes).map(|c| c.to_string()).collect(),
             samples,
             table: None,
             probes,
             kept,
             probed,
+            source: Source::Files,
         })
     }
 

@@ -7,6 +7,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
+use super::source::Source;
 use super::table::{Dataset, Kept, LinesFrom, Probe, SampleMeta};
 use super::table_file::{read_sealed_any, seal, split, write_atomically, KEPT_MAX_BYTES};
 
@@ -40,7 +41,7 @@ impl Dataset {
                             .is_some_and(|p| p.contains(&Probe::Unprobed))
                     })
                     .collect();
-                probe_all(&self.samples, &mut probes);
+                probe_all(&self.samples, &self.source, &mut probes);
                 for kept in stale {
                     if let Err(e) = keep_probes(kept, &probes[kept.samples.clone()]) {
                         log::warn!(
@@ -56,14 +57,14 @@ impl Dataset {
 }
 
 /// Probes every [`Probe::Unprobed`] sample of `probes`, on [`PROBE_THREADS`] threads.
-fn probe_all(samples: &[SampleMeta], probes: &mut [Probe]) {
+fn probe_all(samples: &[SampleMeta], source: &Source, probes: &mut [Probe]) {
     let chunk = samples.len().div_ceil(PROBE_THREADS).max(1);
     std::thread::scope(|s| {
         for (metas, out) in samples.chunks(chunk).zip(probes.chunks_mut(chunk)) {
             s.spawn(move || {
                 for (meta, probe) in metas.iter().zip(out) {
                     if *probe == Probe::Unprobed {
-                        *probe = probe_one(meta);
+                        *probe = probe_one(source, meta);
                     }
                 }
             });
@@ -72,7 +73,15 @@ fn probe_all(samples: &[SampleMeta], probes: &mut [Probe]) {
 }
 
 /// The first `len` bytes of a sample, or `None` if they cannot be read.
-fn read_start(meta: &SampleMeta, len: u64) -> Option<Vec<u8>> {
+fn read_start(source: &Source, meta: &SampleMeta, len: u64) -> Option<Vec<u8>> {
+    match source {
+        Source::Files => {}
+        #[cfg(feature = "s3")]
+        Source::Objects(objects) => {
+            let read = objects.read(&meta.path, (meta.offset, len, false), 0);
+            return objects.store.get(&read).ok().map(|b| b.to_vec());
+        }
+    }
     let mut buf = vec![0u8; usize::try_from(len).ok()?];
     File::open(&meta.path)
         .and_then(|f| f.read_exact_at(&mut buf, meta.offset))
@@ -82,14 +91,14 @@ fn read_start(meta: &SampleMeta, len: u64) -> Option<Vec<u8>> {
 
 /// One sample's header: the first [`FIRST_BYTES`], then [`SECOND_BYTES`], then all of it,
 /// until the header is found.
-pub(crate) fn probe_one(meta: &SampleMeta) -> Probe {
+fn probe_one(source: &Source, meta: &SampleMeta) -> Probe {
     let mut read = 0;
     for len in [FIRST_BYTES, SECOND_BYTES, meta.size_bytes] {
         let len = len.min(meta.size_bytes);
         if len <= read {
             continue;
         }
-        let Some(bytes) = read_start(meta, len) else {
+        let Some(bytes) = read_start(source, meta, len) else {
             return Probe::NoHeader;
         };
         read = len;

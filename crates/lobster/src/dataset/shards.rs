@@ -111,7 +111,7 @@ pub(crate) fn shard_paths(spec: &str) -> Result<Vec<PathBuf>, Error> {
 }
 
 /// Expands every `{a..b}` of `spec` (decimal, zero-padded to the width of `a`).
-fn expand_braces(spec: &str) -> Result<Vec<String>, Error> {
+pub(super) fn expand_braces(spec: &str) -> Result<Vec<String>, Error> {
     let bad = |what: &str| Error::dataset(Path::new(spec), format!("shard pattern: {what}"));
     let Some(open) = spec.find('{') else {
         return Ok(vec![spec.to_owned()]);
@@ -183,11 +183,11 @@ pub(super) struct ShardSamples {
     pub(super) kept: Option<(PathBuf, u64)>,
 }
 
-/// A shard as found: from its index, or read and not yet judged.
-enum Shard {
+/// A shard as found: from its index, or read and not yet judged, with what its index is
+/// kept against (a file's stamp before it was read, an object's size and ETag).
+pub(super) enum Shard<S> {
     Indexed(ShardSamples),
-    /// Read, and the shard's stamp before it was.
-    Read(Grouped, Stamp),
+    Read(Grouped, S),
 }
 
 /// The samples of `shards`, in order, each shard from its index in `index_dir` when that
@@ -222,8 +222,65 @@ pub(super) fn indexed(
             }
         });
     }
-    // Every shard is grouped before any sample is judged, so a key split across shards is
-    // reported as such, not as a sample missing a member.
+    keys_in_one_shard(shards, &found)?;
+    let keep = index_dir.map(|dir| {
+        (
+            |shard: &Path| index_path(dir, shard),
+            |at: &Path, shard: &Path, samples: &[Indexed], read_at: Stamp| {
+                store_index(at, shard, samples, read_at)
+            },
+        )
+    });
+    judge_all(shards, found, keep)
+}
+
+/// Judges the shards found read and keeps their indexes where `keep` says (where a
+/// shard's index goes, and how it is kept: its check, or `None` if it may not be); the
+/// shards' samples in order.
+pub(super) fn judge_all<S>(
+    shards: &[PathBuf],
+    found: Vec<Shard<S>>,
+    keep: Option<(
+        impl Fn(&Path) -> PathBuf,
+        impl Fn(&Path, &Path, &[Indexed], S) -> std::io::Result<Option<u64>>,
+    )>,
+) -> Result<Vec<ShardSamples>, Error> {
+    let mut all = Vec::with_capacity(shards.len());
+    let mut wrote = None;
+    for (shard, found) in shards.iter().zip(found) {
+        let samples = match found {
+            Shard::Indexed(samples) => samples,
+            Shard::Read(grouped, read_at) => {
+                let samples = judge(shard, grouped)?;
+                let mut kept = None;
+                if let Some((index_path, store_index)) = &keep {
+                    let at = index_path(shard);
+                    match store_index(&at, shard, &samples, read_at) {
+                        Ok(Some(check)) => {
+                            kept = Some((at.clone(), check));
+                            wrote = Some(at);
+                        }
+                        Ok(None) => {}
+                        Err(e) => log::warn!(
+                            "lobster-io: could not keep the shard index {}: {e}",
+                            at.display()
+                        ),
+                    }
+                }
+                ShardSamples { samples, kept }
+            }
+        };
+        all.push(samples);
+    }
+    if let Some(at) = wrote {
+        prune(&at, INDEXES_MAX);
+    }
+    Ok(all)
+}
+
+/// Refuses a key found in two shards. Every shard is grouped before any sample is judged,
+/// so a key split across shards is reported as such, not as a sample missing a member.
+pub(super) fn keys_in_one_shard<S>(shards: &[PathBuf], found: &[Shard<S>]) -> Result<(), Error> {
     let total = found
         .iter()
         .map(|f| match f {
@@ -250,38 +307,7 @@ pub(super) fn indexed(
             }
         }
     }
-    drop(seen);
-    let mut all = Vec::with_capacity(shards.len());
-    let mut wrote = None;
-    for (shard, found) in shards.iter().zip(found) {
-        let samples = match found {
-            Shard::Indexed(samples) => samples,
-            Shard::Read(grouped, read_at) => {
-                let samples = judge(shard, grouped)?;
-                let mut kept = None;
-                if let Some(dir) = index_dir {
-                    let at = index_path(dir, shard);
-                    match store_index(&at, shard, &samples, read_at) {
-                        Ok(Some(check)) => {
-                            kept = Some((at.clone(), check));
-                            wrote = Some(at);
-                        }
-                        Ok(None) => {}
-                        Err(e) => log::warn!(
-                            "lobster-io: could not keep the shard index {}: {e}",
-                            at.display()
-                        ),
-                    }
-                }
-                ShardSamples { samples, kept }
-            }
-        };
-        all.push(samples);
-    }
-    if let Some(at) = wrote {
-        prune(&at, INDEXES_MAX);
-    }
-    Ok(all)
+    Ok(())
 }
 
 /// A shard's members grouped into samples by key, with the labels read; `file` is the
@@ -442,13 +468,7 @@ fn store_index(
     out.extend_from_slice(format!("\t{}\t", meta.len()).as_bytes());
     stamp.write(&mut out);
     out.extend_from_slice(format!("\t{written}\n").as_bytes());
-    for x in samples {
-        out.extend_from_slice(format!("{}\t{}\t{}\t", x.label, x.offset, x.size).as_bytes());
-        x.probe.write(&mut out);
-        out.push(b'\t');
-        escape(x.key.as_bytes(), &mut out);
-        out.push(b'\n');
-    }
+    write_samples(samples, &mut out);
     let check = seal(&mut out);
     write_atomically(at, &out)?;
     Ok(Some(check))
@@ -511,12 +531,6 @@ fn index_from_bytes(
     let bad = |what: &str| Err(format!("malformed: {what}"));
     let mut lines = split(body, b'\n');
     let mut head = split(lines.next().unwrap_or_default(), b'\t');
-    let number = |f: Option<&[u8]>| -> Option<i128> {
-        let f = f?;
-        // At most 39 digits and a sign: an i128 parse of a longer field cannot succeed.
-        (f.len() <= 40).then_some(())?;
-        std::str::from_utf8(f).ok()?.parse().ok()
-    };
     if head.next() != Some(b"shard")
         || head.next().and_then(unescape).as_deref() != Some(shard.absolute)
     {
@@ -532,6 +546,36 @@ fn index_from_bytes(
     if size != i128::from(shard.len) || stamp != shard.stamp || !stamp.settled_at(written) {
         return Ok(None);
     }
+    Ok(Some((parse_samples(lines, shard.len)?, check)))
+}
+
+/// An index's number field.
+pub(super) fn number(f: Option<&[u8]>) -> Option<i128> {
+    let f = f?;
+    // At most 39 digits and a sign: an i128 parse of a longer field cannot succeed.
+    (f.len() <= 40).then_some(())?;
+    std::str::from_utf8(f).ok()?.parse().ok()
+}
+
+/// An index's sample lines, one per sample: label, the image member's data offset, its
+/// size, its probe and its key.
+pub(super) fn write_samples(samples: &[Indexed], out: &mut Vec<u8>) {
+    for x in samples {
+        out.extend_from_slice(format!("{}\t{}\t{}\t", x.label, x.offset, x.size).as_bytes());
+        x.probe.write(out);
+        out.push(b'\t');
+        escape(x.key.as_bytes(), out);
+        out.push(b'\n');
+    }
+}
+
+/// The samples of an index's sample lines ([`write_samples`]), each within the shard's
+/// `shard_len` bytes.
+pub(super) fn parse_samples<'a>(
+    lines: impl Iterator<Item = &'a [u8]>,
+    shard_len: u64,
+) -> Result<Vec<Indexed>, String> {
+    let bad = |what: &str| Err(format!("malformed: {what}"));
     let mut samples = Vec::new();
     let mut key = Vec::new();
     for line in lines.filter(|l| !l.is_empty()) {
@@ -559,7 +603,7 @@ fn index_from_bytes(
         ) else {
             return bad("a sample line's field out of range");
         };
-        if offset.checked_add(size).is_none_or(|end| end > shard.len) {
+        if offset.checked_add(size).is_none_or(|end| end > shard_len) {
             return bad("a sample past the shard's end");
         }
         samples.push(Indexed {
@@ -570,7 +614,7 @@ fn index_from_bytes(
             probe,
         });
     }
-    Ok(Some((samples, check)))
+    Ok(samples)
 }
 
 #[cfg(test)]

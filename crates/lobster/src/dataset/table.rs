@@ -5,6 +5,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::source::Source;
 use crate::error::Error;
 
 /// What the loader knows of one sample before reading it: a byte range of a file, with its
@@ -39,6 +40,13 @@ pub(super) enum Key {
 }
 
 impl SampleMeta {
+    /// Where the sample is in its file or object: offset, size, and whether it is the whole
+    /// of it.
+    #[cfg(feature = "s3")]
+    pub(crate) fn range(&self) -> (u64, u64, bool) {
+        (self.offset, self.size_bytes, self.whole_file)
+    }
+
     /// Bytes a read of this sample asks for.
     pub(crate) fn read_len(&self) -> usize {
         self.size_bytes as usize + usize::from(self.whole_file)
@@ -142,6 +150,8 @@ pub struct Dataset {
     pub(super) kept: Vec<Kept>,
     /// Every sample's probe, once asked for ([`Dataset::image_probes`]).
     pub(super) probed: std::sync::OnceLock<Arc<[Probe]>>,
+    /// Where the samples' bytes are read from.
+    pub(super) source: Source,
 }
 
 /// What a sample's header says of its image, probed once and kept in its dataset's table
@@ -335,7 +345,38 @@ impl Dataset {
             probes: Vec::new(),
             kept: Vec::new(),
             probed: Default::default(),
+            source: Source::Files,
         })
+    }
+
+    /// `sample`'s bytes (a sample of this dataset), read now from where the dataset
+    /// lives: [`SampleMeta::read_bytes`] for a local file, one ranged GET for an object.
+    ///
+    /// # Errors
+    /// As [`SampleMeta::read_bytes`], naming the sample and its file or object.
+    pub fn sample_bytes(&self, sample: &SampleMeta) -> Result<Vec<u8>, Error> {
+        match &self.source {
+            Source::Files => sample.read_bytes(),
+            #[cfg(feature = "s3")]
+            Source::Objects(objects) => {
+                let read = objects.read(&sample.path, sample.range(), 0);
+                objects
+                    .store
+                    .get(&read)
+                    .map(|b| b.to_vec())
+                    .map_err(|e| Error::Read {
+                        sample: sample.id,
+                        path: sample.path.to_path_buf(),
+                        offset: sample.offset,
+                        cause: Arc::new(e),
+                    })
+            }
+        }
+    }
+
+    /// Where the samples are read from.
+    pub(crate) fn source(&self) -> &Source {
+        &self.source
     }
 
     /// The sample table on disk this dataset was read from; `None` when its source was

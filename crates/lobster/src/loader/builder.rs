@@ -313,7 +313,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
     pub fn build(self) -> Result<Loader<T>, Error> {
         let dataset = self.dataset;
         self.config.validate(dataset.len())?;
-        let config = self.config.resolved();
+        let config = for_source(self.config.resolved(), &dataset)?;
         let seed = match self.order {
             EpochOrder::Shuffle { seed } => seed,
             EpochOrder::Sequential | EpochOrder::Explicit(_) => 0,
@@ -354,10 +354,9 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             None => None,
         };
         let backend = reader.as_ref().map(|r| r.backend().clone());
-        let dirs = config
-            .execution
-            .dispatches()
-            .then(|| crate::pipeline::SampleDirs::new(dataset.samples()));
+        let dirs = (config.execution.dispatches()
+            && matches!(dataset.source(), crate::dataset::Source::Files))
+        .then(|| crate::pipeline::SampleDirs::new(dataset.samples()));
         let (forms, cache_forms) = decoded_tier(&config, &dataset, staged, peers.is_some())?;
         let ctx = Context {
             layout,
@@ -722,4 +721,21 @@ fn cache_arena(config: &LoaderConfig) -> Option<lobster_uring::Arena> {
         .capacity_bytes
         .saturating_add(config.cache.capacity_bytes / 8);
     lobster_uring::Arena::new(usize::try_from(budget).ok()?).ok()
+}
+
+/// `config` for `dataset`'s source: an object store's samples are read through the
+/// dispatcher (no page cache holds them), and never with O_DIRECT.
+fn for_source(mut config: LoaderConfig, dataset: &Dataset) -> Result<LoaderConfig, Error> {
+    if matches!(dataset.source(), crate::dataset::Source::Files) {
+        return Ok(config);
+    }
+    if config.reads.direct {
+        return Err(Error::invalid(
+            "direct",
+            true,
+            "false for a dataset in an object store (its reads are HTTP requests)",
+        ));
+    }
+    config.reads.resident_reads = crate::config::ResidentReads::Dispatcher;
+    Ok(config)
 }

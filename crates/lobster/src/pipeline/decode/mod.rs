@@ -50,6 +50,7 @@ pub(crate) fn decode_worker<T>(ctx: &Context<T>, state: &ForWorkers<T>, w: usize
     let reads = WorkerReads {
         direct: ctx.config.reads.direct,
         dirs: ctx.dirs.as_ref(),
+        source: ctx.dataset.source(),
         reader: ctx.reader.as_ref(),
         arena: ctx.arena.as_ref(),
         storage: &ctx.storage,

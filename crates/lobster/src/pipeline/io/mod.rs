@@ -8,6 +8,7 @@
 //! kernel; on older kernels the session opens and closes the files on this thread around
 //! their reads in the ring; on the pread fallback the reader's workers open, read and close.
 
+mod backend;
 pub(super) mod order;
 
 use std::cmp::Reverse;
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use lobster_sched::{CostModel, Tier};
-use lobster_uring::{Completion, PathRead, ReadError, Reader, Session};
+use lobster_uring::Reader;
 use slab::Slab;
 
 use crate::config::IoOrder;
@@ -26,10 +27,11 @@ use crate::pipeline::access::{self, Access, Ready};
 use crate::pipeline::context::Context;
 use crate::pipeline::decode::queue::DecodeQueues;
 use crate::pipeline::deliver::reorder::ReorderBuffer;
-use crate::pipeline::landing::{Loaded, Origin};
+use crate::pipeline::landing::Loaded;
 use crate::pipeline::outstanding::Outstanding;
-use crate::pipeline::read::attempt::{self, Attempt, Fate, ReadFailure};
+use crate::pipeline::read::attempt::{self, Attempt, Fate};
 use crate::pipeline::sync::{lock, stopped, StopSignal};
+use backend::{Backend, Done, Queued};
 use lobster_sched::equal_split;
 use order::{next_read, ToDispatcher};
 
@@ -79,12 +81,19 @@ struct Reads {
     arena: Option<lobster_uring::Arena>,
     /// Reads the session refused for want of pool memory, in issue order.
     blocked: VecDeque<usize>,
+    /// Where the backend's bytes live.
+    origin: crate::pipeline::landing::Origin,
 }
 
 impl Reads {
-    fn new(ranks: usize, arena: Option<lobster_uring::Arena>) -> Self {
+    fn new(
+        ranks: usize,
+        arena: Option<lobster_uring::Arena>,
+        origin: crate::pipeline::landing::Origin,
+    ) -> Self {
         Reads {
             arena,
+            origin,
             blocked: VecDeque::new(),
             slab: Slab::new(),
             in_flight: vec![0; ranks],
@@ -124,7 +133,7 @@ impl Reads {
     /// others released since the last hand-off.
     fn fill(&mut self, access: Access, loaded: Loaded) {
         let arena = self.arena.as_ref();
-        access::fill_for(access, loaded, (Origin::Pool, arena), &mut self.released);
+        access::fill_for(access, loaded, (self.origin, arena), &mut self.released);
     }
 }
 
@@ -177,9 +186,7 @@ pub(crate) fn dispatcher<T>(
 ) -> Result<(), Error> {
     let ranks = ctx.layout.ranks;
     let budget = ctx.config.budgets.io_depth as u32;
-    let mut session = reader
-        .session()
-        .map_err(|e| Error::engine("reader session", e))?;
+    let mut session = Backend::new(ctx, reader)?;
     // Under the deadline order the node's reads share the whole budget, so the reader holds
     // no rank to a share of it.
     let mut depth: Vec<u32> = match ctx.config.reads.io_order {
@@ -187,7 +194,7 @@ pub(crate) fn dispatcher<T>(
         IoOrder::Shares => equal_split(budget, ranks),
     };
     let mut pending: Vec<VecDeque<Access>> = (0..ranks).map(|_| VecDeque::new()).collect();
-    let mut reads = Reads::new(ranks, ctx.arena.clone());
+    let mut reads = Reads::new(ranks, ctx.arena.clone(), session.origin());
     let mut allocations: VecDeque<(u64, Vec<u32>)> = VecDeque::new();
     let mut saturation = Saturation::default();
     let mut completed = Vec::new();
@@ -235,9 +242,7 @@ pub(crate) fn dispatcher<T>(
             } else {
                 until_timer
             };
-            session
-                .wait_timeout(1, wait, &mut completed)
-                .map_err(|e| Error::engine("reader session", e))?;
+            session.wait_timeout(1, wait, &mut completed)?;
         } else {
             match requests.recv_timeout(until_timer) {
                 Ok(msg) => take(msg, &mut pending, &mut allocations),
@@ -287,7 +292,7 @@ fn apply_due_allocations(
 fn issue<T>(
     ctx: &Context<T>,
     state: &ForDispatcher<T>,
-    session: &mut Session,
+    session: &mut Backend,
     reads: &mut Reads,
     pending: &mut [VecDeque<Access>],
     depth: &[u32],
@@ -325,7 +330,7 @@ fn issue<T>(
 fn fire_timers<T>(
     ctx: &Context<T>,
     state: &ForDispatcher<T>,
-    session: &mut Session,
+    session: &mut Backend,
     reads: &mut Reads,
     saturation: &mut Saturation,
 ) {
@@ -373,36 +378,25 @@ fn take(
 fn submit<T>(
     ctx: &Context<T>,
     state: &ForDispatcher<T>,
-    session: &mut Session,
+    session: &mut Backend,
     reads: &mut Reads,
     key: usize,
 ) -> bool {
     let read = &reads.slab[key];
-    let meta = ctx.meta(read.access.sample);
-    // A whole file asks one byte more than the sample: a file that grew since the dataset
-    // was opened shows as too long, without a stat. Queued without a system call: the reads
-    // of a loop reach the kernel together when the dispatcher next waits in the ring.
-    let submitted = session.queue_path(PathRead {
-        path: meta.path.clone(),
-        dir: ctx.dirs.as_ref().and_then(|d| d.dir(meta)).cloned(),
-        direct: ctx.config.reads.direct,
-        offset: meta.offset,
-        len: meta.read_len(),
-        to_eof: meta.whole_file,
-        class: read.access.rank,
-        tag: key as u64,
-    });
-    match submitted {
-        Ok(()) => {
+    let sample = read.access.sample;
+    match session.queue(ctx, sample, read.access.rank, key as u64) {
+        Queued::Yes => {
             let read = &mut reads.slab[key];
             read.issued = Instant::now();
-            read.due = ctx.storage.reserve(read.issued, meta.size_bytes);
+            read.due = ctx
+                .storage
+                .reserve(read.issued, ctx.meta(sample).size_bytes);
             reads.in_reader += 1;
         }
-        Err(ReadError::WouldBlock { .. }) => return false,
-        Err(e) => {
+        Queued::WouldBlock => return false,
+        Queued::Refused(e) => {
             let done = reads.retire(key);
-            let loaded = Err(attempt::read_error(meta, std::sync::Arc::new(e)));
+            let loaded = Err(attempt::read_error(ctx.meta(sample), e.cause));
             finish(ctx, state, reads, &mut Saturation::default(), done, loaded);
         }
     }
@@ -413,7 +407,7 @@ fn submit<T>(
 fn submit_blocked<T>(
     ctx: &Context<T>,
     state: &ForDispatcher<T>,
-    session: &mut Session,
+    session: &mut Backend,
     reads: &mut Reads,
 ) {
     while let Some(&key) = reads.blocked.front() {
@@ -431,7 +425,7 @@ fn on_completion<T>(
     state: &ForDispatcher<T>,
     reads: &mut Reads,
     saturation: &mut Saturation,
-    c: Completion,
+    c: Done,
 ) {
     reads.in_reader -= 1;
     let key = c.tag as usize;
@@ -442,9 +436,7 @@ fn on_completion<T>(
         number: read.attempt,
         due: read.due,
     };
-    let outcome = ctx
-        .storage
-        .fate(attempt, c.result.map_err(ReadFailure::from));
+    let outcome = ctx.storage.fate(attempt, c.result);
     match outcome {
         Fate::Retry { at } => {
             // Keeps its io_depth unit.

@@ -83,6 +83,17 @@ impl From<lobster_uring::ReadError> for ReadFailure {
     }
 }
 
+#[cfg(feature = "s3")]
+impl From<lobster_store::StoreError> for ReadFailure {
+    fn from(e: lobster_store::StoreError) -> Self {
+        // The store retried what it could within its deadline.
+        ReadFailure {
+            transient: e.is_transient(),
+            cause: std::sync::Arc::new(e),
+        }
+    }
+}
+
 /// What becomes of one attempt.
 #[derive(Debug)]
 pub(crate) enum Fate {

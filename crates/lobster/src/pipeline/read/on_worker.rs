@@ -12,7 +12,7 @@ use lobster_uring::Resident;
 
 use super::attempt::{Attempt, Fate, ReadFailure, ReadFates};
 use super::dirs::SampleDirs;
-use crate::dataset::SampleMeta;
+use crate::dataset::{SampleMeta, Source};
 use crate::pipeline::landing::{Loaded, LARGE_FROM_BYTES};
 use crate::pipeline::sync::{lock, stopped, StopSignal};
 use lobster_sched::{CostModel, Tier};
@@ -22,6 +22,8 @@ pub(crate) struct WorkerReads<'a> {
     /// The loader reads with O_DIRECT.
     pub(crate) direct: bool,
     pub(crate) dirs: Option<&'a SampleDirs>,
+    /// Where the dataset's samples are read from.
+    pub(crate) source: &'a Source,
     pub(crate) reader: Option<&'a lobster_uring::Reader>,
     pub(crate) arena: Option<&'a lobster_uring::Arena>,
     pub(crate) storage: &'a ReadFates,
@@ -52,6 +54,17 @@ pub(crate) fn blocking_read(
     // A whole file asks one byte more: a file that grew since the dataset was opened shows.
     let len = meta.read_len();
     let read = || -> Result<Option<Bytes>, ReadFailure> {
+        match reads.source {
+            Source::Files => {}
+            #[cfg(feature = "s3")]
+            Source::Objects(objects) => {
+                return Ok(Some(objects.store.get(&objects.read(
+                    &meta.path,
+                    meta.range(),
+                    0,
+                ))?));
+            }
+        }
         if direct {
             return Ok(Some(lobster_uring::read_direct(
                 &meta.path,

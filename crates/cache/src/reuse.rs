@@ -142,7 +142,8 @@ impl ReusePolicy {
             // entry of a cached sample is its only one.
             let (cached, position) = (&self.cached, self.position);
             self.heap.retain(|e| {
-                e.next_use() > position && cached[e.sample as usize / 64] & (1 << (e.sample % 64)) != 0
+                e.next_use() > position
+                    && cached[e.sample as usize / 64] & (1 << (e.sample % 64)) != 0
             });
             debug_assert_eq!(self.heap.len(), self.live);
             self.ghosts = 0;

@@ -1,5 +1,6 @@
 //! Two cache levels, memory over a local disk, planned together from the known stream.
 
+use std::collections::VecDeque;
 use std::mem::size_of;
 use std::sync::Arc;
 
@@ -140,19 +141,26 @@ enum Levels {
 /// first that fit in `M` bytes are pinned in memory, the next that fit in `D` bytes on the
 /// disk, each from its first access on, never evicted. `lru` has no two-level plan.
 ///
+/// Parking (`reuse`): a disk hit with no next use stays on the disk, outside the rule
+/// ("parked"), and parked entries are dropped oldest first when the disk needs their
+/// room, so a run ends with its disk as full as it was, for the next run to seed from.
+/// No parked sample is accessed again, so the rule's decisions are unchanged.
+///
 /// Seeds: a second run starts with samples already on the disk (verified by the loader).
 /// `reuse` keeps those with a next use, nearest first use first, while they fit in
 /// `min(D, H)` bytes, as if admitted with their first use as next use: the rule evicts them
-/// when it decides to. `static` keeps those pinned on the disk. The others are in
+/// when it decides to; seeds never accessed are parked while the disk has room. `static`
+/// keeps those pinned on the disk. The others are in
 /// [`dropped_seeds`](TierPlanner::dropped_seeds): delete them before the first access.
 /// Decisions are a pure function of (stream, sizes, M, D, kind, seeds).
 ///
 /// Memory, in bytes per sample of the size table: [`Planner`](crate::Planner)'s figure for
 /// its policy (the cached samples being those held in either level), plus 1/8 (memory's
-/// cached bits) + 1/8 (seeded bits) + up to 20 per sample in memory (memory's heap) for
-/// `reuse`, plus 2 (disk's pinned set) for `static`. Building it reads the stream once for
-/// `static` (access counts) and, with seeds, for `reuse` until every seed's first access is
-/// found; [`memory_bytes`](TierPlanner::memory_bytes) reports the real figure.
+/// cached bits) + 1/4 (seeded and parked bits) + up to 20 per sample in memory (memory's
+/// heap) + up to 4 per parked sample (each is parked once at most) for `reuse`, plus 2
+/// (disk's pinned set) for `static`. Building it reads the stream once for `static` (access
+/// counts) and, with seeds, for `reuse` until every seed's first access is found, holding 8
+/// bytes per sample meanwhile; [`memory_bytes`](TierPlanner::memory_bytes) reports the real figure.
 #[derive(Debug)]
 pub struct TierPlanner<S> {
     index: NextUseIndex<S>,
@@ -163,6 +171,10 @@ pub struct TierPlanner<S> {
     kind: PolicyKind,
     /// One bit per sample: on disk since the start, from the seeds.
     seeded: Vec<u64>,
+    /// Parked disk entries, oldest first, with one bit per sample and their bytes.
+    parked: VecDeque<SampleId>,
+    parked_bits: Vec<u64>,
+    parked_bytes: u64,
     dropped_seeds: Vec<SampleId>,
     stats: TierStats,
 }
@@ -237,6 +249,9 @@ impl<S: StreamSource> TierPlanner<S> {
             });
         }
         let mut seeded = vec![0u64; n.div_ceil(64)];
+        let mut parked = VecDeque::new();
+        let mut parked_bits = vec![0u64; n.div_ceil(64)];
+        let mut parked_bytes = 0u64;
         let mut dropped_seeds = Vec::new();
         let levels = match kind {
             PolicyKind::Lru => return Err(CacheError::NoTieredPlan { policy: "lru" }),
@@ -255,8 +270,19 @@ impl<S: StreamSource> TierPlanner<S> {
                     order.sort_unstable();
                     let budget = disk_capacity_bytes.min(held_capacity_bytes);
                     for (first_use, s) in order {
-                        let fits = held.used_bytes() + u64::from(sizes[s as usize]) <= budget;
-                        if fits && held.seed(s, first_use) {
+                        let size = u64::from(sizes[s as usize]);
+                        if first_use == NEVER {
+                            if held.used_bytes() + parked_bytes + size <= disk_capacity_bytes {
+                                parked.push_back(s);
+                                set_bit(&mut parked_bits, s, true);
+                                parked_bytes += size;
+                                set_bit(&mut seeded, s, true);
+                            } else {
+                                dropped_seeds.push(s);
+                            }
+                        } else if held.used_bytes() + parked_bytes + size <= budget
+                            && held.seed(s, first_use)
+                        {
                             set_bit(&mut seeded, s, true);
                         } else {
                             dropped_seeds.push(s);
@@ -304,6 +330,9 @@ impl<S: StreamSource> TierPlanner<S> {
             disk_capacity_bytes,
             kind,
             seeded,
+            parked,
+            parked_bits,
+            parked_bytes,
             dropped_seeds,
             stats: TierStats::default(),
         })
@@ -331,10 +360,7 @@ impl<S: StreamSource> TierPlanner<S> {
     ///
     /// # Errors
     /// [`CacheError::SampleOutOfRange`] if the stream names a sample without a size.
-    pub fn next(
-        &mut self,
-        evicted: &mut TierEvicted,
-    ) -> Result<Option<TierDecision>, CacheError> {
+    pub fn next(&mut self, evicted: &mut TierEvicted) -> Result<Option<TierDecision>, CacheError> {
         evicted.clear();
         let Some(a) = self.index.next_access()? else {
             return Ok(None);
@@ -348,6 +374,10 @@ impl<S: StreamSource> TierPlanner<S> {
                 held_evicted,
                 memory_evicted,
             } => {
+                debug_assert!(
+                    !bit(&self.parked_bits, s),
+                    "a parked sample is not accessed"
+                );
                 let found = if memory.contains(s) {
                     Some(Tier::Memory)
                 } else if held.contains(s) {
@@ -378,9 +408,28 @@ impl<S: StreamSource> TierPlanner<S> {
                     Some(Tier::Memory)
                 } else if held.contains(s) {
                     Some(Tier::Disk)
+                } else if found == Some(Tier::Disk) {
+                    // Its last use: parked where it is.
+                    debug_assert_eq!(a.next_use, NEVER);
+                    self.parked.push_back(s);
+                    set_bit(&mut self.parked_bits, s, true);
+                    self.parked_bytes += u64::from(size_bytes);
+                    Some(Tier::Disk)
                 } else {
                     None
                 };
+                // Parked entries give way to the rule's.
+                while held.used_bytes() - memory.used_bytes() + self.parked_bytes
+                    > self.disk_capacity_bytes
+                {
+                    let p = self
+                        .parked
+                        .pop_front()
+                        .expect("the rule alone keeps the disk within its capacity");
+                    set_bit(&mut self.parked_bits, p, false);
+                    self.parked_bytes -= u64::from(self.sizes[p as usize]);
+                    evicted.disk.push(p);
+                }
                 (found, kept)
             }
             Levels::Static { memory, disk } => {
@@ -495,9 +544,10 @@ impl<S: StreamSource> TierPlanner<S> {
     /// Where `sample` is now.
     pub fn location(&self, sample: SampleId) -> Option<Tier> {
         let (in_memory, on_disk) = match &self.levels {
-            Levels::Reuse { held, memory, .. } => {
-                (memory.contains(sample), held.contains(sample))
-            }
+            Levels::Reuse { held, memory, .. } => (
+                memory.contains(sample),
+                held.contains(sample) || bit(&self.parked_bits, sample),
+            ),
             Levels::Static { memory, disk } => (memory.contains(sample), disk.contains(sample)),
         };
         if in_memory {
@@ -517,10 +567,12 @@ impl<S: StreamSource> TierPlanner<S> {
         }
     }
 
-    /// Bytes on the disk now (seeds kept included).
+    /// Bytes on the disk now (seeds kept and parked entries included).
     pub fn disk_used_bytes(&self) -> u64 {
         match &self.levels {
-            Levels::Reuse { held, memory, .. } => held.used_bytes() - memory.used_bytes(),
+            Levels::Reuse { held, memory, .. } => {
+                held.used_bytes() - memory.used_bytes() + self.parked_bytes
+            }
             Levels::Static { disk, .. } => disk.used_bytes(),
         }
     }
@@ -552,14 +604,14 @@ impl<S: StreamSource> TierPlanner<S> {
             } => {
                 held.memory_bytes()
                     + memory.memory_bytes()
-                    + (held_evicted.capacity() + memory_evicted.capacity())
-                        * size_of::<SampleId>()
+                    + (held_evicted.capacity() + memory_evicted.capacity()) * size_of::<SampleId>()
             }
             Levels::Static { memory, disk } => memory.memory_bytes() + disk.memory_bytes(),
         };
         self.index.memory_bytes()
             + levels
-            + (self.seeded.capacity() * size_of::<u64>())
+            + (self.seeded.capacity() + self.parked_bits.capacity()) * size_of::<u64>()
+            + self.parked.capacity() * size_of::<SampleId>()
             + self.dropped_seeds.capacity() * size_of::<SampleId>()
             + size_of::<Self>()
     }
@@ -619,4 +671,241 @@ fn scan<S: StreamSource>(
         }
     }
     Ok(Scan { counts, first })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::VecSource;
+
+    type Step = (Option<Tier>, Option<Tier>, bool, TierEvicted);
+
+    fn ev(memory: &[SampleId], demoted: &[SampleId], disk: &[SampleId]) -> TierEvicted {
+        TierEvicted {
+            memory: memory.to_vec(),
+            demoted: demoted.to_vec(),
+            disk: disk.to_vec(),
+        }
+    }
+
+    fn steps(
+        epochs: Vec<Vec<SampleId>>,
+        sizes: &[u32],
+        memory: u64,
+        disk: u64,
+        kind: PolicyKind,
+        seeds: &[SampleId],
+    ) -> (Vec<Step>, TierPlanner<VecSource>) {
+        let mut p = TierPlanner::new(
+            VecSource::new(epochs),
+            sizes.to_vec().into(),
+            memory,
+            disk,
+            kind,
+            seeds,
+        )
+        .unwrap();
+        let mut evicted = TierEvicted::default();
+        let mut out = Vec::new();
+        while let Some(d) = p.next(&mut evicted).unwrap() {
+            out.push((d.found, d.kept, d.write_disk, evicted.clone()));
+        }
+        (out, p)
+    }
+
+    const M: Option<Tier> = Some(Tier::Memory);
+    const D: Option<Tier> = Some(Tier::Disk);
+
+    #[test]
+    fn memory_keeps_belady_of_m_and_the_disk_the_rest_of_belady_of_m_plus_d() {
+        // Next uses: 0 at 5, 1 at 4, 2 at 3. Memory of one sample over a disk of one.
+        let (got, p) = steps(
+            vec![vec![0, 1, 2], vec![2, 1, 0]],
+            &[1; 3],
+            1,
+            1,
+            PolicyKind::Reuse,
+            &[],
+        );
+        let want: Vec<Step> = vec![
+            (None, M, false, ev(&[], &[], &[])),
+            // 1 is needed before 0: 0 is demoted to the disk.
+            (None, M, false, ev(&[0], &[0], &[])),
+            // Both levels full: 0 (farthest) leaves the disk, 1 is demoted for 2.
+            (None, M, false, ev(&[1], &[1], &[0])),
+            (M, None, false, ev(&[2], &[], &[])),
+            // Its last use: parked on the disk for a next run.
+            (D, D, false, ev(&[], &[], &[])),
+            (None, None, false, ev(&[], &[], &[])),
+        ];
+        assert_eq!(got, want);
+        let st = p.stats();
+        assert_eq!(
+            (
+                st.memory_hits,
+                st.disk_hits,
+                st.store_reads,
+                st.demotions,
+                st.disk_writes
+            ),
+            (1, 1, 4, 2, 2)
+        );
+        assert_eq!((p.memory_used_bytes(), p.disk_used_bytes()), (0, 1));
+        assert_eq!(p.location(1), D);
+    }
+
+    #[test]
+    fn a_store_read_memory_will_not_take_is_written_to_the_disk_and_promoted_when_it_can() {
+        // 0 is needed at 2, before 1 (at 3): memory keeps 0, the disk takes 1; at 3 memory is
+        // free again and takes 1 from the disk, whose entry is dropped.
+        let (got, _) = steps(
+            vec![vec![0, 1, 0, 1, 1]],
+            &[1; 2],
+            1,
+            1,
+            PolicyKind::Reuse,
+            &[],
+        );
+        let want: Vec<Step> = vec![
+            (None, M, false, ev(&[], &[], &[])),
+            (None, D, true, ev(&[], &[], &[])),
+            (M, None, false, ev(&[0], &[], &[])),
+            (D, M, false, ev(&[], &[], &[1])),
+            (M, None, false, ev(&[1], &[], &[])),
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn the_held_budget_leaves_room_for_the_largest_sample_so_the_disk_stays_in_bounds() {
+        // Sizes 1 and 3, memory 3, disk 3: the rule holds at most 3 + 3 + 1 - 3 = 4 bytes.
+        let (_, p) = steps(vec![vec![0, 1]], &[1, 3], 3, 3, PolicyKind::Reuse, &[]);
+        assert_eq!(p.held_capacity_bytes(), 4);
+        let (_, p) = steps(vec![vec![0]], &[1; 1], 2, 5, PolicyKind::Reuse, &[]);
+        assert_eq!(p.held_capacity_bytes(), 7);
+    }
+
+    #[test]
+    fn seeds_are_kept_nearest_first_within_the_disk_and_hit_from_it() {
+        // Disk of 2: seeds 0 (first use 2), 1 (first use 0), 3 (never used), 2 (first use 1).
+        // 1 and 2 are kept; 0 does not fit; 3 is never used.
+        let (got, p) = steps(
+            vec![vec![1, 2, 0], vec![0]],
+            &[1; 4],
+            0,
+            2,
+            PolicyKind::Reuse,
+            &[3, 0, 1, 2],
+        );
+        assert_eq!(p.dropped_seeds(), &[0, 3]);
+        let want: Vec<Step> = vec![
+            // 1 and 2 are at their last uses: parked.
+            (D, D, false, ev(&[], &[], &[])),
+            (D, D, false, ev(&[], &[], &[])),
+            // 0 needs the room of the oldest parked entry.
+            (None, D, true, ev(&[], &[], &[1])),
+            (D, D, false, ev(&[], &[], &[])),
+        ];
+        assert_eq!(got, want);
+        let st = p.stats();
+        assert_eq!((st.seed_hits, st.disk_hits, st.store_reads), (2, 3, 1));
+        assert_eq!((p.location(1), p.location(2), p.location(0)), (None, D, D));
+        // A seed never accessed is parked while there is room, and gives way.
+        let (got, p) = steps(
+            vec![vec![1, 2, 0], vec![0]],
+            &[1; 4],
+            0,
+            2,
+            PolicyKind::Reuse,
+            &[3],
+        );
+        assert!(p.dropped_seeds().is_empty());
+        assert_eq!(got[2], (None, D, true, ev(&[], &[], &[])));
+        assert_eq!((p.location(3), p.location(0)), (D, D));
+        let (got, _) = steps(
+            vec![vec![1, 0, 2], vec![2, 0]],
+            &[1; 4],
+            0,
+            1,
+            PolicyKind::Reuse,
+            &[3],
+        );
+        assert_eq!(got[1], (None, D, true, ev(&[], &[], &[3])));
+    }
+
+    #[test]
+    fn static_pins_the_most_accessed_in_memory_then_the_next_on_the_disk() {
+        // Counts: 0 three times, 1 twice, 2 twice, 3 once. Memory of 1 pins 0, disk of 1
+        // pins 1 (accessed first among the twice-accessed); 2 and 3 are never kept. Seed 2
+        // is not pinned and is dropped, seed 1 is on the disk already.
+        let (got, p) = steps(
+            vec![vec![0, 1, 2, 3], vec![0, 2, 1, 0]],
+            &[1; 4],
+            1,
+            1,
+            PolicyKind::Static,
+            &[2],
+        );
+        assert_eq!(p.dropped_seeds(), &[2]);
+        let none = ev(&[], &[], &[]);
+        let want: Vec<Step> = vec![
+            (None, M, false, none.clone()),
+            (None, D, true, none.clone()),
+            (None, None, false, none.clone()),
+            (None, None, false, none.clone()),
+            (M, M, false, none.clone()),
+            (None, None, false, none.clone()),
+            (D, D, false, none.clone()),
+            (M, M, false, none.clone()),
+        ];
+        assert_eq!(got, want);
+        let (got, p) = steps(
+            vec![vec![0, 1], vec![1, 0]],
+            &[1; 2],
+            1,
+            1,
+            PolicyKind::Static,
+            &[1],
+        );
+        assert_eq!(p.dropped_seeds(), &[] as &[SampleId]);
+        assert_eq!(got[1].0, D);
+        // Both hits of 1 are on the seeded entry, never rewritten.
+        assert_eq!(p.stats().seed_hits, 2);
+    }
+
+    #[test]
+    fn lru_and_seeds_without_a_size_are_refused_by_name() {
+        let source = || VecSource::new(vec![vec![0]]);
+        let sizes: Arc<[u32]> = vec![1].into();
+        let e = TierPlanner::new(source(), sizes.clone(), 1, 1, PolicyKind::Lru, &[]).unwrap_err();
+        assert!(e.to_string().contains("lru"), "{e}");
+        let e = TierPlanner::new(source(), sizes, 1, 1, PolicyKind::Reuse, &[7]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                CacheError::SeedOutOfRange {
+                    sample: 7,
+                    num_samples: 1
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn reuse_remove_drops_a_sample_whose_heap_entry_is_then_skipped() {
+        let sizes: Arc<[u32]> = vec![1; 4].into();
+        let mut r = ReusePolicy::new(sizes, 2);
+        let mut ev = Vec::new();
+        assert!(r.access(0, 0, 10, &mut ev).admitted);
+        assert!(r.access(1, 1, 5, &mut ev).admitted);
+        assert!(r.remove(0));
+        assert!(!r.remove(0));
+        assert_eq!(r.used_bytes(), 1);
+        // 2 fits without evicting; 3 then evicts 1 (next use 5 > 4), not the removed 0.
+        assert!(r.access(2, 2, 3, &mut ev).admitted);
+        assert!(ev.is_empty());
+        assert!(r.access(3, 3, 4, &mut ev).admitted);
+        assert_eq!(ev, vec![1]);
+    }
 }

@@ -126,6 +126,11 @@ pub fn optimal_two_level(
             *c = Some((0, 0));
         }
     }
+    // Per sample index, the places it may move to from each place; the accessed one may go
+    // anywhere.
+    const MOVES: [&[usize]; 3] = [&[0], &[1, 2, 0], &[2, 0]];
+    let pow3: Vec<usize> = (0..k).map(|j| 3usize.pow(j as u32)).collect();
+    let mut choice = vec![0usize; k];
     for &s in &stream {
         let i = ids.binary_search(&s).expect("every sample is listed");
         let mut next: Vec<Cost> = vec![None; states];
@@ -136,17 +141,24 @@ pub fn optimal_two_level(
                 1 => (reads, hits + size(i)),
                 _ => (reads, hits),
             };
-            for (y, slot) in next.iter_mut().enumerate() {
-                let allowed = (0..k).all(|j| {
-                    j == i
-                        || matches!(
-                            (place(x, j), place(y, j)),
-                            (_, 0) | (1, 1) | (1, 2) | (2, 2)
-                        )
-                });
-                if allowed && fits(y) && better((reads, hits), *slot) {
-                    *slot = Some((reads, hits));
+            let options =
+                |j: usize| -> &[usize] { if j == i { &[0, 1, 2] } else { MOVES[place(x, j)] } };
+            // Every combination of the samples' moves, as a mixed-radix counter.
+            choice.iter_mut().for_each(|c| *c = 0);
+            loop {
+                let y: usize = (0..k).map(|j| options(j)[choice[j]] * pow3[j]).sum();
+                if fits(y) && better((reads, hits), next[y]) {
+                    next[y] = Some((reads, hits));
                 }
+                let mut j = 0;
+                while j < k && choice[j] + 1 == options(j).len() {
+                    choice[j] = 0;
+                    j += 1;
+                }
+                if j == k {
+                    break;
+                }
+                choice[j] += 1;
             }
         }
         cost = next;

@@ -125,12 +125,15 @@ enum Levels {
 /// disk hit the memory admits moves to memory (its disk entry is dropped); a sample the
 /// memory evicts while still held moves to the disk (a demotion).
 ///
-/// `H = M + D + 1 - max_size` (saturating), where `max_size` is the largest size in the
-/// table (at least 1), so that the disk bytes (held minus memory) never exceed `D`: the
-/// memory refuses or evicts only when a sample of size `z` does not fit, after which it
-/// holds more than `M - z` bytes (an eviction frees less than one evicted sample beyond
-/// what is needed), so disk bytes are below `H - M + z`, at most `D`; every other step
-/// shrinks the disk or moves bytes from disk to memory. With unit sizes `H = M + D`, and
+/// `H = D + L`, so that the disk bytes (held minus memory) never exceed `D`, where `L` is
+/// the least memory can hold after it refuses or evicts: it does so only when a sample of
+/// size `z` does not fit, after which it holds more than `M - z` bytes (an eviction frees
+/// less than one evicted sample beyond what is needed), so at least `M + 1 - max_size`,
+/// and a multiple of `g`; `L` is the least multiple of `g` at or above that (0 if it is
+/// not above 0), `max_size` and `g` being the largest size in the table and the greatest
+/// common divisor of its sizes (both at least 1). Every other step shrinks the disk or
+/// moves bytes from disk to memory. So `M + D + 1 - max_size <= H <= M + D`; with all
+/// sizes equal and `M` a multiple of them, `H = M + D`. With unit sizes
 /// the plan is the exact two-level optimum (lobster-testkit's `tiers_optimum` checks it by
 /// exhaustive search). With byte sizes both rules are the reuse policy's heuristic (do no
 /// harm), and the store reads are exactly the misses of one [`ReusePolicy`] of `H` bytes
@@ -161,6 +164,25 @@ enum Levels {
 /// (disk's pinned set) for `static`. Building it reads the stream once for `static` (access
 /// counts) and, with seeds, for `reuse` until every seed's first access is found, holding 8
 /// bytes per sample meanwhile; [`memory_bytes`](TierPlanner::memory_bytes) reports the real figure.
+///
+/// ```
+/// use lobster_cache::{PolicyKind, TierEvicted, TierPlanner, VecSource};
+///
+/// // Samples 0..3 of 10 bytes, in two epochs; memory for one over a disk for one.
+/// let source = VecSource::new(vec![vec![0, 1, 2], vec![2, 1, 0]]);
+/// let sizes = vec![10; 3].into();
+/// let mut planner = TierPlanner::new(source, sizes, 10, 10, PolicyKind::Reuse, &[])?;
+/// let mut evicted = TierEvicted::default();
+/// while let Some(d) = planner.next(&mut evicted)? {
+///     // A loader reads from `d.found` (or the store), drops `evicted.disk`, writes
+///     // `evicted.demoted` to the disk, drops `evicted.memory`, then keeps the sample.
+///     let _ = (d.found, d.kept, d.write_disk, &evicted);
+/// }
+/// // 2 is hit in memory, 1 on the disk; 0, needed last, is read again.
+/// let st = planner.stats();
+/// assert_eq!((st.memory_hits, st.disk_hits, st.store_reads), (1, 1, 4));
+/// # Ok::<(), lobster_cache::CacheError>(())
+/// ```
 #[derive(Debug)]
 pub struct TierPlanner<S> {
     index: NextUseIndex<S>,
@@ -256,11 +278,8 @@ impl<S: StreamSource> TierPlanner<S> {
         let levels = match kind {
             PolicyKind::Lru => return Err(CacheError::NoTieredPlan { policy: "lru" }),
             PolicyKind::Reuse => {
-                let max_size = u64::from(sizes.iter().copied().max().unwrap_or(0).max(1));
-                let held_capacity_bytes = memory_capacity_bytes
-                    .saturating_add(disk_capacity_bytes)
-                    .saturating_add(1)
-                    .saturating_sub(max_size);
+                let held_capacity_bytes =
+                    held_capacity_bytes(&sizes, memory_capacity_bytes, disk_capacity_bytes);
                 let mut held = ReusePolicy::new(sizes.clone(), held_capacity_bytes);
                 let memory = ReusePolicy::new(sizes.clone(), memory_capacity_bytes);
                 if !seeds.is_empty() {
@@ -577,8 +596,8 @@ impl<S: StreamSource> TierPlanner<S> {
         }
     }
 
-    /// The bytes the `reuse` rule holds in both levels together, `M + D + 1 - max_size`
-    /// (see the type's docs); `M + D` for `static`.
+    /// The bytes the `reuse` rule holds in both levels together, `H` (see the type's docs);
+    /// `M + D` for `static`.
     pub fn held_capacity_bytes(&self) -> u64 {
         match &self.levels {
             Levels::Reuse { held, .. } => held.capacity_bytes(),
@@ -615,6 +634,20 @@ impl<S: StreamSource> TierPlanner<S> {
             + self.dropped_seeds.capacity() * size_of::<SampleId>()
             + size_of::<Self>()
     }
+}
+
+/// `H` of the `reuse` rule: see [`TierPlanner`]'s docs.
+fn held_capacity_bytes(sizes: &[u32], memory_capacity_bytes: u64, disk_capacity_bytes: u64) -> u64 {
+    fn gcd(mut a: u64, mut b: u64) -> u64 {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    }
+    let max_size = u64::from(sizes.iter().copied().max().unwrap_or(0).max(1));
+    let g = sizes.iter().fold(0, |g, &z| gcd(g, u64::from(z))).max(1);
+    let least = (memory_capacity_bytes + 1).saturating_sub(max_size);
+    disk_capacity_bytes.saturating_add(least.div_ceil(g) * g)
 }
 
 struct Scan {
@@ -783,6 +816,15 @@ mod tests {
         assert_eq!(p.held_capacity_bytes(), 4);
         let (_, p) = steps(vec![vec![0]], &[1; 1], 2, 5, PolicyKind::Reuse, &[]);
         assert_eq!(p.held_capacity_bytes(), 7);
+        // All sizes 10: memory holds 10 after any refusal, so the rule holds 20.
+        let (_, p) = steps(vec![vec![0]], &[10; 3], 10, 10, PolicyKind::Reuse, &[]);
+        assert_eq!(p.held_capacity_bytes(), 20);
+        // Sizes 4 and 6, memory 10: at least 5 after a refusal, so 6 (even): 5 + 6.
+        let (_, p) = steps(vec![vec![0]], &[4, 6], 10, 5, PolicyKind::Reuse, &[]);
+        assert_eq!(p.held_capacity_bytes(), 11);
+        // Memory smaller than the largest sample: the rule holds the disk's bytes.
+        let (_, p) = steps(vec![vec![0]], &[4, 6], 5, 5, PolicyKind::Reuse, &[]);
+        assert_eq!(p.held_capacity_bytes(), 5);
     }
 
     #[test]

@@ -38,7 +38,7 @@ fn belady_on_unit_sizes_is_the_exhaustive_optimum_of_one_level() {
             .collect();
         let sizes = vec![1; k as usize];
         for m in 0..4u64 {
-            let best = optimal_two_level(&[stream.clone()], &sizes, m, 0, &[]).unwrap();
+            let best = optimal_two_level(std::slice::from_ref(&stream), &sizes, m, 0, &[]).unwrap();
             let (misses, hits) = belady_unit(&stream, m as usize);
             assert_eq!(best.store_read_bytes, misses, "seed {seed}, room {m}");
             assert_eq!(best.memory_hit_bytes, hits, "seed {seed}, room {m}");

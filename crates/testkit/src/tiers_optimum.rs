@@ -141,8 +141,13 @@ pub fn optimal_two_level(
                 1 => (reads, hits + size(i)),
                 _ => (reads, hits),
             };
-            let options =
-                |j: usize| -> &[usize] { if j == i { &[0, 1, 2] } else { MOVES[place(x, j)] } };
+            let options = |j: usize| -> &[usize] {
+                if j == i {
+                    &[0, 1, 2]
+                } else {
+                    MOVES[place(x, j)]
+                }
+            };
             // Every combination of the samples' moves, as a mixed-radix counter.
             choice.iter_mut().for_each(|c| *c = 0);
             loop {
@@ -187,6 +192,8 @@ pub struct TierRun {
     pub dropped_seeds: Vec<SampleId>,
     /// What is on the disk at the end, ascending: the next run's seeds.
     pub disk_at_end: Vec<SampleId>,
+    /// The bytes the plan holds in both levels ([`TierPlanner::held_capacity_bytes`]).
+    pub held_capacity_bytes: u64,
 }
 
 /// Runs the two-level plan of `kind` over `epochs` and carries out every decision on a
@@ -313,15 +320,16 @@ pub fn run_tiers(
         decisions,
         dropped_seeds,
         disk_at_end,
+        held_capacity_bytes: planner.held_capacity_bytes(),
     }
 }
 
 /// Checks one case: [`run_tiers`]'s contract for `reuse` and `static`, the same decisions
 /// twice, `static` never evicting, `reuse`'s store reads equal to one reuse policy's misses
 /// of the held capacity (without seeds), and, where the stream is small enough, no
-/// placement reading fewer store bytes than the plan; with all sizes 1, the plan's store
-/// reads and memory hits equal to the best placement's and (without seeds) to Belady's
-/// misses with room `M + D` and hits with room `M`.
+/// placement reading fewer store bytes than the plan; with all sizes equal (`v`), the plan's
+/// store reads and memory hits equal to the best placement's and (without seeds) to
+/// Belady's misses with room `M / v + D / v` samples and hits with room `M / v`.
 pub fn check_tier_case(
     epochs: &[Vec<SampleId>],
     sizes: &[u32],
@@ -354,8 +362,18 @@ pub fn check_tier_case(
         "two runs decided differently"
     );
     let st = reuse.stats;
+    // The documented bounds of the rule's held bytes; the disk bound itself is checked at
+    // every step by the loader model.
+    let held_bytes = reuse.held_capacity_bytes;
     let max_size = u64::from(sizes.iter().copied().max().unwrap_or(0).max(1));
-    let held_bytes = (memory_capacity_bytes + disk_capacity_bytes + 1).saturating_sub(max_size);
+    let (m, d) = (memory_capacity_bytes, disk_capacity_bytes);
+    assert!(
+        held_bytes <= m + d && held_bytes + max_size > m + d,
+        "held bytes {held_bytes}"
+    );
+    if sizes.iter().all(|&z| z == sizes[0]) && m % u64::from(sizes[0].max(1)) == 0 {
+        assert_eq!(held_bytes, m + d, "equal sizes dividing the memory");
+    }
     if seeds.is_empty() {
         let mut single = Planner::new(
             VecSource::new(epochs.to_vec()),
@@ -371,9 +389,14 @@ pub fn check_tier_case(
             "store reads against one reuse policy of {held_bytes} bytes"
         );
     }
-    let unit = sizes.iter().all(|&z| z == 1);
+    // All sizes equal to `v` is unit sizes with room for whole samples only.
+    let v = u64::from(sizes[0]);
+    let unit = v > 0 && sizes.iter().all(|&z| u64::from(z) == v);
     if unit && seeds.is_empty() {
-        let (m, d) = (memory_capacity_bytes as usize, disk_capacity_bytes as usize);
+        let (m, d) = (
+            (memory_capacity_bytes / v) as usize,
+            (disk_capacity_bytes / v) as usize,
+        );
         let (misses, _) = belady_unit(&stream, m + d);
         let (_, hits) = belady_unit(&stream, m);
         assert_eq!(st.store_reads, misses, "store reads against OPT(M + D)");
@@ -396,14 +419,14 @@ pub fn check_tier_case(
             assert_eq!(
                 (st.store_read_bytes, st.memory_hit_bytes),
                 (best.store_read_bytes, best.memory_hit_bytes),
-                "unit sizes: (store reads, memory hits) against the best placement"
+                "equal sizes: (store reads, memory hits) against the best placement"
             );
         }
     }
 }
 
-/// Decodes arbitrary bytes into a small two-level case (stream, sizes or all sizes 1, both
-/// capacities, seeds) and runs [`check_tier_case`] on it.
+/// Decodes arbitrary bytes into a small two-level case (stream, sizes or all sizes equal,
+/// both capacities, seeds) and runs [`check_tier_case`] on it.
 pub fn check_tier_bytes(data: &[u8]) {
     let mut at = 0;
     let mut byte = || {
@@ -413,8 +436,10 @@ pub fn check_tier_bytes(data: &[u8]) {
     let flags = byte();
     let num_samples = 1 + usize::from(flags % 8);
     let unit = flags & 0x10 != 0;
+    let equal_size = 1 + flags / 0x20 % 3;
     let (memory, disk) = if unit {
-        (u64::from(byte() % 5), u64::from(byte() % 5))
+        let room = 5 * u64::from(equal_size);
+        (u64::from(byte()) % room, u64::from(byte()) % room)
     } else {
         (
             u64::from(byte()),
@@ -425,7 +450,7 @@ pub fn check_tier_bytes(data: &[u8]) {
         .map(|_| {
             let b = byte();
             if unit {
-                1
+                u32::from(equal_size)
             } else {
                 u32::from(b)
             }

@@ -132,12 +132,13 @@ enum Levels {
 /// and a multiple of `g`; `L` is the least multiple of `g` at or above that (0 if it is
 /// not above 0), `max_size` and `g` being the largest size in the table and the greatest
 /// common divisor of its sizes (both at least 1). Every other step shrinks the disk or
-/// moves bytes from disk to memory. So `M + D + 1 - max_size <= H <= M + D`; with all
-/// sizes equal and `M` a multiple of them, `H = M + D`. With unit sizes
-/// the plan is the exact two-level optimum (lobster-testkit's `tiers_optimum` checks it by
-/// exhaustive search). With byte sizes both rules are the reuse policy's heuristic (do no
-/// harm), and the store reads are exactly the misses of one [`ReusePolicy`] of `H` bytes
-/// over the stream (tested); one of `M + D` bytes may do better or worse, as capacity is
+/// moves bytes from disk to memory. So `M + D + 1 - max_size <= H <= M + D`, and
+/// `H = M + D` where all sizes are equal and divide `M`. With all sizes equal (`v`), the
+/// plan is the exact two-level optimum for room of `M / v` and `D / v` samples, seeded or not
+/// (lobster-testkit's `tiers_optimum` checks it against Belady's rule and an exhaustive
+/// search). With other sizes both rules are the reuse policy's heuristic (do no harm), and
+/// the store reads are exactly the misses of one [`ReusePolicy`] of `H` bytes over the
+/// stream (tested); one of `M + D` bytes may do better or worse, as capacity is
 /// not monotone for it with byte sizes.
 ///
 /// `static` (NoPFS): samples ranked by access count as [`StaticPolicy`] ranks them; the
@@ -146,7 +147,8 @@ enum Levels {
 ///
 /// Parking (`reuse`): a disk hit with no next use stays on the disk, outside the rule
 /// ("parked"), and parked entries are dropped oldest first when the disk needs their
-/// room, so a run ends with its disk as full as it was, for the next run to seed from.
+/// room, so a run ends with its disk still holding what it last held, for the next run to
+/// seed from.
 /// No parked sample is accessed again, so the rule's decisions are unchanged.
 ///
 /// Seeds: a second run starts with samples already on the disk (verified by the loader).
@@ -163,7 +165,8 @@ enum Levels {
 /// heap) + up to 4 per parked sample (each is parked once at most) for `reuse`, plus 2
 /// (disk's pinned set) for `static`. Building it reads the stream once for `static` (access
 /// counts) and, with seeds, for `reuse` until every seed's first access is found, holding 8
-/// bytes per sample meanwhile; [`memory_bytes`](TierPlanner::memory_bytes) reports the real figure.
+/// bytes per sample meanwhile; [`memory_bytes`](TierPlanner::memory_bytes) reports the
+/// real figure.
 ///
 /// ```
 /// use lobster_cache::{PolicyKind, TierEvicted, TierPlanner, VecSource};
@@ -949,5 +952,46 @@ mod tests {
         assert!(ev.is_empty());
         assert!(r.access(3, 3, 4, &mut ev).admitted);
         assert_eq!(ev, vec![1]);
+    }
+
+    #[test]
+    fn reuse_remove_survives_heap_compaction_and_never_evicts_a_removed_sample() {
+        // 50 samples admitted; 10 of them (needed last of all) removed; 3000 round-robin
+        // hits on the other 40 pile up stale heap entries until it compacts; then new
+        // samples force evictions of the 40, needed again before the removed ones.
+        let mut stream: Vec<SampleId> = (0..50).collect();
+        stream.extend((0..3000).map(|i| 10 + i % 40));
+        for s in 50..70 {
+            stream.extend([s, s]);
+        }
+        stream.extend(10..50);
+        stream.extend(0..10);
+        let mut next = vec![NEVER; stream.len()];
+        let mut seen = [NEVER; 70];
+        for (p, &s) in stream.iter().enumerate().rev() {
+            next[p] = seen[s as usize];
+            seen[s as usize] = p as u64;
+        }
+        let mut r = ReusePolicy::new(vec![1; 70].into(), 50);
+        let mut ev = Vec::new();
+        for (p, &s) in stream.iter().enumerate() {
+            if p == 50 {
+                for x in 0..10 {
+                    assert!(r.remove(x));
+                }
+            }
+            ev.clear();
+            let was: Vec<bool> = (0..70).map(|x| r.contains(x)).collect();
+            let out = r.access(s, p as u64, next[p], &mut ev);
+            assert_eq!(out.hit, was[s as usize], "at {p}");
+            for &e in &ev {
+                assert!(was[e as usize] && !r.contains(e), "at {p}: evicted {e}");
+                assert!(e >= 10, "at {p}: evicted the removed {e}");
+            }
+            let cached = (0..70).filter(|&x| r.contains(x)).count() as u64;
+            assert_eq!(r.used_bytes(), cached, "at {p}");
+        }
+        // Without compaction the heap would have grown to 4096 entries of 16 bytes.
+        assert!(r.memory_bytes() < 64 * 1024, "{}", r.memory_bytes());
     }
 }

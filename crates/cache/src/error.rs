@@ -55,6 +55,18 @@ pub enum CacheError {
         /// Samples in the decoded table.
         decoded: usize,
     },
+    /// A policy that has no two-level (memory and disk) plan.
+    NoTieredPlan {
+        /// The policy's name.
+        policy: &'static str,
+    },
+    /// A sample said to be on the disk already has no size in the size table.
+    SeedOutOfRange {
+        /// The sample id.
+        sample: SampleId,
+        /// Number of samples in the size table.
+        num_samples: usize,
+    },
 }
 
 impl fmt::Display for CacheError {
@@ -91,6 +103,17 @@ impl fmt::Display for CacheError {
             CacheError::SizeTables { encoded, decoded } => write!(
                 f,
                 "the decoded size table has {decoded} samples, the encoded one {encoded}"
+            ),
+            CacheError::NoTieredPlan { policy } => write!(
+                f,
+                "cache policy {policy} has no memory and disk plan (expected reuse or static)"
+            ),
+            CacheError::SeedOutOfRange {
+                sample,
+                num_samples,
+            } => write!(
+                f,
+                "sample {sample} on the disk cache is outside the size table of {num_samples} samples"
             ),
         }
     }

@@ -8,6 +8,7 @@
 //! - [`Planner`] drives a policy over a multi-epoch [`StreamSource`] in stream order, one
 //!   [`Decision`] per access, holding only a batch of epochs ([`NextUseIndex`]).
 //! - [`Store`] holds what the cache keeps of each sample, never over capacity.
+//! - [`TierPlanner`] plans a memory cache over a local disk as two levels of one rule.
 //! - [`ClusterPlanner`] plans the nodes' caches of a multi-node job as one (see [`PeerPlanKind`]).
 //! - [`trace`] parses and replays `SAMPLE_ID SIZE_BYTES` traces (the `lobster replay`
 //!   command).
@@ -52,6 +53,7 @@ mod policy;
 mod reuse;
 mod static_;
 mod store;
+mod tiers;
 
 pub mod trace;
 
@@ -73,6 +75,7 @@ pub use policy::{Outcome, Policy, PolicyKind, NEVER};
 pub use reuse::ReusePolicy;
 pub use static_::StaticPolicy;
 pub use store::Store;
+pub use tiers::{Tier, TierDecision, TierEvicted, TierPlanner, TierStats};
 
 /// Checker run by the fuzz targets: decodes `data` into a short multi-epoch stream, sizes and
 /// a capacity, runs every policy through the planner and through a naive reference model,

@@ -20,6 +20,9 @@ use crate::SampleId;
 ///
 /// Memory: 1 bit per sample in the size table, plus a max-heap of at most
 /// `1.25 * cached + 1024` entries of 16 bytes (stale entries are dropped lazily).
+///
+/// Two-level plans also [`seed`](ReusePolicy::seed) it with samples already held before the
+/// stream starts and [`remove`](ReusePolicy::remove) samples from it between accesses.
 #[derive(Debug)]
 pub struct ReusePolicy {
     sizes: Arc<[u32]>,
@@ -34,6 +37,9 @@ pub struct ReusePolicy {
     heap: QuadHeap,
     live: usize,
     popped: Vec<Entry>,
+    /// Upper bound on heap entries of removed samples that are not stale yet. While above 0,
+    /// eviction skips entries of uncached samples and compaction drops them.
+    ghosts: usize,
 }
 
 impl ReusePolicy {
@@ -49,6 +55,59 @@ impl ReusePolicy {
             heap: QuadHeap::default(),
             live: 0,
             popped: Vec::new(),
+            ghosts: 0,
+        }
+    }
+
+    /// Caches `sample` before the first access, as if admitted with next use `next_use` (its
+    /// first access in the stream): a second run's plan starting from what a first one left.
+    /// Seeds `sample` only if it is not cached, `next_use` is not [`NEVER`] and it fits in the
+    /// free bytes; returns whether it did. Evicts nothing.
+    ///
+    /// # Panics
+    /// If an access was already made (seeds come before the stream).
+    pub fn seed(&mut self, sample: SampleId, next_use: u64) -> bool {
+        assert!(
+            self.position == 0 && self.live == self.heap.len(),
+            "seeds come before the first access"
+        );
+        let size = self.size(sample);
+        if self.is_cached(sample)
+            || next_use == NEVER
+            || self.used_bytes + size > self.capacity_bytes
+        {
+            return false;
+        }
+        self.used_bytes += size;
+        self.live += 1;
+        self.insert(sample, next_use);
+        true
+    }
+
+    /// Drops `sample` from the cache between accesses (what a cache above or beside this one
+    /// decided); returns whether it was cached. Its heap entry stays until it is stale or
+    /// reaches the top, where it is skipped.
+    pub fn remove(&mut self, sample: SampleId) -> bool {
+        if !self.is_cached(sample) {
+            return false;
+        }
+        self.set_cached(sample, false);
+        self.used_bytes -= self.size(sample);
+        self.live -= 1;
+        self.ghosts += 1;
+        true
+    }
+
+    /// The live top of the heap, skipping entries of removed samples.
+    #[inline]
+    fn top(&mut self) -> Option<Entry> {
+        loop {
+            let top = self.heap.live_top(self.position)?;
+            if self.ghosts == 0 || self.is_cached(top.sample) {
+                return Some(top);
+            }
+            self.heap.pop();
+            self.ghosts -= 1;
         }
     }
 
@@ -76,7 +135,19 @@ impl ReusePolicy {
         self.set_cached(sample, true);
         let size_bytes = self.sizes[sample as usize];
         self.heap.push(Entry::new(next_use, sample, size_bytes));
-        self.heap.compact_if_stale(self.live, self.position);
+        if self.ghosts == 0 {
+            self.heap.compact_if_stale(self.live, self.position);
+        } else if self.heap.len() > self.live + self.live / 4 + 1024 {
+            // As `compact_if_stale`, also dropping the entries of removed samples: a live
+            // entry of a cached sample is its only one.
+            let (cached, position) = (&self.cached, self.position);
+            self.heap.retain(|e| {
+                e.next_use() > position
+                    && cached[e.sample as usize / 64] & (1 << (e.sample % 64)) != 0
+            });
+            debug_assert_eq!(self.heap.len(), self.live);
+            self.ghosts = 0;
+        }
     }
 
     /// Evicts the samples needed farthest ahead, each after `next_use`, until `need` bytes are
@@ -85,7 +156,7 @@ impl ReusePolicy {
         let mut freed = 0u64;
         self.popped.clear();
         while freed < need {
-            let Some(top) = self.heap.live_top(self.position) else {
+            let Some(top) = self.top() else {
                 break;
             };
             if top.next_use() <= next_use {
@@ -148,7 +219,7 @@ impl Policy for ReusePolicy {
         }
         if self.used_bytes + size > self.capacity_bytes {
             let need = self.used_bytes + size - self.capacity_bytes;
-            let Some(top) = self.heap.live_top(self.position) else {
+            let Some(top) = self.top() else {
                 return miss;
             };
             if top.next_use() <= next_use {

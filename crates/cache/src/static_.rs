@@ -58,6 +58,19 @@ impl StaticPolicy {
         }
     }
 
+    /// Caches a pinned `sample` before the first access (a second run's plan starting from
+    /// what a first one left); returns whether it did (false if not pinned or already
+    /// cached). Its first access is then a hit.
+    pub fn seed(&mut self, sample: SampleId) -> bool {
+        let s = sample as usize;
+        if !self.pinned[s] || self.cached[s] {
+            return false;
+        }
+        self.cached[s] = true;
+        self.used_bytes += u64::from(self.sizes[s]);
+        true
+    }
+
     /// Whether `sample` was chosen for pinning.
     pub fn is_pinned(&self, sample: SampleId) -> bool {
         self.pinned[sample as usize]

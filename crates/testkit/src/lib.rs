@@ -6,6 +6,8 @@
 //!
 //! - [`cluster_optimum`] and [`forms_optimum`]: exhaustive optima of the cluster plan and the
 //!   two-form rule on small cases, and their checkers.
+//! - [`tiers_optimum`]: Belady on unit sizes and the exhaustive best two-level (memory over
+//!   disk) placement, a loader model of the two-level plan, and their checker.
 //! - [`gen`]: shuffled multi-epoch streams, log-normal sizes and small two-form cases.
 //! - [`data`]: sample bytes, ImageFolders of them, JPEGs and ustar archives.
 //! - [`process`]: the test process's threads and descriptors, and a watchdog for hangs.
@@ -61,6 +63,7 @@ pub mod process;
 pub mod proxy;
 #[cfg(feature = "s3")]
 pub mod s3;
+pub mod tiers_optimum;
 
 /// Why an exhaustive search gave no optimum.
 #[derive(Debug)]

@@ -277,6 +277,10 @@ pub struct RunMetrics {
     pub storage_reads_by_epoch: Vec<u64>,
     /// Their bytes.
     pub storage_bytes_by_epoch: Vec<u64>,
+    /// For a dataset in an object store, the GET requests made for samples, by the epoch of
+    /// their access: one per read attempt, failed ones included (a stalled body the client
+    /// resumes is not a new request); empty for local files.
+    pub object_requests_by_epoch: Vec<u64>,
     /// How the nodes' caches were planned: `cluster` (one plan for the job's caches) or
     /// `node` (each node's own), and why.
     pub peer_plan: Mode<PeerPlanKind>,
@@ -644,6 +648,7 @@ impl Collector {
             remote_hit_bytes: 0,
             storage_reads_by_epoch: Vec::new(),
             storage_bytes_by_epoch: Vec::new(),
+            object_requests_by_epoch: Vec::new(),
             peer_plan: Mode::default(),
             assign: Mode::default(),
             cluster_plan: None,

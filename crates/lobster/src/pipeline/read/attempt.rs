@@ -25,29 +25,37 @@ pub(crate) struct FaultCounters {
     pub(crate) recovered: AtomicU64,
 }
 
-/// Storage reads that delivered bytes, and their bytes, by the epoch of their access: one
-/// pair of counters per epoch of the run, made up front.
+/// By the epoch of their access: storage read attempts (one request each), the reads that
+/// delivered bytes, and their bytes; counters for every epoch of the run, made up front.
 #[derive(Debug, Default)]
-pub(crate) struct DeliveredByEpoch(Box<[(AtomicU64, AtomicU64)]>);
+pub(crate) struct DeliveredByEpoch(Box<[[AtomicU64; 3]]>);
 
 impl DeliveredByEpoch {
     fn new(epochs: u32) -> Self {
         DeliveredByEpoch((0..epochs).map(|_| Default::default()).collect())
     }
 
+    fn attempted(&self, epoch: u32) {
+        if let Some([attempts, ..]) = self.0.get(epoch as usize) {
+            attempts.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     fn add(&self, epoch: u32, bytes: u64) {
-        if let Some((reads, total)) = self.0.get(epoch as usize) {
+        if let Some([_, reads, total]) = self.0.get(epoch as usize) {
             reads.fetch_add(1, Ordering::Relaxed);
             total.fetch_add(bytes, Ordering::Relaxed);
         }
     }
 
-    /// (reads, bytes) per epoch.
-    pub(crate) fn counts(&self) -> (Vec<u64>, Vec<u64>) {
-        self.0
-            .iter()
-            .map(|(r, b)| (r.load(Ordering::Relaxed), b.load(Ordering::Relaxed)))
-            .unzip()
+    /// (attempts, reads, bytes) per epoch.
+    pub(crate) fn counts(&self) -> [Vec<u64>; 3] {
+        std::array::from_fn(|i| {
+            self.0
+                .iter()
+                .map(|c| c[i].load(Ordering::Relaxed))
+                .collect()
+        })
     }
 }
 
@@ -149,6 +157,7 @@ impl ReadFates {
     /// Decides `attempt`'s fate from what the read returned.
     pub(crate) fn fate(&self, attempt: Attempt<'_>, read: Result<Bytes, ReadFailure>) -> Fate {
         let epoch = attempt.epoch;
+        self.delivered.attempted(epoch);
         let fate = fate(attempt, self.faults.as_ref(), &self.counters, read);
         if let Fate::Deliver {
             loaded: Ok(bytes), ..

@@ -10,6 +10,7 @@ mod image_bench;
 mod plan_bench;
 mod read_bench;
 mod s3_proxy;
+mod s3_server;
 mod soak;
 
 #[derive(Debug, Parser)]
@@ -41,6 +42,8 @@ enum Command {
     /// A delaying proxy in front of an S3 server on loopback: one port per emulated node,
     /// latency per request, bandwidth per node, counts per node; runs until SIGINT/SIGTERM.
     S3Proxy(s3_proxy::S3ProxyArgs),
+    /// A real S3 server (s3s-fs) on 127.0.0.1 for benchmarks, with uploads by PUT.
+    S3Server(s3_server::S3ServerArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -52,5 +55,6 @@ fn main() -> anyhow::Result<()> {
         Command::ImageBench(args) => image_bench::run(&args),
         Command::PlanBench(args) => plan_bench::run(&args),
         Command::S3Proxy(args) => s3_proxy::run(&args),
+        Command::S3Server(args) => s3_server::run(&args),
     }
 }

@@ -82,10 +82,18 @@ impl FaultSwitch {
     }
 }
 
+/// Where the buckets live: a temporary directory removed with the server, or one the caller
+/// keeps.
+#[derive(Debug)]
+enum Root {
+    Temp(tempfile::TempDir),
+    Kept(std::path::PathBuf),
+}
+
 /// s3s-fs on `127.0.0.1:0`, with SigV4 credentials [`ACCESS_KEY`] / [`SECRET_KEY`].
 pub struct TestS3 {
     addr: SocketAddr,
-    root: tempfile::TempDir,
+    root: Root,
     faults: FaultSwitch,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
@@ -98,7 +106,7 @@ impl fmt::Debug for TestS3 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TestS3")
             .field("addr", &self.addr)
-            .field("root", &self.root.path())
+            .field("root", &self.root())
             .finish()
     }
 }
@@ -107,11 +115,25 @@ impl TestS3 {
     /// Starts the server; panics if it cannot (a test helper).
     pub fn start() -> TestS3 {
         let root = tempfile::tempdir().expect("a temporary directory for the S3 server");
-        let fs = s3s_fs::FileSystem::new(root.path()).expect("s3s-fs over the temporary directory");
+        Self::serve(Root::Temp(root), 0)
+    }
+
+    /// Starts the server over the buckets in `root` (kept when it stops), on `port` of
+    /// 127.0.0.1 (0: a free one); panics if it cannot (a test and bench helper).
+    pub fn start_in(root: &std::path::Path, port: u16) -> TestS3 {
+        Self::serve(Root::Kept(root.to_path_buf()), port)
+    }
+
+    fn serve(root: Root, port: u16) -> TestS3 {
+        let dir = match &root {
+            Root::Temp(t) => t.path().to_path_buf(),
+            Root::Kept(p) => p.clone(),
+        };
+        let fs = s3s_fs::FileSystem::new(&dir).expect("s3s-fs over the server's directory");
         let mut builder = s3s::service::S3ServiceBuilder::new(fs);
         builder.set_auth(s3s::auth::SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
         let service = builder.build();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("a loopback port");
         listener
             .set_nonblocking(true)
             .expect("a non-blocking listener");
@@ -185,12 +207,15 @@ impl TestS3 {
 
     /// The directory the buckets live in.
     pub fn root(&self) -> &std::path::Path {
-        self.root.path()
+        match &self.root {
+            Root::Temp(t) => t.path(),
+            Root::Kept(p) => p,
+        }
     }
 
     /// Creates a bucket (s3s-fs keeps one as a directory).
     pub fn create_bucket(&self, name: &str) {
-        std::fs::create_dir(self.root.path().join(name)).expect("the bucket's directory");
+        std::fs::create_dir_all(self.root().join(name)).expect("the bucket's directory");
     }
 
     /// Uploads `bytes` as `key` by HTTP PUT; returns the ETag the server stored. The PUT

@@ -107,7 +107,10 @@ impl FreeList {
     /// either side within its segment.
     pub(crate) fn free(&mut self, addr: u64, len: u64) {
         let end = addr + len;
-        assert!(end <= self.total_bytes, "extent {addr}+{len} outside the tier");
+        assert!(
+            end <= self.total_bytes,
+            "extent {addr}+{len} outside the tier"
+        );
         let (mut start, mut len) = (addr, len);
         if addr % self.segment_bytes != 0 {
             if let Some((&p, &plen)) = self.free.range(..addr).next_back() {
@@ -213,7 +216,10 @@ mod tests {
                     match f.alloc(blocks * B) {
                         Some(addr) => {
                             let first = addr / B;
-                            assert_eq!(first / segment_blocks, (first + blocks - 1) / segment_blocks);
+                            assert_eq!(
+                                first / segment_blocks,
+                                (first + blocks - 1) / segment_blocks
+                            );
                             for b in first..first + blocks {
                                 assert!(!used[b as usize], "round {round}: block {b} given twice");
                                 used[b as usize] = true;
@@ -271,7 +277,11 @@ mod tests {
                 tails += len % a;
                 start += len;
             }
-            assert!(f.free_bytes() < a + tails, "{} free, a {a}, tails {tails}", f.free_bytes());
+            assert!(
+                f.free_bytes() < a + tails,
+                "{} free, a {a}, tails {tails}",
+                f.free_bytes()
+            );
         }
     }
 }

@@ -23,7 +23,10 @@ pub(crate) fn sample_index() -> Vec<u8> {
         crc: sample.wrapping_mul(0x9e37_79b9),
         addr: blocks * BLOCK_BYTES,
     };
-    encode(&GEOMETRY, &[e(1, 0), e(6, 2), e(8, 12), e(4, 30), e(11, 33)])
+    encode(
+        &GEOMETRY,
+        &[e(1, 0), e(6, 2), e(8, 12), e(4, 30), e(11, 33)],
+    )
 }
 
 /// `data[0]` picks repairs that let the fuzzer past the outer checks (bit 0: seal the
@@ -73,6 +76,22 @@ pub(crate) fn check_index(data: &[u8]) {
     }
     assert_eq!(free.free_bytes() + held_bytes, GEOMETRY.capacity_bytes);
     let again = encode(&GEOMETRY, &entries);
-    assert_eq!(again, bytes, "an accepted index is the encoding of its entries");
+    assert_eq!(
+        again, bytes,
+        "an accepted index is the encoding of its entries"
+    );
     assert_eq!(parse(&again, &GEOMETRY, &SIZES).as_ref(), Ok(&entries));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_seed_index_is_accepted_and_each_repair_alone_keeps_it() {
+        assert_eq!(parse(&sample_index(), &GEOMETRY, &SIZES).unwrap().len(), 5);
+        for mode in 0..8u8 {
+            check_index(&[&[mode][..], &sample_index()].concat());
+        }
+    }
 }

@@ -86,7 +86,10 @@ impl fmt::Display for IndexError {
             IndexError::TooLarge {
                 len_bytes,
                 max_bytes,
-            } => write!(f, "{len_bytes} bytes, more than the {max_bytes} it may hold"),
+            } => write!(
+                f,
+                "{len_bytes} bytes, more than the {max_bytes} it may hold"
+            ),
             IndexError::Truncated { len_bytes } => write!(f, "cut short at {len_bytes} bytes"),
             IndexError::BadMagic => f.write_str("not a disk tier index"),
             IndexError::BadSeal => f.write_str("its check does not match its bytes"),
@@ -312,7 +315,10 @@ mod tests {
             }
         }
         for len in 0..bytes.len() {
-            assert!(parse(&bytes[..len], &geometry(), &SIZES).is_err(), "cut at {len}");
+            assert!(
+                parse(&bytes[..len], &geometry(), &SIZES).is_err(),
+                "cut at {len}"
+            );
         }
     }
 

@@ -263,10 +263,7 @@ impl DiskTier {
             }
             let len = segment_bytes.min(total_bytes - i * segment_bytes);
             let file = io::open_segment(&path, direct).map_err(|e| io_err(&path, "open", e))?;
-            let mut have = file
-                .metadata()
-                .map_err(|e| io_err(&path, "stat", e))?
-                .len();
+            let mut have = file.metadata().map_err(|e| io_err(&path, "stat", e))?.len();
             if have > len {
                 file.set_len(len)
                     .map_err(|e| io_err(&path, "truncate", e))?;
@@ -467,26 +464,26 @@ impl DiskTier {
             offset,
             damage,
         };
-        let result = match io::read_extent(&segment.file, offset, want, extent as usize, self.direct)
-        {
-            Ok(b) if b.len() < want => Err(damaged(Damage::Short {
-                got_bytes: b.len() as u64,
-                want_bytes: want as u64,
-            })),
-            Ok(b) => match crc32fast::hash(&b) {
-                found if found == e.crc => Ok(b),
-                found => Err(damaged(Damage::Checksum {
-                    expected: e.crc,
-                    found,
+        let result =
+            match io::read_extent(&segment.file, offset, want, extent as usize, self.direct) {
+                Ok(b) if b.len() < want => Err(damaged(Damage::Short {
+                    got_bytes: b.len() as u64,
+                    want_bytes: want as u64,
                 })),
-            },
-            Err(source) => Err(TierError::Io {
-                path: segment.path.clone(),
-                op: "read",
-                sample: Some(sample),
-                source,
-            }),
-        };
+                Ok(b) => match crc32fast::hash(&b) {
+                    found if found == e.crc => Ok(b),
+                    found => Err(damaged(Damage::Checksum {
+                        expected: e.crc,
+                        found,
+                    })),
+                },
+                Err(source) => Err(TierError::Io {
+                    path: segment.path.clone(),
+                    op: "read",
+                    sample: Some(sample),
+                    source,
+                }),
+            };
         let mut st = self.lock();
         match st.entries.get_mut(&sample) {
             Some(cur) if cur.generation == e.generation => {

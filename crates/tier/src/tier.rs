@@ -276,10 +276,13 @@ impl DiskTier {
         let mut free = FreeList::new(total_bytes, segment_bytes);
         let mut entries = HashMap::new();
         let mut used_bytes = 0;
+        // Past every loaded entry's generation, dropped ones' too.
+        let mut next_generation = 0;
         let index_status = match read_index(&dir.join(INDEX), &geometry) {
             Ok(None) => IndexStatus::Missing,
             Ok(Some(bytes)) => match index::parse(&bytes, &geometry, &sizes) {
                 Ok(found) => {
+                    next_generation = found.len() as u64;
                     let mut dropped = 0;
                     for (generation, e) in found.into_iter().enumerate() {
                         let extent = extent_bytes(e.len);
@@ -312,7 +315,6 @@ impl DiskTier {
             Err(reason) => reason,
         };
         assert!(used_bytes <= total_bytes);
-        let next_generation = entries.len() as u64;
         Ok(DiskTier {
             dir,
             sizes,

@@ -135,6 +135,111 @@ impl State {
         true
     }
 
+    /// Takes the first free extent that holds `len` bytes for `sample`'s entry, not readable
+    /// until [`end_write`](State::end_write).
+    fn begin_write(
+        &mut self,
+        sample: u32,
+        len: u32,
+        capacity_bytes: u64,
+    ) -> Result<(u64, u64), TierError> {
+        if self.entries.contains_key(&sample) {
+            return Err(TierError::Exists { sample });
+        }
+        let extent = extent_bytes(len);
+        let Some(addr) = self.free.alloc(extent) else {
+            self.stats.full += 1;
+            return Err(TierError::Full {
+                sample,
+                extent_bytes: extent,
+                free_bytes: self.free.free_bytes(),
+                capacity_bytes,
+            });
+        };
+        self.used_bytes += extent;
+        assert!(
+            self.used_bytes <= capacity_bytes,
+            "disk tier holds {} bytes, over its capacity of {capacity_bytes}",
+            self.used_bytes
+        );
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        self.entries.insert(
+            sample,
+            Entry {
+                addr,
+                len,
+                crc: 0,
+                generation,
+                readers: 0,
+                ready: false,
+            },
+        );
+        Ok((addr, generation))
+    }
+
+    /// The write of `begin_write`'s `generation` has ended, its bytes' CRC if it succeeded.
+    fn end_write(&mut self, sample: u32, generation: u64, crc: Option<u32>) {
+        match self.entries.get_mut(&sample) {
+            Some(e) if e.generation == generation => match crc {
+                Some(crc) => {
+                    e.ready = true;
+                    e.crc = crc;
+                    let len = e.len;
+                    self.stats.writes += 1;
+                    self.stats.write_bytes += u64::from(len);
+                }
+                None => {
+                    // Its writer was its one holder: no read can have begun.
+                    let e = self.entries.remove(&sample).expect("just found");
+                    self.free_extent(e.addr, extent_bytes(e.len));
+                    self.stats.io_errors += 1;
+                }
+            },
+            // Removed while written.
+            _ => {
+                self.release_retiring(generation);
+                if crc.is_none() {
+                    self.stats.io_errors += 1;
+                }
+            }
+        }
+    }
+
+    /// `sample`'s entry, held against reuse until [`end_read`](State::end_read).
+    fn begin_read(&mut self, sample: u32) -> Result<Entry, TierError> {
+        match self.entries.get_mut(&sample) {
+            None => Err(TierError::Missing { sample }),
+            Some(e) if !e.ready => Err(TierError::Pending { sample }),
+            Some(e) => {
+                e.readers += 1;
+                Ok(*e)
+            }
+        }
+    }
+
+    /// The read of `e` has ended with `result`; a failed one drops the entry.
+    fn end_read(&mut self, sample: u32, e: &Entry, result: &Result<Bytes, TierError>) {
+        match self.entries.get_mut(&sample) {
+            Some(cur) if cur.generation == e.generation => {
+                cur.readers -= 1;
+                if result.is_err() {
+                    self.drop_entry(sample);
+                }
+            }
+            // Removed while read.
+            _ => self.release_retiring(e.generation),
+        }
+        match result {
+            Ok(b) => {
+                self.stats.reads += 1;
+                self.stats.read_bytes += b.len() as u64;
+            }
+            Err(TierError::Damaged { .. }) => self.stats.damaged += 1,
+            Err(_) => self.stats.io_errors += 1,
+        }
+    }
+
     /// One I/O on the removed entry of `generation` has ended.
     fn release_retiring(&mut self, generation: u64) {
         let r = self
@@ -373,63 +478,15 @@ impl DiskTier {
     pub fn write(&self, sample: u32, bytes: &[u8]) -> Result<(), TierError> {
         let len = self.check_size(sample, bytes.len())?;
         let extent = extent_bytes(len);
-        let (addr, generation) = {
-            let mut st = self.lock();
-            if st.entries.contains_key(&sample) {
-                return Err(TierError::Exists { sample });
-            }
-            let Some(addr) = st.free.alloc(extent) else {
-                st.stats.full += 1;
-                return Err(TierError::Full {
-                    sample,
-                    extent_bytes: extent,
-                    free_bytes: st.free.free_bytes(),
-                    capacity_bytes: self.geometry.capacity_bytes,
-                });
-            };
-            st.used_bytes += extent;
-            assert!(
-                st.used_bytes <= self.geometry.capacity_bytes,
-                "disk tier holds {} bytes, over its capacity of {}",
-                st.used_bytes,
-                self.geometry.capacity_bytes
-            );
-            let generation = st.next_generation;
-            st.next_generation += 1;
-            st.entries.insert(
-                sample,
-                Entry {
-                    addr,
-                    len,
-                    crc: 0,
-                    generation,
-                    readers: 0,
-                    ready: false,
-                },
-            );
-            (addr, generation)
-        };
+        let (addr, generation) =
+            self.lock()
+                .begin_write(sample, len, self.geometry.capacity_bytes)?;
         let crc = crc32fast::hash(bytes);
         let (seg, offset) = locate(&self.geometry, addr);
         let segment = &self.segments[seg];
         let written = io::write_extent(&segment.file, offset, bytes, extent as usize, self.direct);
-        let mut st = self.lock();
-        match st.entries.get_mut(&sample) {
-            Some(e) if e.generation == generation => {
-                if written.is_ok() {
-                    e.ready = true;
-                    e.crc = crc;
-                    st.stats.writes += 1;
-                    st.stats.write_bytes += u64::from(len);
-                } else {
-                    st.entries.remove(&sample);
-                    st.free_extent(addr, extent);
-                    st.stats.io_errors += 1;
-                }
-            }
-            // Removed while written.
-            _ => st.release_retiring(generation),
-        }
+        self.lock()
+            .end_write(sample, generation, written.as_ref().ok().map(|()| crc));
         written.map_err(|source| TierError::Io {
             path: segment.path.clone(),
             op: "write",
@@ -445,17 +502,7 @@ impl DiskTier {
     /// [`TierError::Damaged`] (short or not the bytes written) and [`TierError::Io`], after
     /// which the entry is dropped.
     pub fn read(&self, sample: u32) -> Result<Bytes, TierError> {
-        let e = {
-            let mut st = self.lock();
-            match st.entries.get_mut(&sample) {
-                None => return Err(TierError::Missing { sample }),
-                Some(e) if !e.ready => return Err(TierError::Pending { sample }),
-                Some(e) => {
-                    e.readers += 1;
-                    *e
-                }
-            }
-        };
+        let e = self.lock().begin_read(sample)?;
         let extent = extent_bytes(e.len);
         let (seg, offset) = locate(&self.geometry, e.addr);
         let segment = &self.segments[seg];
@@ -486,25 +533,7 @@ impl DiskTier {
                     source,
                 }),
             };
-        let mut st = self.lock();
-        match st.entries.get_mut(&sample) {
-            Some(cur) if cur.generation == e.generation => {
-                cur.readers -= 1;
-                if result.is_err() {
-                    st.drop_entry(sample);
-                }
-            }
-            // Removed while read.
-            _ => st.release_retiring(e.generation),
-        }
-        match &result {
-            Ok(b) => {
-                st.stats.reads += 1;
-                st.stats.read_bytes += b.len() as u64;
-            }
-            Err(TierError::Damaged { .. }) => st.stats.damaged += 1,
-            Err(_) => st.stats.io_errors += 1,
-        }
+        self.lock().end_read(sample, &e, &result);
         result
     }
 
@@ -655,4 +684,156 @@ fn read_index(path: &Path, geometry: &Geometry) -> Result<Option<Vec<u8>>, Index
         .and_then(|f| f.take(max_bytes + 1).read_to_end(&mut bytes))
         .map_err(|e| unreadable(&e))?;
     Ok(Some(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const B: u64 = BLOCK_BYTES;
+
+    fn state(total_bytes: u64) -> State {
+        State {
+            entries: HashMap::new(),
+            retiring: HashMap::new(),
+            free: FreeList::new(total_bytes, total_bytes),
+            used_bytes: 0,
+            next_generation: 0,
+            stats: TierStats::default(),
+        }
+    }
+
+    fn written(st: &mut State, sample: u32, len: u32) -> u64 {
+        let (addr, generation) = st.begin_write(sample, len, 16 * B).unwrap();
+        st.end_write(sample, generation, Some(7));
+        addr
+    }
+
+    #[test]
+    fn an_extent_removed_under_a_read_is_not_reused_until_the_read_ends() {
+        let mut st = state(16 * B);
+        let a = written(&mut st, 1, 100);
+        let e = st.begin_read(1).unwrap();
+        let e2 = st.begin_read(1).unwrap();
+        assert!(st.drop_entry(1));
+        assert!(matches!(
+            st.begin_read(1),
+            Err(TierError::Missing { sample: 1 })
+        ));
+        // The same sample written again goes elsewhere while the reads are in flight.
+        let b = written(&mut st, 1, 100);
+        assert_ne!(a, b);
+        assert_eq!(st.used_bytes, 2 * B);
+        st.end_read(1, &e, &Ok(Bytes::new()));
+        assert_eq!(st.used_bytes, 2 * B, "one read still holds it");
+        st.end_read(1, &e2, &Ok(Bytes::new()));
+        assert_eq!(st.used_bytes, B);
+        assert!(st.retiring.is_empty());
+        // The later entry is untouched, and the extent is free again.
+        assert!(st.begin_read(1).is_ok());
+        assert_eq!(written(&mut st, 2, 100), a);
+    }
+
+    #[test]
+    fn an_extent_removed_under_its_write_is_freed_when_the_write_ends() {
+        let mut st = state(16 * B);
+        let (addr, generation) = st.begin_write(3, 5000, 16 * B).unwrap();
+        assert!(matches!(
+            st.begin_read(3),
+            Err(TierError::Pending { sample: 3 })
+        ));
+        assert!(matches!(
+            st.begin_write(3, 5000, 16 * B),
+            Err(TierError::Exists { sample: 3 })
+        ));
+        assert!(st.drop_entry(3));
+        let (again, g2) = st.begin_write(3, 5000, 16 * B).unwrap();
+        assert_ne!(again, addr);
+        st.end_write(3, generation, Some(1));
+        assert_eq!(
+            st.used_bytes,
+            2 * B,
+            "the old write's extent freed, the new one held"
+        );
+        assert!(matches!(
+            st.begin_read(3),
+            Err(TierError::Pending { sample: 3 })
+        ));
+        st.end_write(3, g2, Some(2));
+        assert_eq!(st.begin_read(3).unwrap().crc, 2);
+        assert_eq!(st.stats.writes, 1);
+    }
+
+    #[test]
+    fn a_failed_write_frees_its_extent_and_leaves_no_entry() {
+        let mut st = state(4 * B);
+        let (addr, generation) = st.begin_write(0, 3 * 4096, 4 * B).unwrap();
+        st.end_write(0, generation, None);
+        assert_eq!((st.used_bytes, st.stats.io_errors), (0, 1));
+        assert!(st.entries.is_empty());
+        assert_eq!(written(&mut st, 1, 4 * 4096), addr);
+        assert!(matches!(
+            st.begin_write(2, 1, 4 * B),
+            Err(TierError::Full {
+                sample: 2,
+                free_bytes: 0,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_damaged_read_drops_the_entry_once_every_read_of_it_ends() {
+        let mut st = state(16 * B);
+        written(&mut st, 5, 100);
+        let e = st.begin_read(5).unwrap();
+        let e2 = st.begin_read(5).unwrap();
+        let damage = TierError::Damaged {
+            sample: 5,
+            file: PathBuf::from("seg-0"),
+            offset: 0,
+            damage: Damage::Checksum {
+                expected: 7,
+                found: 8,
+            },
+        };
+        st.end_read(5, &e, &Err(damage));
+        assert!(matches!(
+            st.begin_read(5),
+            Err(TierError::Missing { sample: 5 })
+        ));
+        assert_eq!(st.used_bytes, B, "the other read holds the extent");
+        st.end_read(5, &e2, &Ok(Bytes::new()));
+        assert_eq!(st.used_bytes, 0);
+        assert_eq!((st.stats.damaged, st.stats.reads), (1, 1));
+    }
+
+    #[test]
+    fn generations_after_an_index_with_a_dropped_entry_are_new() {
+        let dir = tempfile::tempdir().unwrap();
+        let sizes: Arc<[u32]> = vec![200 << 10; 2].into();
+        let tier = DiskTier::open(dir.path(), 1, sizes.clone(), 1 << 20).unwrap();
+        tier.write(0, &vec![1; 200 << 10]).unwrap();
+        tier.write(1, &vec![2; 200 << 10]).unwrap();
+        // Sample 0 fills most of segment 0, so sample 1 went to segment 1.
+        assert_eq!(tier.lock().entries[&1].addr, tier.geometry.segment_bytes);
+        let seg0 = tier.segments[0].path.clone();
+        drop(tier);
+        File::options()
+            .write(true)
+            .open(&seg0)
+            .unwrap()
+            .set_len(10)
+            .unwrap();
+        let tier = DiskTier::open(dir.path(), 1, sizes, 1 << 20).unwrap();
+        assert_eq!(
+            tier.index_status(),
+            &IndexStatus::Loaded {
+                kept: 1,
+                dropped: 1
+            }
+        );
+        let st = tier.lock();
+        assert!(st.entries[&1].generation < st.next_generation);
+    }
 }

@@ -13,10 +13,12 @@
 //!   does not grow with the capacity. Another fingerprint is another directory.
 //! - Extents are whole 4 KiB blocks (one at least, see [`extent_bytes`]), taken first fit
 //!   over a free list sorted by address, frees coalesced; the extents held never exceed the
-//!   capacity (asserted). The fragmentation bound is in `alloc.rs`: a write of `a` aligned
-//!   bytes is refused only when no free extent holds it, which with one sample size needs
-//!   fewer than `a` plus the segments' tails free; [`DiskTier::write`] then fails with
-//!   [`TierError::Full`], which a loader treats as "not kept".
+//!   capacity (asserted). Fragmentation: a write of `a` aligned bytes is refused
+//!   ([`TierError::Full`], nothing written) only when no free extent holds it; free extents
+//!   are at most entries + 4, so fewer than `(entries + 4) * a` bytes are then free, and
+//!   where all samples have one size, fewer than `a` plus each segment's tail (its length
+//!   modulo `a`, under `a`). A plan that budgets the disk in sample bytes must leave room
+//!   for this rounding and fragmentation, or treat `Full` as "not kept".
 //! - I/O: `pread`/`pwrite` on the caller's thread, O_DIRECT when a probe at open says the
 //!   file system takes it (tmpfs does not), else buffered.
 //! - The index is sealed with a CRC32, bounded by the geometry (one 24-byte entry per 4 KiB

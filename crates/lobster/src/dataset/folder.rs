@@ -169,32 +169,36 @@ fn scan(root: &Path, options: &FolderOptions) -> Result<(Dataset, Vec<Walked>), 
         }
         classes.push(name);
     }
-    if !empty.is_empty() {
-        return Err(Error::dataset(
-            root,
-            format!(
-                "no valid file for the classes {}; supported extensions are: {}",
-                empty.join(", "),
-                options.extensions.join(", ")
-            ),
-        ));
+    every_class_has_a_file(root, &empty, options)?;
+    Ok((
+        Dataset::of_samples(root.to_path_buf(), classes, samples),
+        walked,
+    ))
+}
+
+/// Refuses a folder with classes (`empty`) that hold no sample, naming them all with the
+/// extensions taken, as torchvision does.
+pub(super) fn every_class_has_a_file(
+    root: &Path,
+    empty: &[String],
+    options: &FolderOptions,
+) -> Result<(), Error> {
+    if empty.is_empty() {
+        return Ok(());
     }
-    let ds = Dataset {
-        root: root.to_path_buf(),
-        classes,
-        samples,
-        table: None,
-        probes: Vec::new(),
-        kept: Vec::new(),
-        probed: Default::default(),
-        source: Source::Files,
-    };
-    Ok((ds, walked))
+    Err(Error::dataset(
+        root,
+        format!(
+            "no valid file for the classes {}; supported extensions are: {}",
+            empty.join(", "),
+            options.extensions.join(", ")
+        ),
+    ))
 }
 
 /// Appends a folder's sample `id`: a whole file, named by its path from byte `key_at` on (its
 /// path under the root); scanned or read from a table.
-fn push_sample(
+pub(super) fn push_sample(
     samples: &mut Vec<SampleMeta>,
     id: usize,
     path: &Path,

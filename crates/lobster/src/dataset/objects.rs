@@ -27,12 +27,13 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use lobster_store::{ObjectInfo, RangeRead, Store, StoreConfig, StoreError, StoreUrl};
 
+use super::folder::{every_class_has_a_file, push_sample, FolderOptions};
 use super::shards::{
     expand_braces, group, judge_all, keys_in_one_shard, number, parse_samples, write_samples,
     Indexed, Shard, ShardSamples,
 };
 use super::source::{Objects, Source};
-use super::table::{Dataset, Key, SampleMeta};
+use super::table::{Dataset, SampleMeta};
 use super::table_file::{
     escape, fnv, now_ns, parse_sealed, read_kept, seal, split, unescape, write_atomically,
     KEPT_MAX_BYTES,
@@ -341,7 +342,7 @@ fn folder(store: Store, url: &StoreUrl, prefix: &str, dirs: Vec<String>) -> Resu
         ));
     }
     let listed = in_parallel(dirs.len(), |i| store.list(&dirs[i]));
-    let options = super::folder::FolderOptions::default();
+    let options = FolderOptions::default();
     let mut samples = Vec::new();
     let mut classes = Vec::with_capacity(dirs.len());
     let mut empty = Vec::new();
@@ -358,47 +359,31 @@ fn folder(store: Store, url: &StoreUrl, prefix: &str, dirs: Vec<String>) -> Resu
             let path = object_url(url, &o.key);
             let id = super::table::range_id(samples.len(), o.size_bytes)
                 .map_err(|what| Error::dataset(Path::new(&path), what))?;
-            samples.push(SampleMeta {
-                id,
-                label: label as u32,
-                path: Arc::from(Path::new(&path)),
-                offset: 0,
-                size_bytes: o.size_bytes,
-                whole_file: true,
-                key: Key::InPath(key_at as u32),
-            });
+            push_sample(
+                &mut samples,
+                id as usize,
+                Path::new(&path),
+                key_at,
+                label as u32,
+                o.size_bytes,
+            )
+            .map_err(|what| Error::dataset(Path::new(&path), what))?;
             objects.push(o);
         }
         classes.push(name);
     }
-    if !empty.is_empty() {
-        return Err(Error::dataset(
-            Path::new(&root),
-            format!(
-                "no valid file for the classes {}; supported extensions are: {}",
-                empty.join(", "),
-                options.extensions.join(", ")
-            ),
-        ));
-    }
+    every_class_has_a_file(Path::new(&root), &empty, &options)?;
     let source = objects_source(store, &samples, &objects, url);
-    Ok(Dataset {
-        root: PathBuf::from(root),
-        classes,
-        samples,
-        table: None,
-        probes: Vec::new(),
-        kept: Vec::new(),
-        probed: Default::default(),
-        source,
-    })
+    let mut ds = Dataset::of_samples(PathBuf::from(root), classes, samples);
+    ds.source = source;
+    Ok(ds)
 }
 
 /// The sample objects of one class prefix `dir`, in `sorted(os.walk(dir))` order.
 fn torchvision_order(
     dir: &str,
     listed: Vec<ObjectInfo>,
-    options: &super::folder::FolderOptions,
+    options: &FolderOptions,
 ) -> Vec<ObjectInfo> {
     let class_dir = dir.trim_end_matches('/');
     let mut files: Vec<(String, ObjectInfo)> = listed

@@ -337,7 +337,16 @@ impl Dataset {
         if samples.is_empty() {
             return Err(Error::dataset(&root, "an empty table: no samples"));
         }
-        Ok(Self {
+        Ok(Self::of_samples(root, classes, samples))
+    }
+
+    /// A dataset of local `samples` read from no table, with nothing probed yet.
+    pub(super) fn of_samples(
+        root: PathBuf,
+        classes: Vec<String>,
+        samples: Vec<SampleMeta>,
+    ) -> Self {
+        Self {
             root,
             classes,
             samples,
@@ -346,7 +355,7 @@ impl Dataset {
             kept: Vec::new(),
             probed: Default::default(),
             source: Source::Files,
-        })
+        }
     }
 
     /// `sample`'s bytes (a sample of this dataset), read now from where the dataset

@@ -234,6 +234,7 @@ def run_epochs(loader, epochs, counts_json, node, on_epoch_start=None):
             f"epoch {e}: {samples} samples in {secs:.2f} s = {samples / secs:.1f}/s, "
             f"{d['bytes_down'] / 2**20:.1f} MiB down, {d['requests']} requests",
             file=sys.stderr,
+            flush=True,
         )
     return out
 
@@ -445,7 +446,9 @@ def cmd_streaming(args):
             predownload=predownload,
             num_canonical_nodes=args.nodes,
             shuffle=True,
+            shuffle_algo=args.shuffle_algo,
             shuffle_seed=args.seed,
+            shuffle_block_size=args.shuffle_block_size,
             batch_size=args.batch,
             download_retry=2,
         )
@@ -668,6 +671,8 @@ def cmd_sweep(args, passthrough):
     if args.peer == "streaming":
         pre = args.grid_predownload or [None]
         grid = [dict(g, predownload=k) for g in grid for k in pre]
+        blocks = args.grid_shuffle_block_size or [None]
+        grid = [dict(g, shuffle_block_size=b) for g in grid for b in blocks]
     work = tempfile.mkdtemp(prefix="peers-sweep-", dir=os.environ.get("TMPDIR"))
     points = []
     try:
@@ -677,13 +682,23 @@ def cmd_sweep(args, passthrough):
                 out = os.path.join(work, f"run-{len(points)}-{r}.json")
                 cmd = [sys.executable, os.path.abspath(__file__), args.peer] + passthrough
                 cmd += ["--workers", str(g["workers"]), "--prefetch", str(g["prefetch"])]
-                if g.get("predownload") is not None:
-                    cmd += ["--predownload", str(g["predownload"])]
+                for key in ("predownload", "shuffle_block_size"):
+                    if g.get(key) is not None:
+                        cmd += ["--" + key.replace("_", "-"), str(g[key])]
                 cmd += ["--out", out]
                 print(f"sweep: {g} run {r + 1}/{args.runs}", file=sys.stderr, flush=True)
-                subprocess.run(cmd, check=True)
+                try:
+                    subprocess.run(cmd, check=True, timeout=args.run_timeout_s)
+                except subprocess.TimeoutExpired:
+                    # A setting that thrashes (Streaming's cache below its shuffle's working
+                    # set re-downloads shards per sample) is reported, not waited for.
+                    print(f"sweep: {g} over {args.run_timeout_s} s, skipped", file=sys.stderr)
+                    break
                 with open(out) as f:
                     runs.append(json.load(f))
+            if len(runs) < args.runs:
+                points.append({"grid": g, "timed_out_after_s": args.run_timeout_s, "runs": runs})
+                continue
             st = [run["steady"] for run in runs]
             if any(s is None for s in st):
                 sys.exit("sweep: --epochs must be at least 2 (the steady figures skip the first)")
@@ -705,7 +720,10 @@ def cmd_sweep(args, passthrough):
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    best = max(points, key=lambda p: p["median_steady_samples_per_s"])
+    done = [p for p in points if "median_steady_samples_per_s" in p]
+    if not done:
+        sys.exit("sweep: every setting timed out")
+    best = max(done, key=lambda p: p["median_steady_samples_per_s"])
     report = {
         "peer": args.peer,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -748,6 +766,13 @@ def add_common(p, peer):
             help="bytes, PCT%% of the MDS shards' bytes, or none (no eviction)",
         )
         p.add_argument("--predownload", type=int, default=None, help="samples ahead per worker")
+        p.add_argument("--shuffle-algo", default="py1e")
+        p.add_argument(
+            "--shuffle-block-size",
+            type=int,
+            default=None,
+            help="samples per shuffle block (default: Streaming's, max(4e6 / nodes, 2^18))",
+        )
     if peer == "s3torch":
         p.add_argument("--variant", choices=("map", "tar"), default="map")
 
@@ -774,7 +799,11 @@ def main():
     p.add_argument("--grid-workers", type=ints, default=[2, 4, 8])
     p.add_argument("--grid-prefetch", type=ints, default=[4])
     p.add_argument("--grid-predownload", type=ints, default=None, help="streaming only")
+    p.add_argument("--grid-shuffle-block-size", type=ints, default=None, help="streaming only")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument(
+        "--run-timeout-s", type=float, default=1800.0, help="a run taking longer fails its setting"
+    )
     p.add_argument("--out", required=True, help="the sweep's JSON")
     args, rest = ap.parse_known_args()
     if args.cmd == "sweep":

@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -434,6 +435,7 @@ def cmd_streaming(args):
             WORLD_SIZE=str(args.nodes), RANK=str(args.rank), LOCAL_WORLD_SIZE="1", LOCAL_RANK="0"
         )
     clean_stale_shared_memory()
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     local = tempfile.mkdtemp(prefix="peers-streaming-", dir=os.environ.get("TMPDIR"))
     report = base_report(args, "mosaicml-streaming", "mds")
     try:
@@ -558,6 +560,9 @@ def cmd_s3torch(args):
     set_credentials(args)
     from s3torchconnector import S3ClientConfig, S3IterableDataset, S3MapDataset
 
+    if args.variant == "tar" and args.nodes != 1:
+        # S3IterableDataset shards by torch.distributed's rank, which this process has not.
+        sys.exit("--variant tar: only --nodes 1 (sharding over ranks needs torch.distributed)")
     client = s3_client(args.endpoint)
     if args.variant == "map":
         objects = list_objects(client, args.bucket, FOLDER_PREFIX)
@@ -665,6 +670,25 @@ def ints(text):
     return [int(x) for x in text.split(",") if x]
 
 
+def stop_group(child):
+    """SIGTERM to the run's process group (the run cleans its temp dir), then SIGKILL."""
+    for sig, wait_s in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 20.0)):
+        try:
+            os.killpg(child.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            child.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _exit_on_sigterm(signum, frame):
+    # Unwinds through `finally`, so a stopped run removes its temp dir.
+    sys.exit(128 + signum)
+
+
 def cmd_sweep(args, passthrough):
     """Runs the peer once per grid point and run, each in a fresh process; medians of runs."""
     grid = [{"workers": w, "prefetch": p} for w in args.grid_workers for p in args.grid_prefetch]
@@ -687,13 +711,18 @@ def cmd_sweep(args, passthrough):
                         cmd += ["--" + key.replace("_", "-"), str(g[key])]
                 cmd += ["--out", out]
                 print(f"sweep: {g} run {r + 1}/{args.runs}", file=sys.stderr, flush=True)
+                # A session of its own, so that a run over time goes with its DataLoader workers.
+                child = subprocess.Popen(cmd, start_new_session=True)
                 try:
-                    subprocess.run(cmd, check=True, timeout=args.run_timeout_s)
+                    rc = child.wait(timeout=args.run_timeout_s)
                 except subprocess.TimeoutExpired:
-                    # A setting that thrashes (Streaming's cache below its shuffle's working
-                    # set re-downloads shards per sample) is reported, not waited for.
+                    # A setting that thrashes (Streaming's cache below its working set
+                    # downloads shards again and again) is reported, not waited for.
+                    stop_group(child)
                     print(f"sweep: {g} over {args.run_timeout_s} s, skipped", file=sys.stderr)
                     break
+                if rc != 0:
+                    sys.exit(f"sweep: {' '.join(cmd)} failed with {rc}")
                 with open(out) as f:
                     runs.append(json.load(f))
             if len(runs) < args.runs:

@@ -715,6 +715,10 @@ def cmd_sweep(args, passthrough):
                 child = subprocess.Popen(cmd, start_new_session=True)
                 try:
                     rc = child.wait(timeout=args.run_timeout_s)
+                except KeyboardInterrupt:
+                    # The run has a session of its own: Ctrl-C does not reach it.
+                    stop_group(child)
+                    raise
                 except subprocess.TimeoutExpired:
                     # A setting that thrashes (Streaming's cache below its working set
                     # downloads shards again and again) is reported, not waited for.
@@ -754,7 +758,7 @@ def cmd_sweep(args, passthrough):
         sys.exit("sweep: every setting timed out")
     best = max(done, key=lambda p: p["median_steady_samples_per_s"])
     report = {
-        "peer": args.peer,
+        "peer": {"streaming": "mosaicml-streaming", "s3torch": "s3torchconnector"}[args.peer],
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": [sys.executable] + sys.argv,
         "runs_per_setting": args.runs,
@@ -765,6 +769,57 @@ def cmd_sweep(args, passthrough):
     }
     write_report(args.out, report)
     print(json.dumps(report["best"], indent=2))
+
+
+def _setting_text(settings):
+    keys = (
+        "cache_limit_bytes",
+        "workers",
+        "prefetch_factor",
+        "predownload_effective",
+        "shuffle_block_size",
+        "decode",
+    )
+    return ", ".join(f"{k}={settings[k]}" for k in keys if settings.get(k) not in (None, False))
+
+
+def cmd_table(args):
+    """A Markdown table of run and sweep JSONs: one row per run, or per sweep setting."""
+    mib = 1 << 20
+    print(
+        "| peer | variant | setting | runs | first epoch samples/s | steady samples/s "
+        "| steady MiB/epoch | steady requests/epoch |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for path in args.files:
+        with open(path) as f:
+            doc = json.load(f)
+        if "settings" in doc and isinstance(doc["settings"], list):
+            for point in doc["settings"]:
+                first = point["runs"][0] if point["runs"] else None
+                mark = " (best)" if point["grid"] == doc["best"]["grid"] else ""
+                if "median_steady_samples_per_s" not in point:
+                    print(
+                        f"| {doc['peer']} | {first['variant'] if first else ''} | "
+                        f"{point['grid']}{mark} | timed out after {point['timed_out_after_s']} s "
+                        "| | | | |"
+                    )
+                    continue
+                print(
+                    f"| {doc['peer']} | {first['variant']} | {_setting_text(first['settings'])}"
+                    f"{mark} | median of {len(point['runs'])} "
+                    f"| {point['median_first_epoch_samples_per_s']:.1f} "
+                    f"| {point['median_steady_samples_per_s']:.1f} "
+                    f"| {point['median_steady_bytes_down_per_epoch'] / mib:.1f} "
+                    f"| {point['median_steady_requests_per_epoch']:.0f} |"
+                )
+        else:
+            st = doc["steady"]
+            print(
+                f"| {doc['peer']} | {doc['variant']} | {_setting_text(doc['settings'])} | 1 "
+                f"| {doc['epochs'][0]['samples_per_s']:.1f} | {st['samples_per_s']:.1f} "
+                f"| {st['bytes_down_per_epoch'] / mib:.1f} | {st['requests_per_epoch']:.0f} |"
+            )
 
 
 # --------------------------------------------------------------------------------------
@@ -834,13 +889,21 @@ def main():
         "--run-timeout-s", type=float, default=1800.0, help="a run taking longer fails its setting"
     )
     p.add_argument("--out", required=True, help="the sweep's JSON")
+    p = sub.add_parser("table", help="a Markdown table of run and sweep JSONs")
+    p.add_argument("files", nargs="+")
     args, rest = ap.parse_known_args()
     if args.cmd == "sweep":
         cmd_sweep(args, rest)
         return
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
-    {"prepare": cmd_prepare, "streaming": cmd_streaming, "s3torch": cmd_s3torch}[args.cmd](args)
+    cmds = {
+        "prepare": cmd_prepare,
+        "streaming": cmd_streaming,
+        "s3torch": cmd_s3torch,
+        "table": cmd_table,
+    }
+    cmds[args.cmd](args)
 
 
 if __name__ == "__main__":

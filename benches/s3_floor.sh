@@ -5,6 +5,7 @@
 # every strategy's batches must be the same (batches_crc32, per node), and the steady-state
 # bytes fetched from the store per epoch (summed over the nodes, epochs after the first)
 # are set against the floor F - N*C. RUNS repetitions; prints medians and per-run figures.
+# Before them, one node of 4 ranks runs every strategy from both, and their batches must match.
 #
 # Usage: [RUNS=3] [EPOCHS=4] benches/s3_floor.sh [lobster run options...]
 set -euo pipefail
@@ -38,6 +39,11 @@ export AWS_REGION=us-east-1 AWS_CONFIG_FILE=/nonexistent AWS_SHARED_CREDENTIALS_
 export XDG_CACHE_HOME=$work/cache
 job=(run --quiet --cluster --nodes 4 --ranks-per-node 4 --cache-frac 0.2 --decoder raw
     --storage-mbps 0 --compute-ms 0 --epochs "$epochs" --strategy nopfs,lobster-node-plan,lobster)
+# One node, every strategy: the same batches from the bucket as from the local shards.
+one=(run --quiet --ranks-per-node 4 --cache-frac 0.2 --decoder raw --storage-mbps 0 --compute-ms 0
+    --epochs 2 --strategy all)
+"$bin/lobster" "${one[@]}" --data "$work/shards" --json "$work/one-local.json" "$@" >/dev/null
+"$bin/lobster" "${one[@]}" --data s3://data/shards/ --json "$work/one-s3.json" "$@" >/dev/null
 for ((i = 1; i <= runs; i++)); do
     "$bin/lobster" "${job[@]}" --data "$work/shards" --json "$work/local-$i.json" "$@" >/dev/null
     "$bin/lobster" "${job[@]}" --data s3://data/shards/ --json "$work/s3-$i.json" "$@" >/dev/null
@@ -45,6 +51,11 @@ done
 python3 - "$work" "$runs" <<'PY'
 import json, statistics, sys
 work, runs = sys.argv[1], int(sys.argv[2])
+one = [json.load(open(f"{work}/one-{k}.json"))["results"] for k in ("local", "s3")]
+crc = [[(r["strategy"], r["batches_crc32"]) for r in rs] for rs in one]
+assert crc[0] == crc[1], crc
+print(f"one node: {len(crc[1])} strategies ({', '.join(s for s, _ in crc[1])}) deliver the "
+      "local shards' batches_crc32 from the bucket")
 rows = {}
 for i in range(1, runs + 1):
     local, s3 = (json.load(open(f"{work}/{k}-{i}.json")) for k in ("local", "s3"))

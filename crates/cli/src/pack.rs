@@ -255,7 +255,8 @@ mod tests {
 #[derive(Debug, clap::Args)]
 pub(crate) struct IndexArgs {
     /// The ImageFolder whose sample table to build, or the shards whose indexes to build
-    /// (a brace pattern, a directory of `.tar` files, a `.tar` file or a list file).
+    /// (a brace pattern, a directory of `.tar` files, a `.tar` file or a list file), local or
+    /// in a bucket (`s3://...`).
     #[arg(long)]
     data: String,
     /// Print the figures as JSON.
@@ -282,7 +283,10 @@ struct Indexed {
 /// indexes, and times a reopen in a fresh process, as the next job's.
 pub(crate) fn index(args: &IndexArgs) -> Result<()> {
     let options = lobster_io::FolderOptions::default();
-    let shards = Dataset::names_shards(&args.data)?;
+    // A bucket's shards and its folder-shaped prefixes are both indexed by `index_shards`
+    // (a folder prefix keeps no table: its listing is its table).
+    let objects = args.data.starts_with("s3://");
+    let shards = objects || Dataset::names_shards(&args.data)?;
     if args.open_only {
         let started = std::time::Instant::now();
         let ds = Dataset::open(&args.data)?;
@@ -322,7 +326,11 @@ pub(crate) fn index(args: &IndexArgs) -> Result<()> {
     }
     let out = Indexed {
         data: args.data.clone(),
-        kind: if shards { "shards" } else { "folder" },
+        kind: match (objects, shards) {
+            (true, _) => "objects",
+            (false, true) => "shards",
+            (false, false) => "folder",
+        },
         samples: ds.len(),
         table,
         scan_s,

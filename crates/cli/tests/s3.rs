@@ -45,7 +45,20 @@ fn packed(dir: &Path) -> (TestS3, std::path::PathBuf) {
     (s3, shards)
 }
 
-/// `lobster run` with the AWS variables set for `s3` (secrets made canaries).
+/// `lobster` with the AWS variables set for `s3`, and its caches under `dir`.
+fn lobster_on(s3: &TestS3, dir: &Path) -> Command {
+    let mut cmd = lobster();
+    cmd.env("AWS_ENDPOINT_URL", s3.endpoint())
+        .env("AWS_ACCESS_KEY_ID", s3.access_key())
+        .env("AWS_SECRET_ACCESS_KEY", s3.secret_key())
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_CONFIG_FILE", dir.join("no-config"))
+        .env("AWS_SHARED_CREDENTIALS_FILE", dir.join("no-credentials"))
+        .env("XDG_CACHE_HOME", dir.join("cache"));
+    cmd
+}
+
+/// `lobster run` with the AWS variables set for `s3`.
 fn run(
     s3: &TestS3,
     dir: &Path,
@@ -54,36 +67,29 @@ fn run(
     extra: &[&str],
 ) -> (serde_json::Value, String) {
     let json = dir.join(format!("{name}.json"));
-    let mut cmd: Command = lobster();
-    cmd.env("AWS_ENDPOINT_URL", s3.endpoint())
-        .env("AWS_ACCESS_KEY_ID", s3.access_key())
-        .env("AWS_SECRET_ACCESS_KEY", s3.secret_key())
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_CONFIG_FILE", dir.join("no-config"))
-        .env("AWS_SHARED_CREDENTIALS_FILE", dir.join("no-credentials"))
-        .env("XDG_CACHE_HOME", dir.join("cache"))
-        .args([
-            "run",
-            "--compute-ms",
-            "0",
-            "--storage-mbps",
-            "0",
-            "--decoder",
-            "raw",
-        ])
-        .args([
-            "--batch",
-            "4",
-            "--epochs",
-            "3",
-            "--cache-frac",
-            "0.2",
-            "--data",
-            data,
-        ])
-        .args(extra)
-        .arg("--json")
-        .arg(&json);
+    let mut cmd = lobster_on(s3, dir);
+    cmd.args([
+        "run",
+        "--compute-ms",
+        "0",
+        "--storage-mbps",
+        "0",
+        "--decoder",
+        "raw",
+    ])
+    .args([
+        "--batch",
+        "4",
+        "--epochs",
+        "3",
+        "--cache-frac",
+        "0.2",
+        "--data",
+        data,
+    ])
+    .args(extra)
+    .arg("--json")
+    .arg(&json);
     let out = cmd.output().unwrap();
     let stdout =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
@@ -135,6 +141,35 @@ fn every_strategy_delivers_the_local_shards_batches_from_a_bucket_on_one_node() 
         assert!(r["storage_bytes_by_epoch"][0].as_u64().unwrap() > 0);
     }
     let report = std::fs::read_to_string(dir.path().join("s3.json")).unwrap();
+    // `ls` lists the bucket's samples; `index` builds the shards' indexes and reopens them.
+    let ls = lobster_on(&s3, dir.path())
+        .args(["ls", "--json", "--data", "s3://data/shards/"])
+        .output()
+        .unwrap();
+    assert!(
+        ls.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ls.stderr)
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 120);
+    let first = rows[0]["file"].as_str().unwrap();
+    assert!(
+        first.starts_with("s3://data/shards/shard-000000.tar"),
+        "{first}"
+    );
+    let index = lobster_on(&s3, dir.path())
+        .args(["index", "--json", "--data", "s3://data/shards/"])
+        .output()
+        .unwrap();
+    assert!(
+        index.status.success(),
+        "{}",
+        String::from_utf8_lossy(&index.stderr)
+    );
+    let indexed: serde_json::Value = serde_json::from_slice(&index.stdout).unwrap();
+    assert_eq!(indexed["kind"], "objects");
+    assert_eq!(indexed["samples"], 120);
     for text in [&report, &text] {
         assert!(!text.contains(s3.secret_key()), "a secret in the output");
     }

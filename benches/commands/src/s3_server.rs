@@ -22,7 +22,7 @@ pub struct S3ServerArgs {
     #[arg(long, default_value_t = 0)]
     pub port: u16,
     /// Uploads, before serving: BUCKET/PREFIX=DIR puts every file under DIR as
-    /// PREFIX/<its path under DIR> in BUCKET (made if missing). Repeatable.
+    /// `PREFIX/<its path under DIR>` in BUCKET (made if missing). Repeatable.
     #[arg(long)]
     pub upload: Vec<String>,
     /// Stop once the uploads are done (to fill a root another run serves).

@@ -78,6 +78,9 @@ pub(crate) enum Read {
     Blocking { peer: Option<usize> },
     /// The decode worker if the page cache holds the sample, else the dispatcher.
     IfResident,
+    /// A hit on the disk cache: the disk thread reads it there (checked), or has it read
+    /// from storage if it cannot (then `Blocking`).
+    Disk,
     /// A hit on a sample the cache left in the page cache: the worker reads it there, or
     /// from storage if the page cache has let it go (the miss it then is).
     PageCacheHit,

@@ -222,7 +222,8 @@ fn load<T>(
             *reread = true;
             (blocking_read(reads, meta, access.epoch, 0), None)
         }
-        Read::Cached | Read::Storage(_) | Read::Peer(_) => (bytes, None),
+        // The disk thread filled the landing with what it read.
+        Read::Cached | Read::Storage(_) | Read::Peer(_) | Read::Disk => (bytes, None),
     }
 }
 

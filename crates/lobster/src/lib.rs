@@ -130,8 +130,8 @@ pub use lobster_store::{StoreConfig, StoreError};
 pub use lobster_uring::{hold_heap, ActiveBackend, Backend, BackendInfo, HeapLimits};
 pub use memory::{MachineMemory, MemoryPart, MemoryShort};
 pub use metrics::{
-    AllocationRecord, CacheForms, CacheStore, ClusterPlanMetrics, DiskCacheMetrics, FormCostsReport,
-    IterationMetrics, Mode, ReadPath, RunMetrics, SkippedSample, ThreadClass,
+    AllocationRecord, CacheForms, CacheStore, ClusterPlanMetrics, DiskCacheMetrics,
+    FormCostsReport, IterationMetrics, Mode, ReadPath, RunMetrics, SkippedSample, ThreadClass,
 };
 // Which peer holds each access's sample, for the plan-bench's figures of its size and start.
 #[cfg(feature = "lab")]

@@ -333,6 +333,8 @@ pub struct DiskCacheMetrics {
     pub direct: bool,
     /// Entries found at open (a previous run's): the plan's seeds.
     pub seeds: u64,
+    /// Their bytes.
+    pub seed_bytes: u64,
     /// Of those, the ones the plan dropped before the first access.
     pub seeds_dropped: u64,
     /// Accesses the plan finds on the disk.

@@ -4,9 +4,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use lobster_io::{
-    Assign, Backend, BudgetConfig, CacheConfig, CachePolicy, DiskCache, FailureBudget, FaultInjection, FormChoice, IoOrder,
-    JobConfig, LinkPrices, LoaderConfig, OnError, PipelineThreads, ReadConfig, Schedule,
-    StorageEmulation,
+    Assign, Backend, BudgetConfig, CacheConfig, CachePolicy, DiskCache, FailureBudget,
+    FaultInjection, FormChoice, IoOrder, JobConfig, LinkPrices, LoaderConfig, OnError,
+    PipelineThreads, ReadConfig, Schedule, StorageEmulation,
 };
 use serde::Serialize;
 
@@ -69,7 +69,12 @@ pub struct RunArgs {
     /// cached strategy gets its own `DIR/<strategy>/`, and a later run with the same DIR
     /// and dataset (any seed) starts with what it left there. One node only (not with
     /// --cluster or --mpi), encoded bytes (not with --cache-forms decoded or auto).
-    #[arg(help_heading = "Cache", long, value_name = "DIR", requires = "disk_cache_bytes")]
+    #[arg(
+        help_heading = "Cache",
+        long,
+        value_name = "DIR",
+        requires = "disk_cache_bytes"
+    )]
     pub disk_cache: Option<PathBuf>,
     /// The disk cache's capacity in bytes (whole 4 KiB blocks, at least one).
     #[arg(help_heading = "Cache", long, requires = "disk_cache")]

@@ -540,7 +540,7 @@ fn open_disk(
         )
     })?;
     let plan_bytes = disk_plan_bytes(sizes, tier.capacity_bytes());
-    Ok(pipeline::DiskLevel::new(tier, plan_bytes))
+    Ok(pipeline::DiskLevel::new(tier, sizes, plan_bytes))
 }
 
 /// The dataset's identity for the disk cache: its root and every sample's path, offset and

@@ -36,6 +36,7 @@ pub(crate) struct DiskLevel {
     pub(crate) tier: DiskTier,
     /// Entries found at open: the plan's seeds.
     pub(crate) seeds: Vec<u32>,
+    seed_bytes: u64,
     /// The disk bytes the plan budgets, in sample bytes.
     pub(crate) plan_capacity_bytes: u64,
     counters: DiskCounters,
@@ -82,11 +83,15 @@ pub(crate) struct ForDisk {
 }
 
 impl DiskLevel {
-    pub(crate) fn new(tier: DiskTier, plan_capacity_bytes: u64) -> Self {
+    /// The level over `tier`, whose entries at open are the plan's seeds; `sizes` sizes
+    /// the dataset's samples.
+    pub(crate) fn new(tier: DiskTier, sizes: &[u32], plan_capacity_bytes: u64) -> Self {
         let seeds = tier.entries();
+        let seed_bytes = seeds.iter().map(|&s| u64::from(sizes[s as usize])).sum();
         DiskLevel {
             tier,
             seeds,
+            seed_bytes,
             plan_capacity_bytes,
             counters: DiskCounters::default(),
             planned: Mutex::new(None),
@@ -125,6 +130,7 @@ impl DiskLevel {
             plan_capacity_bytes: self.plan_capacity_bytes,
             direct: self.tier.direct(),
             seeds: self.seeds.len() as u64,
+            seed_bytes: self.seed_bytes,
             seeds_dropped,
             planned_hits: planned.disk_hits,
             planned_hit_bytes: planned.disk_hit_bytes,
@@ -166,7 +172,10 @@ pub(crate) fn disk_thread<T>(ctx: &Context<T>, state: &ForDisk, ops: &Receiver<V
                     Some(bytes) => write(level, sample, &bytes),
                     None if state.stop.is_set() => {}
                     None => {
-                        level.counters.writes_skipped.fetch_add(1, Ordering::Relaxed);
+                        level
+                            .counters
+                            .writes_skipped
+                            .fetch_add(1, Ordering::Relaxed);
                     }
                 },
             }
@@ -184,8 +193,7 @@ fn read<T>(ctx: &Context<T>, state: &ForDisk, mut access: Access, released: &mut
     match state.level.tier.read(access.sample) {
         Ok(bytes) => {
             c.hits.fetch_add(1, Ordering::Relaxed);
-            c.hit_bytes
-                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            c.hit_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
             // The tier's buffer is the read's own: the memory cache keeps it as it is.
             fill_for(
                 access,

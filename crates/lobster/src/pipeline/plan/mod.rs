@@ -272,10 +272,7 @@ impl Cache {
                 }
             }
             Decider::Tiers(planner, evicted) => {
-                let d = planner
-                    .next(evicted)
-                    .map_err(engine)?
-                    .ok_or_else(stopped)?;
+                let d = planner.next(evicted).map_err(engine)?.ok_or_else(stopped)?;
                 // In the order the plan's contract gives: read the hit, drop disk entries,
                 // write demotions from their memory copies (then memory drops them).
                 if d.found == Some(Tier::Disk) {

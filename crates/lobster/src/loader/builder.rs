@@ -564,27 +564,25 @@ fn dataset_fingerprint(dataset: &Dataset) -> u64 {
 
 /// The disk bytes the plan budgets, in sample bytes, for a tier of `capacity_bytes`: the
 /// tier holds whole 4 KiB blocks, so the capacity is scaled by the table's sample bytes
-/// over its block bytes, less one largest extent per segment for fragmentation. Where the
-/// samples the plan keeps round worse than the table's mean, a write may still find the
-/// tier full: it is counted, and that entry's planned hits read storage.
+/// over its block bytes, less one mean extent per segment file (an extent does not span two,
+/// so each file's tail is lost: under one extent, exactly so where all samples have one
+/// size). With sizes that vary, the tier's first fit may still find no hole for a write (or
+/// the samples kept may round worse than the mean): that write is counted as full, and its
+/// entry's planned hits read storage. A larger margin costs more than those misses (on the
+/// CLI's default set, one largest extent per file read more from storage per epoch).
 fn disk_plan_bytes(sizes: &[u32], capacity_bytes: u64) -> u64 {
     let sample_bytes: u128 = sizes.iter().map(|&z| u128::from(z)).sum();
     let extent_bytes: u128 = sizes
         .iter()
         .map(|&z| u128::from(lobster_tier::extent_bytes(z)))
         .sum();
-    let largest = sizes
-        .iter()
-        .map(|&z| lobster_tier::extent_bytes(z))
-        .max()
-        .unwrap_or(0);
     if extent_bytes == 0 {
         return 0;
     }
-    let scaled = u128::from(capacity_bytes) * sample_bytes / extent_bytes;
-    u64::try_from(scaled)
-        .unwrap_or(u64::MAX)
-        .saturating_sub(lobster_tier::SEGMENTS_MAX * largest)
+    let mean_extent_bytes = extent_bytes.div_ceil(sizes.len() as u128);
+    let budget = u128::from(capacity_bytes) * sample_bytes / extent_bytes;
+    let budget = budget.saturating_sub(u128::from(lobster_tier::SEGMENTS_MAX) * mean_extent_bytes);
+    u64::try_from(budget).unwrap_or(u64::MAX)
 }
 
 /// The decoded tier the config asks for, and what the metrics report of it.

@@ -7,7 +7,9 @@
 //!    the prefetch distance of the slowest rank ([`progress`]), says who reads each miss
 //!    ([`read_path`]), and starts the peer fetches of planned remote hits.
 //! 2. [`io`]: the dispatcher issues the window's reads in deadline order within the io_depth
-//!    budget and fills each sample's [`landing`] when its read completes.
+//!    budget and fills each sample's [`landing`] when its read completes. With a disk cache,
+//!    [`disk`]: one thread applies the plan's disk operations in plan order (reads of disk
+//!    hits, which fill their landings, drops, and writes once their bytes have landed).
 //! 3. [`decode`]: decode workers take accesses whose bytes are known, run the user's
 //!    function (in two stages with a decoded tier) and deliver each sample.
 //! 4. [`deliver`]: each rank's reorder buffer, and a rank taking its next whole batch.

@@ -39,6 +39,8 @@ pub(crate) struct Access {
 pub(crate) struct Cached {
     pub(crate) found: Option<Form>,
     pub(crate) kept: Option<Form>,
+    /// A miss the disk cache keeps: its bytes are written there once they land.
+    pub(crate) to_disk: bool,
 }
 
 impl Cached {
@@ -50,6 +52,13 @@ impl Cached {
     /// pool buffer.
     pub(crate) fn admitted(self) -> bool {
         self.found.is_none() && self.kept == Some(Form::Encoded)
+    }
+
+    /// Bytes that outlive the access's decode (the memory cache keeps them, or the disk
+    /// thread writes them): the landing holds its own copy, not a pool block, so that the
+    /// reader's pool never waits on the cache or the disk.
+    pub(crate) fn keeps_bytes(self) -> bool {
+        self.admitted() || (self.found.is_none() && self.to_disk)
     }
 
     /// The cache keeps the sample decoded after this access, and its image is still to
@@ -183,7 +192,7 @@ pub(crate) fn fill_for(
     let bytes = fill(
         landing,
         loaded,
-        access.cached.admitted(),
+        access.cached.keeps_bytes(),
         (origin, arena),
         released,
     );

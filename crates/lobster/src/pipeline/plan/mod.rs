@@ -195,6 +195,7 @@ impl Cache {
             cached: Cached {
                 found: next.hit_form,
                 kept: next.kept,
+                to_disk: next.write_disk,
             },
             landing,
             peer: next.peer,

@@ -239,7 +239,7 @@ impl Default for JobConfig {
 }
 
 /// The node's cache.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct CacheConfig {
     /// Which cache the planner runs.
     pub policy: CachePolicy,
@@ -270,6 +270,25 @@ pub struct CacheConfig {
     /// plans the same; give every node the same. `None`: a peer always serves what it holds,
     /// right for an interconnect much faster than storage.
     pub link_prices: Option<LinkPrices>,
+    /// A local disk below the memory cache, planned with it as a second level (see
+    /// [`DiskCache`]); `None`: memory only.
+    pub disk: Option<DiskCache>,
+}
+
+/// A local disk cache below the memory cache (`lobster run --disk-cache DIR
+/// --disk-cache-bytes N`): one clairvoyant plan over both levels (`lobster_cache::TierPlanner`)
+/// for the `reuse` policy, and a two-level static placement for `static`, with the same disk
+/// budget; `lru` has no two-level plan. The files live in `dir/<dataset fingerprint>/`, so a
+/// later run of the same dataset (any seed) starts with what this one left there.
+///
+/// One node only for now: a loader with peers, or with a decoded tier (`cache_forms` other
+/// than encoded), is refused with a disk cache; the cluster plan over disks is not built.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskCache {
+    /// The directory the tier's files go in (made if missing; locked while the loader runs).
+    pub dir: std::path::PathBuf,
+    /// The bytes its files may hold: whole 4 KiB blocks, so at least 4096.
+    pub capacity_bytes: u64,
 }
 
 /// The bandwidths [`CacheConfig::link_prices`] may give, bytes per second.
@@ -285,6 +304,7 @@ impl Default for CacheConfig {
             decoded_max_side: None,
             peer_plan: PeerPlanChoice::Auto,
             link_prices: None,
+            disk: None,
         }
     }
 }
@@ -423,6 +443,8 @@ impl LoaderConfig {
         self.resident_reads_enabled()?;
         match () {
             _ if self.cache.policy == CachePolicy::None => Err("no cache"),
+            // Demotions write the disk from the memory cache's own bytes.
+            _ if self.cache.disk.is_some() => Err("a disk cache below it is written from copies"),
             // A hit read back would draw a storage read's faults the cached bytes never saw.
             _ if self.reads.faults().is_some() => {
                 Err("faults are injected into every storage read")
@@ -482,6 +504,9 @@ impl LoaderConfig {
                 ));
             }
         }
+        if let Some(disk) = &self.cache.disk {
+            validate_disk(disk, &self.cache)?;
+        }
         if let Some(p) = self.cache.link_prices {
             for (name, value) in [
                 ("link_prices.storage_bytes_per_s", p.storage_bytes_per_s),
@@ -506,6 +531,23 @@ impl LoaderConfig {
         if let Some(c) = self.cache.form_costs {
             c.validate()
                 .map_err(|e| Error::invalid("form_costs", format!("{c:?}"), e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Whether a run may have the disk cache: `lobster-io` plans it with peers and with a
+    /// decoded tier not yet.
+    pub(crate) fn disk_refused(&self, has_peers: bool) -> Result<(), Error> {
+        let Some(disk) = &self.cache.disk else {
+            return Ok(());
+        };
+        if has_peers {
+            return Err(Error::invalid(
+                "disk_cache",
+                disk.dir.display(),
+                "no disk cache with peers: the plan over several nodes' disks is not built; \
+                 drop the peers or the disk cache",
+            ));
         }
         Ok(())
     }
@@ -562,6 +604,38 @@ impl LoaderConfig {
         }
         Ok(())
     }
+}
+
+/// The disk cache's own limits, and what it cannot go with.
+fn validate_disk(disk: &DiskCache, cache: &CacheConfig) -> Result<(), Error> {
+    match cache.policy {
+        CachePolicy::Reuse | CachePolicy::Static => {}
+        p => {
+            return Err(Error::invalid(
+                "disk_cache",
+                disk.dir.display(),
+                format!("a cache policy with a two-level plan, reuse or static, not {p}"),
+            ))
+        }
+    }
+    if disk.capacity_bytes < lobster_tier::BLOCK_BYTES {
+        return Err(Error::invalid(
+            "disk_cache_bytes",
+            disk.capacity_bytes,
+            format!("at least one {}-byte block", lobster_tier::BLOCK_BYTES),
+        ));
+    }
+    if let Some(forms) = cache.forms.filter(|&f| f != FormChoice::Encoded) {
+        return Err(Error::invalid(
+            "disk_cache",
+            disk.dir.display(),
+            format!(
+                "no disk cache with cache_forms {forms}: the disk keeps encoded bytes and the \
+                 plan over a decoded tier and a disk is not built; drop one of the two"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// `value` if it is within `lo..=hi`, else an error naming the parameter and the range.

@@ -106,7 +106,7 @@ pub fn fuzz_check_loader_state(data: &[u8]) {
 
 pub use batch::{Batch, Sample};
 pub use config::{
-    BudgetConfig, CacheConfig, CachePolicy, Execution, IoOrder, JobConfig, LoaderConfig,
+    BudgetConfig, CacheConfig, CachePolicy, DiskCache, Execution, IoOrder, JobConfig, LoaderConfig,
     PeerPlanChoice, PipelineThreads, ReadConfig, ResidentReads, SampleLimits, Schedule,
     LINK_BYTES_PER_S, THREADS_MAX,
 };
@@ -130,8 +130,8 @@ pub use lobster_store::{StoreConfig, StoreError};
 pub use lobster_uring::{hold_heap, ActiveBackend, Backend, BackendInfo, HeapLimits};
 pub use memory::{MachineMemory, MemoryPart, MemoryShort};
 pub use metrics::{
-    AllocationRecord, CacheForms, CacheStore, ClusterPlanMetrics, FormCostsReport,
-    IterationMetrics, Mode, ReadPath, RunMetrics, SkippedSample, ThreadClass,
+    AllocationRecord, CacheForms, CacheStore, ClusterPlanMetrics, DiskCacheMetrics,
+    FormCostsReport, IterationMetrics, Mode, ReadPath, RunMetrics, SkippedSample, ThreadClass,
 };
 // Which peer holds each access's sample, for the plan-bench's figures of its size and start.
 #[cfg(feature = "lab")]

@@ -312,6 +312,61 @@ pub struct RunMetrics {
     pub peak_cached_encoded_bytes: u64,
     /// The most bytes the cache held in decoded form at once (by the plan).
     pub peak_cached_decoded_bytes: u64,
+    /// What the disk cache below the memory cache did (with one).
+    pub disk_cache: Option<DiskCacheMetrics>,
+}
+
+/// What the disk cache did: the plan's figures, and what its files gave. A planned disk hit
+/// that could not be read (its entry damaged, or missing because its write found the disk
+/// full) is read from storage, counted in `fallbacks` and in the storage figures, never
+/// silently: the batch is the same.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct DiskCacheMetrics {
+    /// The tier's directory, `dir/<dataset fingerprint>`.
+    pub dir: String,
+    /// The tier's capacity: the bytes its extents may hold (whole 4 KiB blocks).
+    pub capacity_bytes: u64,
+    /// The disk bytes the plan budgets in sample bytes: the capacity less room for each
+    /// sample's rounding to whole blocks and for fragmentation.
+    pub plan_capacity_bytes: u64,
+    /// Whether its files are read and written with O_DIRECT (probed at open).
+    pub direct: bool,
+    /// Entries found at open (a previous run's): the plan's seeds.
+    pub seeds: u64,
+    /// Their bytes.
+    pub seed_bytes: u64,
+    /// Of those, the ones the plan dropped before the first access.
+    pub seeds_dropped: u64,
+    /// Accesses the plan finds on the disk.
+    pub planned_hits: u64,
+    /// Their bytes.
+    pub planned_hit_bytes: u64,
+    /// Of those, planned on entries found at open.
+    pub planned_seed_hits: u64,
+    /// Disk reads that gave checked bytes.
+    pub hits: u64,
+    /// Their bytes.
+    pub hit_bytes: u64,
+    /// Entries written (store reads kept on the disk, and demotions from memory).
+    pub writes: u64,
+    /// Their bytes.
+    pub write_bytes: u64,
+    /// Planned disk hits read from storage instead.
+    pub fallbacks: u64,
+    /// Writes refused for want of a free extent (the entry is then absent).
+    pub full: u64,
+    /// Reads that found an entry's bytes damaged or short (the entry dropped).
+    pub damaged: u64,
+    /// Writes or reads the system failed.
+    pub io_errors: u64,
+    /// Writes not made because the sample's bytes could not be had (its read failed).
+    pub writes_skipped: u64,
+    /// Entries dropped as the plan says.
+    pub removes: u64,
+    /// Extent bytes the tier holds now (at most `capacity_bytes`).
+    pub used_bytes: u64,
+    /// Entries the tier holds now.
+    pub entries: u64,
 }
 
 /// This node's share of the cluster plan, as planned.
@@ -664,6 +719,7 @@ impl Collector {
             decoded_again: 0,
             peak_cached_encoded_bytes: 0,
             peak_cached_decoded_bytes: 0,
+            disk_cache: None,
         }
     }
 }

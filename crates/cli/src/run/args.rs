@@ -4,9 +4,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use lobster_io::{
-    Assign, Backend, BudgetConfig, CacheConfig, FailureBudget, FaultInjection, FormChoice, IoOrder,
-    JobConfig, LinkPrices, LoaderConfig, OnError, PipelineThreads, ReadConfig, Schedule,
-    StorageEmulation,
+    Assign, Backend, BudgetConfig, CacheConfig, CachePolicy, DiskCache, FailureBudget,
+    FaultInjection, FormChoice, IoOrder, JobConfig, LinkPrices, LoaderConfig, OnError,
+    PipelineThreads, ReadConfig, Schedule, StorageEmulation,
 };
 use serde::Serialize;
 
@@ -65,6 +65,20 @@ pub struct RunArgs {
     /// Node cache capacity as a fraction of the dataset's bytes.
     #[arg(help_heading = "Cache", long, default_value_t = 0.2)]
     pub cache_frac: f64,
+    /// A local disk cache below the node cache, planned with it: its directory. Each
+    /// cached strategy gets its own `DIR/<strategy>/`, and a later run with the same DIR
+    /// and dataset (any seed) starts with what it left there. One node only (not with
+    /// --cluster or --mpi), encoded bytes (not with --cache-forms decoded or auto).
+    #[arg(
+        help_heading = "Cache",
+        long,
+        value_name = "DIR",
+        requires = "disk_cache_bytes"
+    )]
+    pub disk_cache: Option<PathBuf>,
+    /// The disk cache's capacity in bytes (whole 4 KiB blocks, at least one).
+    #[arg(help_heading = "Cache", long, requires = "disk_cache")]
+    pub disk_cache_bytes: Option<u64>,
     /// `all`, or a comma-separated list of pytorch, nopfs, lobster, lobster-cache-only,
     /// lobster-alloc-only, run in that order.
     #[arg(help_heading = "Job", long, alias = "policy", default_value = "all")]
@@ -330,6 +344,13 @@ impl RunArgs {
         if self.cluster && self.nodes < 2 {
             bail!("--cluster needs --nodes 2 or more, got {}", self.nodes);
         }
+        if self.disk_cache.is_some() && (self.cluster || self.mpi) {
+            bail!(
+                "--disk-cache with {}: the plan over several nodes' disks is not built; \
+                 drop one of the two",
+                if self.cluster { "--cluster" } else { "--mpi" }
+            );
+        }
         if self.assign == Assign::Locality && !(self.cluster || self.mpi) {
             bail!("--assign locality needs peers' caches: add --cluster or --mpi");
         }
@@ -430,6 +451,16 @@ impl RunArgs {
     ) -> Result<LoaderConfig> {
         let mut config = self.loader_config()?;
         strategy.apply(&self.budgets(cache_bytes)?, &mut config);
+        // Strategies do not share a disk: each would start with another's entries.
+        config.cache.disk = match (&self.disk_cache, self.disk_cache_bytes) {
+            (Some(dir), Some(capacity_bytes)) if config.cache.policy != CachePolicy::None => {
+                Some(DiskCache {
+                    dir: dir.join(strategy.name()),
+                    capacity_bytes,
+                })
+            }
+            _ => None,
+        };
         Ok(config)
     }
 

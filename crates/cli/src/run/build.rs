@@ -138,6 +138,8 @@ fn option_of(parameter: &str, execution: lobster_io::Execution) -> Option<&'stat
         "hysteresis" => "--hysteresis",
         "cache_bytes" => "--cache-bytes / --cache-frac",
         "cache_forms" => "--cache-forms",
+        "disk_cache" => "--disk-cache",
+        "disk_cache_bytes" => "--disk-cache-bytes",
         "decoded_max_side" => "--decoded-max-side",
         "image_pixels_max" => "--image-pixels-max",
         "max_failures" => "--max-failures",

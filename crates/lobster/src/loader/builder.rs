@@ -169,6 +169,18 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         self
     }
 
+    /// A local disk cache of `capacity_bytes` in `dir`, below the memory cache and planned
+    /// with it (see [`DiskCache`](crate::DiskCache)): the `reuse` and `static` policies,
+    /// one node (no peers), encoded bytes. A later run of the same dataset starts with what
+    /// this one left in `dir`.
+    pub fn disk_cache(mut self, dir: impl Into<std::path::PathBuf>, capacity_bytes: u64) -> Self {
+        self.config.cache.disk = Some(crate::DiskCache {
+            dir: dir.into(),
+            capacity_bytes,
+        });
+        self
+    }
+
     setters! {
         /// Samples per batch per rank.
         batch_size => job.batch_size: usize,
@@ -332,6 +344,11 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             Some(_) => Some(cache_sizes(&dataset)?),
             None => None,
         };
+        config.disk_refused(self.peers.is_some())?;
+        let disk = match (&config.cache.disk, &sizes) {
+            (Some(disk), Some(sizes)) => Some(open_disk(disk, &dataset, sizes)?),
+            _ => None,
+        };
         let (peers, peer_plan) = match self.peers {
             Some(transport) => {
                 let (p, mode) = peers(&config, sizes.as_ref(), &layout, transport)?;
@@ -373,7 +390,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
             arena: cache_arena(&config),
             sizes,
         };
-        let pipeline = Pipeline::start(ctx, peers, forms, reader)?;
+        let pipeline = Pipeline::start(ctx, peers, (forms, disk), reader)?;
         let handles = (0..config.job.ranks_per_node)
             .map(|rank| RankHandle::new(pipeline.for_ranks.clone(), rank, pipeline.layout.ends()))
             .collect();
@@ -503,6 +520,71 @@ fn assignment(chosen: Assign, peer_plan: &Mode<PeerPlanKind>) -> Mode<Assign> {
     }
 }
 
+/// Opens the disk cache's files for `dataset` and budgets the plan's disk bytes.
+fn open_disk(
+    disk: &crate::DiskCache,
+    dataset: &Dataset,
+    sizes: &Arc<[u32]>,
+) -> Result<pipeline::DiskLevel, Error> {
+    let tier = lobster_tier::DiskTier::open(
+        &disk.dir,
+        dataset_fingerprint(dataset),
+        sizes.clone(),
+        disk.capacity_bytes,
+    )
+    .map_err(|e| {
+        Error::invalid(
+            "disk_cache",
+            disk.dir.display(),
+            format!("a directory this loader can make, lock and write in: {e}"),
+        )
+    })?;
+    let plan_bytes = disk_plan_bytes(sizes, tier.capacity_bytes());
+    Ok(pipeline::DiskLevel::new(tier, sizes, plan_bytes))
+}
+
+/// The dataset's identity for the disk cache: its root and every sample's path, offset and
+/// size (not the order or the seed, so that a run with another seed reuses the entries). A
+/// file rewritten in place at the same size is not told apart; the entries' CRCs only
+/// catch damage on the disk.
+fn dataset_fingerprint(dataset: &Dataset) -> u64 {
+    const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
+    let fnv = |h: u64, bytes: &[u8]| {
+        bytes.iter().fold(h, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    };
+    let h = fnv(FNV_START, dataset.root().as_os_str().as_encoded_bytes());
+    dataset.samples().iter().fold(h, |h, s| {
+        let h = fnv(h, s.path.as_os_str().as_encoded_bytes());
+        let h = fnv(h, &s.offset.to_le_bytes());
+        fnv(h, &s.size_bytes.to_le_bytes())
+    })
+}
+
+/// The disk bytes the plan budgets, in sample bytes, for a tier of `capacity_bytes`: the
+/// tier holds whole 4 KiB blocks, so the capacity is scaled by the table's sample bytes
+/// over its block bytes, less one mean extent per segment file (an extent does not span two,
+/// so each file's tail is lost: under one extent, exactly so where all samples have one
+/// size). With sizes that vary, the tier's first fit may still find no hole for a write (or
+/// the samples kept may round worse than the mean): that write is counted as full, and its
+/// entry's planned hits read storage. A larger margin costs more than those misses (on the
+/// CLI's default set, one largest extent per file read more from storage per epoch).
+fn disk_plan_bytes(sizes: &[u32], capacity_bytes: u64) -> u64 {
+    let sample_bytes: u128 = sizes.iter().map(|&z| u128::from(z)).sum();
+    let extent_bytes: u128 = sizes
+        .iter()
+        .map(|&z| u128::from(lobster_tier::extent_bytes(z)))
+        .sum();
+    if extent_bytes == 0 {
+        return 0;
+    }
+    let mean_extent_bytes = extent_bytes.div_ceil(sizes.len() as u128);
+    let budget = u128::from(capacity_bytes) * sample_bytes / extent_bytes;
+    let budget = budget.saturating_sub(u128::from(lobster_tier::SEGMENTS_MAX) * mean_extent_bytes);
+    u64::try_from(budget).unwrap_or(u64::MAX)
+}
+
 /// The decoded tier the config asks for, and what the metrics report of it.
 fn decoded_tier<T>(
     config: &LoaderConfig,
@@ -525,6 +607,7 @@ fn decoded_tier<T>(
             Err("decoded forms need the reuse policy")
         }
         Some(_) if has_peers => Err("peer nodes serve encoded bytes"),
+        Some(_) if config.cache.disk.is_some() => Err("the disk cache keeps encoded bytes"),
         Some(staged) => Ok(staged),
     };
     let staged = match (staged, chosen) {

@@ -155,6 +155,14 @@ impl<T> Loader<T> {
         }
         m.reads_recovered = count(&self.pipeline.context.storage.counters.recovered);
         m.cache_forms = self.cache_forms.clone();
+        if let Some(disk) = &shared.for_planner.disk {
+            // Once every access is delivered only the plan's last writes and drops are left:
+            // the figures wait for them, so that a finished run's are whole.
+            if shared.for_planner.outstanding.drained() {
+                disk.wait_finished(&shared.for_planner.stop);
+            }
+            m.disk_cache = Some(disk.metrics());
+        }
         if let Some(tier) = &self.pipeline.for_planner.tier {
             let f = &shared.forms;
             m.form_costs = Some(tier.costs_from.report(tier.costs));

@@ -39,6 +39,8 @@ pub(crate) struct Access {
 pub(crate) struct Cached {
     pub(crate) found: Option<Form>,
     pub(crate) kept: Option<Form>,
+    /// A miss the disk cache keeps: its bytes are written there once they land.
+    pub(crate) to_disk: bool,
 }
 
 impl Cached {
@@ -50,6 +52,13 @@ impl Cached {
     /// pool buffer.
     pub(crate) fn admitted(self) -> bool {
         self.found.is_none() && self.kept == Some(Form::Encoded)
+    }
+
+    /// Bytes that outlive the access's decode (the memory cache keeps them, or the disk
+    /// thread writes them): the landing holds its own copy, not a pool block, so that the
+    /// reader's pool never waits on the cache or the disk.
+    pub(crate) fn keeps_bytes(self) -> bool {
+        self.admitted() || (self.found.is_none() && self.to_disk)
     }
 
     /// The cache keeps the sample decoded after this access, and its image is still to
@@ -78,6 +87,9 @@ pub(crate) enum Read {
     Blocking { peer: Option<usize> },
     /// The decode worker if the page cache holds the sample, else the dispatcher.
     IfResident,
+    /// A hit on the disk cache: the disk thread reads it there (checked), or has it read
+    /// from storage if it cannot (then `Blocking`).
+    Disk,
     /// A hit on a sample the cache left in the page cache: the worker reads it there, or
     /// from storage if the page cache has let it go (the miss it then is).
     PageCacheHit,
@@ -180,7 +192,7 @@ pub(crate) fn fill_for(
     let bytes = fill(
         landing,
         loaded,
-        access.cached.admitted(),
+        access.cached.keeps_bytes(),
         (origin, arena),
         released,
     );

@@ -6,14 +6,15 @@
 //! keeps that the page cache already holds settles the landing without bytes: its hits read it
 //! there. The landing knows its waiters only as `W` (accesses, in `pipeline/access.rs`).
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use lobster_net::Reply;
 use lobster_uring::Arena;
 
 use crate::error::Error;
-use crate::pipeline::sync::lock;
+use crate::pipeline::sync::{lock, StopSignal};
 
 /// Bytes of one sample, or why they could not be had. Shared by every access that needs them.
 pub(crate) type Loaded = Result<Bytes, Error>;
@@ -22,7 +23,12 @@ pub(crate) type Loaded = Result<Bytes, Error>;
 #[derive(Debug)]
 pub(crate) struct Landing<W> {
     state: Mutex<LandingState<W>>,
+    /// Notified when the landing is filled, for a thread that waits on it (the disk's).
+    filled: Condvar,
 }
+
+/// How often a thread waiting on a landing looks at the stop flag.
+const STOP_POLL: Duration = Duration::from_millis(20);
 
 /// Peers' fetches of a sample whose read is in flight: answered when it lands, a miss if it
 /// never does.
@@ -137,6 +143,7 @@ impl<W> Landing<W> {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Landing {
             state: Mutex::new(LandingState::Pending(Vec::new(), PeerWaiters::default())),
+            filled: Condvar::new(),
         })
     }
 
@@ -154,6 +161,27 @@ impl<W> Landing<W> {
         };
         drop(state);
         reply(found);
+    }
+
+    /// Blocks until the landing is filled or the loader stops: the bytes it keeps, or
+    /// `None` if its read failed, it keeps no bytes, or the loader stopped.
+    pub(crate) fn wait_bytes(&self, stop: &StopSignal) -> Option<Bytes> {
+        let mut state = lock(&self.state);
+        loop {
+            match &*state {
+                LandingState::Pending(..) => {}
+                LandingState::Ready(Ok(b)) => return Some(b.clone()),
+                _ => return None,
+            }
+            if stop.is_set() {
+                return None;
+            }
+            state = self
+                .filled
+                .wait_timeout(state, STOP_POLL)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
     }
 
     /// Parks `waiter` until the landing is filled, or gives it back with what it finds if it is.
@@ -223,7 +251,10 @@ impl<W> Landing<W> {
     /// that waited on it.
     fn settle(&self, settled: LandingState<W>) -> (Vec<W>, PeerWaiters) {
         let mut state = lock(&self.state);
-        match std::mem::replace(&mut *state, settled) {
+        let before = std::mem::replace(&mut *state, settled);
+        drop(state);
+        self.filled.notify_all();
+        match before {
             LandingState::Pending(waiters, peers) => (waiters, peers),
             LandingState::Ready(_) | LandingState::InPageCache | LandingState::Decoded(_) => {
                 unreachable!("a landing is filled once")

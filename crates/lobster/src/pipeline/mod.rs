@@ -7,7 +7,9 @@
 //!    the prefetch distance of the slowest rank ([`progress`]), says who reads each miss
 //!    ([`read_path`]), and starts the peer fetches of planned remote hits.
 //! 2. [`io`]: the dispatcher issues the window's reads in deadline order within the io_depth
-//!    budget and fills each sample's [`landing`] when its read completes.
+//!    budget and fills each sample's [`landing`] when its read completes. With a disk cache,
+//!    [`disk`]: one thread applies the plan's disk operations in plan order (reads of disk
+//!    hits, which fill their landings, drops, and writes once their bytes have landed).
 //! 3. [`decode`]: decode workers take accesses whose bytes are known, run the user's
 //!    function (in two stages with a decoded tier) and deliver each sample.
 //! 4. [`deliver`]: each rank's reorder buffer, and a rank taking its next whole batch.
@@ -24,6 +26,7 @@ mod access;
 mod context;
 mod decode;
 mod deliver;
+mod disk;
 mod free_memory;
 mod io;
 mod landing;
@@ -50,6 +53,7 @@ pub(crate) use decode::forms::{
     decoded_sizes, form_costs, CostsFrom, DecodedTier, FormCounters, Staged,
 };
 pub(crate) use deliver::{detach, next_batch, poll_next_batch, ForRanks};
+pub(crate) use disk::DiskLevel;
 pub(crate) use layout::{EpochEnds, Head, Layout};
 pub use peers::plan::{PeerHolders, PeerHoldersInputs};
 pub(crate) use peers::{PeerCounters, Peers, ServedLandings};
@@ -131,6 +135,8 @@ struct Handles<T> {
     for_planner: Arc<plan::ForPlanner<T>>,
     for_dispatcher: Arc<io::ForDispatcher<T>>,
     for_workers: Arc<decode::ForWorkers<T>>,
+    /// The disk thread's, with a disk cache.
+    for_disk: Option<Arc<disk::ForDisk>>,
     stopper: Arc<Stopper<T>>,
     /// The dispatcher's end of the planner's requests.
     to_dispatcher: Receiver<io::order::ToDispatcher>,
@@ -140,7 +146,7 @@ impl<T> Handles<T> {
     fn new(
         ctx: &Context<T>,
         peers: Option<Arc<Peers>>,
-        tier: Option<Arc<DecodedTier<T>>>,
+        (tier, disk): (Option<Arc<DecodedTier<T>>>, Option<Arc<DiskLevel>>),
         dispatches: bool,
     ) -> Self {
         let ranks = ctx.layout.ranks;
@@ -200,6 +206,14 @@ impl<T> Handles<T> {
             cluster_plan: Arc::new(Mutex::new(None)),
             peers: peers.clone(),
             tier: tier.clone(),
+            disk: disk.clone(),
+        });
+        let for_disk = disk.map(|level| {
+            Arc::new(disk::ForDisk {
+                stop: stop.clone(),
+                decode: decode_queues.clone(),
+                level,
+            })
         });
         let for_dispatcher = Arc::new(io::ForDispatcher {
             stop: stop.clone(),
@@ -232,6 +246,7 @@ impl<T> Handles<T> {
             for_planner,
             for_dispatcher,
             for_workers,
+            for_disk,
             stopper,
             to_dispatcher: dispatcher_rx,
         }
@@ -244,11 +259,16 @@ impl<T: Send + 'static> Pipeline<T> {
     pub(crate) fn start(
         ctx: Context<T>,
         peers: Option<Peers>,
-        tier: Option<DecodedTier<T>>,
+        (tier, disk): (Option<DecodedTier<T>>, Option<DiskLevel>),
         reader: Option<Reader>,
     ) -> Result<Self, Error> {
         let peers = peers.map(Arc::new);
-        let handles = Handles::new(&ctx, peers.clone(), tier.map(Arc::new), reader.is_some());
+        let handles = Handles::new(
+            &ctx,
+            peers.clone(),
+            (tier.map(Arc::new), disk.map(Arc::new)),
+            reader.is_some(),
+        );
         let ctx = Arc::new(ctx);
         if let Some(peers) = &peers {
             peers.transport.serve(peers.served.clone());
@@ -283,6 +303,7 @@ impl<T: Send + 'static> Pipeline<T> {
             for_planner,
             for_dispatcher,
             for_workers,
+            for_disk,
             stopper,
             to_dispatcher,
             ..
@@ -315,11 +336,24 @@ impl<T: Send + 'static> Pipeline<T> {
                 Box::new(move || decode::decode_worker(&c, &s, w)),
             )?;
         }
+        // The planner holds the disk thread's queue: it closes when the planner ends.
+        let to_disk = match for_disk {
+            Some(d) => {
+                let (tx, rx) = crossbeam_channel::unbounded();
+                let c = ctx.clone();
+                spawn(
+                    "lobster-disk".into(),
+                    Box::new(move || disk::disk_thread(&c, &d, &rx)),
+                )?;
+                Some(tx)
+            }
+            None => None,
+        };
         let (c, s, x) = (ctx.clone(), for_planner, stopper);
         spawn(
             "lobster-plan".into(),
             Box::new(move || {
-                if let Err(e) = plan::planner(&c, &s) {
+                if let Err(e) = plan::planner(&c, &s, to_disk) {
                     x.fail(e);
                 }
                 s.outstanding.planner_done();

@@ -183,7 +183,7 @@ fn load<T>(
             observed.tried += 1;
             // An admitted sample the page cache holds can stay there, read like any other.
             let leave = access.cached.admitted() && state.read_path.leave_in_page_cache();
-            let copy = access.cached.admitted() && !leave;
+            let copy = access.cached.keeps_bytes() && !leave;
             match resident_read(reads, meta, access.epoch, copy) {
                 (OnWorker::Done(loaded), pooled) => {
                     observed.resident += 1;
@@ -222,7 +222,8 @@ fn load<T>(
             *reread = true;
             (blocking_read(reads, meta, access.epoch, 0), None)
         }
-        Read::Cached | Read::Storage(_) | Read::Peer(_) => (bytes, None),
+        // The disk thread filled the landing with what it read.
+        Read::Cached | Read::Storage(_) | Read::Peer(_) | Read::Disk => (bytes, None),
     }
 }
 
@@ -309,7 +310,7 @@ fn fill<T>(
     let _kept = access::fill(
         landing,
         loaded,
-        access.cached.admitted(),
+        access.cached.keeps_bytes(),
         (origin, ctx.arena.as_ref()),
         released,
     );

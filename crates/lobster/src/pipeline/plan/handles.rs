@@ -10,6 +10,7 @@ use crate::metrics::{ClusterPlanMetrics, Collector};
 use crate::pipeline::decode::forms::DecodedTier;
 use crate::pipeline::decode::queue::DecodeQueues;
 use crate::pipeline::deliver::reorder::ReorderBuffer;
+use crate::pipeline::disk::DiskLevel;
 use crate::pipeline::io::order::ToDispatcher;
 use crate::pipeline::outstanding::Outstanding;
 use crate::pipeline::peers::Peers;
@@ -40,4 +41,6 @@ pub(crate) struct ForPlanner<T> {
     pub(crate) peers: Option<Arc<Peers>>,
     /// The decoded tier, whose forms the planner prices.
     pub(crate) tier: Option<Arc<DecodedTier<T>>>,
+    /// The disk cache below the memory cache, planned with it.
+    pub(crate) disk: Option<Arc<DiskLevel>>,
 }

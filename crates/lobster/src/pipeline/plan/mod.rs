@@ -13,7 +13,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use lobster_cache::{Form, FormPlanner, FormPolicy, FormStats, Planner, Store};
+use crossbeam_channel::Sender;
+use lobster_cache::{
+    Form, FormPlanner, FormPolicy, FormStats, Planner, Store, Tier, TierEvicted, TierPlanner,
+};
 use lobster_sched::{AllocConfig, Allocator, Budgets};
 
 use crate::config::{IoOrder, LoaderConfig, Schedule};
@@ -22,6 +25,7 @@ use crate::metrics::IterationMetrics;
 use crate::pipeline::access::{Access, AccessLanding, Cached, Read, Ready};
 use crate::pipeline::context::Context;
 use crate::pipeline::deliver::reorder::PendingBatch;
+use crate::pipeline::disk::DiskOp;
 use crate::pipeline::io::order::{set_read_fractions, ToDispatcher};
 use crate::pipeline::layout::Layout;
 use crate::pipeline::peers::ServedLandings;
@@ -33,12 +37,21 @@ pub(crate) use handles::ForPlanner;
 pub(crate) use read_ahead::budget_bytes as read_ahead_budget_bytes;
 use read_ahead::ReadAhead;
 
-/// The policy deciding the cache: one form (encoded bytes), two (with a decoded tier), or
-/// this node's share of the nodes' caches planned as one.
+/// The policy deciding the cache: one form (encoded bytes), two (with a decoded tier),
+/// this node's share of the nodes' caches planned as one, or memory over a local disk.
 enum Decider {
     Encoded(Box<Planner<Layout>>),
     Forms(Box<FormPlanner<Layout>>),
     Cluster(Box<cluster::NodeShare>),
+    Tiers(Box<TierPlanner<Layout>>, TierEvicted),
+}
+
+/// A disk operation as the planner decides it; a disk hit's access joins it once routed.
+enum PlannedDiskOp {
+    /// The next disk hit of the window reads its entry.
+    Read,
+    Remove(u32),
+    Write(u32, Arc<AccessLanding>),
 }
 
 /// One access's cache decision: what it finds and keeps, and the peer planned to serve it.
@@ -51,6 +64,8 @@ struct Decided {
     landing: Arc<AccessLanding>,
     /// Under the cluster plan, the peer whose cache serves this miss.
     peer: Option<usize>,
+    /// The sample is read from the disk cache.
+    from_disk: bool,
 }
 
 /// A planner's decision for the next access, whichever planner made it.
@@ -65,6 +80,10 @@ struct NextDecision {
     kept_bytes: u64,
     peer: Option<usize>,
     placed: Option<(usize, usize)>,
+    /// Found on the disk cache.
+    from_disk: bool,
+    /// Kept on the disk cache after a storage read: written there.
+    write_disk: bool,
 }
 
 /// The cache decisions and what the cache holds: the landing of every sample the policy keeps.
@@ -77,6 +96,8 @@ struct Cache {
     leaving: Vec<(u32, u64)>,
     /// The same landings as peers see them, where there are peers.
     served: Option<Arc<ServedLandings>>,
+    /// With a disk cache: its operations decided and not yet sent, in plan order.
+    disk_ops: Vec<PlannedDiskOp>,
 }
 
 impl Cache {
@@ -87,7 +108,28 @@ impl Cache {
         };
         let engine = |e| Error::engine("cache planner", e);
         let cluster = state.peers.as_ref().is_some_and(|p| p.cluster);
+        let mut disk_ops = Vec::new();
         let decider = match &state.tier {
+            _ if state.disk.is_some() => {
+                let disk = state.disk.as_ref().expect("a disk cache");
+                let planner = TierPlanner::new(
+                    ctx.layout.clone(),
+                    sizes.clone(),
+                    config.cache.capacity_bytes,
+                    disk.plan_capacity_bytes,
+                    kind,
+                    &disk.seeds,
+                )
+                .map_err(engine)?;
+                // Entries the plan does not keep go before the first access.
+                disk_ops.extend(
+                    planner
+                        .dropped_seeds()
+                        .iter()
+                        .map(|&s| PlannedDiskOp::Remove(s)),
+                );
+                Decider::Tiers(Box::new(planner), TierEvicted::default())
+            }
             _ if cluster => Decider::Cluster(Box::new(cluster::NodeShare::new(
                 &ctx.layout,
                 (config.job.nodes, config.job.node),
@@ -125,6 +167,7 @@ impl Cache {
             evicted: Vec::new(),
             leaving: Vec::new(),
             served: state.peers.as_ref().map(|p| p.served.clone()),
+            disk_ops,
         }))
     }
 
@@ -141,15 +184,22 @@ impl Cache {
             );
         }
         let landing = self.store(&next)?;
+        // Last of the decision's disk operations: the bytes it reads go to the disk.
+        if next.write_disk {
+            self.disk_ops
+                .push(PlannedDiskOp::Write(next.sample, landing.clone()));
+        }
         Ok(Decided {
             sample: next.sample,
             placed: next.placed,
             cached: Cached {
                 found: next.hit_form,
                 kept: next.kept,
+                to_disk: next.write_disk,
             },
             landing,
             peer: next.peer,
+            from_disk: next.from_disk,
         })
     }
 
@@ -181,6 +231,8 @@ impl Cache {
                     placed: share
                         .assigns()
                         .then(|| (share.iteration_of(&d), d.slot as usize)),
+                    from_disk: false,
+                    write_disk: false,
                 }
             }
             Decider::Encoded(planner) => {
@@ -198,6 +250,8 @@ impl Cache {
                     sample: d.sample,
                     peer: None,
                     placed: None,
+                    from_disk: false,
+                    write_disk: false,
                 }
             }
             Decider::Forms(planner) => {
@@ -214,6 +268,35 @@ impl Cache {
                     sample: d.sample,
                     peer: None,
                     placed: None,
+                    from_disk: false,
+                    write_disk: false,
+                }
+            }
+            Decider::Tiers(planner, evicted) => {
+                let d = planner.next(evicted).map_err(engine)?.ok_or_else(stopped)?;
+                // In the order the plan's contract gives: read the hit, drop disk entries,
+                // write demotions from their memory copies (then memory drops them).
+                if d.found == Some(Tier::Disk) {
+                    self.disk_ops.push(PlannedDiskOp::Read);
+                }
+                self.disk_ops
+                    .extend(evicted.disk.iter().map(|&s| PlannedDiskOp::Remove(s)));
+                for &s in &evicted.demoted {
+                    let landing = self.landings.get(s).cloned().expect("a demotion is cached");
+                    self.disk_ops.push(PlannedDiskOp::Write(s, landing));
+                }
+                self.evicted.extend_from_slice(&evicted.memory);
+                let memory = |t: Option<Tier>| form(t == Some(Tier::Memory));
+                NextDecision {
+                    hit_form: memory(d.found),
+                    kept: memory(d.kept),
+                    kept_bytes: u64::from(d.size_bytes),
+                    position: d.position,
+                    sample: d.sample,
+                    peer: None,
+                    placed: None,
+                    from_disk: d.found == Some(Tier::Disk),
+                    write_disk: d.write_disk,
                 }
             }
         })
@@ -269,8 +352,35 @@ impl Cache {
     fn form_stats(&self) -> Option<FormStats> {
         match &self.decider {
             Decider::Forms(planner) => Some(planner.stats()),
-            Decider::Encoded(_) | Decider::Cluster(_) => None,
+            Decider::Encoded(_) | Decider::Cluster(_) | Decider::Tiers(..) => None,
         }
+    }
+
+    /// The two-level plan's totals, and the seeds it dropped (with a disk cache).
+    fn tier_stats(&self) -> Option<(lobster_cache::TierStats, u64)> {
+        match &self.decider {
+            Decider::Tiers(planner, _) => {
+                Some((planner.stats(), planner.dropped_seeds().len() as u64))
+            }
+            _ => None,
+        }
+    }
+
+    /// The window's disk operations, each disk hit's read with its access (`reads`, the
+    /// window's disk hits in stream order).
+    fn take_disk_ops(&mut self, reads: Vec<Access>) -> Vec<DiskOp> {
+        let mut reads = reads.into_iter();
+        let ops = self
+            .disk_ops
+            .drain(..)
+            .map(|op| match op {
+                PlannedDiskOp::Read => DiskOp::Read(reads.next().expect("one access per read")),
+                PlannedDiskOp::Remove(sample) => DiskOp::Remove(sample),
+                PlannedDiskOp::Write(sample, landing) => DiskOp::Write { sample, landing },
+            })
+            .collect();
+        assert!(reads.next().is_none(), "every disk hit has its read");
+        ops
     }
 
     /// Whether the plan assigns this node's accesses (locality) instead of the sampler.
@@ -291,6 +401,7 @@ impl Cache {
 pub(crate) fn planner<T: Send + 'static>(
     ctx: &Arc<Context<T>>,
     state: &Arc<ForPlanner<T>>,
+    to_disk: Option<Sender<Vec<DiskOp>>>,
 ) -> Result<(), Error> {
     schedule_this_thread(ctx.config.budgets.pipeline_threads, &state.batch_refused);
     let layout = &ctx.layout;
@@ -367,7 +478,16 @@ pub(crate) fn planner<T: Send + 'static>(
                 ready,
                 reads,
                 remote,
+                disk,
             } = route(ctx, state, &mut window, on_workers);
+            if let (Some(c), Some(tx)) = (cache.as_mut(), to_disk.as_ref()) {
+                let ops = c.take_disk_ops(disk);
+                if !ops.is_empty() && tx.send(ops).is_err() {
+                    return Err(Error::Stopped {
+                        reason: "the disk cache's thread ended".into(),
+                    });
+                }
+            }
             hand_out(ctx, state, ready, reads)?;
             // After the window's hits wait on their landings: an answer may come at once.
             for (access, peer) in remote {
@@ -414,6 +534,9 @@ fn planned_all<T>(state: &ForPlanner<T>, cache: Option<&Cache>) {
     if let Some(share) = cache.and_then(Cache::cluster) {
         *lock(&state.cluster_plan) = Some(share.metrics());
     }
+    if let (Some(stats), Some(disk)) = (cache.and_then(Cache::tier_stats), &state.disk) {
+        *lock(&disk.planned) = Some(stats);
+    }
     if let Some(served) = cache.and_then(|c| c.served.as_ref()) {
         served.planned_all();
     }
@@ -449,6 +572,7 @@ fn decide_window<T>(
             cached,
             landing,
             peer,
+            from_disk,
         } = match cache.as_deref_mut() {
             None => Decided {
                 sample: walked.expect("without a plan, the sampler's stream").3,
@@ -456,6 +580,7 @@ fn decide_window<T>(
                 cached: Cached::default(),
                 landing: AccessLanding::new(),
                 peer: None,
+                from_disk: false,
             },
             Some(c) => c.decide(walked.map(|a| a.3))?,
         };
@@ -475,6 +600,7 @@ fn decide_window<T>(
         // A miss is read from storage unless the routing finds it a cheaper way.
         let read = match peer {
             _ if cached.hit() => Read::Cached,
+            _ if from_disk => Read::Disk,
             // The cluster plan's remote hit: storage only if the peer fails.
             Some(p) => Read::Peer(p),
             None => ctx.storage_read(epoch, iteration, sample),
@@ -544,6 +670,8 @@ struct Routed {
     reads: Vec<Access>,
     /// Planned remote hits, with the peer that serves each.
     remote: Vec<(Access, usize)>,
+    /// Disk hits, in stream order: the disk thread's reads.
+    disk: Vec<Access>,
 }
 
 /// Says who reads each of the window's misses (the dispatcher, a peer, the worker itself)
@@ -559,11 +687,12 @@ fn route<T>(
         ready: Vec::new(),
         reads: Vec::new(),
         remote: Vec::new(),
+        disk: Vec::new(),
     };
     // Priced once a window: the model moves slowly, and its lock is shared.
     let costs = state.peers.as_ref().map(|_| *lock(&state.model).params());
     for mut a in window.drain(..) {
-        if !a.cached.hit() {
+        if !a.cached.hit() && a.read != Read::Disk {
             let peer = match (&a.read, &state.peers, &costs) {
                 (Read::Peer(p), ..) => Some(*p),
                 (_, Some(p), Some(c)) => p.source(c, a.seq - 1, ctx.meta(a.sample).size_bytes),
@@ -585,6 +714,7 @@ fn route<T>(
             }
             Read::Storage(_) => routed.reads.push(a),
             Read::Peer(p) => routed.remote.push((a, p)),
+            Read::Disk => routed.disk.push(a),
             Read::Blocking { .. } | Read::IfResident => routed.ready.push(Ready {
                 access: a,
                 bytes: Ok(bytes::Bytes::new()),

@@ -109,9 +109,8 @@ impl Cache {
         let engine = |e| Error::engine("cache planner", e);
         let cluster = state.peers.as_ref().is_some_and(|p| p.cluster);
         let mut disk_ops = Vec::new();
-        let decider = match &state.tier {
-            _ if state.disk.is_some() => {
-                let disk = state.disk.as_ref().expect("a disk cache");
+        let decider = match (&state.disk, &state.tier) {
+            (Some(disk), _) => {
                 let planner = TierPlanner::new(
                     ctx.layout.clone(),
                     sizes.clone(),
@@ -140,7 +139,7 @@ impl Cache {
                     config.cache.link_prices,
                 ),
             )?)),
-            Some(tier) => {
+            (None, Some(tier)) => {
                 let policy = FormPolicy::new(
                     sizes.clone(),
                     tier.decoded_sizes.clone(),
@@ -151,7 +150,7 @@ impl Cache {
                 .map_err(engine)?;
                 Decider::Forms(Box::new(FormPlanner::new(ctx.layout.clone(), policy)))
             }
-            None => Decider::Encoded(Box::new(
+            (None, None) => Decider::Encoded(Box::new(
                 Planner::new(
                     ctx.layout.clone(),
                     sizes.clone(),

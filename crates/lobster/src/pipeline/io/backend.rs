@@ -33,6 +33,15 @@ pub(super) struct Done {
     pub(super) result: Result<Bytes, ReadFailure>,
 }
 
+impl Done {
+    fn new<E: Into<ReadFailure>>(tag: u64, result: Result<Bytes, E>) -> Done {
+        Done {
+            tag,
+            result: result.map_err(Into::into),
+        }
+    }
+}
+
 /// What became of a read handed to the backend.
 pub(super) enum Queued {
     Yes,
@@ -126,10 +135,7 @@ impl Backend {
                 session
                     .wait_timeout(min, timeout, completed)
                     .map_err(|e| Error::engine("reader session", e))?;
-                out.extend(completed.drain(..).map(|c| Done {
-                    tag: c.tag,
-                    result: c.result.map_err(ReadFailure::from),
-                }));
+                out.extend(completed.drain(..).map(|c| Done::new(c.tag, c.result)));
             }
             #[cfg(feature = "s3")]
             Backend::Store {
@@ -138,10 +144,7 @@ impl Backend {
                 session
                     .wait_timeout(min, timeout, completed)
                     .map_err(|e| Error::engine("object store session", e))?;
-                out.extend(completed.drain(..).map(|c| Done {
-                    tag: c.tag,
-                    result: c.result.map_err(ReadFailure::from),
-                }));
+                out.extend(completed.drain(..).map(|c| Done::new(c.tag, c.result)));
             }
         }
         Ok(())

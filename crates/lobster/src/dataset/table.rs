@@ -61,12 +61,7 @@ impl SampleMeta {
     /// [`Error::SizeChanged`] for a whole file that is no longer the size it had when the
     /// dataset was opened.
     pub fn read_bytes(&self) -> Result<Vec<u8>, Error> {
-        let failed = |e: std::io::Error| Error::Read {
-            sample: self.id,
-            path: self.path.to_path_buf(),
-            offset: self.offset,
-            cause: std::sync::Arc::new(e),
-        };
+        let failed = |e: std::io::Error| self.read_error(std::sync::Arc::new(e));
         let changed = |actual_bytes: u64| Error::SizeChanged {
             sample: self.id,
             path: self.path.to_path_buf(),
@@ -87,6 +82,16 @@ impl SampleMeta {
                 Err(changed(self.size_bytes + 1))
             }
             Err(e) => Err(failed(e)),
+        }
+    }
+
+    /// The error of a read of this sample that failed for `cause`.
+    pub(crate) fn read_error(&self, cause: crate::error::Cause) -> Error {
+        Error::Read {
+            sample: self.id,
+            path: self.path.to_path_buf(),
+            offset: self.offset,
+            cause,
         }
     }
 
@@ -373,12 +378,7 @@ impl Dataset {
                     .store
                     .get(&read)
                     .map(|b| b.to_vec())
-                    .map_err(|e| Error::Read {
-                        sample: sample.id,
-                        path: sample.path.to_path_buf(),
-                        offset: sample.offset,
-                        cause: Arc::new(e),
-                    })
+                    .map_err(|e| sample.read_error(Arc::new(e)))
             }
         }
     }

@@ -29,7 +29,7 @@ use crate::pipeline::decode::queue::DecodeQueues;
 use crate::pipeline::deliver::reorder::ReorderBuffer;
 use crate::pipeline::landing::Loaded;
 use crate::pipeline::outstanding::Outstanding;
-use crate::pipeline::read::attempt::{self, Attempt, Fate};
+use crate::pipeline::read::attempt::{Attempt, Fate};
 use crate::pipeline::sync::{lock, stopped, StopSignal};
 use backend::{Backend, Done, Queued};
 use lobster_sched::equal_split;
@@ -396,7 +396,7 @@ fn submit<T>(
         Queued::WouldBlock => return false,
         Queued::Refused(e) => {
             let done = reads.retire(key);
-            let loaded = Err(attempt::read_error(ctx.meta(sample), e.cause));
+            let loaded = Err(ctx.meta(sample).read_error(e.cause));
             finish(ctx, state, reads, &mut Saturation::default(), done, loaded);
         }
     }

@@ -10,7 +10,7 @@ use bytes::Bytes;
 
 use crate::dataset::SampleMeta;
 use crate::emulate::{Device, StorageEmulation};
-use crate::error::{Cause, Error};
+use crate::error::Cause;
 use crate::faults::{self, AttemptFaults, FaultInjection, READ_ATTEMPTS};
 use crate::pipeline::landing::Loaded;
 
@@ -219,17 +219,7 @@ fn fate(
         }
         Err(e) => Fate::Deliver {
             at: deliver_at(Duration::ZERO),
-            loaded: Err(read_error(meta, e.cause)),
+            loaded: Err(meta.read_error(e.cause)),
         },
-    }
-}
-
-/// The error of a read of `meta` that failed for `cause`.
-pub(crate) fn read_error(meta: &SampleMeta, cause: Cause) -> Error {
-    Error::Read {
-        sample: meta.id,
-        path: meta.path.to_path_buf(),
-        offset: meta.offset,
-        cause,
     }
 }

@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{gen, lobster};
+use common::{gen, lobster, pack};
 use lobster_testkit::s3::TestS3;
 
 /// The server, with the packed set's shards under `shards/` of bucket `data`; returns the
@@ -18,18 +18,7 @@ fn packed(dir: &Path) -> (TestS3, std::path::PathBuf) {
     let images = dir.join("images");
     gen(&images, 120, 6);
     let shards = dir.join("shards");
-    let out = lobster()
-        .args(["pack", "--shard-bytes", "131072", "--data"])
-        .arg(&images)
-        .arg("--out")
-        .arg(&shards)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    pack(&images, &shards, 131072);
     let s3 = TestS3::start();
     s3.create_bucket("data");
     let mut names: Vec<_> = std::fs::read_dir(&shards)

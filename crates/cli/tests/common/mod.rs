@@ -22,3 +22,21 @@ pub fn gen(dir: &Path, samples: u32, mean_kb: u32) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `lobster pack`: the ImageFolder `images` as shards of at most `shard_bytes` in `out`.
+// Every test binary compiles this module; only some pack.
+#[allow(dead_code)]
+pub fn pack(images: &Path, out: &Path, shard_bytes: u64) {
+    let done = lobster()
+        .args(["pack", "--shard-bytes", &shard_bytes.to_string(), "--data"])
+        .arg(images)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+}

@@ -19,6 +19,13 @@ pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_LIST_PAGE_KEYS: usize = 1000;
 /// Most objects one listing returns.
 pub const DEFAULT_LIST_OBJECTS_MAX: usize = 10_000_000;
+/// Largest gap between two reads of one object that one GET bridges. A gap is worth fetching
+/// when it costs less than a request's latency at the link's bandwidth: 20 ms at 100 Mbit/s is
+/// 250 KB, so 256 KiB.
+pub const DEFAULT_COALESCE_GAP_BYTES: u64 = 256 << 10;
+/// Largest span of one coalesced GET: big enough to carry many samples of a shard in one
+/// request, small enough that one failure or one slow body holds few samples back.
+pub const DEFAULT_COALESCE_SPAN_BYTES: u64 = 8 << 20;
 
 /// How to reach an S3-compatible store. `Debug` prints no credential.
 #[derive(Clone)]
@@ -32,6 +39,7 @@ pub struct StoreConfig {
     pub(crate) stall_timeout: Duration,
     pub(crate) list_page_keys: usize,
     pub(crate) list_objects_max: usize,
+    pub(crate) coalescing: Coalescing,
     /// Where the credentials came from, for `Debug`.
     credentials_from: &'static str,
 }
@@ -48,6 +56,10 @@ impl Default for StoreConfig {
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             list_page_keys: DEFAULT_LIST_PAGE_KEYS,
             list_objects_max: DEFAULT_LIST_OBJECTS_MAX,
+            coalescing: Coalescing {
+                gap_bytes: DEFAULT_COALESCE_GAP_BYTES,
+                span_bytes: DEFAULT_COALESCE_SPAN_BYTES,
+            },
             credentials_from: "none",
         }
     }
@@ -64,6 +76,8 @@ impl fmt::Debug for StoreConfig {
             .field("stall_timeout", &self.stall_timeout)
             .field("list_page_keys", &self.list_page_keys)
             .field("list_objects_max", &self.list_objects_max)
+            .field("coalesce_gap_bytes", &self.coalescing.gap_bytes)
+            .field("coalesce_span_bytes", &self.coalescing.span_bytes)
             .finish()
     }
 }
@@ -228,6 +242,30 @@ impl StoreConfig {
         self
     }
 
+    /// How a session's reads share GETs (defaults [`DEFAULT_COALESCE_GAP_BYTES`] and
+    /// [`DEFAULT_COALESCE_SPAN_BYTES`]). Reads of one object queued between two sends of a
+    /// [`StoreSession`](crate::StoreSession) (with the same `If-Match`, none of them a whole
+    /// object) are served by one GET when each starts at most `gap_bytes` past the end of the
+    /// ones before it and the GET spans at most `span_bytes`; the bytes of the gaps are fetched
+    /// and dropped. `span_bytes` 0 turns coalescing off: one GET per read.
+    pub fn with_coalescing(mut self, gap_bytes: u64, span_bytes: u64) -> Self {
+        self.coalescing = Coalescing {
+            gap_bytes,
+            span_bytes,
+        };
+        self
+    }
+
+    /// Largest gap one coalesced GET bridges: see [`StoreConfig::with_coalescing`].
+    pub fn coalesce_gap_bytes(&self) -> u64 {
+        self.coalescing.gap_bytes
+    }
+
+    /// Largest span of one coalesced GET, 0 for none: see [`StoreConfig::with_coalescing`].
+    pub fn coalesce_span_bytes(&self) -> u64 {
+        self.coalescing.span_bytes
+    }
+
     /// The endpoint, if one is set.
     pub fn endpoint(&self) -> Option<&str> {
         self.endpoint.as_deref()
@@ -278,6 +316,14 @@ impl StoreConfig {
         }
         Ok(())
     }
+}
+
+/// How adjacent reads of one object share a GET: see [`StoreConfig::with_coalescing`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Coalescing {
+    pub(crate) gap_bytes: u64,
+    /// 0: off.
+    pub(crate) span_bytes: u64,
 }
 
 #[cfg(test)]
@@ -432,5 +478,23 @@ mod tests {
             .with_endpoint("http://127.0.0.1:9000/")
             .check()
             .is_ok());
+    }
+
+    #[test]
+    fn coalescing_has_defaults_a_builder_and_shows_in_debug() {
+        let c = StoreConfig::default();
+        assert_eq!(c.coalesce_gap_bytes(), 256 << 10);
+        assert_eq!(c.coalesce_span_bytes(), 8 << 20);
+        let shown = format!("{c:?}");
+        assert!(
+            shown.contains("coalesce_gap_bytes: 262144, coalesce_span_bytes: 8388608"),
+            "{shown}"
+        );
+        let off = c.with_coalescing(7, 0);
+        assert_eq!(
+            (off.coalesce_gap_bytes(), off.coalesce_span_bytes()),
+            (7, 0)
+        );
+        assert!(format!("{off:?}").contains("coalesce_gap_bytes: 7, coalesce_span_bytes: 0"));
     }
 }

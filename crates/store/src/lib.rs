@@ -24,6 +24,9 @@
 //!   `credential_process` and assumed roles are refused by name. With no credentials at all
 //!   the client tries object_store's own sources (instance metadata, container credentials).
 //! - The request deadline bounds each request: a GET, a HEAD, one LIST page.
+//! - A session sends its queued reads together, and reads of one object near each other
+//!   share one GET ([`StoreConfig::with_coalescing`]; 256 KiB gaps, 8 MiB spans by default);
+//!   each still completes on its own, with its own bytes or an error naming its own range.
 //! - object_store hides the HTTP status of errors outside its named kinds, so a 416 (a range
 //!   wholly past the end) and a 5xx are told apart by the `status code: NNN` its error prints.
 //!
@@ -56,8 +59,8 @@ mod store;
 mod url;
 
 pub use config::{
-    StoreConfig, DEFAULT_LIST_OBJECTS_MAX, DEFAULT_LIST_PAGE_KEYS, DEFAULT_REGION,
-    DEFAULT_REQUEST_DEADLINE, DEFAULT_STALL_TIMEOUT,
+    StoreConfig, DEFAULT_COALESCE_GAP_BYTES, DEFAULT_COALESCE_SPAN_BYTES, DEFAULT_LIST_OBJECTS_MAX,
+    DEFAULT_LIST_PAGE_KEYS, DEFAULT_REGION, DEFAULT_REQUEST_DEADLINE, DEFAULT_STALL_TIMEOUT,
 };
 pub use error::{Cause, StoreError};
 pub use read::{ObjectInfo, RangeRead, StoreCompletion, StoreStats};

@@ -68,12 +68,19 @@ pub struct StoreCompletion {
 }
 
 /// Cumulative counts of a store's requests (not counting the client's own retries).
+///
+/// Each read that needs a request is either a GET of its own or one of a coalesced GET's
+/// members: `get_requests` counts the GETs, `coalesced_reads` the members beyond the first.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreStats {
-    /// Ranged GETs made.
+    /// Ranged GETs made, coalesced ones counted once.
     pub get_requests: u64,
-    /// Bytes of GET bodies received and handed out.
+    /// Bytes of GET bodies received: the reads' bytes, and the gaps of coalesced GETs.
     pub bytes_received: u64,
+    /// Reads served by another read's GET: a coalesced GET's members beyond the first.
+    pub coalesced_reads: u64,
+    /// Bytes received only to bridge the gaps between a coalesced GET's members, and dropped.
+    pub gap_bytes: u64,
     /// LIST pages asked for.
     pub list_requests: u64,
     /// HEADs made.
@@ -87,6 +94,8 @@ pub struct StoreStats {
 pub(crate) struct Counters {
     pub(crate) get_requests: AtomicU64,
     pub(crate) bytes_received: AtomicU64,
+    pub(crate) coalesced_reads: AtomicU64,
+    pub(crate) gap_bytes: AtomicU64,
     pub(crate) list_requests: AtomicU64,
     pub(crate) head_requests: AtomicU64,
     pub(crate) failed_requests: AtomicU64,
@@ -102,6 +111,8 @@ impl Counters {
         StoreStats {
             get_requests: get(&self.get_requests),
             bytes_received: get(&self.bytes_received),
+            coalesced_reads: get(&self.coalesced_reads),
+            gap_bytes: get(&self.gap_bytes),
             list_requests: get(&self.list_requests),
             head_requests: get(&self.head_requests),
             failed_requests: get(&self.failed_requests),

@@ -21,7 +21,7 @@ use object_store::{
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::config::StoreConfig;
+use crate::config::{Coalescing, StoreConfig};
 use crate::error::{message, Cause, StoreError};
 use crate::read::{Counters, Listing, ObjectInfo, RangeRead, StoreCompletion};
 use crate::url::display;
@@ -81,6 +81,12 @@ pub(crate) enum ReadReply {
 /// What the store thread is asked to do.
 pub(crate) enum Job {
     Read(RangeRead, ReadReply),
+    /// Reads of one object (one `If-Match`, none whole) served by one GET of `span`, sorted by
+    /// offset, each answered on its own reply with its own bytes or its own error.
+    Coalesced {
+        span: Range<u64>,
+        members: Vec<(RangeRead, Reply<StoreCompletion>)>,
+    },
     Head(String, Reply<Result<ObjectInfo, StoreError>>),
     List {
         prefix: String,
@@ -97,6 +103,7 @@ impl Job {
         match self {
             Job::Read(_, ReadReply::Session(r)) => r.disarm(),
             Job::Read(_, ReadReply::Once(r)) => r.disarm(),
+            Job::Coalesced { members, .. } => members.into_iter().for_each(|(_, r)| r.disarm()),
             Job::Head(_, r) => r.disarm(),
             Job::List { reply, .. } => reply.disarm(),
             Job::Probe(r) => r.disarm(),
@@ -109,9 +116,25 @@ impl Job {
 pub(crate) struct StoreThread {
     jobs: Option<mpsc::UnboundedSender<Job>>,
     thread: Option<JoinHandle<()>>,
+    /// How sessions merge their reads into GETs.
+    pub(crate) coalescing: Coalescing,
 }
 
 impl StoreThread {
+    /// Whether the thread takes no more jobs.
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.jobs.as_ref().is_none_or(|j| j.is_closed())
+    }
+
+    /// Hands a job to the thread; a job it cannot take is dropped, so its replies answer
+    /// [`StoreError::Stopped`].
+    pub(crate) fn send_or_stop(&self, job: Job) {
+        if let Some(jobs) = &self.jobs {
+            // A refused job comes back in the error and drops with it.
+            let _ = jobs.send(job);
+        }
+    }
+
     /// Hands a job to the thread; a job it cannot take sends no reply.
     pub(crate) fn send(&self, job: Job) -> Result<(), StoreError> {
         let Some(jobs) = &self.jobs else {
@@ -157,6 +180,7 @@ pub(crate) fn start(
     let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<(), StoreError>>(1);
     let (bucket, deadline) = (bucket.to_string(), config.request_deadline);
     let (list_page_keys, list_objects_max) = (config.list_page_keys, config.list_objects_max);
+    let coalescing = config.coalescing;
     let start = |cause: Cause| StoreError::Start { cause };
     let thread = std::thread::Builder::new()
         .name("lobster-store".to_string())
@@ -203,6 +227,7 @@ pub(crate) fn start(
         Ok(Ok(())) => Ok(StoreThread {
             jobs: Some(jobs),
             thread: Some(thread),
+            coalescing,
         }),
         Ok(Err(e)) => {
             let _ = thread.join();
@@ -271,6 +296,7 @@ async fn run(job: Job, shared: Arc<Shared>) {
                 ReadReply::Once(r) => r.send(result),
             }
         }
+        Job::Coalesced { span, members } => get_coalesced(&shared, span, members).await,
         Job::Head(key, reply) => reply.send(head(&shared, &key).await),
         Job::List {
             prefix,
@@ -296,86 +322,211 @@ struct Target<'a> {
 }
 
 async fn get(shared: &Shared, read: &RangeRead) -> Result<Bytes, StoreError> {
-    let url = display(&shared.bucket, &read.key);
-    let asked = read.range();
     if read.len == 0 && !read.whole_object {
         return Ok(Bytes::new());
     }
-    let result = async {
-        let location = path(shared, &read.key)?;
-        // One byte more for a whole object, so that one that grew shows.
-        let end = asked.end.saturating_add(u64::from(read.whole_object));
-        let options = GetOptions {
-            range: Some(GetRange::Bounded(asked.start..end)),
-            if_match: read.if_match.as_deref().map(str::to_string),
-            ..GetOptions::default()
-        };
-        Counters::add(&shared.counters.get_requests, 1);
-        let target = Target {
-            url: url.clone(),
-            range: Some(asked.clone()),
-            if_match: read.if_match.as_ref(),
-        };
-        let fetched = timed(shared, &target, async {
-            shared
-                .client
-                .get_opts(&location, options)
-                .await?
-                .bytes()
-                .await
-        })
-        .await;
-        let bytes = match fetched {
-            Ok(b) => b,
-            // Nothing at or past the object's end.
-            Err(StoreError::Request {
-                status: Some(416), ..
-            }) if read.whole_object && read.len == 0 => {
-                return Ok(Bytes::new());
-            }
-            Err(StoreError::Request {
-                status: Some(416), ..
-            }) => {
-                return Err(StoreError::Short {
-                    url: url.clone(),
-                    range: asked.clone(),
-                    got_bytes: 0,
-                });
-            }
-            Err(e) => return Err(e),
-        };
-        Counters::add(&shared.counters.bytes_received, bytes.len() as u64);
-        let got = bytes.len() as u64;
-        if got == read.len {
-            Ok(bytes)
-        } else if got < read.len {
-            Err(StoreError::Short {
-                url: url.clone(),
-                range: asked.clone(),
-                got_bytes: got,
-            })
-        } else if read.whole_object {
-            Err(StoreError::Grew {
-                url: url.clone(),
-                size_bytes: read.len,
-            })
-        } else {
-            Err(StoreError::Request {
-                url: url.clone(),
-                range: Some(asked.clone()),
-                status: None,
-                cause: message(format!(
-                    "the server sent {got} bytes for a range of {}",
-                    read.len
-                )),
-            })
-        }
-    }
-    .await;
+    let url = display(&shared.bucket, &read.key);
+    let result = match fetch(shared, read, &url).await {
+        Ok(body) => exact(read, &url, body),
+        Err(e) => Err(e),
+    };
     if result.is_err() {
         Counters::add(&shared.counters.failed_requests, 1);
     }
     result
+}
+
+/// One GET of `read`'s range (one byte more for a whole object, so that one that grew shows):
+/// the body as received, whatever its length. A range wholly past the object's end (416) is an
+/// empty body.
+async fn fetch(shared: &Shared, read: &RangeRead, url: &str) -> Result<Bytes, StoreError> {
+    let asked = read.range();
+    let location = path(shared, &read.key)?;
+    let end = asked.end.saturating_add(u64::from(read.whole_object));
+    let options = GetOptions {
+        range: Some(GetRange::Bounded(asked.start..end)),
+        if_match: read.if_match.as_deref().map(str::to_string),
+        ..GetOptions::default()
+    };
+    Counters::add(&shared.counters.get_requests, 1);
+    let target = Target {
+        url: url.to_string(),
+        range: Some(asked),
+        if_match: read.if_match.as_ref(),
+    };
+    let fetched = timed(shared, &target, async {
+        shared
+            .client
+            .get_opts(&location, options)
+            .await?
+            .bytes()
+            .await
+    })
+    .await;
+    match fetched {
+        Ok(body) => {
+            Counters::add(&shared.counters.bytes_received, body.len() as u64);
+            Ok(body)
+        }
+        // Nothing at or past the object's end.
+        Err(StoreError::Request {
+            status: Some(416), ..
+        }) => Ok(Bytes::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// `body` as the answer to `read`: exactly its bytes, or why not.
+fn exact(read: &RangeRead, url: &str, body: Bytes) -> Result<Bytes, StoreError> {
+    let got = body.len() as u64;
+    if got == read.len {
+        Ok(body)
+    } else if got < read.len {
+        Err(StoreError::Short {
+            url: url.to_string(),
+            range: read.range(),
+            got_bytes: got,
+        })
+    } else if read.whole_object {
+        Err(StoreError::Grew {
+            url: url.to_string(),
+            size_bytes: read.len,
+        })
+    } else {
+        Err(StoreError::Request {
+            url: url.to_string(),
+            range: Some(read.range()),
+            status: None,
+            cause: message(format!(
+                "the server sent {got} bytes for a range of {}",
+                read.len
+            )),
+        })
+    }
+}
+
+/// One GET of `span` for all of `members` (sorted by offset), each answered with its slice of
+/// the body. A failed GET fails every member with the error rewritten to the member's own
+/// range; a short body fails only the members it cuts short: one wholly inside the bytes
+/// received gets them, as it would from a GET of its own.
+async fn get_coalesced(
+    shared: &Shared,
+    span: Range<u64>,
+    members: Vec<(RangeRead, Reply<StoreCompletion>)>,
+) {
+    let Some((first, _)) = members.first() else {
+        return;
+    };
+    let url = display(&shared.bucket, &first.key);
+    let spanning = RangeRead {
+        key: first.key.clone(),
+        offset: span.start,
+        len: span.end - span.start,
+        whole_object: false,
+        if_match: first.if_match.clone(),
+        tag: first.tag,
+    };
+    Counters::add(
+        &shared.counters.coalesced_reads,
+        members.len().saturating_sub(1) as u64,
+    );
+    let fetched = fetch(shared, &spanning, &url).await;
+    if let Ok(body) = &fetched {
+        let received = span.start..span.start.saturating_add(body.len() as u64);
+        let gaps = uncovered_bytes(members.iter().map(|(r, _)| r.range()), received);
+        Counters::add(&shared.counters.gap_bytes, gaps);
+    }
+    let mut failed = false;
+    for (read, reply) in members {
+        let result = match &fetched {
+            Ok(body) => member_bytes(&read, &url, &span, body),
+            Err(e) => Err(for_range(e, read.range())),
+        };
+        failed |= result.is_err();
+        reply.send(StoreCompletion {
+            tag: read.tag,
+            result,
+        });
+    }
+    if failed {
+        Counters::add(&shared.counters.failed_requests, 1);
+    }
+}
+
+/// `read`'s own bytes of the body of a GET of `span`, without a copy.
+fn member_bytes(
+    read: &RangeRead,
+    url: &str,
+    span: &Range<u64>,
+    body: &Bytes,
+) -> Result<Bytes, StoreError> {
+    let (span_len, got) = (span.end - span.start, body.len() as u64);
+    if got > span_len {
+        return Err(StoreError::Request {
+            url: url.to_string(),
+            range: Some(read.range()),
+            status: None,
+            cause: message(format!(
+                "the server sent {got} bytes for the range {}..{} that holds this one",
+                span.start, span.end
+            )),
+        });
+    }
+    debug_assert!(span.start <= read.offset && read.range().end <= span.end);
+    let start = read.offset - span.start;
+    let end = start + read.len;
+    if end <= got {
+        // Both within the body, whose length is a usize.
+        Ok(body.slice(start as usize..end as usize))
+    } else {
+        Err(StoreError::Short {
+            url: url.to_string(),
+            range: read.range(),
+            got_bytes: got.saturating_sub(start),
+        })
+    }
+}
+
+/// A coalesced GET's error as one member's: the same failure, naming the member's range rather
+/// than the GET's. Errors that name no range (no such object, access denied) stay as they are,
+/// as a member's own GET would have had them.
+fn for_range(e: &StoreError, range: Range<u64>) -> StoreError {
+    match e.clone() {
+        StoreError::Request {
+            url, status, cause, ..
+        } => StoreError::Request {
+            url,
+            range: Some(range),
+            status,
+            cause,
+        },
+        StoreError::Deadline {
+            url,
+            deadline,
+            cause,
+            ..
+        } => StoreError::Deadline {
+            url,
+            range: Some(range),
+            deadline,
+            cause,
+        },
+        StoreError::Changed { url, etag, .. } => StoreError::Changed { url, range, etag },
+        e => e,
+    }
+}
+
+/// Bytes of `within` that none of `ranges` (sorted by start) covers.
+fn uncovered_bytes(ranges: impl Iterator<Item = Range<u64>>, within: Range<u64>) -> u64 {
+    let (mut covered, mut covered_to) = (0, within.start);
+    for r in ranges {
+        let (start, end) = (r.start.max(covered_to), r.end.min(within.end));
+        if end > start {
+            covered += end - start;
+            covered_to = end;
+        }
+    }
+    (within.end - within.start) - covered
 }
 
 async fn head(shared: &Shared, key: &str) -> Result<ObjectInfo, StoreError> {
@@ -563,7 +714,20 @@ fn classify(e: object_store::Error, shared: &Shared, target: &Target<'_>) -> Sto
 
 #[cfg(test)]
 mod tests {
-    use super::status_of;
+    use super::{status_of, uncovered_bytes};
+
+    #[test]
+    fn uncovered_bytes_are_the_gaps_between_sorted_ranges() {
+        let within = |ranges: &[(u64, u64)], w: (u64, u64)| {
+            uncovered_bytes(ranges.iter().map(|&(a, b)| a..b), w.0..w.1)
+        };
+        assert_eq!(within(&[(0, 10), (15, 20), (30, 40)], (0, 40)), 15);
+        // Overlaps count once; a range past `within` counts up to its end.
+        assert_eq!(within(&[(0, 10), (5, 12), (6, 8), (20, 50)], (0, 30)), 8);
+        // A body cut short: what is past it is not a gap received.
+        assert_eq!(within(&[(100, 110), (200, 210)], (100, 150)), 40);
+        assert_eq!(within(&[], (3, 3)), 0);
+    }
 
     #[test]
     fn status_is_read_from_the_retry_error_text() {

@@ -167,9 +167,13 @@ impl fmt::Display for Error {
             } => {
                 write!(f, "invalid {parameter} = {value}: allowed {allowed}")
             }
-            Error::Dataset { path, reason } => {
-                write!(f, "dataset entry {}: {reason}", path.display())
-            }
+            // A store's errors name their object already: the entry once, not twice.
+            Error::Dataset { path, reason } => match path.to_str() {
+                Some(p) if reason.strip_prefix(p).is_some_and(|r| r.starts_with(':')) => {
+                    write!(f, "dataset entry {reason}")
+                }
+                _ => write!(f, "dataset entry {}: {reason}", path.display()),
+            },
             Error::Read {
                 sample,
                 path,
@@ -239,5 +243,29 @@ impl std::error::Error for Error {
             | Error::Engine { cause, .. } => Some(cause.as_ref()),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    #[test]
+    fn a_dataset_entry_is_named_once() {
+        let store = Error::dataset("s3://b/k.tar", "s3://b/k.tar: no such object");
+        assert_eq!(
+            store.to_string(),
+            "dataset entry s3://b/k.tar: no such object"
+        );
+        let other = Error::dataset("s3://b/", "s3://b/k.tar: no such object");
+        assert_eq!(
+            other.to_string(),
+            "dataset entry s3://b/: s3://b/k.tar: no such object"
+        );
+        let file = Error::dataset("/data/x.tar", "truncated header");
+        assert_eq!(
+            file.to_string(),
+            "dataset entry /data/x.tar: truncated header"
+        );
     }
 }

@@ -195,6 +195,23 @@ fn a_kept_index_is_reused_while_the_object_is_the_same_and_made_again_when_it_ch
 }
 
 #[test]
+fn a_prefix_of_shards_keeps_its_indexes_too() {
+    let (s3, _) = server();
+    let index = tempfile::tempdir().unwrap();
+    let spec = "s3://data/shards/";
+    let first = table(&open(&s3, spec, Some(index.path())).unwrap());
+    let kept = std::fs::read_dir(index.path()).unwrap().count();
+    assert_eq!(kept, 4, "an index kept per shard");
+    let before = s3.requests();
+    let again = open(&s3, spec, Some(index.path())).unwrap();
+    assert_eq!(table(&again), first);
+    // The bucket check, the listing, and a HEAD per shard if the listing has no ETags: no
+    // GET of a header (each shard needs at least one).
+    let made = s3.requests() - before;
+    assert!(made <= 2 + 4, "reopening reads no shard: {made} requests");
+}
+
+#[test]
 fn a_missing_bucket_a_missing_object_and_bad_credentials_are_named() {
     let (s3, _) = server();
     let err = open(&s3, "s3://nobucket/shards/wds-0.tar", None)

@@ -405,8 +405,8 @@ fn exact(read: &RangeRead, url: &str, body: Bytes) -> Result<Bytes, StoreError> 
     }
 }
 
-/// One GET of `span` for all of `members` (sorted by offset), each answered with its slice of
-/// the body. A failed GET fails every member with the error rewritten to the member's own
+/// One GET of `span` for all of `members` (sorted by offset), each answered with a copy of
+/// its bytes of the body. A failed GET fails every member with the error rewritten to the member's own
 /// range; a short body fails only the members it cuts short: one wholly inside the bytes
 /// received gets them, as it would from a GET of its own.
 async fn get_coalesced(
@@ -453,7 +453,9 @@ async fn get_coalesced(
     }
 }
 
-/// `read`'s own bytes of the body of a GET of `span`, without a copy.
+/// `read`'s own bytes of the body of a GET of `span`, copied: a slice would keep the whole
+/// body (gaps and every other member's bytes) alive for as long as a cache keeps the sample,
+/// memory its capacity never counted.
 fn member_bytes(
     read: &RangeRead,
     url: &str,
@@ -477,7 +479,7 @@ fn member_bytes(
     let end = start + read.len;
     if end <= got {
         // Both within the body, whose length is a usize.
-        Ok(body.slice(start as usize..end as usize))
+        Ok(Bytes::copy_from_slice(&body[start as usize..end as usize]))
     } else {
         Err(StoreError::Short {
             url: url.to_string(),

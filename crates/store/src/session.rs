@@ -19,8 +19,8 @@ const PENDING_MAX: usize = 1024;
 /// Queued reads wait in the session until [`StoreSession::flush`] (or
 /// [`StoreSession::wait_timeout`], which flushes first) sends them together, so that reads of
 /// one object near each other share one GET: see [`StoreConfig::with_coalescing`]. A read in a
-/// shared GET still completes on its own, with exactly its bytes (a slice of the GET's body,
-/// which stays in memory until the last of its slices is dropped) or an error naming its own
+/// shared GET still completes on its own, with exactly its bytes (its own copy, so that
+/// what a cache keeps of it is only its bytes, not the shared body) or an error naming its own
 /// byte range; it fails with the GET (its deadline, its retries) and, when the body comes back
 /// short, only if the body stops before the read's end.
 ///

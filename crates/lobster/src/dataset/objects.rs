@@ -84,7 +84,14 @@ pub(super) fn open(
         if tars.is_empty() || !dirs.is_empty() {
             return folder(store, &url, &prefix, dirs);
         }
-        tars
+        if tars.iter().any(|o| o.etag.is_none()) {
+            // Some servers list objects without their ETags: without one, a shard's index
+            // cannot be kept nor its reads checked with If-Match. A HEAD per shard has it.
+            let keys: Vec<String> = tars.into_iter().map(|o| o.key).collect();
+            heads(&store, &url, &keys)?
+        } else {
+            tars
+        }
     };
     open_shards(store, &url, shards, index_dir, reuse)
 }

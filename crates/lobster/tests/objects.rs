@@ -212,6 +212,44 @@ fn a_prefix_of_shards_keeps_its_indexes_too() {
 }
 
 #[test]
+fn indexing_a_shard_reads_it_about_once() {
+    let (s3, _) = server();
+    // 48 samples of 100 kB (an image and a label each): 4.8 MB, several of the index's
+    // 1 MiB spans, and a label after every image.
+    let images: Vec<(String, Vec<u8>)> = (0..48u32)
+        .map(|i| (format!("s{i:03}"), vec![i as u8; 100_000]))
+        .collect();
+    let labels: Vec<(String, String)> = (0..48u32)
+        .map(|i| (format!("s{i:03}"), (i % 5).to_string()))
+        .collect();
+    let mut members: Vec<(String, &[u8])> = Vec::new();
+    for ((key, image), (_, label)) in images.iter().zip(&labels) {
+        members.push((format!("{key}.jpg"), image));
+        members.push((format!("{key}.cls"), label.as_bytes()));
+    }
+    let named: Vec<(&str, &[u8])> = members.iter().map(|(n, b)| (n.as_str(), *b)).collect();
+    let shard = lobster_testkit::data::ustar(&named);
+    let size = shard.len() as u64;
+    s3.put(BUCKET, "big/one.tar", shard);
+    let before = s3.requests();
+    let ds = open(&s3, "s3://data/big/one.tar", None).unwrap();
+    assert_eq!(ds.len(), 48);
+    assert!(ds
+        .samples()
+        .iter()
+        .enumerate()
+        .all(|(i, s)| s.label == i as u32 % 5));
+    // The bucket check and a HEAD, then a GET per span of 1 MiB: labels read in archive
+    // order, each in the span its header was fetched with, not a span per label.
+    let spans = size.div_ceil(1 << 20);
+    let made = s3.requests() - before;
+    assert!(
+        made <= 2 + 2 * spans,
+        "{made} requests for a shard of {spans} spans"
+    );
+}
+
+#[test]
 fn a_missing_bucket_a_missing_object_and_bad_credentials_are_named() {
     let (s3, _) = server();
     let err = open(&s3, "s3://nobucket/shards/wds-0.tar", None)

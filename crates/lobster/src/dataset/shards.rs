@@ -47,7 +47,7 @@ use super::table_file::{
     escape, fnv, now_ns, parse_sealed, prune, read_at_most, read_kept, seal, split, unescape,
     unescape_into, write_atomically, Sealed, Stamp, KEPT_MAX_BYTES,
 };
-use super::tar_index::{members, Member, ReadAt};
+use super::tar_index::{walk, Member, ReadAt};
 use crate::error::Error;
 
 /// The longest `.cls` member read.
@@ -159,6 +159,9 @@ struct Parts {
     json: Option<Member>,
     /// What the label member holds, read while its shard is open.
     label: Option<Result<u32, String>>,
+    /// What the `.cls` and `.json` members hold, as their headers were read.
+    cls_label: Option<Result<u32, String>>,
+    json_label: Option<Result<u32, String>>,
 }
 
 /// A shard's samples before they are judged: keys in order, with their members.
@@ -316,9 +319,12 @@ pub(super) fn group(file: &(impl ReadAt + ?Sized), shard: &Path) -> Result<Group
     let bad = |what: String| Error::dataset(shard, what);
     let mut order: Vec<String> = Vec::new();
     let mut parts: HashMap<String, Parts> = HashMap::new();
-    for m in members(file, shard)? {
+    // Labels are read as their headers are: while the shard is open (one descriptor at a
+    // time however many shards there are), and in archive order, so that an object store's
+    // reader finds each in the span it fetched for the header before it.
+    walk(file, shard, |m| {
         let Some((key, ext)) = key_and_extension(&m.name) else {
-            continue;
+            return Ok(());
         };
         let p = match parts.get_mut(key) {
             Some(p) => p,
@@ -327,36 +333,37 @@ pub(super) fn group(file: &(impl ReadAt + ?Sized), shard: &Path) -> Result<Group
                 parts.entry(key.to_owned()).or_default()
             }
         };
-        let slot = if ext == "cls" {
-            &mut p.cls
+        let (slot, label) = if ext == "cls" {
+            (&mut p.cls, Some(read_cls(file, &m)))
         } else if ext == "json" {
-            &mut p.json
+            (&mut p.json, Some(read_json_label(file, &m)))
         } else if IMAGE_EXTENSIONS.iter().any(|e| e[1..] == ext) {
-            &mut p.image
+            (&mut p.image, None)
         } else {
-            continue;
+            return Ok(());
         };
         match slot {
             Some(first) if first.name == m.name => {
-                return Err(bad(format!("member {} appears twice", m.name)))
+                Err(bad(format!("member {} appears twice", m.name)))
             }
-            Some(first) => {
-                return Err(bad(format!(
-                    "sample {key:?} has two members of one kind: {} and {}",
-                    first.name, m.name
-                )))
+            Some(first) => Err(bad(format!(
+                "sample {key:?} has two members of one kind: {} and {}",
+                first.name, m.name
+            ))),
+            None => {
+                *slot = Some(m);
+                match (ext.as_str(), label) {
+                    ("cls", Some(l)) => p.cls_label = Some(l),
+                    (_, Some(l)) => p.json_label = Some(l),
+                    (_, None) => {}
+                }
+                Ok(())
             }
-            None => *slot = Some(m),
         }
-    }
-    // Labels are read while the shard is open: one descriptor at a time however many
-    // shards there are.
+    })?;
     for p in parts.values_mut() {
-        p.label = match (&p.cls, &p.json) {
-            (Some(m), _) => Some(read_cls(file, m)),
-            (None, Some(m)) => Some(read_json_label(file, m)),
-            (None, None) => None,
-        };
+        // A `.cls` member's label first, as webdataset takes it.
+        p.label = p.cls_label.take().or_else(|| p.json_label.take());
     }
     Ok(Grouped { order, parts })
 }

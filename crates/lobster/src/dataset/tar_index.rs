@@ -68,9 +68,27 @@ struct Pending {
 /// bytes run past the end of the file (a truncated archive); the error names the archive,
 /// the offset and the member.
 pub(crate) fn members(file: &(impl ReadAt + ?Sized), path: &Path) -> Result<Vec<Member>, Error> {
+    let mut members = Vec::new();
+    walk(file, path, |m| {
+        members.push(m);
+        Ok(())
+    })?;
+    Ok(members)
+}
+
+/// [`members`], each handed to `visit` as soon as its header is read, so that a small
+/// member can be read while the bytes after its header are at hand (an object store's
+/// reader fetches a span from the header on).
+///
+/// # Errors
+/// As [`members`], and `visit`'s.
+pub(crate) fn walk(
+    file: &(impl ReadAt + ?Sized),
+    path: &Path,
+    mut visit: impl FnMut(Member) -> Result<(), Error>,
+) -> Result<(), Error> {
     let len = file.len_bytes().map_err(|e| Error::dataset(path, e))?;
     let bad = |at: u64, what: String| Error::dataset(path, format!("at offset {at}: {what}"));
-    let mut members = Vec::new();
     let mut pending = Pending::default();
     let mut at = 0u64;
     let mut header = [0u8; BLOCK as usize];
@@ -78,7 +96,7 @@ pub(crate) fn members(file: &(impl ReadAt + ?Sized), path: &Path) -> Result<Vec<
         if at.checked_add(BLOCK).is_none_or(|end| end > len) {
             if at == len && pending.name.is_none() && pending.size.is_none() {
                 // No end-of-archive blocks: tolerated, as tar tools do.
-                return Ok(members);
+                return Ok(());
             }
             return Err(bad(
                 at,
@@ -88,7 +106,7 @@ pub(crate) fn members(file: &(impl ReadAt + ?Sized), path: &Path) -> Result<Vec<
         file.read_exact_at(&mut header, at)
             .map_err(|e| Error::dataset(path, e))?;
         if header.iter().all(|&b| b == 0) {
-            return Ok(members);
+            return Ok(());
         }
         check_sum(&header).map_err(|what| bad(at, what.into()))?;
         let name = header_name(&header);
@@ -113,11 +131,11 @@ pub(crate) fn members(file: &(impl ReadAt + ?Sized), path: &Path) -> Result<Vec<
             ));
         }
         match kind {
-            b'0' | b'\0' | b'7' => members.push(Member {
+            b'0' | b'\0' | b'7' => visit(Member {
                 name: pending.name.take().unwrap_or(name),
                 offset: data,
                 size,
-            }),
+            })?,
             b'x' | b'L' => {
                 if size > EXTENSION_MAX_BYTES {
                     return Err(bad(at, format!("an extension header of {size} bytes")));

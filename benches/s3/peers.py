@@ -29,6 +29,7 @@ import os
 import platform
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -689,6 +690,81 @@ def _exit_on_sigterm(signum, frame):
     sys.exit(128 + signum)
 
 
+def run_job(cmd, endpoints, out, timeout_s):
+    """One run of `cmd`: one process, or with `endpoints` one process per node (node i
+    through endpoint i, all at once), merged into one run; None if it took over
+    `timeout_s`."""
+    if not endpoints:
+        cmds = [cmd + ["--out", out]]
+    else:
+        n = len(endpoints)
+        cmds = [
+            cmd + ["--endpoint", e, "--nodes", str(n), "--rank", str(i), "--out", f"{out}.{i}"]
+            for i, e in enumerate(endpoints)
+        ]
+    # The nodes of one run meet at one torch.distributed rendezvous (Streaming's barriers).
+    env = dict(os.environ)
+    if endpoints:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+    # A session of its own per process, so that a run over time goes with its workers.
+    children = []
+    for c in cmds:
+        children.append(subprocess.Popen(c, start_new_session=True, env=env))
+        # Streaming claims its shared memory prefix at start-up: one node at a time.
+        time.sleep(1.0 if len(cmds) > 1 else 0.0)
+    deadline = time.monotonic() + timeout_s
+    try:
+        for c, child in zip(cmds, children):
+            rc = child.wait(timeout=max(0.0, deadline - time.monotonic()))
+            if rc != 0:
+                for other in children:
+                    stop_group(other)
+                sys.exit(f"sweep: {' '.join(c)} failed with {rc}")
+    except (KeyboardInterrupt, subprocess.TimeoutExpired) as e:
+        # The runs have sessions of their own: Ctrl-C does not reach them. A setting that
+        # thrashes (Streaming's cache below its working set downloads shards again and
+        # again) is reported, not waited for.
+        for child in children:
+            stop_group(child)
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        return None
+    if not endpoints:
+        with open(out) as f:
+            return json.load(f)
+    nodes = []
+    for i in range(len(endpoints)):
+        with open(f"{out}.{i}") as f:
+            nodes.append(json.load(f))
+    return merge_nodes(nodes)
+
+
+def merge_nodes(nodes):
+    """A job's run from its nodes' runs: per epoch, the samples, bytes and requests summed
+    over the nodes, and the job's time the slowest node's (the nodes are not in lock-step,
+    so this is never slower than a job whose steps wait for every node)."""
+    epochs = []
+    for per_node in zip(*(n["epochs"] for n in nodes)):
+        samples = sum(e["samples"] for e in per_node)
+        secs = max(e["seconds"] for e in per_node)
+        merged = {"epoch": per_node[0]["epoch"], "samples": samples, "seconds": secs}
+        merged["samples_per_s"] = samples / secs if secs > 0 else None
+        for key in ("payload_bytes", "bytes_down", "bytes_up", "requests", "connections"):
+            merged[key] = sum(e[key] for e in per_node)
+        epochs.append(merged)
+    run = {k: v for k, v in nodes[0].items() if k not in ("epochs", "steady", "setup")}
+    run.update(
+        nodes=nodes,
+        job_nodes=len(nodes),
+        setup={"seconds": max(n["setup"]["seconds"] for n in nodes)},
+        epochs=epochs,
+        steady=steady(epochs),
+    )
+    return run
+
+
 def cmd_sweep(args, passthrough):
     """Runs the peer once per grid point and run, each in a fresh process; medians of runs."""
     grid = [{"workers": w, "prefetch": p} for w in args.grid_workers for p in args.grid_prefetch]
@@ -709,26 +785,12 @@ def cmd_sweep(args, passthrough):
                 for key in ("predownload", "shuffle_block_size"):
                     if g.get(key) is not None:
                         cmd += ["--" + key.replace("_", "-"), str(g[key])]
-                cmd += ["--out", out]
                 print(f"sweep: {g} run {r + 1}/{args.runs}", file=sys.stderr, flush=True)
-                # A session of its own, so that a run over time goes with its DataLoader workers.
-                child = subprocess.Popen(cmd, start_new_session=True)
-                try:
-                    rc = child.wait(timeout=args.run_timeout_s)
-                except KeyboardInterrupt:
-                    # The run has a session of its own: Ctrl-C does not reach it.
-                    stop_group(child)
-                    raise
-                except subprocess.TimeoutExpired:
-                    # A setting that thrashes (Streaming's cache below its working set
-                    # downloads shards again and again) is reported, not waited for.
-                    stop_group(child)
+                run = run_job(cmd, args.endpoints, out, args.run_timeout_s)
+                if run is None:
                     print(f"sweep: {g} over {args.run_timeout_s} s, skipped", file=sys.stderr)
                     break
-                if rc != 0:
-                    sys.exit(f"sweep: {' '.join(cmd)} failed with {rc}")
-                with open(out) as f:
-                    runs.append(json.load(f))
+                runs.append(run)
             if len(runs) < args.runs:
                 points.append({"grid": g, "timed_out_after_s": args.run_timeout_s, "runs": runs})
                 continue
@@ -885,6 +947,13 @@ def main():
     p.add_argument("--grid-predownload", type=ints, default=None, help="streaming only")
     p.add_argument("--grid-shuffle-block-size", type=ints, default=None, help="streaming only")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument(
+        "--endpoints",
+        type=lambda t: [x for x in t.split(",") if x],
+        default=None,
+        help="one endpoint per node (the proxy's node ports): each run is a job of that many "
+        "nodes, one process each, merged (sums per epoch; the slowest node's time)",
+    )
     p.add_argument(
         "--run-timeout-s", type=float, default=1800.0, help="a run taking longer fails its setting"
     )

@@ -60,28 +60,15 @@ struct Pending {
     size: Option<u64>,
 }
 
-/// Every regular file of the tar archive `file` (opened from `path`), in archive order. Directories, links and
-/// other entries are not members.
+/// Every regular file of the tar archive `file` (opened from `path`), handed to `visit` in
+/// archive order as soon as its header is read, so that a small member can be read while the
+/// bytes after its header are at hand (an object store's reader fetches a span from the
+/// header on). Directories, links and other entries are not members.
 ///
 /// # Errors
 /// The archive cannot be read, a header is corrupt (bad checksum or number), or a member's
 /// bytes run past the end of the file (a truncated archive); the error names the archive,
-/// the offset and the member.
-pub(crate) fn members(file: &(impl ReadAt + ?Sized), path: &Path) -> Result<Vec<Member>, Error> {
-    let mut members = Vec::new();
-    walk(file, path, |m| {
-        members.push(m);
-        Ok(())
-    })?;
-    Ok(members)
-}
-
-/// [`members`], each handed to `visit` as soon as its header is read, so that a small
-/// member can be read while the bytes after its header are at hand (an object store's
-/// reader fetches a span from the header on).
-///
-/// # Errors
-/// As [`members`], and `visit`'s.
+/// the offset and the member. And `visit`'s.
 pub(crate) fn walk(
     file: &(impl ReadAt + ?Sized),
     path: &Path,
@@ -274,6 +261,17 @@ fn pax(body: &[u8], pending: &mut Pending) -> Result<(), String> {
         rest = &rest[len..];
     }
     Ok(())
+}
+
+/// [`walk`]'s members, collected.
+#[cfg(any(test, fuzzing))]
+pub(crate) fn members(file: &(impl ReadAt + ?Sized), path: &Path) -> Result<Vec<Member>, Error> {
+    let mut members = Vec::new();
+    walk(file, path, |m| {
+        members.push(m);
+        Ok(())
+    })?;
+    Ok(members)
 }
 
 #[cfg(test)]

@@ -80,7 +80,10 @@ pub(crate) fn cache(py: Python<'_>, given: Option<Bound<'_, PyAny>>) -> PyResult
             field(&g, "cache", "storage_bytes_per_s")?,
             field(&g, "cache", "net_bytes_per_s")?,
         )?,
-        disk: disk(field(&g, "cache", "disk")?, field(&g, "cache", "disk_bytes")?)?,
+        disk: disk(
+            field(&g, "cache", "disk")?,
+            field(&g, "cache", "disk_bytes")?,
+        )?,
     };
     if !(0.0..=1.0).contains(&c.frac) {
         return Err(PyValueError::new_err(format!(

@@ -66,12 +66,12 @@ class Cache:
     ``disk`` (a directory, made if missing and locked while the loader runs) and
     ``disk_bytes`` (both or neither; ``None``: memory only) add a local disk cache below the
     memory cache, planned with it as a second level: a sample the plan keeps there is read
-    from the disk instead of the dataset's storage. It
-    keeps encoded bytes, under the "reuse" or "static" policy, on one node (not with MPI
-    peers); ``disk_bytes`` is at least 4096 (its files hold whole 4 KiB blocks). Its files
-    go in a subdirectory named by the dataset, so a later loader of the same dataset (any
-    seed) starts with what this one left there. The loader refuses a disk it cannot use
-    when it starts (the first batch); ``metrics()["disk_cache"]`` says what the disk did."""
+    from the disk instead of the dataset's storage. It keeps encoded bytes (``forms`` None
+    or "encoded"), under the "reuse" or "static" policy, on one node (not with MPI peers);
+    ``disk_bytes`` is at least 4096 (its files hold whole 4 KiB blocks). Its files go in a
+    subdirectory named by the dataset, so a later loader of the same dataset (any seed)
+    starts with what this one left there. The loader refuses a disk it cannot use when it
+    starts (the first batch); ``metrics()["disk_cache"]`` says what the disk did."""
 
     bytes: Optional[int] = None
     frac: float = 0.2

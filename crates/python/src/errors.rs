@@ -57,12 +57,27 @@ create_exception!(
      field that differs)."
 );
 
+/// The facade's parameters that `Loader` takes under other names, as those names.
+const RENAMED: [(&str, &str); 2] = [
+    ("disk_cache", "cache.disk"),
+    ("disk_cache_bytes", "cache.disk_bytes"),
+];
+
 /// The facade's error as the exception a Python caller catches.
 pub(crate) fn loader_error(e: lobster_io::Error) -> PyErr {
     use lobster_io::Error as E;
     let text = e.to_string();
     match e {
-        E::InvalidParameter { .. } => PyValueError::new_err(text),
+        E::InvalidParameter {
+            parameter,
+            value,
+            allowed,
+        } => match RENAMED.iter().find(|(facade, _)| *facade == parameter) {
+            Some((_, name)) => {
+                PyValueError::new_err(format!("invalid {name} = {value}: allowed {allowed}"))
+            }
+            None => PyValueError::new_err(text),
+        },
         E::Read { .. } | E::SizeChanged { .. } => ReadError::new_err(text),
         E::Decode { .. } => DecodeError::new_err(text),
         E::TooManyFailures { .. } => TooManyFailures::new_err(text),

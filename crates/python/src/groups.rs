@@ -3,6 +3,8 @@
 //! classes and their defaults live once, in Python (`lobster_io/__init__.py`); this reads
 //! their fields, each refused by its dotted name.
 
+use std::path::PathBuf;
+
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -19,6 +21,8 @@ pub(crate) struct CacheGroup {
     pub decoded_max_side: Option<u32>,
     /// Both bandwidths, or neither: what a cluster plan prices a remote hit with.
     pub link_prices: Option<lobster_io::LinkPrices>,
+    /// Both the directory and its bytes, or neither: the local disk below the memory cache.
+    pub disk: Option<lobster_io::DiskCache>,
 }
 
 /// What `budgets=` says.
@@ -76,6 +80,10 @@ pub(crate) fn cache(py: Python<'_>, given: Option<Bound<'_, PyAny>>) -> PyResult
             field(&g, "cache", "storage_bytes_per_s")?,
             field(&g, "cache", "net_bytes_per_s")?,
         )?,
+        disk: disk(
+            field(&g, "cache", "disk")?,
+            field(&g, "cache", "disk_bytes")?,
+        )?,
     };
     if !(0.0..=1.0).contains(&c.frac) {
         return Err(PyValueError::new_err(format!(
@@ -106,6 +114,26 @@ fn link_prices(storage: Option<u64>, net: Option<u64>) -> PyResult<Option<lobste
             "cache.storage_bytes_per_s, cache.net_bytes_per_s: give both or neither (a cluster \
              plan prices a remote hit against a storage read with both)",
         )),
+    }
+}
+
+/// `cache.disk` and `cache.disk_bytes`: both or neither. Their values are the loader's to
+/// judge (it refuses a capacity under one block, or a directory it cannot make, lock and
+/// write in, when it starts), so that the package and the CLI refuse the same disks.
+fn disk(dir: Option<PathBuf>, bytes: Option<u64>) -> PyResult<Option<lobster_io::DiskCache>> {
+    match (dir, bytes) {
+        (Some(dir), Some(capacity_bytes)) => Ok(Some(lobster_io::DiskCache {
+            dir,
+            capacity_bytes,
+        })),
+        (None, None) => Ok(None),
+        (Some(dir), None) => Err(PyValueError::new_err(format!(
+            "cache.disk = {dir:?} needs cache.disk_bytes: the bytes the disk cache may hold"
+        ))),
+        (None, Some(bytes)) => Err(PyValueError::new_err(format!(
+            "cache.disk_bytes = {bytes} needs cache.disk: the directory the disk cache keeps \
+             its files in"
+        ))),
     }
 }
 

@@ -101,7 +101,8 @@ struct Run {
 /// `max_failures` (a count, or a fraction of the epoch).
 ///
 /// The rest is grouped: `cache=lobster_io.Cache(bytes, frac, policy, forms,
-/// decoded_max_side, storage_bytes_per_s, net_bytes_per_s)`, what the node's cache keeps;
+/// decoded_max_side, storage_bytes_per_s, net_bytes_per_s, disk, disk_bytes)`, what the
+/// node's cache keeps, in memory and on a local disk below it;
 /// `budgets=lobster_io.Budgets(io_depth, decode_threads, slots, slot_bytes)`, what the
 /// node's ranks share, balanced across them every iteration;
 /// `launch=lobster_io.Launch(rank, world_size, local_rank, local_world_size, job_id)`,
@@ -248,6 +249,7 @@ struct Settings {
     cache_forms: Option<lobster_io::FormChoice>,
     decoded_max_side: Option<u32>,
     link_prices: Option<lobster_io::LinkPrices>,
+    disk: Option<lobster_io::DiskCache>,
     output: Output,
     drop_last: bool,
     assign: lobster_io::Assign,
@@ -265,6 +267,7 @@ impl Settings {
     fn clone_ref(&self, py: Python<'_>) -> Settings {
         Settings {
             data: self.data.clone(),
+            disk: self.disk.clone(),
             decode: self.decode.as_ref().map(|f| f.clone_ref(py)),
             ..*self
         }
@@ -295,6 +298,7 @@ impl Settings {
                 forms: self.cache_forms,
                 decoded_max_side: self.decoded_max_side,
                 link_prices: self.link_prices,
+                disk: self.disk.clone(),
                 ..CacheConfig::default()
             },
             budgets: BudgetConfig {
@@ -934,6 +938,7 @@ impl Loader {
             cache_forms: params::cache_forms(cache.forms.as_deref())?,
             decoded_max_side: cache.decoded_max_side,
             link_prices: cache.link_prices,
+            disk: cache.disk,
             output: params::output(transform, &image_size, decode.is_some())?,
             drop_last,
             assign: params::assign(assign)?,
@@ -1286,6 +1291,11 @@ impl Loader {
         dict.set_item("form_costs", as_json(py, m.form_costs.as_ref())?)?;
         // The JSON's cluster_plan: storage reads against the floor, what was rerouted.
         dict.set_item("cluster_plan", as_json(py, m.cluster_plan.as_ref())?)?;
+        // Storage reads by epoch: what a cache, on disk or in memory, spared storage.
+        dict.set_item("storage_reads_by_epoch", m.storage_reads_by_epoch)?;
+        dict.set_item("storage_bytes_by_epoch", m.storage_bytes_by_epoch)?;
+        // The JSON's disk_cache, field for field: the plan's disk hits and what the files gave.
+        dict.set_item("disk_cache", as_json(py, m.disk_cache.as_ref())?)?;
         Ok(Some(dict.into_any().unbind()))
     }
 

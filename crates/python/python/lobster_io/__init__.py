@@ -20,8 +20,9 @@ A package built with MPI (``built_with_mpi()``; ``pip install ./crates/python
 """
 
 import atexit
+import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 from ._lobster_io import (
     _close_at_exit,
@@ -60,7 +61,17 @@ class Cache:
     are a node's storage and interconnect bandwidths, the same on every node of an MPI job.
     Where the nodes' caches are planned as one, the plan then reads a remote hit from
     storage when the interconnect is the dearer link; the caches are unchanged. Configured,
-    never timed, so that every node plans the same job."""
+    never timed, so that every node plans the same job.
+
+    ``disk`` (a directory, made if missing and locked while the loader runs) and
+    ``disk_bytes`` (both or neither; ``None``: memory only) add a local disk cache below the
+    memory cache, planned with it as a second level: a sample the plan keeps there is read
+    from the disk instead of the dataset's storage. It keeps encoded bytes (``forms`` None
+    or "encoded"), under the "reuse" or "static" policy, on one node (not with MPI peers);
+    ``disk_bytes`` is at least 4096 (its files hold whole 4 KiB blocks). Its files go in a
+    subdirectory named by the dataset, so a later loader of the same dataset (any seed)
+    starts with what this one left there. The loader refuses a disk it cannot use when it
+    starts (the first batch); ``metrics()["disk_cache"]`` says what the disk did."""
 
     bytes: Optional[int] = None
     frac: float = 0.2
@@ -69,6 +80,8 @@ class Cache:
     decoded_max_side: Optional[int] = None
     storage_bytes_per_s: Optional[int] = None
     net_bytes_per_s: Optional[int] = None
+    disk: Optional[Union[str, "os.PathLike[str]"]] = None
+    disk_bytes: Optional[int] = None
 
 
 @dataclass(frozen=True)

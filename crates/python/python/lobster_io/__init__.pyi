@@ -42,6 +42,8 @@ class Cache:
     decoded_max_side: Optional[int]
     storage_bytes_per_s: Optional[int]
     net_bytes_per_s: Optional[int]
+    disk: Optional[Union[str, os.PathLike[str]]]
+    disk_bytes: Optional[int]
     def __init__(
         self,
         bytes: Optional[int] = None,
@@ -51,6 +53,8 @@ class Cache:
         decoded_max_side: Optional[int] = None,
         storage_bytes_per_s: Optional[int] = None,
         net_bytes_per_s: Optional[int] = None,
+        disk: Optional[Union[str, os.PathLike[str]]] = None,
+        disk_bytes: Optional[int] = None,
     ) -> None: ...
 
 class Budgets:

@@ -96,11 +96,11 @@ for ((i = 1; i <= runs; i++)); do
 done
 
 common=(--bucket bench --epochs "$epochs" --batch 64 --counts-json "$counts"
-    --endpoints "$endpoints" --runs "$runs" --run-timeout-s 600)
+    --endpoints "$endpoints" --runs "$runs" --run-timeout-s 300)
 "$py" benches/s3/peers.py sweep streaming --grid-workers 2,4 --grid-predownload 32,64 \
     --grid-shuffle-block-size 256 --cache-limit 20% --out "$work/out/streaming.json" \
     "${common[@]}" >/dev/null
-"$py" benches/s3/peers.py sweep s3torch --grid-workers 4,8 --out "$work/out/s3torch.json" \
+"$py" benches/s3/peers.py sweep s3torch --grid-workers 4,8,12 --out "$work/out/s3torch.json" \
     "${common[@]}" >/dev/null
 
 "$py" benches/s3/peers.py table "$work/out/streaming.json" "$work/out/s3torch.json"

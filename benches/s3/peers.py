@@ -583,14 +583,17 @@ def cmd_s3torch(args):
     t0 = time.perf_counter()
     sampler = None
     if args.variant == "map":
-        ds = S3MapDataset.from_prefix(
-            f"s3://{args.bucket}/{prefix}",
+        # The object list as listed above: from_prefix's own listing sends `delimiter=`
+        # empty, which s3s-fs (the benchmark's server) takes as a delimiter and answers
+        # with one common prefix and no objects; AWS takes it as none.
+        ds = S3MapDataset.from_objects(
+            [f"s3://{args.bucket}/{k}" for k in sorted(objects)],
             region=args.region,
             endpoint=args.endpoint,
             transform=_ObjectSample({c: i for i, c in enumerate(classes)}),
             s3client_config=config,
         )
-        n = len(ds)  # lists the prefix, as a user's first len() would
+        n = len(ds)
         sampler = torch.utils.data.DistributedSampler(
             ds, num_replicas=args.nodes, rank=args.rank, shuffle=True, seed=args.seed
         )
@@ -698,8 +701,16 @@ def run_job(cmd, endpoints, out, timeout_s):
         cmds = [cmd + ["--out", out]]
     else:
         n = len(endpoints)
+        # Each node its own /dev/shm, as separate machines have: Streaming names its shared
+        # memory per host, so nodes sharing one would take each other's (root only).
+        own_shm = [
+            "unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+            'mount -t tmpfs -o size=8g tmpfs /dev/shm && exec "$@"', "sh",
+        ]
         cmds = [
-            cmd + ["--endpoint", e, "--nodes", str(n), "--rank", str(i), "--out", f"{out}.{i}"]
+            own_shm
+            + cmd
+            + ["--endpoint", e, "--nodes", str(n), "--rank", str(i), "--out", f"{out}.{i}"]
             for i, e in enumerate(endpoints)
         ]
     # The nodes of one run meet at one torch.distributed rendezvous (Streaming's barriers).
@@ -721,7 +732,7 @@ def run_job(cmd, endpoints, out, timeout_s):
             if rc != 0:
                 for other in children:
                     stop_group(other)
-                sys.exit(f"sweep: {' '.join(c)} failed with {rc}")
+                return {"failed": f"{' '.join(c)} exited with {rc}"}
     except (KeyboardInterrupt, subprocess.TimeoutExpired) as e:
         # The runs have sessions of their own: Ctrl-C does not reach them. A setting that
         # thrashes (Streaming's cache below its working set downloads shards again and
@@ -777,22 +788,32 @@ def cmd_sweep(args, passthrough):
     points = []
     try:
         for g in grid:
-            runs = []
-            for r in range(args.runs):
-                out = os.path.join(work, f"run-{len(points)}-{r}.json")
+            runs, failed = [], []
+            attempt = 0
+            # A run that fails (the peer crashed) is reported and run again, up to
+            # --retries more times in all: the setting is ranked on --runs runs that ended.
+            while len(runs) < args.runs and len(failed) <= args.retries:
+                out = os.path.join(work, f"run-{len(points)}-{attempt}.json")
+                attempt += 1
                 cmd = [sys.executable, os.path.abspath(__file__), args.peer] + passthrough
                 cmd += ["--workers", str(g["workers"]), "--prefetch", str(g["prefetch"])]
                 for key in ("predownload", "shuffle_block_size"):
                     if g.get(key) is not None:
                         cmd += ["--" + key.replace("_", "-"), str(g[key])]
-                print(f"sweep: {g} run {r + 1}/{args.runs}", file=sys.stderr, flush=True)
+                print(f"sweep: {g} run {len(runs) + 1}/{args.runs}", file=sys.stderr, flush=True)
                 run = run_job(cmd, args.endpoints, out, args.run_timeout_s)
                 if run is None:
                     print(f"sweep: {g} over {args.run_timeout_s} s, skipped", file=sys.stderr)
                     break
+                if "failed" in run:
+                    print(f"sweep: {g} failed: {run['failed']}", file=sys.stderr)
+                    failed.append(run["failed"])
+                    continue
                 runs.append(run)
             if len(runs) < args.runs:
-                points.append({"grid": g, "timed_out_after_s": args.run_timeout_s, "runs": runs})
+                why = {"failed_runs": failed} if len(failed) > args.retries else {
+                    "timed_out_after_s": args.run_timeout_s}
+                points.append({"grid": g, **why, "runs": runs})
                 continue
             st = [run["steady"] for run in runs]
             if any(s is None for s in st):
@@ -811,13 +832,14 @@ def cmd_sweep(args, passthrough):
                         run["epochs"][0]["samples_per_s"] for run in runs
                     ),
                     "runs": runs,
+                    "failed_runs": failed,
                 }
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     done = [p for p in points if "median_steady_samples_per_s" in p]
     if not done:
-        sys.exit("sweep: every setting timed out")
+        sys.exit("sweep: every setting timed out or failed")
     best = max(done, key=lambda p: p["median_steady_samples_per_s"])
     report = {
         "peer": {"streaming": "mosaicml-streaming", "s3torch": "s3torchconnector"}[args.peer],
@@ -863,13 +885,20 @@ def cmd_table(args):
                 if "median_steady_samples_per_s" not in point:
                     print(
                         f"| {doc['peer']} | {first['variant'] if first else ''} | "
-                        f"{point['grid']}{mark} | timed out after {point['timed_out_after_s']} s "
-                        "| | | | |"
+                        f"{point['grid']}{mark} | "
+                        + (
+                            f"timed out after {point['timed_out_after_s']} s "
+                            if "timed_out_after_s" in point
+                            else f"failed {len(point['failed_runs'])} times "
+                        )
+                        + "| | | | |"
                     )
                     continue
                 print(
                     f"| {doc['peer']} | {first['variant']} | {_setting_text(first['settings'])}"
-                    f"{mark} | median of {len(point['runs'])} "
+                    f"{mark} | median of {len(point['runs'])}"
+                    + (f" ({len(point['failed_runs'])} failed)" if point.get("failed_runs") else "")
+                    + " "
                     f"| {point['median_first_epoch_samples_per_s']:.1f} "
                     f"| {point['median_steady_samples_per_s']:.1f} "
                     f"| {point['median_steady_bytes_down_per_epoch'] / mib:.1f} "
@@ -947,6 +976,9 @@ def main():
     p.add_argument("--grid-predownload", type=ints, default=None, help="streaming only")
     p.add_argument("--grid-shuffle-block-size", type=ints, default=None, help="streaming only")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument(
+        "--retries", type=int, default=2, help="failed runs tolerated per setting (re-run)"
+    )
     p.add_argument(
         "--endpoints",
         type=lambda t: [x for x in t.split(",") if x],

@@ -278,8 +278,9 @@ pub struct RunMetrics {
     /// Their bytes.
     pub storage_bytes_by_epoch: Vec<u64>,
     /// For a dataset in an object store, the GET requests made for samples, by the epoch of
-    /// their access: one per read attempt, failed ones included (a stalled body the client
-    /// resumes is not a new request); empty for local files.
+    /// their access: one per read attempt, failed ones included, less the attempts served by
+    /// another's GET (coalesced); a stalled body the client resumes is not a new request.
+    /// Empty for local files.
     pub object_requests_by_epoch: Vec<u64>,
     /// How the nodes' caches were planned: `cluster` (one plan for the job's caches) or
     /// `node` (each node's own), and why.

@@ -63,7 +63,7 @@ def upload(env, root, prefix):
 def test_a_folder_in_a_bucket_loads_as_the_local_folder(tmp_path, s3_env):
     make_folder(tmp_path / "data", 37, 3)
     upload(s3_env, tmp_path / "data", "same")
-    seen = {}
+    seen, requests = {}, {}
     for name, data in [("local", str(tmp_path / "data")), ("s3", f"s3://{BUCKET}/same")]:
         loader = lobster_io.Loader(data, 5, seed=7, image_size=16, epochs=2)
         batches = []
@@ -71,9 +71,13 @@ def test_a_folder_in_a_bucket_loads_as_the_local_folder(tmp_path, s3_env):
             loader.set_epoch(epoch)
             for b in loader:
                 batches.append((b.ids.tolist(), b.labels.tolist(), bytes(b.images)))
+        requests[name] = loader.metrics()["object_requests_by_epoch"]
         loader.close()
         seen[name] = batches
     assert seen["s3"] == seen["local"]
+    # One object per sample: the first epoch GETs every one; local files make no GETs.
+    assert len(requests["s3"]) == 2 and requests["s3"][0] >= 37, requests
+    assert requests["local"] == [0, 0], requests
     shares, _ = sampler_shares(tmp_path / "data", 1, 0, 7, 5)
     assert [i for ids, _, _ in seen["s3"][:8] for i in ids] == shares[0][0]
 

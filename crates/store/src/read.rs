@@ -65,6 +65,9 @@ pub struct StoreCompletion {
     pub tag: u64,
     /// Exactly the bytes asked for, or why not.
     pub result: Result<Bytes, StoreError>,
+    /// Served by a GET that an earlier read of the same flush made (coalesced): no request
+    /// of its own.
+    pub shared: bool,
 }
 
 /// Cumulative counts of a store's requests (not counting the client's own retries).

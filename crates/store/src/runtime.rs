@@ -292,6 +292,7 @@ async fn run(job: Job, shared: Arc<Shared>) {
                 ReadReply::Session(r) => r.send(StoreCompletion {
                     tag: read.tag,
                     result,
+                    shared: false,
                 }),
                 ReadReply::Once(r) => r.send(result),
             }
@@ -437,7 +438,7 @@ async fn get_coalesced(
         Counters::add(&shared.counters.gap_bytes, gaps);
     }
     let mut failed = false;
-    for (read, reply) in members {
+    for (i, (read, reply)) in members.into_iter().enumerate() {
         let result = match &fetched {
             Ok(body) => member_bytes(&read, &url, &span, body),
             Err(e) => Err(for_range(e, read.range())),
@@ -446,6 +447,7 @@ async fn get_coalesced(
         reply.send(StoreCompletion {
             tag: read.tag,
             result,
+            shared: i > 0,
         });
     }
     if failed {

@@ -111,6 +111,7 @@ impl StoreSession {
         let fallback = StoreCompletion {
             tag,
             result: Err(StoreError::Stopped),
+            shared: false,
         };
         Reply::new(self.done_tx.clone(), fallback)
     }

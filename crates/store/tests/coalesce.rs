@@ -41,6 +41,15 @@ fn run(session: &mut StoreSession, reads: &[RangeRead]) -> HashMap<u64, Result<B
     collect(session, reads.len())
 }
 
+thread_local! {
+    /// Completions this test's thread collected that rode another read's GET.
+    static SHARED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+fn shared_so_far() -> u64 {
+    SHARED.with(std::cell::Cell::get)
+}
+
 fn collect(session: &mut StoreSession, n: usize) -> HashMap<u64, Result<Bytes, StoreError>> {
     let mut results = HashMap::new();
     let mut done = Vec::new();
@@ -52,6 +61,7 @@ fn collect(session: &mut StoreSession, n: usize) -> HashMap<u64, Result<Bytes, S
                 .unwrap();
             assert!(!done.is_empty(), "no completion within 60 s");
             for c in done.drain(..) {
+                SHARED.with(|s| s.set(s.get() + u64::from(c.shared)));
                 assert!(
                     results.insert(c.tag, c.result).is_none(),
                     "tag {} twice",
@@ -461,7 +471,7 @@ fn random_reads_under_any_config_each_complete_once_with_their_bytes() {
             tag += 1;
             reads.push(read);
         }
-        let (requests, before) = (s3.requests(), store.stats());
+        let (requests, before, shared) = (s3.requests(), store.stats(), shared_so_far());
         for r in &reads {
             session.queue(r.clone()).unwrap();
             if rng.below(20) == 0 {
@@ -485,6 +495,8 @@ fn random_reads_under_any_config_each_complete_once_with_their_bytes() {
         let needing = reads.iter().filter(|r| r.len > 0 || r.whole_object).count() as u64;
         assert_eq!(d.get_requests + d.coalesced_reads, needing, "round {round}");
         assert_eq!(s3.requests() - requests, d.get_requests, "round {round}");
+        // A completion says whether it rode another's GET: the engine counts requests so.
+        assert_eq!(shared_so_far() - shared, d.coalesced_reads, "round {round}");
         assert_eq!(d.failed_requests, 0);
         if span == 0 {
             assert_eq!((d.coalesced_reads, d.gap_bytes), (0, 0));

@@ -145,13 +145,13 @@ impl<T> Loader<T> {
             m.cluster_plan = Some(plan);
         }
         m.read_retries = count(&self.pipeline.context.storage.counters.retries);
-        let [attempts, reads, bytes] = self.pipeline.context.storage.delivered.counts();
+        let [attempts, rode, reads, bytes] = self.pipeline.context.storage.delivered.counts();
         (m.storage_reads_by_epoch, m.storage_bytes_by_epoch) = (reads, bytes);
         if !matches!(
             self.pipeline.context.dataset.source(),
             crate::dataset::Source::Files
         ) {
-            m.object_requests_by_epoch = attempts;
+            m.object_requests_by_epoch = attempts.iter().zip(&rode).map(|(a, r)| a - r).collect();
         }
         m.reads_recovered = count(&self.pipeline.context.storage.counters.recovered);
         m.cache_forms = self.cache_forms.clone();

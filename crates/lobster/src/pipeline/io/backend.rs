@@ -31,13 +31,16 @@ pub(super) enum Backend {
 pub(super) struct Done {
     pub(super) tag: u64,
     pub(super) result: Result<Bytes, ReadFailure>,
+    /// Served by another read's request (a coalesced GET): no request of its own.
+    pub(super) shared: bool,
 }
 
 impl Done {
-    fn new<E: Into<ReadFailure>>(tag: u64, result: Result<Bytes, E>) -> Done {
+    fn new<E: Into<ReadFailure>>(tag: u64, result: Result<Bytes, E>, shared: bool) -> Done {
         Done {
             tag,
             result: result.map_err(Into::into),
+            shared,
         }
     }
 }
@@ -135,7 +138,11 @@ impl Backend {
                 session
                     .wait_timeout(min, timeout, completed)
                     .map_err(|e| Error::engine("reader session", e))?;
-                out.extend(completed.drain(..).map(|c| Done::new(c.tag, c.result)));
+                out.extend(
+                    completed
+                        .drain(..)
+                        .map(|c| Done::new(c.tag, c.result, false)),
+                );
             }
             #[cfg(feature = "s3")]
             Backend::Store {
@@ -144,7 +151,11 @@ impl Backend {
                 session
                     .wait_timeout(min, timeout, completed)
                     .map_err(|e| Error::engine("object store session", e))?;
-                out.extend(completed.drain(..).map(|c| Done::new(c.tag, c.result)));
+                out.extend(
+                    completed
+                        .drain(..)
+                        .map(|c| Done::new(c.tag, c.result, c.shared)),
+                );
             }
         }
         Ok(())

@@ -436,6 +436,9 @@ fn on_completion<T>(
         number: read.attempt,
         due: read.due,
     };
+    if c.shared {
+        ctx.storage.shared_request(attempt.epoch);
+    }
     let outcome = ctx.storage.fate(attempt, c.result);
     match outcome {
         Fate::Retry { at } => {

@@ -25,10 +25,11 @@ pub(crate) struct FaultCounters {
     pub(crate) recovered: AtomicU64,
 }
 
-/// By the epoch of their access: storage read attempts (one request each), the reads that
-/// delivered bytes, and their bytes; counters for every epoch of the run, made up front.
+/// By the epoch of their access: storage read attempts, those served by another attempt's
+/// request (an object store's coalesced GET), the reads that delivered bytes, and their
+/// bytes; counters for every epoch of the run, made up front.
 #[derive(Debug, Default)]
-pub(crate) struct DeliveredByEpoch(Box<[[AtomicU64; 3]]>);
+pub(crate) struct DeliveredByEpoch(Box<[[AtomicU64; 4]]>);
 
 impl DeliveredByEpoch {
     fn new(epochs: u32) -> Self {
@@ -41,15 +42,21 @@ impl DeliveredByEpoch {
         }
     }
 
+    fn shared(&self, epoch: u32) {
+        if let Some([_, shared, ..]) = self.0.get(epoch as usize) {
+            shared.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     fn add(&self, epoch: u32, bytes: u64) {
-        if let Some([_, reads, total]) = self.0.get(epoch as usize) {
+        if let Some([_, _, reads, total]) = self.0.get(epoch as usize) {
             reads.fetch_add(1, Ordering::Relaxed);
             total.fetch_add(bytes, Ordering::Relaxed);
         }
     }
 
-    /// (attempts, reads, bytes) per epoch.
-    pub(crate) fn counts(&self) -> [Vec<u64>; 3] {
+    /// (attempts, shared, reads, bytes) per epoch.
+    pub(crate) fn counts(&self) -> [Vec<u64>; 4] {
         std::array::from_fn(|i| {
             self.0
                 .iter()
@@ -152,6 +159,11 @@ impl ReadFates {
     /// is due. Reserved at issue, so the tier serves requests in the order they were issued.
     pub(crate) fn reserve(&self, issued: Instant, bytes: u64) -> Option<Instant> {
         self.device.as_ref().map(|d| d.finish_time(issued, bytes))
+    }
+
+    /// Counts an attempt of `epoch` that made no request of its own: it rode another's.
+    pub(crate) fn shared_request(&self, epoch: u32) {
+        self.delivered.shared(epoch);
     }
 
     /// Decides `attempt`'s fate from what the read returned.

@@ -82,15 +82,17 @@ impl StoreSession {
         if self.pending.is_empty() {
             return;
         }
-        let mut reads = std::mem::take(&mut self.pending);
+        let mut reads: Vec<(usize, RangeRead)> = std::mem::take(&mut self.pending)
+            .into_iter()
+            .enumerate()
+            .collect();
         let coalescing = self.thread.coalescing;
-        let gets = plan_gets(&mut reads, coalescing.gap_bytes, coalescing.span_bytes);
-        let mut reads = reads.into_iter();
+        let gets = gets_in_queue_order(&mut reads, coalescing.gap_bytes, coalescing.span_bytes);
+        let mut reads: Vec<Option<RangeRead>> = reads.into_iter().map(|(_, r)| Some(r)).collect();
         for (members, span) in gets {
-            // The plan's groups cover the sorted reads in order, each once.
-            let members: Vec<_> = reads
-                .by_ref()
-                .take(members.len())
+            // The plan's groups cover the sorted reads, each once.
+            let members: Vec<_> = members
+                .filter_map(|i| reads[i].take())
                 .map(|read| {
                     let reply = self.reply(read.tag);
                     (read, reply)
@@ -102,7 +104,7 @@ impl StoreSession {
             };
             self.thread.send_or_stop(job);
         }
-        debug_assert!(reads.next().is_none());
+        debug_assert!(reads.iter().all(Option::is_none));
     }
 
     /// Where the read tagged `tag` completes; [`StoreError::Stopped`] if it is dropped
@@ -159,24 +161,25 @@ impl StoreSession {
     }
 }
 
-/// Sorts `reads` and groups them into GETs: each group is an index range of the sorted reads
-/// and the byte span one GET fetches for them. Reads of one key and one `If-Match`, neither
+/// Sorts `reads` (each with its place in the queue, carried along) and groups them into GETs:
+/// each group is an index range of the sorted reads and the byte span one GET fetches for
+/// them. Reads of one key and one `If-Match`, neither
 /// whole objects nor empty, sorted by offset, join the group before them while each starts at
 /// most `gap_bytes` past the group's end so far and the group spans at most `span_bytes`. Every
 /// other read is a group of its own; `span_bytes` 0 leaves every read alone, in queue order.
 pub(crate) fn plan_gets(
-    reads: &mut [RangeRead],
+    reads: &mut [(usize, RangeRead)],
     gap_bytes: u64,
     span_bytes: u64,
 ) -> Vec<(Range<usize>, Range<u64>)> {
     if span_bytes == 0 {
         return (0..reads.len())
-            .map(|i| (i..i + 1, reads[i].range()))
+            .map(|i| (i..i + 1, reads[i].1.range()))
             .collect();
     }
     let alone = |r: &RangeRead| r.whole_object || r.len == 0;
     // The reads that go alone last among an object's, so that they split no run of ranges.
-    reads.sort_by(|a, b| {
+    reads.sort_by(|(_, a), (_, b)| {
         (&*a.key, &a.if_match, alone(a), a.offset, a.len).cmp(&(
             &*b.key,
             &b.if_match,
@@ -188,11 +191,11 @@ pub(crate) fn plan_gets(
     let mut gets = Vec::new();
     let mut i = 0;
     while i < reads.len() {
-        let first = &reads[i];
+        let first = &reads[i].1;
         let mut span = first.range();
         let mut j = i + 1;
         if !alone(first) {
-            while let Some(next) = reads.get(j) {
+            while let Some((_, next)) = reads.get(j) {
                 let end = span.end.max(next.range().end);
                 if alone(next)
                     || next.key != first.key
@@ -212,9 +215,21 @@ pub(crate) fn plan_gets(
     gets
 }
 
+/// [`plan_gets`], the GETs in the order of their earliest read: grouping sorts by object, and
+/// the GETs still go out in the order the caller queued the reads (its deadline order).
+fn gets_in_queue_order(
+    reads: &mut [(usize, RangeRead)],
+    gap_bytes: u64,
+    span_bytes: u64,
+) -> Vec<(Range<usize>, Range<u64>)> {
+    let mut gets = plan_gets(reads, gap_bytes, span_bytes);
+    gets.sort_by_key(|(members, _)| reads[members.clone()].iter().map(|(at, _)| *at).min());
+    gets
+}
+
 #[cfg(test)]
 mod tests {
-    use super::plan_gets;
+    use super::{gets_in_queue_order, plan_gets};
     use crate::read::RangeRead;
 
     fn read(key: &str, offset: u64, len: u64, tag: u64) -> RangeRead {
@@ -222,7 +237,8 @@ mod tests {
     }
 
     /// The plan as (tags of each group in order, span).
-    fn plan(mut reads: Vec<RangeRead>, gap: u64, span: u64) -> Vec<(Vec<u64>, (u64, u64))> {
+    fn plan(reads: Vec<RangeRead>, gap: u64, span: u64) -> Vec<(Vec<u64>, (u64, u64))> {
+        let mut reads: Vec<(usize, RangeRead)> = reads.into_iter().enumerate().collect();
         let gets = plan_gets(&mut reads, gap, span);
         // The groups cover every read once, in order.
         let mut next = 0;
@@ -234,14 +250,14 @@ mod tests {
         assert_eq!(next, reads.len());
         gets.into_iter()
             .map(|(members, s)| {
-                for r in &reads[members.clone()] {
+                for (_, r) in &reads[members.clone()] {
                     assert!(
                         s.start <= r.offset && r.range().end <= s.end,
                         "{r:?} in {s:?}"
                     );
                 }
                 (
-                    reads[members].iter().map(|r| r.tag).collect(),
+                    reads[members].iter().map(|(_, r)| r.tag).collect(),
                     (s.start, s.end),
                 )
             })
@@ -330,6 +346,26 @@ mod tests {
                 (vec![2, 1], (0, 20)),
             ]
         );
+    }
+
+    #[test]
+    fn gets_go_out_in_the_order_their_first_read_was_queued() {
+        // Queued: b's read first (the nearest deadline), then two of a, then c.
+        let mut reads: Vec<(usize, RangeRead)> = [
+            read("b", 0, 10, 0),
+            read("a", 10, 10, 1),
+            read("c", 0, 10, 2),
+            read("a", 0, 10, 3),
+        ]
+        .into_iter()
+        .enumerate()
+        .collect();
+        let gets = gets_in_queue_order(&mut reads, 0, 1 << 20);
+        let tags: Vec<Vec<u64>> = gets
+            .into_iter()
+            .map(|(members, _)| reads[members].iter().map(|(_, r)| r.tag).collect())
+            .collect();
+        assert_eq!(tags, [vec![0], vec![3, 1], vec![2]]);
     }
 
     #[test]

@@ -103,6 +103,31 @@ fn assert_exact(
     }
 }
 
+/// Runs `reads` of `blob`'s object, checks each got exactly its bytes and that the server saw
+/// each GET the stats count: (GETs, coalesced reads, gap bytes, bytes received).
+fn exact_counts(
+    s3: &TestS3,
+    store: &Store,
+    session: &mut StoreSession,
+    reads: &[RangeRead],
+    blob: &[u8],
+) -> (u64, u64, u64, u64) {
+    let (requests, before) = (s3.requests(), store.stats());
+    assert_exact(&run(session, reads), reads, blob);
+    let d = delta(store.stats(), before);
+    assert_eq!(
+        s3.requests() - requests,
+        d.get_requests,
+        "the server saw each GET"
+    );
+    (
+        d.get_requests,
+        d.coalesced_reads,
+        d.gap_bytes,
+        d.bytes_received,
+    )
+}
+
 #[test]
 fn three_adjacent_ranges_of_one_object_are_one_get_each_with_its_bytes() {
     let blob = data(64 << 10, 1);
@@ -114,21 +139,10 @@ fn three_adjacent_ranges_of_one_object_are_one_get_each_with_its_bytes() {
         RangeRead::new("shard.tar", 0, 100, 10),
         RangeRead::new("shard.tar", 100, 200, 11),
     ];
-    let (requests, before) = (s3.requests(), store.stats());
-    let results = run(&mut session, &reads);
-    assert_exact(&results, &reads, &blob);
-    assert_eq!(s3.requests() - requests, 1);
-    let d = delta(store.stats(), before);
     assert_eq!(
-        (
-            d.get_requests,
-            d.coalesced_reads,
-            d.gap_bytes,
-            d.bytes_received
-        ),
+        exact_counts(&s3, &store, &mut session, &reads, &blob),
         (1, 2, 0, 350)
     );
-    assert_eq!(d.failed_requests, 0);
 }
 
 #[test]
@@ -141,34 +155,16 @@ fn a_gap_up_to_the_limit_is_bridged_and_counted_and_a_larger_one_is_two_gets() {
         RangeRead::new("o", 0, 100, 0),
         RangeRead::new("o", 1100, 100, 1),
     ];
-    let (requests, before) = (s3.requests(), store.stats());
-    assert_exact(&run(&mut session, &bridged), &bridged, &blob);
-    assert_eq!(s3.requests() - requests, 1);
-    let d = delta(store.stats(), before);
     assert_eq!(
-        (
-            d.get_requests,
-            d.coalesced_reads,
-            d.gap_bytes,
-            d.bytes_received
-        ),
+        exact_counts(&s3, &store, &mut session, &bridged, &blob),
         (1, 1, 1000, 1200)
     );
     let apart = [
         RangeRead::new("o", 0, 100, 2),
         RangeRead::new("o", 1101, 100, 3),
     ];
-    let (requests, before) = (s3.requests(), store.stats());
-    assert_exact(&run(&mut session, &apart), &apart, &blob);
-    assert_eq!(s3.requests() - requests, 2);
-    let d = delta(store.stats(), before);
     assert_eq!(
-        (
-            d.get_requests,
-            d.coalesced_reads,
-            d.gap_bytes,
-            d.bytes_received
-        ),
+        exact_counts(&s3, &store, &mut session, &apart, &blob),
         (2, 0, 0, 200)
     );
 }
@@ -182,14 +178,10 @@ fn no_coalesced_get_spans_more_than_the_limit() {
     let reads: Vec<RangeRead> = (0..10)
         .map(|i| RangeRead::new("o", i * 250, 250, i))
         .collect();
-    let (requests, before) = (s3.requests(), store.stats());
-    assert_exact(&run(&mut session, &reads), &reads, &blob);
     // 0..1000, 1000..2000, 2000..2500.
-    assert_eq!(s3.requests() - requests, 3);
-    let d = delta(store.stats(), before);
     assert_eq!(
-        (d.get_requests, d.coalesced_reads, d.bytes_received),
-        (3, 7, 2500)
+        exact_counts(&s3, &store, &mut session, &reads, &blob),
+        (3, 7, 0, 2500)
     );
     // Span 0 is off: one GET per read, as queued.
     let off = Store::open(&config(&s3).with_coalescing(1 << 20, 0), "bkt").unwrap();
@@ -240,17 +232,8 @@ fn overlapping_ranges_each_get_exactly_their_own_bytes() {
         RangeRead::new("o", 0, 150, 3),
         RangeRead::new("o", 50, 100, 4),
     ];
-    let (requests, before) = (s3.requests(), store.stats());
-    assert_exact(&run(&mut session, &reads), &reads, &blob);
-    assert_eq!(s3.requests() - requests, 1);
-    let d = delta(store.stats(), before);
     assert_eq!(
-        (
-            d.get_requests,
-            d.coalesced_reads,
-            d.gap_bytes,
-            d.bytes_received
-        ),
+        exact_counts(&s3, &store, &mut session, &reads, &blob),
         (1, 4, 0, 150)
     );
 }

@@ -1294,7 +1294,7 @@ impl Loader {
         // Storage reads by epoch: what a cache, on disk or in memory, spared storage.
         dict.set_item("storage_reads_by_epoch", m.storage_reads_by_epoch)?;
         dict.set_item("storage_bytes_by_epoch", m.storage_bytes_by_epoch)?;
-        // GETs of an object store by epoch (zeros for local files).
+        // GETs of an object store by epoch (empty for local files).
         dict.set_item("object_requests_by_epoch", m.object_requests_by_epoch)?;
         // The JSON's disk_cache, field for field: the plan's disk hits and what the files gave.
         dict.set_item("disk_cache", as_json(py, m.disk_cache.as_ref())?)?;

@@ -157,9 +157,8 @@ struct Parts {
     image: Option<Member>,
     cls: Option<Member>,
     json: Option<Member>,
-    /// What the label member holds, read while its shard is open.
-    label: Option<Result<u32, String>>,
-    /// What the `.cls` and `.json` members hold, as their headers were read.
+    /// What the `.cls` and `.json` members hold, read as their headers were (while the
+    /// shard is open); a `.cls` member's label wins, as webdataset takes it.
     cls_label: Option<Result<u32, String>>,
     json_label: Option<Result<u32, String>>,
 }
@@ -334,9 +333,12 @@ pub(super) fn group(file: &(impl ReadAt + ?Sized), shard: &Path) -> Result<Group
             }
         };
         let (slot, label) = if ext == "cls" {
-            (&mut p.cls, Some(read_cls(file, &m)))
+            (&mut p.cls, Some((&mut p.cls_label, read_cls(file, &m))))
         } else if ext == "json" {
-            (&mut p.json, Some(read_json_label(file, &m)))
+            (
+                &mut p.json,
+                Some((&mut p.json_label, read_json_label(file, &m))),
+            )
         } else if IMAGE_EXTENSIONS.iter().any(|e| e[1..] == ext) {
             (&mut p.image, None)
         } else {
@@ -352,19 +354,13 @@ pub(super) fn group(file: &(impl ReadAt + ?Sized), shard: &Path) -> Result<Group
             ))),
             None => {
                 *slot = Some(m);
-                match (ext.as_str(), label) {
-                    ("cls", Some(l)) => p.cls_label = Some(l),
-                    (_, Some(l)) => p.json_label = Some(l),
-                    (_, None) => {}
+                if let Some((to, l)) = label {
+                    *to = Some(l);
                 }
                 Ok(())
             }
         }
     })?;
-    for p in parts.values_mut() {
-        // A `.cls` member's label first, as webdataset takes it.
-        p.label = p.cls_label.take().or_else(|| p.json_label.take());
-    }
     Ok(Grouped { order, parts })
 }
 
@@ -383,7 +379,7 @@ pub(super) fn judge(shard: &Path, grouped: Grouped) -> Result<Vec<Indexed>, Erro
         let image = p
             .image
             .ok_or_else(|| bad(format!("sample {key:?} has no image member")))?;
-        let Some(label) = p.label else {
+        let Some(label) = p.cls_label.or(p.json_label) else {
             return Err(bad(format!(
                 "sample {key:?} has no label: no .cls member, and no .json member"
             )));

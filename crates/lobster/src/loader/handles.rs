@@ -151,7 +151,11 @@ impl<T> Loader<T> {
             self.pipeline.context.dataset.source(),
             crate::dataset::Source::Files
         ) {
-            m.object_requests_by_epoch = attempts.iter().zip(&rode).map(|(a, r)| a - r).collect();
+            m.object_requests_by_epoch = attempts
+                .iter()
+                .zip(&rode)
+                .map(|(a, r)| a.saturating_sub(*r))
+                .collect();
         }
         m.reads_recovered = count(&self.pipeline.context.storage.counters.recovered);
         m.cache_forms = self.cache_forms.clone();

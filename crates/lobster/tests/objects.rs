@@ -135,6 +135,30 @@ fn shards_in_a_bucket_are_the_local_shards_and_load_the_same_bytes() {
     std::fs::write(list.path(), names.join("\n")).unwrap();
     let local_all = Dataset::open_shards_indexed(list.path().to_str().unwrap(), None).unwrap();
     assert_eq!(table(&all), table(&local_all));
+    // A local list file of objects, an URL a line (comments and blank lines skipped).
+    let objects = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        objects.path(),
+        "# two shards\ns3://data/shards/wds-0.tar\n\n  s3://data/shards/wds-1.tar\n",
+    )
+    .unwrap();
+    let listed = open(&s3, objects.path().to_str().unwrap(), None).unwrap();
+    assert_eq!(table(&listed), table(&ds));
+    // One bucket a dataset, and every line an URL: named.
+    std::fs::write(
+        objects.path(),
+        "s3://data/shards/wds-0.tar\ns3://other/wds-1.tar\n",
+    )
+    .unwrap();
+    let err = open(&s3, objects.path().to_str().unwrap(), None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("s3://other/wds-1.tar is not in"), "{err}");
+    std::fs::write(objects.path(), "s3://data/shards/wds-0.tar\nwds-1.tar\n").unwrap();
+    let err = open(&s3, objects.path().to_str().unwrap(), None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("wds-1.tar") && err.contains("s3://"), "{err}");
 }
 
 #[test]

@@ -39,7 +39,7 @@ impl Dataset {
     /// # Errors
     /// As [`Dataset::open_shards`] or [`Dataset::open_image_folder`].
     pub fn open(spec: &str) -> Result<Self, Error> {
-        if spec.starts_with("s3://") {
+        if spec.starts_with("s3://") || shards::lists_objects(spec) {
             return Self::open_objects(spec, table_file::default_dir().as_deref(), true);
         }
         match Self::names_shards(spec)? {
@@ -89,7 +89,7 @@ impl Dataset {
             .ok_or_else(|| {
                 Error::dataset(Path::new(spec), "no directory to keep indexes in: no $HOME")
             })?;
-        if spec.starts_with("s3://") {
+        if spec.starts_with("s3://") || shards::lists_objects(spec) {
             return Self::open_objects(spec, Some(&dir), false);
         }
         Self::shards_from(spec, Some(&dir), false)
@@ -97,7 +97,8 @@ impl Dataset {
 
     /// Opens what `spec` (`s3://bucket/key...`) names in an S3-compatible bucket, as
     /// [`Dataset::open`] opens a local path: shards (a brace pattern, a `.tar` object, or
-    /// a prefix holding `.tar` objects) or an ImageFolder-shaped prefix. The endpoint,
+    /// a prefix holding `.tar` objects) or an ImageFolder-shaped prefix; or `spec` is a
+    /// local list file of shards in one bucket, an `s3://` URL a line. The endpoint,
     /// region and credentials come from the environment and the `~/.aws` files as the AWS
     /// tools take them. Each shard's index is kept in `index_dir`, reused when `reuse` while
     /// the object has the same size and ETag.

@@ -58,7 +58,6 @@ pub(super) fn open(
     reuse: bool,
 ) -> Result<Dataset, Error> {
     let named = |e: StoreError| Error::dataset(Path::new(spec), e);
-    let url = StoreUrl::parse(spec).map_err(named)?;
     let from_env;
     let config = match config {
         Some(c) => c,
@@ -67,6 +66,10 @@ pub(super) fn open(
             &from_env
         }
     };
+    if !spec.starts_with("s3://") {
+        return open_list(Path::new(spec), config, index_dir, reuse);
+    }
+    let url = StoreUrl::parse(spec).map_err(named)?;
     let store = Store::open(config, url.bucket()).map_err(named)?;
     let key = url.key();
     let shards = if key.contains('{') {
@@ -94,6 +97,34 @@ pub(super) fn open(
         }
     };
     open_shards(store, &url, shards, index_dir, reuse)
+}
+
+/// The shards the list file `list` names, an `s3://` URL a line, all in one bucket.
+fn open_list(
+    list: &Path,
+    config: &StoreConfig,
+    index_dir: Option<&Path>,
+    reuse: bool,
+) -> Result<Dataset, Error> {
+    let at_line = |e: StoreError| Error::dataset(list, format!("list of shards: {e}"));
+    let urls = super::shards::list_entries(list)?
+        .iter()
+        .map(|l| StoreUrl::parse(l).map_err(at_line))
+        .collect::<Result<Vec<_>, Error>>()?;
+    let Some(first) = urls.first() else {
+        return Err(Error::dataset(list, "list of shards: no shards"));
+    };
+    if let Some(other) = urls.iter().find(|u| u.bucket() != first.bucket()) {
+        return Err(Error::dataset(
+            list,
+            format!("list of shards: {other} is not in {first}'s bucket: one bucket a dataset",),
+        ));
+    }
+    let bucket = StoreUrl::new(first.bucket(), "").map_err(|e| Error::dataset(list, e))?;
+    let store = Store::open(config, bucket.bucket()).map_err(|e| Error::dataset(list, e))?;
+    let keys: Vec<String> = urls.iter().map(|u| u.key().to_owned()).collect();
+    let shards = heads(&store, &bucket, &keys)?;
+    open_shards(store, &bucket, shards, index_dir, reuse)
 }
 
 /// The URL of `key`'s object in `url`'s bucket.

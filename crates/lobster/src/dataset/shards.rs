@@ -63,6 +63,32 @@ pub(super) const MAGIC: &[u8] = b"lobster-shard-index 4";
 /// The most a list of shards may hold: a million shards named by 64 bytes each.
 const SHARD_LIST_MAX_BYTES: u64 = 64 << 20;
 
+/// The entries of the list of shards at `path`: its lines, trimmed, but blank ones and
+/// `#` comments.
+///
+/// # Errors
+/// A list that cannot be read, past [`SHARD_LIST_MAX_BYTES`], or not UTF-8.
+pub(super) fn list_entries(path: &Path) -> Result<Vec<String>, Error> {
+    let bytes = read_at_most(path, SHARD_LIST_MAX_BYTES)
+        .map_err(|e| Error::dataset(path, format!("list of shards: {e}")))?;
+    let text =
+        String::from_utf8(bytes).map_err(|_| Error::dataset(path, "list of shards: not UTF-8"))?;
+    Ok(text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect())
+}
+
+/// Whether `spec` is a list of shards whose first entry is an object in a bucket.
+pub(super) fn lists_objects(spec: &str) -> bool {
+    let path = Path::new(spec);
+    path.is_file()
+        && path.extension().is_none_or(|e| e != "tar")
+        && list_entries(path).is_ok_and(|l| l.first().is_some_and(|e| e.starts_with("s3://")))
+}
+
 /// The shards a specification names: `dir/train-{000000..000127}.tar` (brace ranges, zero
 /// padding kept), a directory (its `.tar` files, sorted), one `.tar` file, or a list file
 /// (one shard per line, relative to the list's directory) of at most
@@ -92,14 +118,9 @@ pub(crate) fn shard_paths(spec: &str) -> Result<Vec<PathBuf>, Error> {
         } else if path.extension().is_some_and(|e| e == "tar") {
             vec![path.to_path_buf()]
         } else {
-            let bytes = read_at_most(path, SHARD_LIST_MAX_BYTES)
-                .map_err(|e| Error::dataset(path, format!("list of shards: {e}")))?;
-            let text = String::from_utf8(bytes)
-                .map_err(|_| Error::dataset(path, "list of shards: not UTF-8"))?;
             let base = path.parent().unwrap_or(Path::new("."));
-            text.lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            list_entries(path)?
+                .into_iter()
                 .map(|l| base.join(l))
                 .collect()
         }

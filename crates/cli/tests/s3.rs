@@ -125,8 +125,9 @@ fn every_strategy_delivers_the_local_shards_batches_from_a_bucket_on_one_node() 
         let requests = r["object_requests_by_epoch"].as_array().unwrap();
         let reads = r["storage_reads_by_epoch"].as_array().unwrap();
         assert_eq!(requests.len(), 3, "{}", r["strategy"]);
-        // No failure here: one GET per storage read.
-        assert_eq!(requests, reads, "{}", r["strategy"]);
+        // No failure here: a GET per storage read, but where reads of one shard queued
+        // together shared one (how many do depends on timing, not on the plan).
+        assert_fewer_gets(requests, reads, &r["strategy"]);
         assert!(r["storage_bytes_by_epoch"][0].as_u64().unwrap() > 0);
     }
     let report = std::fs::read_to_string(dir.path().join("s3.json")).unwrap();
@@ -164,6 +165,22 @@ fn every_strategy_delivers_the_local_shards_batches_from_a_bucket_on_one_node() 
     }
 }
 
+/// Per epoch, at most a GET per storage read and at least one where there were reads.
+fn assert_fewer_gets(
+    requests: &[serde_json::Value],
+    reads: &[serde_json::Value],
+    what: &dyn std::fmt::Display,
+) {
+    assert_eq!(requests.len(), reads.len(), "{what}");
+    for (gets, reads) in requests.iter().zip(reads) {
+        let (gets, reads) = (gets.as_u64().unwrap(), reads.as_u64().unwrap());
+        assert!(
+            gets <= reads && (gets > 0) == (reads > 0),
+            "{what}: {gets} GETs for {reads} reads"
+        );
+    }
+}
+
 #[test]
 fn four_nodes_share_their_caches_over_a_bucket_as_over_local_shards() {
     let dir = tempfile::tempdir().unwrap();
@@ -181,11 +198,8 @@ fn four_nodes_share_their_caches_over_a_bucket_as_over_local_shards() {
         for r in rn[n].as_array().unwrap() {
             assert_eq!(r["remote_hits"], r["planned_remote_hits"], "node {n}: {r}");
             let requests = r["object_requests_by_epoch"].as_array().unwrap();
-            assert_eq!(
-                requests,
-                r["storage_reads_by_epoch"].as_array().unwrap(),
-                "node {n}"
-            );
+            let reads = r["storage_reads_by_epoch"].as_array().unwrap();
+            assert_fewer_gets(requests, reads, &format!("node {n}"));
         }
     }
 }

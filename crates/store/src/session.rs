@@ -33,8 +33,8 @@ pub struct StoreSession {
     thread: Arc<StoreThread>,
     done_tx: Sender<StoreCompletion>,
     done_rx: Receiver<StoreCompletion>,
-    /// Queued, not yet sent.
-    pending: Vec<RangeRead>,
+    /// Queued, not yet sent, each with its place in the queue.
+    pending: Vec<(usize, RangeRead)>,
     /// Queued and not yet handed out, the pending ones included.
     in_flight: usize,
 }
@@ -67,7 +67,7 @@ impl StoreSession {
         if self.thread.is_stopped() {
             return Err(StoreError::Stopped);
         }
-        self.pending.push(read);
+        self.pending.push((self.pending.len(), read));
         self.in_flight += 1;
         if self.pending.len() >= PENDING_MAX {
             self.flush();
@@ -82,10 +82,7 @@ impl StoreSession {
         if self.pending.is_empty() {
             return;
         }
-        let mut reads: Vec<(usize, RangeRead)> = std::mem::take(&mut self.pending)
-            .into_iter()
-            .enumerate()
-            .collect();
+        let mut reads = std::mem::take(&mut self.pending);
         let coalescing = self.thread.coalescing;
         let gets = gets_in_queue_order(&mut reads, coalescing.gap_bytes, coalescing.span_bytes);
         let mut reads: Vec<Option<RangeRead>> = reads.into_iter().map(|(_, r)| Some(r)).collect();

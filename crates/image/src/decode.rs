@@ -171,15 +171,41 @@ pub const PIXELS_MAX_LIMIT: u64 = 1 << 32;
 /// # Errors
 /// As [`decode`]; [`ImageError::TooManyPixels`] names the header's dimensions and the bound.
 pub fn decode_within(bytes: &[u8], pixels_max: u64) -> Result<Image, ImageError> {
+    let mut pixels = Vec::new();
+    let (width, height) = decode_into(bytes, pixels_max, &mut pixels, 0)?;
+    Image::new(width, height, pixels)
+}
+
+/// [`decode_within`] into `out` from byte `at` on: `out` ends with the image's RGB bytes and
+/// has exactly `at + width * height * 3` of them, its first `at` kept. A buffer reused from
+/// image to image is neither allocated nor cleared again where it is long enough already,
+/// and a JPEG is decoded in place, not copied (the decode threads' cost beside the decoder
+/// is mostly these two). Returns the width and height.
+///
+/// # Errors
+/// As [`decode_within`]; `out` is then left at `at` bytes or more, its contents unspecified
+/// past `at`.
+pub fn decode_into(
+    bytes: &[u8],
+    pixels_max: u64,
+    out: &mut Vec<u8>,
+    at: usize,
+) -> Result<(u32, u32), ImageError> {
     let pixels_max = pixels_max.min(PIXELS_MAX_LIMIT);
+    if out.len() < at {
+        return Err(ImageError::Buffer {
+            expected: at,
+            actual: out.len(),
+        });
+    }
     // The probe refuses before any decoder exists; each decoder checks its own reading of
     // the header again before it decodes, in case the two read it differently.
     if let Some((width, height)) = dimensions(bytes) {
         check_pixels(width, height, pixels_max)?;
     }
     match bytes {
-        [0xFF, 0xD8, 0xFF, ..] => jpeg(bytes, pixels_max),
-        [0x89, b'P', b'N', b'G', ..] => png(bytes, pixels_max),
+        [0xFF, 0xD8, 0xFF, ..] => jpeg(bytes, pixels_max, out, at),
+        [0x89, b'P', b'N', b'G', ..] => png(bytes, pixels_max, out, at),
         _ => Err(ImageError::UnknownFormat {
             magic: bytes
                 .iter()
@@ -189,6 +215,12 @@ pub fn decode_within(bytes: &[u8], pixels_max: u64) -> Result<Image, ImageError>
                 .join(" "),
         }),
     }
+}
+
+/// `out` at exactly `at + len` bytes: cut, or grown with zeros only past its old length.
+fn fit(out: &mut Vec<u8>, at: usize, len: usize) -> &mut [u8] {
+    out.resize(at + len, 0);
+    &mut out[at..]
 }
 
 /// Whether a `width` x `height` image is within `pixels_max` pixels.
@@ -224,7 +256,12 @@ pub(crate) fn jpeg_is_whole(bytes: &[u8]) -> bool {
     has(&bytes[..eoi]) && !has(&bytes[eoi..])
 }
 
-fn jpeg(bytes: &[u8], pixels_max: u64) -> Result<Image, ImageError> {
+fn jpeg(
+    bytes: &[u8],
+    pixels_max: u64,
+    out: &mut Vec<u8>,
+    at: usize,
+) -> Result<(u32, u32), ImageError> {
     let fail = |reason: String| ImageError::Jpeg { reason };
     if !jpeg_is_whole(bytes) {
         return Err(fail(
@@ -242,23 +279,48 @@ fn jpeg(bytes: &[u8], pixels_max: u64) -> Result<Image, ImageError> {
     let info = d.info().ok_or_else(|| fail("no header".into()))?;
     let (width, height) = (u32::from(info.width), u32::from(info.height));
     check_pixels(width, height, pixels_max)?;
-    let pixels = guarded(fail, || d.decode().map_err(|e| fail(format!("{e:?}"))))?;
+    let area = width as usize * height as usize;
+    // A grayscale JPEG comes out as one channel whatever colour space is asked for, and a
+    // CMYK one as four: those are decoded aside and converted.
+    let channels = d.output_buffer_size().map_or(0, |size| size / area.max(1));
+    match channels {
+        3 => {
+            let rgb = fit(out, at, area * 3);
+            guarded(fail, || {
+                d.decode_into(rgb).map_err(|e| fail(format!("{e:?}")))
+            })?;
+        }
+        1 | 4 => {
+            let decoded = guarded(fail, || d.decode().map_err(|e| fail(format!("{e:?}"))))?;
+            if decoded.len() != area * channels {
+                return Err(fail(format!(
+                    "{} bytes decoded for {width} x {height} x {channels}",
+                    decoded.len()
+                )));
+            }
+            let rgb = fit(out, at, area * 3);
+            for (p, px) in rgb.chunks_exact_mut(3).zip(decoded.chunks_exact(channels)) {
+                match *px {
+                    [l] => p.fill(l),
+                    [r, g, b, _] => p.copy_from_slice(&[r, g, b]),
+                    _ => unreachable!("chunks of 1 or 4"),
+                }
+            }
+        }
+        other => return Err(fail(format!("{other} channels out of the decoder"))),
+    }
     if d.info().map(|i| (u32::from(i.width), u32::from(i.height))) != Some((width, height)) {
         return Err(fail("a second frame header of other dimensions".into()));
     }
-    // A grayscale JPEG comes out as one channel whatever colour space is asked for.
-    let pixels = match pixels.len() / (width as usize * height as usize).max(1) {
-        1 => pixels.iter().flat_map(|&l| [l, l, l]).collect(),
-        4 => pixels
-            .chunks_exact(4)
-            .flat_map(|p| [p[0], p[1], p[2]])
-            .collect(),
-        _ => pixels,
-    };
-    Image::new(width, height, pixels)
+    Ok((width, height))
 }
 
-fn png(bytes: &[u8], pixels_max: u64) -> Result<Image, ImageError> {
+fn png(
+    bytes: &[u8],
+    pixels_max: u64,
+    out: &mut Vec<u8>,
+    at: usize,
+) -> Result<(u32, u32), ImageError> {
     let fail = |reason: String| ImageError::Png { reason };
     let options = zune_png::zune_core::options::DecoderOptions::default()
         .set_max_width(side_max(pixels_max))
@@ -294,7 +356,15 @@ fn png(bytes: &[u8], pixels_max: u64) -> Result<Image, ImageError> {
             .collect(),
         other => return Err(fail(format!("colour space {other:?}"))),
     };
-    Image::new(width, height, pixels)
+    let expected = width as usize * height as usize * 3;
+    if pixels.len() != expected {
+        return Err(fail(format!(
+            "{} bytes decoded for {width} x {height} x 3",
+            pixels.len()
+        )));
+    }
+    fit(out, at, expected).copy_from_slice(&pixels);
+    Ok((width, height))
 }
 
 /// Runs a decoder's step, a panic in it made `fail`'s error: zune-jpeg's bit reader asserts,

@@ -68,3 +68,44 @@ fn a_scan_that_breaks_the_jpeg_bit_reader_is_an_error_not_a_panic() {
     let e = decode(&bytes).unwrap_err();
     assert!(matches!(e, ImageError::Jpeg { .. }), "{e}");
 }
+
+#[test]
+fn decoding_into_a_reused_buffer_gives_the_same_pixels_after_its_prefix() {
+    let names = [
+        "rgb.jpg",
+        "progressive.jpg",
+        "cmyk.jpg",
+        "gray.jpg",
+        "rgba.png",
+        "gray16.png",
+    ];
+    // One buffer through every image: longer than needed (cut), then shorter (grown).
+    let mut out = vec![0xAB; 4000];
+    for name in names {
+        let bytes = data(name);
+        let whole = decode(&bytes).unwrap();
+        out.truncate(5);
+        out.extend_from_slice(&[0xEE; 300]);
+        out[..5].copy_from_slice(b"head:");
+        let shape = lobster_image::decode_into(&bytes, 1 << 20, &mut out, 5)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(shape, (whole.width(), whole.height()), "{name}");
+        assert_eq!(&out[..5], b"head:", "{name}: the prefix is kept");
+        assert_eq!(&out[5..], whole.pixels(), "{name}");
+    }
+    // A start past the buffer's end is refused, naming both lengths.
+    let e = lobster_image::decode_into(&data("rgb.jpg"), 1 << 20, &mut vec![0; 3], 4).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ImageError::Buffer {
+                expected: 4,
+                actual: 3
+            }
+        ),
+        "{e}"
+    );
+    // The pixel bound holds as for decode.
+    let e = lobster_image::decode_into(&data("rgb.jpg"), 100, &mut Vec::new(), 0).unwrap_err();
+    assert!(matches!(e, ImageError::TooManyPixels { .. }), "{e}");
+}

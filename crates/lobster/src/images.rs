@@ -28,8 +28,8 @@ use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
 pub use lobster_image::{
-    decode, decode_within, downscaled_shape, Image, ImageError, ImageRef, Transform,
-    PIXELS_MAX_DEFAULT, PIXELS_MAX_LIMIT,
+    decode, decode_into, decode_within, dimensions, downscaled_shape, Image, ImageError, ImageRef,
+    Transform, PIXELS_MAX_DEFAULT, PIXELS_MAX_LIMIT,
 };
 use lobster_image::{Collator, Transformer};
 
@@ -59,7 +59,14 @@ impl AsRef<[u8]> for Pixels {
 thread_local! {
     /// Each decode thread keeps its resizer's buffers from sample to sample.
     static TRANSFORMER: RefCell<Option<Transformer>> = const { RefCell::new(None) };
+    /// And the image it decodes before a transform, reused unless it grew past
+    /// [`SCRATCH_KEPT_BYTES_MAX`].
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
+
+/// Largest decode buffer a thread keeps between samples: a 16 MiB image is 5.6 megapixels,
+/// above ImageNet's photographs; a larger one's buffer is freed after its sample.
+const SCRATCH_KEPT_BYTES_MAX: usize = 16 << 20;
 
 /// Decodes a JPEG or PNG sample to RGB and applies `transform`, seeded by (`seed`,
 /// `epoch`, the sample's id) so that a run repeats exactly.
@@ -74,8 +81,38 @@ pub fn decode_pixels(
     bytes: &[u8],
     meta: &SampleMeta,
 ) -> Result<Pixels, lobster_image::ImageError> {
-    let image = lobster_image::decode(bytes)?;
-    transform_pixels(transform, seed, epoch, (&image).into(), meta)
+    decode_pixels_within(transform, seed, epoch, bytes, meta, PIXELS_MAX_DEFAULT)
+}
+
+/// [`decode_pixels`] under a pixel bound. Decodes into the thread's buffer, kept from sample
+/// to sample, and transforms from there; with no transform, into the output itself.
+fn decode_pixels_within(
+    transform: Transform,
+    seed: u64,
+    epoch: u32,
+    bytes: &[u8],
+    meta: &SampleMeta,
+    pixels_max: u64,
+) -> Result<Pixels, lobster_image::ImageError> {
+    if transform == Transform::None {
+        let mut data = Vec::new();
+        let (width, height) = decode_into(bytes, pixels_max, &mut data, 0)?;
+        return Ok(Pixels {
+            width,
+            height,
+            data,
+        });
+    }
+    SCRATCH.with(|scratch| {
+        let mut scratch = scratch.borrow_mut();
+        let made = decode_into(bytes, pixels_max, &mut scratch, 0).and_then(|(w, h)| {
+            transform_pixels(transform, seed, epoch, ImageRef::new(w, h, &scratch)?, meta)
+        });
+        if scratch.capacity() > SCRATCH_KEPT_BYTES_MAX {
+            *scratch = Vec::new();
+        }
+        made
+    })
 }
 
 /// Applies `transform` to a decoded image, seeded as [`decode_pixels`] seeds it: the second
@@ -141,6 +178,12 @@ impl LoaderBuilder<Pixels> {
                     transform_pixels(transform, seed, epoch, image, meta)
                         .map_err(|e| image_cause(meta, e))
                 }),
+                whole: Some(Arc::new(
+                    move |bytes: &[u8], meta: &SampleMeta, epoch: u32| {
+                        decode_pixels_within(transform, seed, epoch, bytes, meta, pixels_max)
+                            .map_err(|e| image_cause(meta, e))
+                    },
+                )),
             }
         })
     }

@@ -10,6 +10,7 @@ mod groups;
 mod loader;
 mod mpi;
 mod params;
+mod recycle;
 
 use numpy::ndarray::ArrayView3;
 use numpy::PyArray3;

@@ -35,6 +35,7 @@ use crate::errors::{loader_error, node_error, DecodeError, Error, StateError, St
 use crate::groups;
 use crate::mpi::{self, Closable, World};
 use crate::params::{self, Int, Output};
+use crate::recycle::{GivesBack, Recycler};
 
 /// How long a waiting iteration sleeps between looks for Ctrl-C.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
@@ -326,22 +327,38 @@ fn buffers(slots: usize) -> usize {
     slots + FEEDER_AHEAD + 1
 }
 
-/// Raw bytes for a decode callable; width, height and pixels for `transform="none"`.
+/// Raw bytes for a decode callable; width, height and pixels for `transform="none"`, decoded
+/// in place after them. Each into a buffer `recycler` gave back, when it has one.
 fn decode_bytes(
     output: Output,
     pixels_max: u64,
+    recycler: Arc<Recycler>,
 ) -> impl Fn(&[u8], &SampleMeta) -> Result<Vec<u8>, String> {
-    move |bytes, _meta| match output {
-        Output::Decoded => {
-            let image =
-                lobster_io::images::decode_within(bytes, pixels_max).map_err(|e| e.to_string())?;
-            let mut v = Vec::with_capacity(HEADER_BYTES + image.pixels().len());
-            v.extend_from_slice(&image.width().to_le_bytes());
-            v.extend_from_slice(&image.height().to_le_bytes());
-            v.extend_from_slice(image.pixels());
-            Ok(v)
+    move |bytes, _meta| {
+        let len = match output {
+            Output::Decoded => lobster_io::images::dimensions(bytes)
+                .map_or(0, |(w, h)| HEADER_BYTES + w as usize * h as usize * 3),
+            _ => bytes.len(),
+        };
+        let mut v = recycler.take(len);
+        match output {
+            Output::Decoded => {
+                // Not cut to the header: what the buffer holds past it is decoded over.
+                if v.len() < HEADER_BYTES {
+                    v.resize(HEADER_BYTES, 0);
+                }
+                let (w, h) =
+                    lobster_io::images::decode_into(bytes, pixels_max, &mut v, HEADER_BYTES)
+                        .map_err(|e| e.to_string())?;
+                v[..4].copy_from_slice(&w.to_le_bytes());
+                v[4..HEADER_BYTES].copy_from_slice(&h.to_le_bytes());
+            }
+            _ => {
+                v.clear();
+                v.extend_from_slice(bytes);
+            }
         }
-        _ => Ok(bytes.to_vec()),
+        Ok(v)
     }
 }
 
@@ -452,6 +469,7 @@ fn feed_samples(
     rank: RankHandle<Vec<u8>>,
     output: Output,
     decode: Option<(Py<PyAny>, Option<Arc<Dataset>>)>,
+    recycler: Arc<Recycler>,
     tx: &Sender<Fed>,
     stop: &Receiver<()>,
 ) {
@@ -463,6 +481,10 @@ fn feed_samples(
             let (epoch, iteration) = (b.epoch, b.iteration);
             let bytes = b.samples.iter_mut().map(|s| &mut s.value[..]).collect();
             let images = images(output, bytes, &ids, decode.as_ref(), stop)?;
+            let b = GivesBack {
+                batch: b,
+                to: Arc::clone(&recycler),
+            };
             Ok(made(epoch, iteration, ids, labels, skipped, images, b))
         });
         if !hand_over(tx, stop, made) {
@@ -675,11 +697,15 @@ impl Builders<'_> {
         self.with(LoaderBuilder::<Pixels>::new(Arc::clone(self.dataset)).decode_images(t))
     }
 
-    /// A loader of each sample's bytes, or its image, as `s.output` asks.
-    fn bytes(&self, s: &Settings) -> LoaderBuilder<Vec<u8>> {
+    /// A loader of each sample's bytes, or its image, as `s.output` asks, into buffers
+    /// `recycler` gives.
+    fn bytes(&self, s: &Settings, recycler: Arc<Recycler>) -> LoaderBuilder<Vec<u8>> {
         self.with(
-            LoaderBuilder::<Vec<u8>>::new(Arc::clone(self.dataset))
-                .decode(decode_bytes(s.output, s.image_pixels_max)),
+            LoaderBuilder::<Vec<u8>>::new(Arc::clone(self.dataset)).decode(decode_bytes(
+                s.output,
+                s.image_pixels_max,
+                recycler,
+            )),
         )
     }
 
@@ -757,8 +783,10 @@ fn start_host(
             NodeHost::start(env, loader, attaching.to_vec(), options)
         }
         _ => {
+            // The host copies each sample into the node's arena and frees it: nothing to
+            // give back.
             let loader = builders
-                .bytes(s)
+                .bytes(s, Arc::new(Recycler::new(0)))
                 .decoded_sample_bytes_max(share_bytes)
                 .build()
                 .map_err(loader_error)?;
@@ -818,11 +846,18 @@ fn start(
                 (Box::new(loader), thread)
             }
             output => {
-                let mut loader = builders.bytes(&s).build().map_err(loader_error)?;
+                // Every sample a rank may have out: its buffers' batches, and a batch more
+                // being decoded.
+                let recycler = Arc::new(Recycler::new((buffers + 2) * s.batch_size));
+                let mut loader = builders
+                    .bytes(&s, Arc::clone(&recycler))
+                    .build()
+                    .map_err(loader_error)?;
                 let rank = take_rank(&mut loader)?;
                 all_built()?;
-                let thread =
-                    spawn_feeder(move || feed_samples(rank, output, decode, &tx, &stopped))?;
+                let thread = spawn_feeder(move || {
+                    feed_samples(rank, output, decode, recycler, &tx, &stopped)
+                })?;
                 (Box::new(loader), thread)
             }
         };

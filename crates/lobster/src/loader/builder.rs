@@ -306,6 +306,7 @@ impl<T: Send + 'static> LoaderBuilder<T> {
                     finish(image, meta, epoch).map_err(|e| Cause::from(e.into()))
                 },
             ),
+            whole: None,
         };
         self.decode_staged_seeded(move |_, _| staged)
     }
@@ -428,19 +429,25 @@ fn bounded_decode<T: Send + 'static>(
         (None, _) => None,
     };
     // Both the whole decode and a decoded hit's second stage end in `T`: both are bounded.
-    let staged = staged.map(|s| pipeline::Staged {
-        finish: match bound {
-            Some(bound) => {
-                let finish = s.finish;
-                Arc::new(
+    let staged = staged.map(|s| match bound {
+        Some(bound) => {
+            let finish = s.finish;
+            let whole = s.whole.map(|whole| -> DecodeFn<T> {
+                Arc::new(move |bytes: &[u8], meta: &SampleMeta, epoch| {
+                    within(bound, whole(bytes, meta, epoch)?)
+                })
+            });
+            pipeline::Staged {
+                finish: Arc::new(
                     move |image: lobster_image::ImageRef<'_>, meta: &SampleMeta, epoch| {
                         within(bound, finish(image, meta, epoch)?)
                     },
-                )
+                ),
+                decode: s.decode,
+                whole,
             }
-            None => s.finish,
-        },
-        decode: s.decode,
+        }
+        None => s,
     });
     let decode: DecodeFn<T> = match (decode, &staged) {
         (Some(decode), _) => match bound {
@@ -449,13 +456,16 @@ fn bounded_decode<T: Send + 'static>(
             }),
             None => decode,
         },
-        (None, Some(stages)) => {
-            let stages = stages.clone();
-            Arc::new(move |bytes: &[u8], meta: &SampleMeta, epoch: u32| {
-                let image = (stages.decode)(bytes, meta)?;
-                (stages.finish)((&image).into(), meta, epoch)
-            })
-        }
+        (None, Some(stages)) => match &stages.whole {
+            Some(whole) => Arc::clone(whole),
+            None => {
+                let stages = stages.clone();
+                Arc::new(move |bytes: &[u8], meta: &SampleMeta, epoch: u32| {
+                    let image = (stages.decode)(bytes, meta)?;
+                    (stages.finish)((&image).into(), meta, epoch)
+                })
+            }
+        },
         (None, None) => return Err(Error::invalid("decode", "none", "a decode function")),
     };
     Ok((decode, staged))

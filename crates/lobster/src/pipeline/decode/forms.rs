@@ -17,6 +17,7 @@ use crate::emulate::StorageEmulation;
 use crate::error::Cause;
 use crate::metrics::FormCostsReport;
 use crate::pipeline::access::AccessLanding;
+use crate::pipeline::context::DecodeFn;
 use crate::pipeline::landing::DecodedImage;
 
 /// The first stage: a sample's bytes to its full-resolution image.
@@ -25,10 +26,13 @@ pub(crate) type StageDecode = Arc<dyn Fn(&[u8], &SampleMeta) -> Result<Image, Ca
 pub(crate) type StageFinish<T> =
     Arc<dyn for<'a> Fn(ImageRef<'a>, &SampleMeta, u32) -> Result<T, Cause> + Send + Sync>;
 
-/// A decoder in two stages; running both is the whole decode.
+/// A decoder in two stages; running both is the whole decode, which `whole` does at once
+/// where given: for a sample whose image the cache does not keep, it need not make the
+/// whole image (it may decode into a buffer of its own, or only what `finish` keeps).
 pub(crate) struct Staged<T> {
     pub(crate) decode: StageDecode,
     pub(crate) finish: StageFinish<T>,
+    pub(crate) whole: Option<DecodeFn<T>>,
 }
 
 impl<T> Clone for Staged<T> {
@@ -36,6 +40,7 @@ impl<T> Clone for Staged<T> {
         Staged {
             decode: self.decode.clone(),
             finish: self.finish.clone(),
+            whole: self.whole.clone(),
         }
     }
 }
@@ -89,6 +94,9 @@ pub(crate) fn decode_in_stages<T>(
     as_kept: Option<u32>,
     counters: &FormCounters,
 ) -> Result<T, Cause> {
+    if let (None, None, Some(whole)) = (&keep, as_kept, &staged.whole) {
+        return whole(bytes, meta, epoch);
+    }
     let started = Instant::now();
     let mut image = (staged.decode)(bytes, meta)?;
     let decode = started.elapsed();

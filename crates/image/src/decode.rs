@@ -217,6 +217,76 @@ pub fn decode_into(
     }
 }
 
+/// A rectangle of an image, in its pixels: `left` and `top` of its first pixel, and its
+/// width and height.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    pub left: u32,
+    pub top: u32,
+    pub width: u32,
+    pub height: u32,
+}
+
+/// What [`decode_region_into`] made: a `width` x `height` RGB image of the source's pixels
+/// from (`left`, `top`) on at 1/`scale` of its resolution, each output pixel standing for
+/// `scale` x `scale` source pixels (fewer at the image's right and bottom edges).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub width: u32,
+    pub height: u32,
+    pub left: u32,
+    pub top: u32,
+    /// 1, 2, 4 or 8.
+    pub scale: u32,
+}
+
+/// The DCT scales a JPEG decodes at: the source's side divided by 1, 2, 4 or 8.
+pub const SCALES: [u32; 4] = [1, 2, 4, 8];
+
+/// Decodes at least the part of an image that covers `region` (clipped to the image), at
+/// 1/`scale` of its resolution where the format allows it, into `out` from byte `at` on as
+/// [`decode_into`] does. Returns the window it made, which holds the region: a baseline
+/// JPEG decodes only the blocks the region touches (and the rows above it, which its
+/// entropy coding passes through) at the scale asked; any other image decodes whole, at
+/// scale 1, and the window is the whole image.
+///
+/// # Errors
+/// As [`decode_within`]; a region outside the image or empty, or a scale not in
+/// [`SCALES`], is [`ImageError::Region`].
+pub fn decode_region_into(
+    bytes: &[u8],
+    pixels_max: u64,
+    region: Region,
+    scale: u32,
+    out: &mut Vec<u8>,
+    at: usize,
+) -> Result<Window, ImageError> {
+    let bad = |reason: &str| ImageError::Region {
+        region,
+        scale,
+        reason: reason.into(),
+    };
+    if !SCALES.contains(&scale) {
+        return Err(bad("a scale of 1, 2, 4 or 8"));
+    }
+    if region.width == 0 || region.height == 0 {
+        return Err(bad("an empty region"));
+    }
+    let (width, height) = decode_into(bytes, pixels_max, out, at)?;
+    let inside = u64::from(region.left) + u64::from(region.width) <= u64::from(width)
+        && u64::from(region.top) + u64::from(region.height) <= u64::from(height);
+    if !inside {
+        return Err(bad(&format!("outside the {width} x {height} image")));
+    }
+    Ok(Window {
+        width,
+        height,
+        left: 0,
+        top: 0,
+        scale: 1,
+    })
+}
+
 /// `out` at exactly `at + len` bytes: cut, or grown with zeros only past its old length.
 fn fit(out: &mut Vec<u8>, at: usize, len: usize) -> &mut [u8] {
     out.resize(at + len, 0);

@@ -30,6 +30,12 @@ pub enum ImageError {
     BatchFull { capacity: usize },
     /// The resizer's failure.
     Resize { reason: String },
+    /// A region to decode that is empty or outside the image, or a scale not offered.
+    Region {
+        region: crate::Region,
+        scale: u32,
+        reason: String,
+    },
 }
 
 impl fmt::Display for ImageError {
@@ -62,6 +68,15 @@ impl fmt::Display for ImageError {
                 write!(f, "the batch already holds its {capacity} images")
             }
             ImageError::Resize { reason } => write!(f, "resizing: {reason}"),
+            ImageError::Region {
+                region,
+                scale,
+                reason,
+            } => write!(
+                f,
+                "the region {}x{} at ({}, {}) at 1/{scale}: {reason}",
+                region.width, region.height, region.left, region.top
+            ),
         }
     }
 }

@@ -30,8 +30,8 @@ mod transform;
 
 pub use collate::Collator;
 pub use decode::{
-    check_pixels, decode, decode_into, decode_within, dimensions, Image, ImageRef,
-    PIXELS_MAX_DEFAULT, PIXELS_MAX_LIMIT,
+    check_pixels, decode, decode_into, decode_region_into, decode_within, dimensions, Image,
+    ImageRef, Region, Window, PIXELS_MAX_DEFAULT, PIXELS_MAX_LIMIT, SCALES,
 };
 pub use error::ImageError;
 pub use transform::{downscale, downscaled_shape, Transform, Transformer};

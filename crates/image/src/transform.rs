@@ -5,7 +5,7 @@ use fast_image_resize as fir;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::decode::{Image, ImageRef};
+use crate::decode::{decode_into, decode_region_into, dimensions, Image, ImageRef, Region, SCALES};
 use crate::error::ImageError;
 
 /// What becomes of a decoded image.
@@ -42,6 +42,9 @@ impl std::fmt::Debug for Transformer {
 /// A crop of the source, in its pixels: left, top, width, height.
 type CropBox = (f64, f64, f64, f64);
 
+/// What a transform does to one image: its output side, the crop and whether to flip it.
+type Plan = (u32, CropBox, bool);
+
 impl Transformer {
     pub fn new(transform: Transform) -> Self {
         Transformer {
@@ -77,7 +80,7 @@ impl Transformer {
     pub fn apply<'a>(
         &mut self,
         image: impl Into<ImageRef<'a>>,
-        (seed, epoch, id): (u64, u32, u32),
+        key: (u64, u32, u32),
         out: &mut [u8],
     ) -> Result<(), ImageError> {
         let image = image.into();
@@ -88,18 +91,93 @@ impl Transformer {
                 actual: out.len(),
             });
         }
-        let (size, crop, flip) = match self.transform {
-            Transform::None => {
+        match self.plan(image.width(), image.height(), key) {
+            None => {
                 out.copy_from_slice(image.pixels());
-                return Ok(());
+                Ok(())
             }
+            Some(plan) => self.resize(image, plan, out),
+        }
+    }
+
+    /// Decodes `bytes` (a JPEG or PNG of at most `pixels_max` pixels) and writes it
+    /// transformed into `out`, as [`decode_into`] then [`Transformer::apply`] would, but
+    /// decoding only the part of the image the crop and the resizer's filter read, at the
+    /// coarsest DCT scale that still gives the output size over the crop (see
+    /// [`decode_region_into`]). `scratch` holds the decoded part, and is reused from call
+    /// to call. `out` is resized to the output. Returns the output's width and height.
+    ///
+    /// # Errors
+    /// As [`decode_into`], and the resizer's failure.
+    pub fn decode_apply(
+        &mut self,
+        bytes: &[u8],
+        pixels_max: u64,
+        key: (u64, u32, u32),
+        scratch: &mut Vec<u8>,
+        out: &mut Vec<u8>,
+    ) -> Result<(u32, u32), ImageError> {
+        let plan = match (self.transform, dimensions(bytes)) {
+            (Transform::None, _) | (_, None) => None,
+            (_, Some((w, h))) => self.plan(w, h, key).map(|p| (w, h, p)),
+        };
+        let Some((width, height, (size, crop, flip))) = plan else {
+            // No transform, or no header to plan from: the whole decode, which also says
+            // why a header could not be read.
+            let (w, h) = decode_into(bytes, pixels_max, scratch, 0)?;
+            let image = ImageRef::new(w, h, scratch)?;
+            let (ow, oh) = self.output_shape(image);
+            out.resize(ow as usize * oh as usize * 3, 0);
+            self.apply(image, key, out)?;
+            return Ok((ow, oh));
+        };
+        let scale = coarsest_scale(crop, size);
+        let window = decode_region_into(
+            bytes,
+            pixels_max,
+            reach(crop, size, scale, (width, height)),
+            scale,
+            scratch,
+            0,
+        )?;
+        let part = ImageRef::new(window.width, window.height, scratch)?;
+        let s = f64::from(window.scale);
+        let (wl, wt) = (f64::from(window.left), f64::from(window.top));
+        let (ww, wh) = (f64::from(window.width), f64::from(window.height));
+        let left = ((crop.0 - wl) / s).clamp(0.0, ww);
+        let top = ((crop.1 - wt) / s).clamp(0.0, wh);
+        let crop = (
+            left,
+            top,
+            (crop.2 / s).min(ww - left),
+            (crop.3 / s).min(wh - top),
+        );
+        out.resize(size as usize * size as usize * 3, 0);
+        self.resize(part, (size, crop, flip), out)?;
+        Ok((size, size))
+    }
+
+    /// The output side, the source box kept and whether to flip, for a `width` x `height`
+    /// image; `None` for [`Transform::None`].
+    fn plan(&self, width: u32, height: u32, (seed, epoch, id): (u64, u32, u32)) -> Option<Plan> {
+        match self.transform {
+            Transform::None => None,
             Transform::Train { size } => {
                 let mut rng = StdRng::seed_from_u64(mix(seed, epoch, id));
-                let crop = random_resized_crop(image.width(), image.height(), &mut rng);
-                (size, crop, rng.gen_bool(0.5))
+                let crop = random_resized_crop(width, height, &mut rng);
+                Some((size, crop, rng.gen_bool(0.5)))
             }
-            Transform::Eval { size } => (size, centre_crop(&image, size), false),
-        };
+            Transform::Eval { size } => Some((size, centre_crop(width, height, size), false)),
+        }
+    }
+
+    /// Resizes `crop` of `image` to `size` x `size` into `out`, flipped if asked.
+    fn resize(
+        &mut self,
+        image: ImageRef<'_>,
+        (size, crop, flip): Plan,
+        out: &mut [u8],
+    ) -> Result<(), ImageError> {
         let src = source(image)?;
         let mut dst = fir::images::Image::from_slice_u8(size, size, out, fir::PixelType::U8x3)
             .map_err(|e| resize_err(&e))?;
@@ -122,6 +200,40 @@ impl Transformer {
             }
         }
         Ok(())
+    }
+}
+
+/// The coarsest of [`SCALES`] at which `crop` still spans `size` pixels each way.
+fn coarsest_scale(crop: CropBox, size: u32) -> u32 {
+    let size = f64::from(size);
+    SCALES
+        .iter()
+        .rev()
+        .copied()
+        .find(|&s| crop.2 / f64::from(s) >= size && crop.3 / f64::from(s) >= size)
+        .unwrap_or(1)
+}
+
+/// The source pixels the resizer reads to make `size` x `size` of `crop` from an image at
+/// 1/`scale`: the crop, and beyond it the antialiased filter's reach (one output pixel's
+/// span of source, at least one pixel at that scale) and one pixel more at that scale for
+/// rounding, within the `width` x `height` image.
+fn reach(crop: CropBox, size: u32, scale: u32, (width, height): (u32, u32)) -> Region {
+    let s = f64::from(scale);
+    let margin = |side: f64| (side / f64::from(size)).max(s) + s;
+    let span = |start: f64, side: f64, all: u32| {
+        let m = margin(side);
+        let lo = (start - m).floor().max(0.0) as u32;
+        let hi = ((start + side + m).ceil() as u32).min(all).max(lo + 1);
+        (lo, hi - lo)
+    };
+    let (left, width) = span(crop.0, crop.2, width);
+    let (top, height) = span(crop.1, crop.3, height);
+    Region {
+        left,
+        top,
+        width,
+        height,
     }
 }
 
@@ -221,8 +333,8 @@ fn random_resized_crop(width: u32, height: u32, rng: &mut StdRng) -> CropBox {
 }
 
 /// The source box that Resize(size / 0.875) then CenterCrop(size) keeps.
-fn centre_crop(image: &ImageRef<'_>, size: u32) -> CropBox {
-    let (w, h) = (f64::from(image.width()), f64::from(image.height()));
+fn centre_crop(width: u32, height: u32, size: u32) -> CropBox {
+    let (w, h) = (f64::from(width), f64::from(height));
     let scale = (f64::from(size) / EVAL_CROP_FRACTION).round() / w.min(h);
     let side = (f64::from(size) / scale).min(w).min(h);
     ((w - side) / 2.0, (h - side) / 2.0, side, side)
@@ -296,7 +408,7 @@ mod tests {
         t.apply(&flat, (0, 0, 0), &mut out).unwrap();
         assert!(out.iter().all(|&v| v == 90));
         // 224 of 256 of the shorter side, centred.
-        let (left, top, w, h) = centre_crop(&(&flat).into(), 224);
+        let (left, top, w, h) = centre_crop(flat.width(), flat.height(), 224);
         assert!(
             (w - 175.0).abs() < 0.01 && (h - 175.0).abs() < 0.01,
             "{w} {h}"

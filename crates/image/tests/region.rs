@@ -1,0 +1,210 @@
+//! Decoding only what a transform keeps gives what decoding the whole image and then
+//! transforming it gives, within a stated tolerance, on photographs of every chroma
+//! subsampling (tests/data/make_photos.py), at every scale the crop allows.
+
+use lobster_image::{
+    decode, decode_region_into, ImageError, Region, Transform, Transformer, SCALES,
+};
+
+fn data(name: &str) -> Vec<u8> {
+    let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+const PHOTOS: [&str; 6] = [
+    "photo-astronaut-420.jpg",
+    "photo-coffee-420.jpg",
+    "photo-chelsea-444.jpg",
+    "photo-coffee-422.jpg",
+    "photo-astronaut-restart.jpg",
+    "photo-chelsea-progressive.jpg",
+];
+
+/// Mean and largest absolute difference of two equal-length byte runs.
+fn difference(a: &[u8], b: &[u8]) -> (f64, u8) {
+    assert_eq!(a.len(), b.len());
+    let sum: u64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| u64::from(x.abs_diff(*y)))
+        .sum();
+    let max = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| x.abs_diff(*y))
+        .max()
+        .unwrap_or(0);
+    (sum as f64 / a.len().max(1) as f64, max)
+}
+
+/// The tolerance: the output of the region path against the whole decode's, mean absolute
+/// difference per byte and the largest. At scale 1 only the decoders' rounding may differ;
+/// a scaled decode averages blocks in the DCT where the resizer averages pixels.
+fn tolerance(scale: u32) -> (f64, u8) {
+    if scale == 1 {
+        (0.6, 24)
+    } else {
+        (2.5, 64)
+    }
+}
+
+#[test]
+fn training_and_evaluation_crops_match_the_whole_decode_within_the_tolerance() {
+    let mut worst = (0.0f64, 0u8);
+    for name in PHOTOS {
+        let bytes = data(name);
+        let whole = decode(&bytes).unwrap();
+        for transform in [
+            Transform::Train { size: 224 },
+            Transform::Train { size: 64 },
+            Transform::Eval { size: 224 },
+            Transform::Train { size: 32 },
+        ] {
+            let mut t = Transformer::new(transform);
+            let (mut scratch, mut out) = (Vec::new(), Vec::new());
+            for id in 0..8 {
+                let key = (7, 1, id);
+                let mut expected = vec![0; t.output_bytes(&whole)];
+                t.apply(&whole, key, &mut expected).unwrap();
+                let shape = t
+                    .decode_apply(&bytes, 1 << 26, key, &mut scratch, &mut out)
+                    .unwrap_or_else(|e| panic!("{name} {transform:?} {id}: {e}"));
+                assert_eq!(shape, t.output_shape(&whole), "{name}");
+                let (mean, max) = difference(&out, &expected);
+                // The scale the crop allowed is not known here: hold each to the looser
+                // bound, and count how close the whole run came.
+                let (mean_max, max_max) = tolerance(2);
+                assert!(
+                    mean <= mean_max && max <= max_max,
+                    "{name} {transform:?} sample {id}: mean {mean:.2}, max {max}"
+                );
+                worst = (worst.0.max(mean), worst.1.max(max));
+            }
+        }
+    }
+    eprintln!(
+        "worst over every photo and crop: mean {:.3}, max {}",
+        worst.0, worst.1
+    );
+}
+
+#[test]
+fn a_region_decodes_to_a_window_holding_it_at_each_scale() {
+    for name in PHOTOS {
+        let bytes = data(name);
+        let whole = decode(&bytes).unwrap();
+        let (w, h) = (whole.width(), whole.height());
+        let regions = [
+            Region {
+                left: 0,
+                top: 0,
+                width: w,
+                height: h,
+            },
+            Region {
+                left: w / 3,
+                top: h / 4,
+                width: w / 2,
+                height: h / 2,
+            },
+            Region {
+                left: w - 17,
+                top: h - 9,
+                width: 17,
+                height: 9,
+            },
+            Region {
+                left: 5,
+                top: 3,
+                width: 1,
+                height: 1,
+            },
+        ];
+        let mut out = Vec::new();
+        for region in regions {
+            for scale in SCALES {
+                let window = decode_region_into(&bytes, 1 << 26, region, scale, &mut out, 0)
+                    .unwrap_or_else(|e| panic!("{name} {region:?} 1/{scale}: {e}"));
+                let s = window.scale;
+                assert!(
+                    SCALES.contains(&s) && s <= scale,
+                    "{name}: scale {s} for {scale}"
+                );
+                assert_eq!(
+                    out.len(),
+                    window.width as usize * window.height as usize * 3
+                );
+                // The window holds the region, and lies within the image.
+                assert!(
+                    window.left <= region.left && window.top <= region.top,
+                    "{name}"
+                );
+                let right = u64::from(window.left) + u64::from(window.width) * u64::from(s);
+                let bottom = u64::from(window.top) + u64::from(window.height) * u64::from(s);
+                assert!(
+                    right >= u64::from(region.left + region.width),
+                    "{name} {window:?}"
+                );
+                assert!(
+                    bottom >= u64::from(region.top + region.height),
+                    "{name} {window:?}"
+                );
+                assert!(right < u64::from(w) + u64::from(s), "{name} {window:?}");
+                assert!(bottom < u64::from(h) + u64::from(s), "{name} {window:?}");
+                if s == 1 {
+                    // At full scale the window is the whole decode's pixels there.
+                    let (mean, max) = difference(
+                        &out,
+                        &crop(&whole, window.left, window.top, window.width, window.height),
+                    );
+                    let (mean_max, max_max) = tolerance(1);
+                    assert!(
+                        mean <= mean_max && max <= max_max,
+                        "{name} {window:?}: {mean} {max}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn crop(image: &lobster_image::Image, left: u32, top: u32, width: u32, height: u32) -> Vec<u8> {
+    let row = image.width() as usize * 3;
+    (top..top + height)
+        .flat_map(|y| {
+            let start = y as usize * row + left as usize * 3;
+            image.pixels()[start..start + width as usize * 3]
+                .iter()
+                .copied()
+        })
+        .collect()
+}
+
+#[test]
+fn a_region_outside_the_image_or_a_scale_not_offered_is_refused_naming_it() {
+    let bytes = data("photo-coffee-420.jpg");
+    let mut out = Vec::new();
+    let inside = Region {
+        left: 0,
+        top: 0,
+        width: 10,
+        height: 10,
+    };
+    let outside = Region {
+        left: 590,
+        top: 0,
+        width: 11,
+        height: 10,
+    };
+    let e = decode_region_into(&bytes, 1 << 26, outside, 1, &mut out, 0).unwrap_err();
+    assert!(matches!(e, ImageError::Region { .. }), "{e}");
+    assert!(e.to_string().contains("11x10 at (590, 0)"), "{e}");
+    let e = decode_region_into(&bytes, 1 << 26, inside, 3, &mut out, 0).unwrap_err();
+    assert!(e.to_string().contains("1/3"), "{e}");
+    let empty = Region { width: 0, ..inside };
+    assert!(decode_region_into(&bytes, 1 << 26, empty, 1, &mut out, 0).is_err());
+    // A truncated photograph fails as the whole decode does.
+    let cut = &bytes[..bytes.len() / 2];
+    let e = decode_region_into(cut, 1 << 26, inside, 1, &mut out, 0).unwrap_err();
+    assert!(matches!(e, ImageError::Jpeg { .. }), "{e}");
+}

@@ -69,7 +69,8 @@ thread_local! {
 const SCRATCH_KEPT_BYTES_MAX: usize = 16 << 20;
 
 /// Decodes a JPEG or PNG sample to RGB and applies `transform`, seeded by (`seed`,
-/// `epoch`, the sample's id) so that a run repeats exactly.
+/// `epoch`, the sample's id) so that a run repeats exactly, decoding only what the
+/// transform keeps ([`Decoding::Region`]).
 ///
 /// # Errors
 /// A format other than JPEG or PNG, a truncated or corrupt image, or one of more than
@@ -81,18 +82,25 @@ pub fn decode_pixels(
     bytes: &[u8],
     meta: &SampleMeta,
 ) -> Result<Pixels, lobster_image::ImageError> {
-    decode_pixels_within(transform, seed, epoch, bytes, meta, PIXELS_MAX_DEFAULT)
+    decode_pixels_within(
+        transform,
+        (seed, epoch, meta),
+        bytes,
+        PIXELS_MAX_DEFAULT,
+        false,
+    )
 }
 
-/// [`decode_pixels`] under a pixel bound. Decodes into the thread's buffer, kept from sample
-/// to sample, and transforms from there; with no transform, into the output itself.
+/// [`decode_pixels`] under a pixel bound. With a transform, decodes only the part of the
+/// image it keeps, at the coarsest scale that keeps the output size
+/// ([`Transformer::decode_apply`]), unless `whole_image`, into the thread's buffer, kept
+/// from sample to sample; with none, into the output itself.
 fn decode_pixels_within(
     transform: Transform,
-    seed: u64,
-    epoch: u32,
+    (seed, epoch, meta): (u64, u32, &SampleMeta),
     bytes: &[u8],
-    meta: &SampleMeta,
     pixels_max: u64,
+    whole_image: bool,
 ) -> Result<Pixels, lobster_image::ImageError> {
     if transform == Transform::None {
         let mut data = Vec::new();
@@ -105,13 +113,39 @@ fn decode_pixels_within(
     }
     SCRATCH.with(|scratch| {
         let mut scratch = scratch.borrow_mut();
-        let made = decode_into(bytes, pixels_max, &mut scratch, 0).and_then(|(w, h)| {
-            transform_pixels(transform, seed, epoch, ImageRef::new(w, h, &scratch)?, meta)
-        });
+        let made = if whole_image {
+            decode_into(bytes, pixels_max, &mut scratch, 0).and_then(|(w, h)| {
+                transform_pixels(transform, seed, epoch, ImageRef::new(w, h, &scratch)?, meta)
+            })
+        } else {
+            with_transformer(transform, |t| {
+                let mut data = Vec::new();
+                let key = (seed, epoch, meta.id);
+                let (width, height) =
+                    t.decode_apply(bytes, pixels_max, key, &mut scratch, &mut data)?;
+                Ok(Pixels {
+                    width,
+                    height,
+                    data,
+                })
+            })
+        };
         if scratch.capacity() > SCRATCH_KEPT_BYTES_MAX {
             *scratch = Vec::new();
         }
         made
+    })
+}
+
+/// Runs `f` with this thread's transformer for `transform`.
+fn with_transformer<R>(transform: Transform, f: impl FnOnce(&mut Transformer) -> R) -> R {
+    TRANSFORMER.with(|t| {
+        let mut t = t.borrow_mut();
+        let t = match &mut *t {
+            Some(t) if t.transform() == transform => t,
+            slot => slot.insert(Transformer::new(transform)),
+        };
+        f(t)
     })
 }
 
@@ -134,12 +168,7 @@ pub fn transform_pixels(
             data: image.pixels().to_vec(),
         });
     }
-    TRANSFORMER.with(|t| {
-        let mut t = t.borrow_mut();
-        let t = match &mut *t {
-            Some(t) if t.transform() == transform => t,
-            slot => slot.insert(Transformer::new(transform)),
-        };
+    with_transformer(transform, |t| {
         let (width, height) = t.output_shape(image);
         let mut data = vec![0u8; t.output_bytes(image)];
         t.apply(image, (seed, epoch, meta.id), &mut data)?;
@@ -159,16 +188,37 @@ fn image_cause(meta: &SampleMeta, e: lobster_image::ImageError) -> Cause {
     )))
 }
 
+/// How much of each image a transform decodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Decoding {
+    /// Only the part of the image the crop keeps, at the coarsest DCT scale that still
+    /// gives the output size over it ([`lobster_image::Transformer::decode_apply`]): the
+    /// pixels are within a stated tolerance of a whole decode's (see lobster-image's region
+    /// tests), the same from run to run, and may differ within it where the cache keeps a
+    /// sample's decoded image.
+    #[default]
+    Region,
+    /// Every image whole, then transformed: the same pixels whichever forms the cache keeps.
+    Whole,
+}
+
 impl LoaderBuilder<Pixels> {
     /// Decodes samples as images with [`decode_pixels`], `transform` seeded by the run's
-    /// shuffle seed (0 for other orders), the epoch and the sample id. The cache may keep
-    /// decoded images ([`LoaderBuilder::cache_forms`]; auto by default): a hit on one runs
-    /// only the transform, and the pixels are the same either way. An image whose header
-    /// claims more than [`LoaderBuilder::image_pixels_max`] pixels fails, naming its size and
-    /// the bound, before it is decoded.
+    /// shuffle seed (0 for other orders), the epoch and the sample id, decoding only what
+    /// the transform keeps ([`Decoding::Region`]). The cache may keep decoded images
+    /// ([`LoaderBuilder::cache_forms`]; auto by default): a hit on one runs only the
+    /// transform. An image whose header claims more than
+    /// [`LoaderBuilder::image_pixels_max`] pixels fails, naming its size and the bound,
+    /// before it is decoded.
     pub fn decode_images(self, transform: Transform) -> Self {
+        self.decode_images_as(transform, Decoding::Region)
+    }
+
+    /// [`LoaderBuilder::decode_images`], decoding as `decoding` says.
+    pub fn decode_images_as(self, transform: Transform, decoding: Decoding) -> Self {
         self.decode_staged_seeded(move |seed, config| {
             let pixels_max = config.limits.image_pixels_max;
+            let whole_image = decoding == Decoding::Whole;
             Staged {
                 decode: Arc::new(move |bytes: &[u8], meta: &SampleMeta| {
                     lobster_image::decode_within(bytes, pixels_max)
@@ -180,7 +230,8 @@ impl LoaderBuilder<Pixels> {
                 }),
                 whole: Some(Arc::new(
                     move |bytes: &[u8], meta: &SampleMeta, epoch: u32| {
-                        decode_pixels_within(transform, seed, epoch, bytes, meta, pixels_max)
+                        let key = (seed, epoch, meta);
+                        decode_pixels_within(transform, key, bytes, pixels_max, whole_image)
                             .map_err(|e| image_cause(meta, e))
                     },
                 )),

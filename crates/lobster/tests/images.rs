@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use lobster_io::images::Transform;
-use lobster_io::images::{ImageBatches, Pixels};
+use lobster_io::images::{Decoding, ImageBatches, Pixels};
 use lobster_io::{CacheForms, Dataset, LoaderBuilder, Mode};
 
 /// A folder of 3 classes x 4 JPEGs, each a gradient of its own size (so that crops differ).
@@ -134,6 +134,7 @@ fn run_with_forms(
     ds: &Arc<Dataset>,
     forms: Option<lobster_io::FormChoice>,
     capacity_bytes: u64,
+    decoding: Decoding,
 ) -> (Run, lobster_io::RunMetrics) {
     let builder = LoaderBuilder::<Pixels>::new(ds.clone())
         .world(1, 1, 0)
@@ -141,7 +142,7 @@ fn run_with_forms(
         .epochs(3)
         .seed(5)
         .decode_threads(2)
-        .decode_images(Transform::Train { size: 8 });
+        .decode_images_as(Transform::Train { size: 8 }, decoding);
     let mut l = match forms {
         Some(f) => builder
             .cache(lobster_io::CachePolicy::Reuse, capacity_bytes)
@@ -165,17 +166,17 @@ fn run_with_forms(
 }
 
 #[test]
-fn decoded_images_in_the_cache_give_the_same_batches_bit_for_bit() {
+fn decoded_images_in_the_cache_give_the_same_batches_bit_for_bit_when_decoded_whole() {
     use lobster_io::FormChoice;
     let dir = tempfile::tempdir().unwrap();
     let ds = folder(dir.path());
     // The 12 images decoded: (20 + 3i) x (16 + 2i) x 3 bytes each.
     let decoded: u64 = (0..12u64).map(|i| (20 + 3 * i) * (16 + 2 * i) * 3).sum();
-    let (plain, _) = run_with_forms(&ds, None, 0);
+    let (plain, _) = run_with_forms(&ds, None, 0, Decoding::Whole);
     assert_eq!(plain.len(), 3 * 3);
     for forms in [FormChoice::Encoded, FormChoice::Decoded, FormChoice::Auto] {
         for capacity in [decoded / 4, decoded / 2, decoded] {
-            let (batches, m) = run_with_forms(&ds, Some(forms), capacity);
+            let (batches, m) = run_with_forms(&ds, Some(forms), capacity, Decoding::Whole);
             assert!(
                 batches == plain,
                 "{forms} in {capacity} bytes: other batches than with no cache"
@@ -197,8 +198,53 @@ fn decoded_images_in_the_cache_give_the_same_batches_bit_for_bit() {
         }
     }
     // A whole decoded set in budget: auto keeps every image decoded.
-    let (_, m) = run_with_forms(&ds, Some(FormChoice::Auto), decoded);
+    let (_, m) = run_with_forms(&ds, Some(FormChoice::Auto), decoded, Decoding::Whole);
     assert_eq!((m.hits_encoded, m.hits_decoded), (0, 24), "{m:?}");
+}
+
+/// Mean absolute difference per byte between two runs' images, which must have the same
+/// batches of the same samples.
+fn mean_difference(a: &Run, b: &Run) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let (mut sum, mut n) = (0u64, 0usize);
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!((&x.0, &x.1, x.2), (&y.0, &y.1, y.2));
+        sum +=
+            x.3.iter()
+                .zip(&y.3)
+                .map(|(p, q)| u64::from(p.abs_diff(*q)))
+                .sum::<u64>();
+        n += x.3.len();
+    }
+    sum as f64 / n.max(1) as f64
+}
+
+#[test]
+fn decoding_only_the_crop_repeats_exactly_and_stays_near_the_whole_decode_whatever_the_cache_keeps()
+{
+    use lobster_io::FormChoice;
+    let dir = tempfile::tempdir().unwrap();
+    let ds = folder(dir.path());
+    let decoded: u64 = (0..12u64).map(|i| (20 + 3 * i) * (16 + 2 * i) * 3).sum();
+    let (whole, _) = run_with_forms(&ds, None, 0, Decoding::Whole);
+    let (plain, _) = run_with_forms(&ds, None, 0, Decoding::Region);
+    // lobster-image's region tests' bound for scaled decodes (mean per byte).
+    let bound = 2.5;
+    let d = mean_difference(&plain, &whole);
+    assert!(d <= bound, "region against whole, no cache: {d}");
+    for forms in [FormChoice::Encoded, FormChoice::Decoded, FormChoice::Auto] {
+        let (first, m) = run_with_forms(&ds, Some(forms), decoded / 2, Decoding::Region);
+        let (second, _) = run_with_forms(&ds, Some(forms), decoded / 2, Decoding::Region);
+        assert!(first == second, "{forms}: two runs gave other batches");
+        let d = mean_difference(&first, &whole);
+        assert!(d <= bound, "{forms}: {d} from the whole decode");
+        if forms == FormChoice::Encoded {
+            // Nothing is kept decoded: every sample took the region path, as with no cache.
+            assert!(first == plain, "{forms}: other batches than with no cache");
+        } else {
+            assert!(m.hits_decoded > 0, "{forms}: {m:?}");
+        }
+    }
 }
 
 #[test]

@@ -12,21 +12,27 @@ mod mpi;
 mod params;
 mod recycle;
 
-use numpy::ndarray::ArrayView3;
-use numpy::PyArray3;
+use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 
 use crate::errors::DecodeError;
 
 /// Decodes one JPEG or PNG to an `[H, W, 3]` uint8 array (lobster-image's decoder, as the
-/// loader's workers run it).
+/// loader's workers run it), decoded into the array's own memory.
 #[pyfunction]
-fn decode_image<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyArray3<u8>>> {
-    let image =
-        lobster_io::images::decode(data).map_err(|e| DecodeError::new_err(e.to_string()))?;
-    let (w, h) = (image.width() as usize, image.height() as usize);
-    let view = ArrayView3::from_shape((h, w, 3), image.pixels()).expect("RGB rows");
-    Ok(PyArray3::from_array(py, &view))
+fn decode_image<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    let mut pixels = Vec::new();
+    let (w, h) = lobster_io::images::decode_into(
+        data,
+        lobster_io::images::PIXELS_MAX_DEFAULT,
+        &mut pixels,
+        0,
+    )
+    .map_err(|e| DecodeError::new_err(e.to_string()))?;
+    // The array takes the buffer as it is: no copy.
+    PyArray1::from_vec(py, pixels)
+        .reshape([h as usize, w as usize, 3])
+        .map(Bound::into_any)
 }
 
 /// Whether this lobster_io was built with MPI (the `mpi` feature): under `mpirun`, or `srun`

@@ -76,6 +76,7 @@ mod memory;
 mod metrics;
 pub mod net;
 mod pipeline;
+mod recycle;
 mod resume;
 mod sampler;
 
@@ -133,6 +134,7 @@ pub use metrics::{
     AllocationRecord, CacheForms, CacheStore, ClusterPlanMetrics, DiskCacheMetrics,
     FormCostsReport, IterationMetrics, Mode, ReadPath, RunMetrics, SkippedSample, ThreadClass,
 };
+pub use recycle::Recycler;
 // Which peer holds each access's sample, for the plan-bench's figures of its size and start.
 #[cfg(feature = "lab")]
 pub use pipeline::{PeerHolders, PeerHoldersInputs};

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use lobster_io::images::{ImageBatches, Pixels};
+use lobster_io::Recycler;
 use lobster_io::{
     BudgetConfig, CacheConfig, CachePolicy, Dataset, DistributedSampler, EpochOrder, JobConfig,
     JobFingerprint, LoaderBuilder, LoaderConfig, LoaderState, Positions, RankHandle, RunMetrics,
@@ -35,7 +36,7 @@ use crate::errors::{loader_error, node_error, DecodeError, Error, StateError, St
 use crate::groups;
 use crate::mpi::{self, Closable, World};
 use crate::params::{self, Int, Output};
-use crate::recycle::{GivesBack, Recycler};
+use crate::recycle::{GivesBack, KEPT_BYTES_MAX};
 
 /// How long a waiting iteration sleeps between looks for Ctrl-C.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
@@ -786,7 +787,7 @@ fn start_host(
             // The host copies each sample into the node's arena and frees it: nothing to
             // give back.
             let loader = builders
-                .bytes(s, Arc::new(Recycler::new(0)))
+                .bytes(s, Arc::new(Recycler::new(0, 0)))
                 .decoded_sample_bytes_max(share_bytes)
                 .build()
                 .map_err(loader_error)?;
@@ -848,7 +849,8 @@ fn start(
             output => {
                 // Every sample a rank may have out: its buffers' batches, and a batch more
                 // being decoded.
-                let recycler = Arc::new(Recycler::new((buffers + 2) * s.batch_size));
+                let recycler =
+                    Arc::new(Recycler::new((buffers + 2) * s.batch_size, KEPT_BYTES_MAX));
                 let mut loader = builders
                     .bytes(&s, Arc::clone(&recycler))
                     .build()

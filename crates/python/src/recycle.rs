@@ -1,84 +1,12 @@
-//! Sample buffers handed back when Python lets go of their batch and taken again by the
-//! decode threads, so that a decoded image is written into memory already mapped and
-//! already written once: a fresh buffer of a photograph's size costs its page faults or its
-//! clearing, about as much again as a tenth of the decode.
+//! The Python loader's sample buffers: given back to the decode threads' [`Recycler`] when
+//! Python lets go of their batch.
 
-use std::sync::Mutex;
-
-use lobster_io::Batch;
+use lobster_io::{Batch, Recycler};
 
 /// Most bytes of buffers kept for reuse: above what a rank's batches in flight hold
 /// (4 batches of 64 images of 0.4 MiB is 100 MiB), so that a steady run reuses them all; a
 /// buffer given back past it is freed.
-const KEPT_BYTES_MAX: usize = 256 << 20;
-
-/// Buffers given back, kept up to a count and [`KEPT_BYTES_MAX`] bytes.
-#[derive(Debug)]
-pub(crate) struct Recycler {
-    free: Mutex<Kept>,
-    count_max: usize,
-}
-
-#[derive(Debug, Default)]
-struct Kept {
-    buffers: Vec<Vec<u8>>,
-    bytes: usize,
-}
-
-impl Recycler {
-    /// Keeps at most `count_max` buffers (the samples a rank may have out at once).
-    pub(crate) fn new(count_max: usize) -> Self {
-        Recycler {
-            free: Mutex::new(Kept::default()),
-            count_max,
-        }
-    }
-
-    fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
-        // A panic while holding the lock leaves only a list of buffers: still usable.
-        self.free.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// A buffer given back (its contents are the last sample's), or a new empty one: the
-    /// shortest at least `len` long, else the longest, so that as little as possible of it
-    /// is cleared again to grow.
-    pub(crate) fn take(&self, len: usize) -> Vec<u8> {
-        let mut kept = self.kept();
-        let fits = |v: &Vec<u8>| v.len() >= len;
-        let best = kept
-            .buffers
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, v)| {
-                (
-                    !fits(v),
-                    if fits(v) {
-                        v.len()
-                    } else {
-                        usize::MAX - v.len()
-                    },
-                )
-            })
-            .map(|(i, _)| i);
-        match best {
-            Some(i) => {
-                let v = kept.buffers.swap_remove(i);
-                kept.bytes -= v.capacity();
-                v
-            }
-            None => Vec::new(),
-        }
-    }
-
-    /// Keeps `v` for a later [`Recycler::take`], or frees it past the bounds.
-    pub(crate) fn give(&self, v: Vec<u8>) {
-        let mut kept = self.kept();
-        if kept.buffers.len() < self.count_max && kept.bytes + v.capacity() <= KEPT_BYTES_MAX {
-            kept.bytes += v.capacity();
-            kept.buffers.push(v);
-        }
-    }
-}
+pub(crate) const KEPT_BYTES_MAX: usize = 256 << 20;
 
 /// A batch of samples whose buffers go back to their recycler when it is dropped.
 pub(crate) struct GivesBack {
@@ -91,32 +19,5 @@ impl Drop for GivesBack {
         for s in self.batch.samples.drain(..) {
             self.to.give(s.value);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn buffers_come_back_within_the_count_and_bytes() {
-        let r = Recycler::new(3);
-        assert!(r.take(1).is_empty());
-        r.give(vec![1; 10]);
-        r.give(vec![2; 20]);
-        r.give(vec![4; 40]);
-        // Past the count: freed.
-        r.give(vec![3; 30]);
-        assert_eq!(r.kept().buffers.len(), 3);
-        assert_eq!(r.kept().bytes, 70);
-        // The shortest long enough; else the longest.
-        assert_eq!(r.take(15), vec![2; 20]);
-        assert_eq!(r.take(50), vec![4; 40]);
-        assert_eq!(r.kept().bytes, 10);
-        // Past the bytes: freed.
-        r.give(Vec::with_capacity(KEPT_BYTES_MAX));
-        assert_eq!(r.kept().buffers.len(), 1);
-        assert_eq!(r.take(0), vec![1; 10]);
-        assert!(r.take(0).is_empty());
     }
 }

@@ -5,6 +5,7 @@ use zune_png::zune_core::colorspace::ColorSpace as PngColor;
 use zune_png::zune_core::result::DecodingResult;
 
 use crate::error::ImageError;
+use crate::region::{Region, Window, SCALES};
 
 /// An 8-bit RGB image, rows top to bottom, `width * height * 3` bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -216,32 +217,6 @@ pub fn decode_into(
         }),
     }
 }
-
-/// A rectangle of an image, in its pixels: `left` and `top` of its first pixel, and its
-/// width and height.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Region {
-    pub left: u32,
-    pub top: u32,
-    pub width: u32,
-    pub height: u32,
-}
-
-/// What [`decode_region_into`] made: a `width` x `height` RGB image of the source's pixels
-/// from (`left`, `top`) on at 1/`scale` of its resolution, each output pixel standing for
-/// `scale` x `scale` source pixels (fewer at the image's right and bottom edges).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Window {
-    pub width: u32,
-    pub height: u32,
-    pub left: u32,
-    pub top: u32,
-    /// 1, 2, 4 or 8.
-    pub scale: u32,
-}
-
-/// The DCT scales a JPEG decodes at: the source's side divided by 1, 2, 4 or 8.
-pub const SCALES: [u32; 4] = [1, 2, 4, 8];
 
 /// Decodes at least the part of an image that covers `region` (clipped to the image), at
 /// 1/`scale` of its resolution where the format allows it, into `out` from byte `at` on as

@@ -32,7 +32,7 @@ pub enum ImageError {
     Resize { reason: String },
     /// A region to decode that is empty or outside the image, or a scale not offered.
     Region {
-        region: crate::Region,
+        region: crate::region::Region,
         scale: u32,
         reason: String,
     },

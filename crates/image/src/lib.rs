@@ -26,14 +26,16 @@ mod check;
 mod collate;
 mod decode;
 mod error;
+mod region;
 mod transform;
 
 pub use collate::Collator;
 pub use decode::{
     check_pixels, decode, decode_into, decode_region_into, decode_within, dimensions, Image,
-    ImageRef, Region, Window, PIXELS_MAX_DEFAULT, PIXELS_MAX_LIMIT, SCALES,
+    ImageRef, PIXELS_MAX_DEFAULT, PIXELS_MAX_LIMIT,
 };
 pub use error::ImageError;
+pub use region::{Region, Window, SCALES};
 pub use transform::{downscale, downscaled_shape, Transform, Transformer};
 
 /// Checker run by the image header fuzz target: arbitrary bytes (or a decode fixture with

@@ -5,8 +5,9 @@ use fast_image_resize as fir;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::decode::{decode_into, decode_region_into, dimensions, Image, ImageRef, Region, SCALES};
+use crate::decode::{decode_into, decode_region_into, dimensions, Image, ImageRef};
 use crate::error::ImageError;
+use crate::region::{Region, SCALES};
 
 /// What becomes of a decoded image.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -274,19 +274,64 @@ pub fn downscaled_shape(width: u32, height: u32, max_side: u32) -> (u32, u32) {
 /// The resizer's failure.
 pub fn downscale(image: ImageRef<'_>, max_side: u32) -> Result<Image, ImageError> {
     let (w, h) = downscaled_shape(image.width(), image.height(), max_side);
-    if (w, h) == (image.width(), image.height()) {
-        return Image::new(w, h, image.pixels().to_vec());
+    resized(image, w, h)
+}
+
+/// `image` resized to `width` x `height` (antialiased bilinear), or a copy at its own size.
+fn resized(image: ImageRef<'_>, width: u32, height: u32) -> Result<Image, ImageError> {
+    if (width, height) == (image.width(), image.height()) {
+        return Image::new(width, height, image.pixels().to_vec());
     }
     let src = source(image)?;
-    let mut out = vec![0u8; w as usize * h as usize * 3];
-    let mut dst = fir::images::Image::from_slice_u8(w, h, &mut out, fir::PixelType::U8x3)
+    let mut out = vec![0u8; width as usize * height as usize * 3];
+    let mut dst = fir::images::Image::from_slice_u8(width, height, &mut out, fir::PixelType::U8x3)
         .map_err(|e| resize_err(&e))?;
     let options = fir::ResizeOptions::new()
         .resize_alg(fir::ResizeAlg::Convolution(fir::FilterType::Bilinear));
     fir::Resizer::new()
         .resize(&src, &mut dst, &options)
         .map_err(|e| resize_err(&e))?;
-    Image::new(w, h, out)
+    Image::new(width, height, out)
+}
+
+/// Decodes `bytes` (at most `pixels_max` pixels) with its longer side brought down to
+/// `max_side` ([`downscaled_shape`]): at the coarsest DCT scale whose image still reaches
+/// that shape, then resized to it exactly, so that a large photograph kept small is not
+/// decoded whole first.
+///
+/// # Errors
+/// As [`decode_into`], and the resizer's failure.
+pub fn decode_downscaled(
+    bytes: &[u8],
+    pixels_max: u64,
+    max_side: u32,
+) -> Result<Image, ImageError> {
+    let Some((width, height)) = dimensions(bytes) else {
+        return downscale(
+            (&crate::decode::decode_within(bytes, pixels_max)?).into(),
+            max_side,
+        );
+    };
+    let (w, h) = downscaled_shape(width, height, max_side);
+    let scale = SCALES
+        .iter()
+        .rev()
+        .copied()
+        .find(|&s| width.div_ceil(s) >= w && height.div_ceil(s) >= h)
+        .unwrap_or(1);
+    let whole = Region {
+        left: 0,
+        top: 0,
+        width,
+        height,
+    };
+    let mut pixels = Vec::new();
+    let window = decode_region_into(bytes, pixels_max, whole, scale, &mut pixels, 0)?;
+    let image = ImageRef::new(window.width, window.height, &pixels)?;
+    if (window.width, window.height) == (w, h) {
+        return Image::new(w, h, pixels);
+    }
+    resized(image, w, h)
 }
 
 /// One generator seed from the run's seed, the epoch and the sample (splitmix64 steps).

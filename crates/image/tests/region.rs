@@ -208,3 +208,30 @@ fn a_region_outside_the_image_or_a_scale_not_offered_is_refused_naming_it() {
     let e = decode_region_into(cut, 1 << 26, inside, 1, &mut out, 0).unwrap_err();
     assert!(matches!(e, ImageError::Jpeg { .. }), "{e}");
 }
+
+#[test]
+fn a_decode_brought_down_to_a_side_has_the_planned_shape_and_stays_near_the_whole_one() {
+    for name in PHOTOS {
+        let bytes = data(name);
+        let whole = decode(&bytes).unwrap();
+        for side in [40, 100, 150, 256, 10_000] {
+            let expected = lobster_image::downscale((&whole).into(), side).unwrap();
+            let small = lobster_image::decode_downscaled(&bytes, 1 << 26, side)
+                .unwrap_or_else(|e| panic!("{name} {side}: {e}"));
+            assert_eq!(
+                (small.width(), small.height()),
+                lobster_image::downscaled_shape(whole.width(), whole.height(), side),
+                "{name} {side}"
+            );
+            let (mean, max) = difference(small.pixels(), expected.pixels());
+            let (mean_max, max_max) = tolerance(2);
+            assert!(
+                mean <= mean_max && max <= max_max,
+                "{name} {side}: mean {mean:.2}, max {max}"
+            );
+            if side >= whole.width().max(whole.height()) {
+                assert_eq!(small, whole, "{name}: no smaller than asked, decoded whole");
+            }
+        }
+    }
+}

@@ -257,9 +257,11 @@ pub struct CacheConfig {
     /// pixel: never timed, so the same run makes the same decisions. Set this for another
     /// decoder's costs.
     pub form_costs: Option<FormCosts>,
-    /// Lossy, off by default: decoded images the cache keeps are first brought down so that
-    /// their longer side is at most this many pixels (FFCV-style pre-resizing). Hits on them
-    /// then transform the smaller image, so their pixels differ from a miss's.
+    /// Lossy, off by default: decoded images the cache keeps are brought down so that their
+    /// longer side is at most this many pixels (FFCV-style pre-resizing), decoded at the
+    /// coarsest DCT scale that still reaches that side. Every access of a sample kept so,
+    /// the one that keeps it and the hits, then transforms the smaller image, so their
+    /// pixels differ from a miss's.
     pub decoded_max_side: Option<u32>,
     /// With peer nodes, whether their caches are planned as one (see
     /// `lobster_cache::cluster`).

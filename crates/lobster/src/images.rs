@@ -235,9 +235,12 @@ impl LoaderBuilder<Pixels> {
             let pixels_max = config.limits.image_pixels_max;
             let whole_image = decoding == Decoding::Whole;
             Staged {
-                decode: Arc::new(move |bytes: &[u8], meta: &SampleMeta| {
-                    lobster_image::decode_within(bytes, pixels_max)
-                        .map_err(|e| image_cause(meta, e))
+                decode: Arc::new(move |bytes: &[u8], meta: &SampleMeta, side: Option<u32>| {
+                    match side {
+                        Some(side) => lobster_image::decode_downscaled(bytes, pixels_max, side),
+                        None => lobster_image::decode_within(bytes, pixels_max),
+                    }
+                    .map_err(|e| image_cause(meta, e))
                 }),
                 finish: Arc::new(move |image: ImageRef<'_>, meta: &SampleMeta, epoch: u32| {
                     transform_pixels(transform, seed, epoch, image, meta)

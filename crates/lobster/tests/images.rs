@@ -315,13 +315,17 @@ fn a_max_side_keeps_smaller_images_and_says_it_is_lossy() {
         }
         let mut l = b.build().unwrap();
         let rank = l.ranks().unwrap().remove(0);
-        let images: Vec<Vec<u8>> = ImageBatches::new(rank, ds.clone(), 2)
-            .map(|b| b.unwrap().images().to_vec())
+        let batches: Vec<(u32, Vec<u32>, Vec<u8>)> = ImageBatches::new(rank, ds.clone(), 2)
+            .map(|b| {
+                let b = b.unwrap();
+                (b.epoch, b.ids.clone(), b.images().to_vec())
+            })
             .collect();
-        (images, l.metrics())
+        let images: Vec<Vec<u8>> = batches.iter().map(|b| b.2.clone()).collect();
+        (images, l.metrics(), batches)
     };
-    let (full, m_full) = run(None);
-    let (small, m_small) = run(Some(10));
+    let (full, m_full, _) = run(None);
+    let (small, m_small, batches) = run(Some(10));
     // Every image is kept either way (1 MiB holds them all), each at most 10 px a side.
     let kept: u64 = (0..12u64)
         .map(|i| {
@@ -342,8 +346,22 @@ fn a_max_side_keeps_smaller_images_and_says_it_is_lossy() {
         m_small.cache_forms
     );
     assert!(m_small.decoded_hits_served > 0);
-    // The first epoch decodes every image whole; hits transform the smaller ones.
-    assert_eq!(full[..3], small[..3]);
-    assert_ne!(full[3..], small[3..]);
+    // Every access, the one that keeps the image as much as the hits, transforms the image
+    // as kept: decoded brought down to 10 px (at a DCT scale where one reaches it).
+    let mut t = lobster_image::Transformer::new(Transform::Train { size: 8 });
+    for (epoch, ids, images) in &batches {
+        let expected: Vec<u8> = ids
+            .iter()
+            .flat_map(|&id| {
+                let bytes = std::fs::read(&ds.samples()[id as usize].path).unwrap();
+                let kept = lobster_image::decode_downscaled(&bytes, 1 << 26, 10).unwrap();
+                let mut out = vec![0; 8 * 8 * 3];
+                t.apply(&kept, (5, *epoch, id), &mut out).unwrap();
+                out
+            })
+            .collect();
+        assert!(*images == expected, "epoch {epoch}, samples {ids:?}");
+    }
+    assert_ne!(full, small);
     assert_eq!(run(Some(10)).0, small, "lossy, but the same every run");
 }

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
-use lobster_io::images::{ImageBatches, Pixels};
+use lobster_io::images::{Decoding, ImageBatches, Pixels};
 use lobster_io::Recycler;
 use lobster_io::{
     BudgetConfig, CacheConfig, CachePolicy, Dataset, DistributedSampler, EpochOrder, JobConfig,
@@ -90,7 +90,8 @@ struct Run {
 }
 
 /// Loader(data, batch_size, *, epochs=1, seed=0, drop_last=False, transform="train",
-///        image_size=224, channels_first=False, on_error="fail", max_failures=None,
+///        image_size=224, decoding="region", channels_first=False, on_error="fail",
+///        max_failures=None,
 ///        decode=None, assign="sampler", cache=Cache(), budgets=Budgets(), launch=Launch(),
 ///        limits=Limits())
 ///
@@ -99,7 +100,10 @@ struct Run {
 /// order. `transform` is "train" (RandomResizedCrop to `image_size` and a flip, seeded by
 /// seed, epoch and sample), "eval" (resize and centre crop) or "none" (each image at its own
 /// size; with `decode`, a callable `decode(bytes) -> array` run per sample in this
-/// process: the slow path). `on_error="skip"` leaves out samples that fail, up to
+/// process: the slow path). `decoding="region"` decodes only the part of a JPEG the
+/// transform keeps, at the coarsest DCT scale that still gives `image_size` over the crop
+/// (within a stated tolerance of a whole decode, the same every run); "whole" decodes every
+/// image whole first (then batches are the same bit for bit whatever the cache keeps). `on_error="skip"` leaves out samples that fail, up to
 /// `max_failures` (a count, or a fraction of the epoch).
 ///
 /// The rest is grouped: `cache=lobster_io.Cache(bytes, frac, policy, forms,
@@ -372,7 +376,7 @@ fn images(
     stop: &Receiver<()>,
 ) -> Result<Images, PyErr> {
     match output {
-        Output::Stacked(_) => unreachable!("stacked batches are collated or contiguous"),
+        Output::Stacked(..) => unreachable!("stacked batches are collated or contiguous"),
         Output::Decoded => {
             let mut each = Vec::with_capacity(samples.len());
             for (bytes, id) in samples.into_iter().zip(ids) {
@@ -540,7 +544,7 @@ fn node_batch(
     let apart = || Error::new_err("a batch's samples were not placed back to back in its slot");
     let images = if b.samples.is_empty() {
         match output {
-            Output::Stacked(_) => Images::Stacked {
+            Output::Stacked(..) => Images::Stacked {
                 span: Span::of(&mut []),
                 shape: [0, 0, 0, 3],
             },
@@ -549,7 +553,7 @@ fn node_batch(
     } else {
         let run = b.contiguous_mut().ok_or_else(apart)?;
         match output {
-            Output::Stacked(_) => {
+            Output::Stacked(..) => {
                 let side = output.side().expect("a stacked output has a side") as usize;
                 let each = side * side * 3;
                 if lens.iter().any(|&l| l != each) {
@@ -693,9 +697,9 @@ struct Builders<'a> {
 }
 
 impl Builders<'_> {
-    /// A loader of stacked images, transformed by `t`.
-    fn pixels(&self, t: lobster_io::images::Transform) -> LoaderBuilder<Pixels> {
-        self.with(LoaderBuilder::<Pixels>::new(Arc::clone(self.dataset)).decode_images(t))
+    /// A loader of stacked images, decoded as `d` says and transformed by `t`.
+    fn pixels(&self, t: lobster_io::images::Transform, d: Decoding) -> LoaderBuilder<Pixels> {
+        self.with(LoaderBuilder::<Pixels>::new(Arc::clone(self.dataset)).decode_images_as(t, d))
     }
 
     /// A loader of each sample's bytes, or its image, as `s.output` asks, into buffers
@@ -779,8 +783,8 @@ fn start_host(
         attach_timeout: ATTACH_TIMEOUT,
     };
     match s.output {
-        Output::Stacked(t) => {
-            let loader = builders.pixels(t).build().map_err(loader_error)?;
+        Output::Stacked(t, d) => {
+            let loader = builders.pixels(t, d).build().map_err(loader_error)?;
             NodeHost::start(env, loader, attaching.to_vec(), options)
         }
         _ => {
@@ -838,8 +842,8 @@ fn start(
     let all_built = || world.map_or(Ok(()), World::barrier);
     if env.local_world_size == 1 {
         let (engine, thread): (Box<dyn Metered>, _) = match s.output {
-            Output::Stacked(t) => {
-                let mut loader = builders.pixels(t).build().map_err(loader_error)?;
+            Output::Stacked(t, d) => {
+                let mut loader = builders.pixels(t, d).build().map_err(loader_error)?;
                 let rank = take_rank(&mut loader)?;
                 all_built()?;
                 let ds = Arc::clone(&dataset);
@@ -928,7 +932,8 @@ impl Loader {
     #[new]
     #[pyo3(signature = (
         data, batch_size, *, epochs = Int::from(1), seed = Int::from(0), drop_last = false,
-        transform = "train", image_size = Int::from(224), channels_first = false,
+        transform = "train", image_size = Int::from(224), decoding = "region",
+        channels_first = false,
         on_error = "fail", max_failures = None, decode = None, assign = "sampler", cache = None, budgets = None, launch = None,
         limits = None, **moved
     ))]
@@ -942,6 +947,7 @@ impl Loader {
         drop_last: bool,
         transform: &str,
         image_size: Int,
+        decoding: &str,
         channels_first: bool,
         on_error: &str,
         max_failures: Option<f64>,
@@ -976,7 +982,12 @@ impl Loader {
             decoded_max_side: cache.decoded_max_side,
             link_prices: cache.link_prices,
             disk: cache.disk,
-            output: params::output(transform, &image_size, decode.is_some())?,
+            output: params::output(
+                transform,
+                &image_size,
+                params::decoding(decoding)?,
+                decode.is_some(),
+            )?,
             drop_last,
             assign: params::assign(assign)?,
             errors: params::on_error_rule(on_error, max_failures)?,

@@ -1,6 +1,6 @@
 //! Python's keyword arguments as the Rust crates' settings, each refused with its name.
 
-use lobster_io::images::Transform;
+use lobster_io::images::{Decoding, Transform};
 use lobster_io::{CachePolicy, FailureBudget, OnError};
 use std::fmt::Display;
 use std::ops::RangeInclusive;
@@ -98,8 +98,9 @@ pub(crate) fn data(path: std::path::PathBuf) -> PyResult<String> {
 /// What the loader's workers make of a sample.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Output {
-    /// Decoded and transformed to `size` x `size`: one `[B, H, W, 3]` array a batch.
-    Stacked(Transform),
+    /// Decoded (as much as `Decoding` says) and transformed to `size` x `size`: one
+    /// `[B, H, W, 3]` array a batch.
+    Stacked(Transform, Decoding),
     /// Decoded at its own size: one `[H, W, 3]` array a sample.
     Decoded,
     /// The sample's bytes, for a Python decode callable in the iterating process.
@@ -110,7 +111,7 @@ impl Output {
     /// The side of a stacked batch's square images.
     pub(crate) fn side(self) -> Option<u32> {
         match self {
-            Output::Stacked(Transform::Train { size } | Transform::Eval { size }) => Some(size),
+            Output::Stacked(Transform::Train { size } | Transform::Eval { size }, _) => Some(size),
             _ => None,
         }
     }
@@ -118,19 +119,43 @@ impl Output {
     /// The configuration field ranks must agree on.
     pub(crate) fn name(self) -> String {
         match self {
-            Output::Stacked(Transform::Train { size }) => format!("train {size}"),
-            Output::Stacked(Transform::Eval { size }) => format!("eval {size}"),
-            Output::Stacked(Transform::None) | Output::Decoded => "none".into(),
+            Output::Stacked(Transform::Train { size }, d) => format!("train {size}{}", whole(d)),
+            Output::Stacked(Transform::Eval { size }, d) => format!("eval {size}{}", whole(d)),
+            Output::Stacked(Transform::None, _) | Output::Decoded => "none".into(),
             Output::Raw => "python".into(),
         }
     }
 }
 
-pub(crate) fn output(name: &str, size: &Int, python_decode: bool) -> PyResult<Output> {
+/// How a node's ranks name a decoding in what they agree on: nothing for the default.
+fn whole(d: Decoding) -> &'static str {
+    match d {
+        Decoding::Region => "",
+        Decoding::Whole => " whole",
+    }
+}
+
+/// `decoding`: "region" (only what the transform keeps) or "whole".
+pub(crate) fn decoding(name: &str) -> PyResult<Decoding> {
+    match name {
+        "region" => Ok(Decoding::Region),
+        "whole" => Ok(Decoding::Whole),
+        other => Err(PyValueError::new_err(format!(
+            "decoding = {other:?}: one of \"region\", \"whole\""
+        ))),
+    }
+}
+
+pub(crate) fn output(
+    name: &str,
+    size: &Int,
+    decoding: Decoding,
+    python_decode: bool,
+) -> PyResult<Output> {
     let size = int("image_size", size, 1..=IMAGE_SIZE_MAX)?;
     match (name, python_decode) {
-        ("train", false) => Ok(Output::Stacked(Transform::Train { size })),
-        ("eval", false) => Ok(Output::Stacked(Transform::Eval { size })),
+        ("train", false) => Ok(Output::Stacked(Transform::Train { size }, decoding)),
+        ("eval", false) => Ok(Output::Stacked(Transform::Eval { size }, decoding)),
         ("none", false) => Ok(Output::Decoded),
         ("none", true) => Ok(Output::Raw),
         (other @ ("train" | "eval"), true) => Err(PyValueError::new_err(format!(

@@ -349,9 +349,9 @@ def test_a_position_is_given_whole_or_not_at_all(tmp_path):
 def test_decoded_images_in_the_cache_give_the_same_batches(tmp_path):
     make_folder(tmp_path / "data", 40, 4, size=(48, 36))
 
-    def run(forms):
+    def run(forms, decoding="whole"):
         loader = lobster_io.Loader(
-            str(tmp_path / "data"), 8, epochs=3, seed=3, image_size=16,
+            str(tmp_path / "data"), 8, epochs=3, seed=3, image_size=16, decoding=decoding,
             cache=lobster_io.Cache(frac=1.0, forms=forms),
         )
         out = []
@@ -362,6 +362,7 @@ def test_decoded_images_in_the_cache_give_the_same_batches(tmp_path):
         loader.close()
         return out, m
 
+    # Decoding every image whole, the forms the cache keeps give the same bits.
     encoded, m_enc = run("encoded")
     for forms in ("decoded", "auto"):
         batches, m = run(forms)
@@ -381,8 +382,21 @@ def test_decoded_images_in_the_cache_give_the_same_batches(tmp_path):
             # A hit whose image was still being made decodes again, and says so.
             assert m["decoded_hits_served"] + m["decoded_again"] == m["hits_decoded"]
     assert m_enc["hits_decoded"] == 0 and m_enc["hits_encoded"] > 0
+    # Decoding only what the crop keeps (the default): the same every run, and within the
+    # region decode's tolerance (a mean of 2.5 a byte) of the whole decode whatever the
+    # cache keeps.
+    for forms in ("encoded", "decoded"):
+        first, _ = run(forms, "region")
+        second, _ = run(forms, "region")
+        for (e1, ids1, img1), (e2, ids2, img2), (_, ids0, img0) in zip(first, second, encoded):
+            assert (e1, ids1) == (e2, ids2) and ids1 == ids0
+            assert np.array_equal(img1, img2)
+            mean = np.abs(img1.astype(np.int16) - img0.astype(np.int16)).mean()
+            assert mean <= 2.5, (forms, e1, mean)
     with pytest.raises(ValueError, match="cache.forms"):
         lobster_io.Loader(str(tmp_path / "data"), 8, cache=lobster_io.Cache(forms="pixels"))
+    with pytest.raises(ValueError, match="decoding"):
+        lobster_io.Loader(str(tmp_path / "data"), 8, decoding="partial")
 
 
 def test_older_policy_spellings_name_the_same_policies(tmp_path):

@@ -298,8 +298,17 @@ impl<T: Send + 'static> LoaderBuilder<T> {
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let staged = pipeline::Staged {
-            decode: Arc::new(move |bytes: &[u8], meta: &SampleMeta| {
-                decode(bytes, meta).map_err(|e| Cause::from(e.into()))
+            decode: Arc::new(move |bytes: &[u8], meta: &SampleMeta, side: Option<u32>| {
+                let image = decode(bytes, meta).map_err(|e| Cause::from(e.into()))?;
+                match side {
+                    Some(side) => lobster_image::downscale((&image).into(), side).map_err(|e| {
+                        Cause::from(Box::<dyn std::error::Error + Send + Sync>::from(format!(
+                            "image {:?} brought down to {side} px: {e}",
+                            meta.key()
+                        )))
+                    }),
+                    None => Ok(image),
+                }
             }),
             finish: Arc::new(
                 move |image: lobster_image::ImageRef<'_>, meta: &SampleMeta, epoch: u32| {
@@ -461,7 +470,7 @@ fn bounded_decode<T: Send + 'static>(
             None => {
                 let stages = stages.clone();
                 Arc::new(move |bytes: &[u8], meta: &SampleMeta, epoch: u32| {
-                    let image = (stages.decode)(bytes, meta)?;
+                    let image = (stages.decode)(bytes, meta, None)?;
                     (stages.finish)((&image).into(), meta, epoch)
                 })
             }

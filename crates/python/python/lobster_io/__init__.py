@@ -53,9 +53,11 @@ class Cache:
     older spellings of "reuse" and "static").
     ``forms`` is what the lobster cache keeps of an image: "encoded" bytes, "decoded" pixels
     (a hit skips the decode; about 3 to 10 times the bytes) or "auto" (either, per image, by
-    the cost model; ``None``: auto for "train" and "eval", encoded otherwise). Batches are the
-    same bit for bit whatever it keeps, unless ``decoded_max_side`` (lossy, off by default)
-    brings the images it keeps down to that many pixels a side.
+    the cost model; ``None``: auto for "train" and "eval", encoded otherwise). With
+    ``Loader(decoding="whole")`` batches are the same bit for bit whatever it keeps; with
+    the default ``decoding="region"``, within the region decode's tolerance, and the same
+    every run. ``decoded_max_side`` (lossy, off by default) brings the images it keeps down
+    to that many pixels a side, decoded at the coarsest DCT scale that reaches it.
 
     ``storage_bytes_per_s`` and ``net_bytes_per_s`` (both or neither; ``None``: unpriced)
     are a node's storage and interconnect bandwidths, the same on every node of an MPI job.

@@ -20,8 +20,10 @@ use crate::pipeline::access::AccessLanding;
 use crate::pipeline::context::DecodeFn;
 use crate::pipeline::landing::DecodedImage;
 
-/// The first stage: a sample's bytes to its full-resolution image.
-pub(crate) type StageDecode = Arc<dyn Fn(&[u8], &SampleMeta) -> Result<Image, Cause> + Send + Sync>;
+/// The first stage: a sample's bytes to its full-resolution image, or with a side, to its
+/// image with the longer side brought down to it ([`lobster_image::downscaled_shape`]).
+pub(crate) type StageDecode =
+    Arc<dyn Fn(&[u8], &SampleMeta, Option<u32>) -> Result<Image, Cause> + Send + Sync>;
 /// The second: the image, the sample and the epoch (to seed augmentation) to the output.
 pub(crate) type StageFinish<T> =
     Arc<dyn for<'a> Fn(ImageRef<'a>, &SampleMeta, u32) -> Result<T, Cause> + Send + Sync>;
@@ -98,32 +100,21 @@ pub(crate) fn decode_in_stages<T>(
         return whole(bytes, meta, epoch);
     }
     let started = Instant::now();
-    let mut image = (staged.decode)(bytes, meta)?;
+    // A kept image brought down to a side is decoded at it (a DCT-scaled decode where the
+    // decoder has one), and so is the image a planned hit on it would have found: the same
+    // pixels either way, whatever the timing.
+    let side = as_kept.or(keep.as_ref().and_then(|k| k.max_side));
+    let image = (staged.decode)(bytes, meta, side)?;
     let decode = started.elapsed();
-    if let Some(side) = as_kept {
-        image = lobster_image::downscale((&image).into(), side).map_err(|e| {
-            Cause::from(Box::<dyn std::error::Error + Send + Sync>::from(format!(
-                "image {:?} brought down to {side} px: {e}",
-                meta.key()
-            )))
-        })?;
-    }
     let out = (staged.finish)((&image).into(), meta, epoch)?;
     if let Some(k) = keep {
-        // An image the resizer refuses is not kept: its hits decode (counted as such).
-        let image = match k.max_side {
-            Some(side) => lobster_image::downscale((&image).into(), side).ok(),
-            None => Some(image),
-        };
         // Larger than planned (a file rewritten in place since its header was kept): not
         // kept, so the cache stays within its budget; its hits decode again.
-        let image = image.filter(|i| i.pixels().len() as u64 <= u64::from(k.planned_bytes));
-        if let Some(image) = image {
-            if k.landing
+        if image.pixels().len() as u64 <= u64::from(k.planned_bytes)
+            && k.landing
                 .keep_decoded(DecodedImage::new(image, decode, k.arena))
-            {
-                counters.images_kept.fetch_add(1, Ordering::Relaxed);
-            }
+        {
+            counters.images_kept.fetch_add(1, Ordering::Relaxed);
         }
     }
     Ok(out)

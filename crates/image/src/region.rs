@@ -10,7 +10,7 @@ pub struct Region {
     pub height: u32,
 }
 
-/// What [`decode_region_into`] made: a `width` x `height` RGB image of the source's pixels
+/// What [`decode_region_into`](crate::decode_region_into) made: a `width` x `height` RGB image of the source's pixels
 /// from (`left`, `top`) on at 1/`scale` of its resolution, each output pixel standing for
 /// `scale` x `scale` source pixels (fewer at the image's right and bottom edges).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

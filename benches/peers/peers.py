@@ -387,7 +387,7 @@ def run_pillow(data, task, batch, threads, seed, expect):
 
 # SPDL: stage concurrency and the size of the pipeline's thread pool, per task, picked by
 # spdl_sweep.py on this 2-core machine (see the README); --spdl-conc / --spdl-pool override.
-SPDL_BEST = {"decode": {"conc": 2, "pool": 2}, "train": {"conc": 2, "pool": 2}}
+SPDL_BEST = {"decode": {"conc": 4, "pool": 2}, "train": {"conc": 2, "pool": 2}}
 SPDL_CFG = {}  # set by one() from --spdl-conc / --spdl-pool
 # Full-size RGB: SPDL's own filter helper, scale at the source size (w=0:h=0) with the
 # bilinear flag, which only sets how swscale upsamples the 4:2:0 chroma (measured fastest

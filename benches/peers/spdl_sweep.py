@@ -34,7 +34,8 @@ def main():
 
     peers = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers.py")
     workdir = os.environ.get("TMPDIR") or "/tmp"
-    settings = [(c, p) for p in map(int, args.pool.split(",")) for c in map(int, args.conc.split(","))]
+    concs = [int(x) for x in args.conc.split(",")]
+    settings = [(c, p) for p in (int(x) for x in args.pool.split(",")) for c in concs]
     runs = {}  # (task, conc, pool) -> list of pass dicts
     for r in range(args.rounds):
         order = settings[r % len(settings):] + settings[:r % len(settings)]

@@ -2,7 +2,7 @@
 """lobster_io against its peers on one ImageFolder of JPEGs.
 
     python benches/peers/peers.py --data DIR [--data DIR2 ...] [--passes 3] [--cold-passes N] [--batch 64]
-        [--modes cold,warm] [--tasks decode,train] [--loaders lobster,dataloader,dali,pillow]
+        [--modes cold,warm] [--tasks decode,train] [--loaders lobster,dataloader,dali,pillow,spdl]
         [--threads 2] [--limit N] [--json OUT]
 
 Every timed pass runs in a fresh subprocess of this interpreter (`--one`, internal). The
@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 
-LOADERS = ("lobster", "dataloader", "dali", "pillow")
+LOADERS = ("lobster", "dataloader", "dali", "pillow", "spdl")
 TASKS = ("decode", "train")
 MODES = ("cold", "warm")
 IMG_EXT = (".jpg", ".jpeg", ".png")
@@ -385,8 +385,116 @@ def run_pillow(data, task, batch, threads, seed, expect):
     return n, info, lambda: ex.shutdown(wait=True)
 
 
+# SPDL: stage concurrency and the size of the pipeline's thread pool, per task, picked by
+# spdl_sweep.py on this 2-core machine, warm, 400 photos (see the README); --spdl-conc /
+# --spdl-pool override.
+SPDL_BEST = {"decode": {"conc": 4, "pool": 2}, "train": {"conc": 8, "pool": 2}}
+SPDL_CFG = {}  # set by one() from --spdl-conc / --spdl-pool
+# Full-size RGB: SPDL's own filter helper, scale at the source size (w=0:h=0) with the
+# bilinear flag, which only sets how swscale upsamples the 4:2:0 chroma: about 0.3 ms an
+# image cheaper than the default (bicubic), within 0.1 ms of the cheapest flags tried.
+SPDL_SCALE_ALGO = "bilinear"
+
+
+def spdl_config(task):
+    cfg = dict(SPDL_BEST[task])
+    cfg.update({k: v for k, v in SPDL_CFG.items() if v})
+    return cfg
+
+
+def spdl_train_filter(w, h, rng):
+    """FFmpeg filter graph for one image: torchvision's crop box (drawn here with
+    rrc_params), scale to 224 x 224 (bilinear), a horizontal flip at p = 0.5, rgb24."""
+    import spdl.io
+
+    left, top, cw, ch = rrc_params(w, h, rng)
+    parts = ["crop=w=%d:h=%d:x=%d:y=%d:exact=1" % (cw, ch, left, top),
+             "scale=w=%d:h=%d:flags=%s" % (CROP, CROP, SPDL_SCALE_ALGO)]
+    if rng.random() < 0.5:
+        parts.append("hflip")
+    return spdl.io.get_video_filter_desc(pix_fmt="rgb24", filter_desc=",".join(parts))
+
+
+def run_spdl(data, task, batch, threads, seed, expect):
+    """Meta's SPDL: a PipelineBuilder over the shuffled file list. decode: load_image per
+    image (demux, decode, rgb24) into one [H, W, 3] array, batches are lists. train: demux
+    (which gives the size), crop box drawn in Python, then decode + crop + scale + flip in
+    FFmpeg's filter graph, and a collate stage (convert_frames) to one [B, 224, 224, 3]
+    uint8 array. `threads` is not used: SPDL's own concurrency is SPDL_BEST / SPDL_CFG."""
+    import spdl.io
+    import spdl.io.utils
+    from spdl.pipeline import PipelineBuilder
+
+    # swscale warns per image about the JPEG's full-range pixel format; printing that
+    # is not decoding.
+    spdl.io.utils.set_ffmpeg_log_level(16)
+    cfg = spdl_config(task)
+    t0 = time.perf_counter()
+    files = list_images(data)
+    random.Random(seed).shuffle(files)
+    items = [(k, p) for k, (p, _) in enumerate(files)]
+
+    if task == "decode":
+        full_rgb = spdl.io.get_video_filter_desc(
+            scale_width=0, scale_height=0, scale_algo=SPDL_SCALE_ALGO, scale_mode=None,
+            pix_fmt="rgb24")
+
+        def load(item):
+            k, path = item
+            return k, spdl.io.to_numpy(spdl.io.load_image(path, filter_desc=full_rgb))
+
+        def collate(xs):
+            return [k for k, _ in xs], [a for _, a in xs]
+    else:
+        def load(item):
+            k, path = item
+            packets = spdl.io.demux_image(path)
+            codec = packets.codec
+            # the same per-image seed as the Pillow pool (its batch k // B, row k % B)
+            rng = random.Random(seed * 1000003 + k)
+            fd = spdl_train_filter(codec.width, codec.height, rng)
+            return k, spdl.io.decode_packets(packets, filter_desc=fd)
+
+        def collate(xs):
+            return [k for k, _ in xs], spdl.io.to_numpy(
+                spdl.io.convert_frames([f for _, f in xs]))
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(items)
+        .pipe(load, concurrency=cfg["conc"])
+        .aggregate(batch)
+        .pipe(collate)
+        .add_sink(4)
+        # no per-task statistics hooks: timing every task is not loading
+        .build(num_threads=cfg["pool"], task_hook_factory=lambda _: [])
+    )
+    pipeline.start()
+    info = {"setup_s": time.perf_counter() - t0, "spdl": cfg}
+    n = 0
+    touch = 0
+    seen = bytearray(len(items))
+    for ks, ims in pipeline.get_iterator():
+        if n == 0:
+            info["first_batch_s"] = time.perf_counter() - t0
+        for k in ks:
+            if seen[k]:
+                raise RuntimeError("spdl delivered image %d twice" % k)
+            seen[k] = 1
+        if task == "decode":
+            for a in ims:
+                touch += a.shape[0] + a.shape[1] + a.shape[2]
+            n += len(ims)
+        else:
+            assert ims.shape == (len(ks), CROP, CROP, 3) and ims.dtype.name == "uint8"
+            touch += ims.shape[0]
+            n += ims.shape[0]
+    info["touch"] = touch
+    return n, info, pipeline.stop
+
+
 RUNNERS = {"lobster": run_lobster, "dataloader": run_dataloader, "dali": run_dali,
-           "pillow": run_pillow}
+           "pillow": run_pillow, "spdl": run_spdl}
 
 
 def self_cpu():
@@ -400,6 +508,7 @@ def self_cpu():
 def one(args):
     """The `--one` subprocess: warm up, READY, wait for GO, one timed pass, DONE."""
     run = RUNNERS[args.loader]
+    SPDL_CFG.update({"conc": args.spdl_conc, "pool": args.spdl_pool})
     # Warm-up on the small generated folder: maps the code paths, not the data.
     n, _, close = run(args.warmup, args.task, 8, args.threads, 99, None)
     close()
@@ -447,6 +556,15 @@ def versions_child():
             v[name] = getattr(m, "__version__", "?")
         except Exception as e:  # noqa: BLE001
             v[name] = "missing (%s)" % type(e).__name__
+    try:
+        import spdl
+        import spdl.io.utils
+
+        v["spdl"] = getattr(spdl, "__version__", None) or md.version("spdl")
+        av = spdl.io.utils.get_ffmpeg_versions()
+        v["spdl_ffmpeg"] = {k: ".".join(map(str, x)) for k, x in sorted(av.items())}
+    except Exception as e:  # noqa: BLE001
+        v["spdl"] = "missing (%s)" % type(e).__name__
     try:
         from PIL import features
 
@@ -508,6 +626,10 @@ def run_pass(args, data, loader, task, mode, seed, expect, env):
            "--task", task, "--data", data, "--batch", str(args.batch), "--threads",
            str(args.threads), "--seed", str(seed), "--expect", str(expect),
            "--warmup", args.warmup]
+    if loader == "spdl":
+        for opt, val in (("--spdl-conc", args.spdl_conc), ("--spdl-pool", args.spdl_pool)):
+            if val:
+                cmd += [opt, str(val)]
     p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                          env=env)
     msgs = {}
@@ -564,6 +686,7 @@ def run_pass(args, data, loader, task, mode, seed, expect, env):
         "parent_go_exit_s": t_exit - t_go, "foreign_cores": foreign,
         "loadavg_start": la0, "loadavg_end": la1,
         **({"reader_epoch_size": d["reader_epoch_size"]} if "reader_epoch_size" in d else {}),
+        **({"spdl": d["spdl"]} if "spdl" in d else {}),
     }
 
 
@@ -604,6 +727,10 @@ def main():
     ap.add_argument("--repeats", type=int, default=2, help="at most this many repeats a cell")
     ap.add_argument("--settle-below", type=float, default=1.0)
     ap.add_argument("--settle-max", type=float, default=60.0)
+    ap.add_argument("--spdl-conc", type=int, default=None,
+                    help="spdl: concurrency of its decode stage (default: per task, SPDL_BEST)")
+    ap.add_argument("--spdl-pool", type=int, default=None,
+                    help="spdl: threads of its pipeline's pool (default: per task, SPDL_BEST)")
     # internal
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--versions", action="store_true", help=argparse.SUPPRESS)

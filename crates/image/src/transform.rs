@@ -132,15 +132,8 @@ impl Transformer {
             self.apply(image, key, out)?;
             return Ok((ow, oh));
         };
-        let scale = coarsest_scale(crop, size);
-        let window = decode_region_into(
-            bytes,
-            pixels_max,
-            reach(crop, size, scale, (width, height)),
-            scale,
-            scratch,
-            0,
-        )?;
+        let (region, scale) = region_and_scale(crop, size, (width, height));
+        let window = decode_region_into(bytes, pixels_max, region, scale, scratch, 0)?;
         let part = ImageRef::new(window.width, window.height, scratch)?;
         let s = f64::from(window.scale);
         let (wl, wt) = (f64::from(window.left), f64::from(window.top));
@@ -156,6 +149,19 @@ impl Transformer {
         out.resize(size as usize * size as usize * 3, 0);
         self.resize(part, (size, crop, flip), out)?;
         Ok((size, size))
+    }
+
+    /// What [`Transformer::decode_apply`] decodes of a `width` x `height` image for the
+    /// sample `key`: the region and the DCT scale; `None` where it decodes the whole image
+    /// ([`Transform::None`]).
+    pub fn decode_plan(
+        &self,
+        width: u32,
+        height: u32,
+        key: (u64, u32, u32),
+    ) -> Option<(Region, u32)> {
+        let (size, crop, _) = self.plan(width, height, key)?;
+        Some(region_and_scale(crop, size, (width, height)))
     }
 
     /// The output side, the source box kept and whether to flip, for a `width` x `height`
@@ -202,6 +208,12 @@ impl Transformer {
         }
         Ok(())
     }
+}
+
+/// The part of a `width` x `height` image to decode for `crop` at `size`, and the scale.
+fn region_and_scale(crop: CropBox, size: u32, (width, height): (u32, u32)) -> (Region, u32) {
+    let scale = coarsest_scale(crop, size);
+    (reach(crop, size, scale, (width, height)), scale)
 }
 
 /// The coarsest of [`SCALES`] at which `crop` still spans `size` pixels each way.

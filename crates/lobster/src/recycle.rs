@@ -42,24 +42,25 @@ impl Recycler {
     /// is cleared again to grow.
     pub fn take(&self, len: usize) -> Vec<u8> {
         let mut kept = self.kept();
-        let fits = |v: &Vec<u8>| v.len() >= len;
-        let best = kept
-            .buffers
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, v)| {
-                (
-                    !fits(v),
-                    if fits(v) {
-                        v.len()
-                    } else {
-                        usize::MAX - v.len()
-                    },
-                )
-            })
-            .map(|(i, _)| i);
+        // Lower is better: the length past `len` of a buffer long enough, else how much
+        // shorter it is, after every buffer long enough. An exact fit ends the search (the
+        // common case: a transform's outputs all have one size).
+        let cost = |v: &Vec<u8>| match v.len().checked_sub(len) {
+            Some(past) => (false, past),
+            None => (true, len - v.len()),
+        };
+        let mut best: Option<(usize, (bool, usize))> = None;
+        for (i, v) in kept.buffers.iter().enumerate().rev() {
+            let c = cost(v);
+            if best.is_none_or(|(_, b)| c < b) {
+                best = Some((i, c));
+                if c == (false, 0) {
+                    break;
+                }
+            }
+        }
         match best {
-            Some(i) => {
+            Some((i, _)) => {
                 let v = kept.buffers.swap_remove(i);
                 kept.bytes -= v.capacity();
                 v

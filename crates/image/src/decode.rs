@@ -247,6 +247,9 @@ pub fn decode_region_into(
     if region.width == 0 || region.height == 0 {
         return Err(bad("an empty region"));
     }
+    if let Some(window) = crate::jpeg::decode_region(bytes, pixels_max, region, scale, out, at)? {
+        return Ok(window);
+    }
     let (width, height) = decode_into(bytes, pixels_max, out, at)?;
     let inside = u64::from(region.left) + u64::from(region.width) <= u64::from(width)
         && u64::from(region.top) + u64::from(region.height) <= u64::from(height);

@@ -19,13 +19,14 @@
 //! assert_eq!((batch.images().len(), batch.labels()), (2 * 3 * 3 * 3, &[1, 0][..]));
 //! ```
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 #[cfg(any(test, fuzzing))]
 mod check;
 mod collate;
 mod decode;
 mod error;
+mod jpeg;
 mod region;
 mod transform;
 
@@ -45,4 +46,13 @@ pub use transform::{decode_downscaled, downscale, downscaled_shape, Transform, T
 #[cfg(fuzzing)]
 pub fn fuzz_check_header(data: &[u8]) {
     check::check_bytes(data);
+}
+
+/// Checker run by the JPEG region fuzz target: arbitrary bytes (or a baseline fixture with
+/// arbitrary edits), a region and a scale through the region decoder; panics if it panics,
+/// if its output is not the size of the window it returns, if the window does not hold the
+/// region, or if the window's pixels differ from the whole image decoded at that scale.
+#[cfg(fuzzing)]
+pub fn fuzz_check_jpeg_region(data: &[u8]) {
+    jpeg::check::check_region(data);
 }

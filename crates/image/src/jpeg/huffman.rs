@@ -1,0 +1,388 @@
+//! Huffman tables and the entropy-coded bit reader of a baseline scan.
+
+/// Bits looked up at once: codes up to this long decode with one table read.
+const FAST_BITS: u32 = 9;
+const FAST_SIZE: usize = 1 << FAST_BITS;
+
+/// The JPEG zigzag order: coefficient k of a scan is natural index `ZIGZAG[k]`. Past 63
+/// (a corrupt run) lands on a spare slot the inverse DCT never reads.
+pub(super) const ZIGZAG: [u8; 80] = {
+    let order: [u8; 64] = [
+        0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34, 27,
+        20, 13, 6, 7, 14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51,
+        58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63,
+    ];
+    let mut all = [64u8; 80];
+    let mut i = 0;
+    while i < 64 {
+        all[i] = order[i];
+        i += 1;
+    }
+    all
+};
+
+/// One Huffman table, built in place from a DHT segment.
+#[derive(Clone)]
+pub(super) struct Table {
+    /// By the next 9 bits: code length << 8 | symbol, or 0 for a longer code.
+    fast: [u16; FAST_SIZE],
+    /// By the next 9 bits, for AC tables: a whole (run, size, value) when the code and its
+    /// value fit in 9 bits: value << 16 | run << 8 | bits used; 0 otherwise.
+    ac: [i32; FAST_SIZE],
+    /// The largest code of each length (index 1..=16), -1 if none.
+    max_code: [i32; 18],
+    /// Symbol index minus code, by length.
+    offset: [i32; 17],
+    symbols: [u8; 256],
+    pub(super) defined: bool,
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Table {
+            fast: [0; FAST_SIZE],
+            ac: [0; FAST_SIZE],
+            max_code: [-1; 18],
+            offset: [0; 17],
+            symbols: [0; 256],
+            defined: false,
+        }
+    }
+}
+
+impl Table {
+    /// Builds the table from the 16 counts of codes by length and the symbols.
+    pub(super) fn build(&mut self, counts: &[u8; 16], symbols: &[u8]) -> Result<(), String> {
+        let total: usize = counts.iter().map(|&c| usize::from(c)).sum();
+        if total > 256 || total != symbols.len() {
+            return Err(format!("a Huffman table of {total} codes"));
+        }
+        self.symbols[..total].copy_from_slice(symbols);
+        self.fast.fill(0);
+        self.ac.fill(0);
+        let mut code: i32 = 0;
+        let mut k: i32 = 0;
+        for len in 1..=16usize {
+            let n = i32::from(counts[len - 1]);
+            self.offset[len] = k - code;
+            if n > 0 {
+                for _ in 0..n {
+                    if len as u32 <= FAST_BITS {
+                        let shift = FAST_BITS - len as u32;
+                        let start = (code as usize) << shift;
+                        let entry = (len as u16) << 8 | u16::from(self.symbols[k as usize]);
+                        self.fast[start..start + (1 << shift)].fill(entry);
+                    }
+                    code += 1;
+                    k += 1;
+                }
+                self.max_code[len] = code - 1;
+            } else {
+                self.max_code[len] = -1;
+            }
+            if code > (1 << len) {
+                return Err(format!("an overfull Huffman table at length {len}"));
+            }
+            code <<= 1;
+        }
+        self.max_code[17] = i32::MAX;
+        for (i, &entry) in self.fast.iter().enumerate() {
+            if entry == 0 {
+                continue;
+            }
+            let len = u32::from(entry >> 8);
+            let symbol = entry & 0xFF;
+            let (run, size) = (u32::from(symbol >> 4), u32::from(symbol & 15));
+            if size == 0 || len + size > FAST_BITS {
+                continue;
+            }
+            let bits = ((i as u32) >> (FAST_BITS - len - size)) & ((1 << size) - 1);
+            let value = extend(bits, size);
+            self.ac[i] = value << 16 | (run << 8 | (len + size)) as i32;
+        }
+        self.defined = true;
+        Ok(())
+    }
+}
+
+/// The signed value of `size` bits as the JPEG's magnitude categories code it.
+#[inline(always)]
+fn extend(bits: u32, size: u32) -> i32 {
+    if size == 0 {
+        0
+    } else if bits < 1 << (size - 1) {
+        bits as i32 - (1 << size) + 1
+    } else {
+        bits as i32
+    }
+}
+
+/// Reads the entropy-coded bytes of a scan, most significant bit first, unstuffing 0xFF00.
+/// A marker (or the end of the bytes) stops the reading: zeros are fed past it, counted, so
+/// that a scan reading past its data is told apart from one that ends where it should.
+pub(super) struct Bits<'a> {
+    data: &'a [u8],
+    pos: usize,
+    /// The bits, first at the top; `count` of them valid.
+    acc: u64,
+    count: u32,
+    /// Zero bits fed past a marker since the last restart.
+    fed_bits: u32,
+}
+
+impl<'a> Bits<'a> {
+    pub(super) fn new(data: &'a [u8], pos: usize) -> Self {
+        Bits {
+            data,
+            pos,
+            acc: 0,
+            count: 0,
+            fed_bits: 0,
+        }
+    }
+
+    /// Where the next unread byte is.
+    pub(super) fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Whether more bits were taken than the scan's data held before a marker.
+    pub(super) fn overran(&self) -> bool {
+        self.fed_bits > self.count
+    }
+
+    #[inline(always)]
+    fn refill(&mut self) {
+        // Fast: four bytes with no 0xFF among them go in at once.
+        if self.count <= 32 {
+            if let Some(chunk) = self.data.get(self.pos..self.pos + 4) {
+                if !chunk.contains(&0xFF) {
+                    let word = u32::from_be_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+                    self.acc |= u64::from(word) << (32 - self.count);
+                    self.count += 32;
+                    self.pos += 4;
+                }
+            }
+        }
+        while self.count <= 56 {
+            self.refill_byte();
+        }
+    }
+
+    #[inline(always)]
+    fn refill_byte(&mut self) {
+        let byte = match self.data.get(self.pos) {
+            Some(&0xFF) if self.data.get(self.pos + 1) == Some(&0) => {
+                self.pos += 2;
+                0xFF
+            }
+            Some(&b) if b != 0xFF => {
+                self.pos += 1;
+                b
+            }
+            // A marker, or the end: zeros, counted.
+            _ => {
+                self.fed_bits += 8;
+                0
+            }
+        };
+        self.acc |= u64::from(byte) << (56 - self.count);
+        self.count += 8;
+    }
+
+    #[inline(always)]
+    fn peek(&self, bits: u32) -> u32 {
+        (self.acc >> (64 - bits)) as u32
+    }
+
+    #[inline(always)]
+    fn consume(&mut self, bits: u32) {
+        self.acc <<= bits;
+        self.count -= bits;
+    }
+
+    /// One symbol of `table`.
+    #[inline(always)]
+    fn symbol(&mut self, table: &Table) -> Result<u8, String> {
+        let entry = table.fast[self.peek(FAST_BITS) as usize];
+        if entry != 0 {
+            self.consume(u32::from(entry >> 8));
+            return Ok(entry as u8);
+        }
+        self.symbol_long(table)
+    }
+
+    #[cold]
+    fn symbol_long(&mut self, table: &Table) -> Result<u8, String> {
+        let bits = self.peek(16) as i32;
+        for len in FAST_BITS as usize + 1..=16 {
+            let code = bits >> (16 - len);
+            if code <= table.max_code[len] {
+                self.consume(len as u32);
+                let at = (code + table.offset[len]) as usize & 0xFF;
+                return Ok(table.symbols[at]);
+            }
+        }
+        Err(format!(
+            "a Huffman code not in its table (before byte {})",
+            self.pos
+        ))
+    }
+
+    /// `size` bits as a signed value (size <= 16).
+    #[inline(always)]
+    fn value(&mut self, size: u32) -> i32 {
+        if size == 0 {
+            return 0;
+        }
+        let bits = self.peek(size);
+        self.consume(size);
+        extend(bits, size)
+    }
+
+    /// Decodes one block's coefficients, dequantized by `quant` (zigzag order), into
+    /// `coefs` (natural order, all zero on entry); `dc` is the component's predictor.
+    /// Returns the zigzag index past the last coefficient written (1 = DC alone).
+    #[inline(always)]
+    pub(super) fn block(
+        &mut self,
+        dc_table: &Table,
+        ac_table: &Table,
+        quant: &[i32; 64],
+        dc: &mut i32,
+        coefs: &mut [i32; 80],
+    ) -> Result<usize, String> {
+        self.refill();
+        let size = u32::from(self.symbol(dc_table)?);
+        if size > 11 {
+            return Err(format!(
+                "a DC difference of {size} bits (before byte {})",
+                self.pos
+            ));
+        }
+        *dc = dc.wrapping_add(self.value(size));
+        // A corrupt DC may grow without bound: kept within what 16 bits hold, as libjpeg's.
+        *dc = i32::from(*dc as i16);
+        coefs[0] = dc.wrapping_mul(quant[0]);
+        let mut k = 1usize;
+        let mut last = 1usize;
+        while k < 64 {
+            if self.count < 32 {
+                self.refill();
+            }
+            let fast = ac_table.ac[self.peek(FAST_BITS) as usize];
+            if fast != 0 {
+                self.consume((fast & 0xFF) as u32);
+                k += ((fast >> 8) & 15) as usize;
+                let at = ZIGZAG[k.min(79)] as usize;
+                coefs[at] = (fast >> 16).wrapping_mul(quant[k & 63]);
+                k += 1;
+                last = k;
+                continue;
+            }
+            let symbol = self.symbol(ac_table)?;
+            let (run, size) = (usize::from(symbol >> 4), u32::from(symbol & 15));
+            if size == 0 {
+                if run == 15 {
+                    k += 16;
+                    continue;
+                }
+                break;
+            }
+            k += run;
+            let value = self.value(size);
+            let at = ZIGZAG[k.min(79)] as usize;
+            coefs[at] = value.wrapping_mul(quant[k & 63]);
+            k += 1;
+            last = k;
+        }
+        if k > 64 {
+            return Err(format!(
+                "a block of more than 64 coefficients (before byte {})",
+                self.pos
+            ));
+        }
+        Ok(last)
+    }
+
+    /// Decodes one block and drops it, keeping only the DC predictor.
+    #[inline(always)]
+    pub(super) fn skip_block(
+        &mut self,
+        dc_table: &Table,
+        ac_table: &Table,
+        dc: &mut i32,
+    ) -> Result<(), String> {
+        self.refill();
+        let size = u32::from(self.symbol(dc_table)?);
+        if size > 11 {
+            return Err(format!(
+                "a DC difference of {size} bits (before byte {})",
+                self.pos
+            ));
+        }
+        *dc = i32::from(dc.wrapping_add(self.value(size)) as i16);
+        let mut k = 1usize;
+        while k < 64 {
+            if self.count < 32 {
+                self.refill();
+            }
+            let fast = ac_table.ac[self.peek(FAST_BITS) as usize];
+            if fast != 0 {
+                self.consume((fast & 0xFF) as u32);
+                k += ((fast >> 8) & 15) as usize + 1;
+                continue;
+            }
+            let symbol = self.symbol(ac_table)?;
+            let (run, size) = (usize::from(symbol >> 4), u32::from(symbol & 15));
+            if size == 0 {
+                if run == 15 {
+                    k += 16;
+                    continue;
+                }
+                break;
+            }
+            self.consume(size);
+            k += run + 1;
+        }
+        if k > 64 {
+            return Err(format!(
+                "a block of more than 64 coefficients (before byte {})",
+                self.pos
+            ));
+        }
+        Ok(())
+    }
+
+    /// At a restart boundary: drops the bits left, finds the marker RSTn expected next
+    /// (after any fill bytes), and reads on after it.
+    pub(super) fn restart(&mut self, expected: u8) -> Result<(), String> {
+        self.acc = 0;
+        self.count = 0;
+        self.fed_bits = 0;
+        self.pos = next_marker(self.data, self.pos)
+            .ok_or_else(|| format!("no RST{expected} marker after byte {}", self.pos))?;
+        let marker = self.data[self.pos + 1];
+        if marker != 0xD0 + expected {
+            return Err(format!(
+                "marker {marker:02X} at byte {} where RST{expected} was expected",
+                self.pos
+            ));
+        }
+        self.pos += 2;
+        Ok(())
+    }
+}
+
+/// The offset of the next marker (0xFF then neither 0x00 nor 0xFF) from `pos` on, its
+/// 0xFF's.
+pub(super) fn next_marker(data: &[u8], mut pos: usize) -> Option<usize> {
+    loop {
+        let at = pos + data.get(pos..)?.iter().position(|&b| b == 0xFF)?;
+        match *data.get(at + 1)? {
+            0x00 => pos = at + 2,
+            0xFF => pos = at + 1,
+            _ => return Some(at),
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! Inverse DCTs of one block to 8, 4, 2 or 1 samples a side.
+//!
+//! The 8-point one is the Loeffler-Ligtenberg-Moschytz factorisation libjpeg's "islow"
+//! uses, in 12-bit fixed point with two extra bits kept between the passes. Both passes
+//! run on eight lanes at once (rows of lanes, transposed between passes) so that the
+//! compiler vectorises them. A scaled block of N samples a side holds each the
+//! mean of the 8/N x 8/N source samples it stands for, taken in the transform. Arithmetic wraps:
+//! a corrupt block gives wrong pixels, never a panic.
+
+use std::num::Wrapping as W;
+
+type Lanes = [[W<i32>; 8]; 8];
+
+/// Pass 2's rounding and the +128 level shift, at its scale (2^17). The rounding carries
+/// pass 1's (512) too, as zune-jpeg's does: the same bytes where it matters most.
+const PASS2_BIAS: i32 = 512 + (1 << 16) + (128 << 17);
+
+#[inline(always)]
+fn pass(v: &Lanes, bias: i32, shift: usize) -> Lanes {
+    let mut o = [[W(0); 8]; 8];
+    let (c, b) = (W, W(bias));
+    for l in 0..8 {
+        let (s0, s1, s2, s3) = (v[0][l], v[1][l], v[2][l], v[3][l]);
+        let (s4, s5, s6, s7) = (v[4][l], v[5][l], v[6][l], v[7][l]);
+        // Even part.
+        let p1 = (s2 + s6) * c(2217);
+        let t2 = p1 + s6 * c(-7567);
+        let t3 = p1 + s2 * c(3135);
+        let t0 = (s0 + s4) << 12;
+        let t1 = (s0 - s4) << 12;
+        let (x0, x3) = (t0 + t3 + b, t0 - t3 + b);
+        let (x1, x2) = (t1 + t2 + b, t1 - t2 + b);
+        // Odd part.
+        let (z1, z2, z3, z4) = (s7 + s1, s5 + s3, s7 + s3, s5 + s1);
+        let z5 = (z3 + z4) * c(4816);
+        let (z1, z2) = (z1 * c(-3685), z2 * c(-10497));
+        let (z3, z4) = (z3 * c(-8034) + z5, z4 * c(-1597) + z5);
+        let a0 = s7 * c(1223) + z1 + z3;
+        let a1 = s5 * c(8410) + z2 + z4;
+        let a2 = s3 * c(12586) + z2 + z3;
+        let a3 = s1 * c(6149) + z1 + z4;
+        o[0][l] = (x0 + a3) >> shift;
+        o[7][l] = (x0 - a3) >> shift;
+        o[1][l] = (x1 + a2) >> shift;
+        o[6][l] = (x1 - a2) >> shift;
+        o[2][l] = (x2 + a1) >> shift;
+        o[5][l] = (x2 - a1) >> shift;
+        o[3][l] = (x3 + a0) >> shift;
+        o[4][l] = (x3 - a0) >> shift;
+    }
+    o
+}
+
+#[inline(always)]
+fn transpose(v: &Lanes) -> Lanes {
+    let mut o = [[W(0); 8]; 8];
+    for (i, row) in v.iter().enumerate() {
+        for (j, &x) in row.iter().enumerate() {
+            o[j][i] = x;
+        }
+    }
+    o
+}
+
+#[inline(always)]
+fn pixel(x: W<i32>) -> u8 {
+    x.0.clamp(0, 255) as u8
+}
+
+/// 8 x 8 samples of `coefs` (natural order, dequantized) into `out`, rows `stride` apart.
+#[inline(always)]
+pub(super) fn idct8(coefs: &[i32; 80], out: &mut [u8], stride: usize) {
+    let mut v = [[W(0); 8]; 8];
+    for (r, row) in v.iter_mut().enumerate() {
+        for (x, c) in row.iter_mut().zip(&coefs[r * 8..r * 8 + 8]) {
+            *x = W(*c);
+        }
+    }
+    let columns = pass(&v, 512, 10);
+    let rows = pass(&transpose(&columns), PASS2_BIAS, 17);
+    // rows[x][y]: sample x of row y.
+    for y in 0..8 {
+        let line = &mut out[y * stride..y * stride + 8];
+        for (x, p) in line.iter_mut().enumerate() {
+            *p = pixel(rows[x][y]);
+        }
+    }
+}
+
+/// The kernels at 2^12, by output samples a side: output sample y of a block at 1/s is the
+/// mean of source samples s*y .. s*y+s-1 of the 8-point inverse DCT, so `K[y][u]` is
+/// C(u)/2 times the mean of cos((2x+1) u pi / 16) over those x, C(0) = 1/sqrt 2 (at 1/1,
+/// the plain inverse DCT; at 1/8, the DC alone). Exact but for rounding and clamping, where
+/// libjpeg's N-point scaled transforms drop the frequencies above N and sample the series
+/// at each box's centre: closer to what a resizer makes of a full decode.
+const K8: [[i32; 8]; 8] = [
+    [1448, 2009, 1892, 1703, 1448, 1138, 784, 400],
+    [1448, 1703, 784, -400, -1448, -2009, -1892, -1138],
+    [1448, 1138, -784, -2009, -1448, 400, 1892, 1703],
+    [1448, 400, -1892, -1138, 1448, 1703, -784, -2009],
+    [1448, -400, -1892, 1138, 1448, -1703, -784, 2009],
+    [1448, -1138, -784, 2009, -1448, -400, 1892, -1703],
+    [1448, -1703, 784, 400, -1448, 2009, -1892, 1138],
+    [1448, -2009, 1892, -1703, 1448, -1138, 784, -400],
+];
+const K4: [[i32; 8]; 4] = [
+    [1448, 1856, 1338, 652, 0, -435, -554, -369],
+    [1448, 769, -1338, -1573, 0, 1051, 554, -153],
+    [1448, -769, -1338, 1573, 0, -1051, 554, 153],
+    [1448, -1856, 1338, -652, 0, 435, -554, 369],
+];
+const K2: [[i32; 8]; 2] = [
+    [1448, 1312, 0, -461, 0, 308, 0, -261],
+    [1448, -1312, 0, 461, 0, -308, 0, 261],
+];
+const K1: [[i32; 8]; 1] = [[1448, 0, 0, 0, 0, 0, 0, 0]];
+
+fn kernel(side: usize) -> &'static [[i32; 8]] {
+    match side {
+        8 => &K8,
+        4 => &K4,
+        2 => &K2,
+        _ => &K1,
+    }
+}
+
+/// `across` x `down` samples, each the mean of a box of the full transform, by the
+/// kernels' matrix products (the scaled and the unevenly scaled blocks).
+#[inline(always)]
+fn idct_box(coefs: &[i32; 80], across: usize, down: usize, out: &mut [u8], stride: usize) {
+    let (kx, ky) = (kernel(across), kernel(down));
+    // Pass 1, down the columns: tmp[y][u], at 2^2.
+    let mut tmp = [[W(0i32); 8]; 8];
+    for (row, k) in tmp.iter_mut().zip(ky) {
+        for (u, t) in row.iter_mut().enumerate() {
+            let mut sum = W(512);
+            for (v, k) in k.iter().enumerate() {
+                sum += W(coefs[v * 8 + u]) * W(*k);
+            }
+            *t = sum >> 10;
+        }
+    }
+    // Pass 2, along the rows.
+    for (y, row) in tmp.iter().take(ky.len()).enumerate() {
+        for (x, k) in kx.iter().enumerate() {
+            let mut sum = W((1 << 13) + (128 << 14));
+            for (t, k) in row.iter().zip(k) {
+                sum += *t * W(*k);
+            }
+            out[y * stride + x] = pixel(sum >> 14);
+        }
+    }
+}
+
+/// A block's `across` x `down` samples (8, 4, 2 or 1 each way) into `out`, rows `stride`
+/// apart; `dc_only` when every AC coefficient is zero.
+#[inline(always)]
+pub(super) fn idct(
+    coefs: &[i32; 80],
+    dc_only: bool,
+    across: usize,
+    down: usize,
+    out: &mut [u8],
+    stride: usize,
+) {
+    if dc_only || across * down == 1 {
+        let v = pixel(W((coefs[0].wrapping_add(4 + 1024)) >> 3));
+        for y in 0..down {
+            out[y * stride..y * stride + across].fill(v);
+        }
+        return;
+    }
+    if across == 8 && down == 8 {
+        idct8(coefs, out, stride);
+    } else {
+        idct_box(coefs, across, down, out, stride);
+    }
+}

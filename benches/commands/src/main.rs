@@ -2,10 +2,11 @@
 //! `lobster` command. They run the CLI's own main-job code (`lobster_cli::run`), so what
 //! they measure is what `lobster run` runs.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 use clap::{Parser, Subcommand};
 
+mod decoders;
 mod image_bench;
 mod plan_bench;
 mod read_bench;
@@ -34,6 +35,9 @@ enum Command {
     /// Decode alone against decode + transform + collate, per image, on a dataset's files
     /// held in memory.
     ImageBench(image_bench::ImageBenchArgs),
+    /// CPU per image of the JPEG decode paths on one thread: zune-jpeg's whole decode, the
+    /// region decoder at 1/1, 1/2 and 1/4, and training crops by region against whole.
+    Decoders(decoders::DecodersArgs),
     /// What planning remote hits costs a node at start-up: every peer's cache plan
     /// replayed (default: ImageNet-22k on 64 nodes with a 10% cache), or with `--plan
     /// cluster` the job's cluster plan and its storage reads against the floor (`--sweep`:
@@ -53,6 +57,7 @@ fn main() -> anyhow::Result<()> {
         Command::ReadBench(args) => read_bench::run(&args),
         Command::Soak(args) => soak::run(&args),
         Command::ImageBench(args) => image_bench::run(&args),
+        Command::Decoders(args) => decoders::run(&args),
         Command::PlanBench(args) => plan_bench::run(&args),
         Command::S3Proxy(args) => s3_proxy::run(&args),
         Command::S3Server(args) => s3_server::run(&args),

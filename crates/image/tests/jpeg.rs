@@ -442,6 +442,23 @@ fn corrupt_scans_and_headers_are_named() {
     let e = decode_region_into(&undefined, 1 << 26, region, 1, &mut out, 0).unwrap_err();
     assert!(e.to_string().contains("Huffman table not defined"), "{e}");
     assert!(e.to_string().contains("DA at byte"), "{e}");
+    // A Huffman table of three codes of length 1 (its total kept).
+    let mut overfull = bytes.clone();
+    let dht = overfull.windows(2).position(|w| w == [0xFF, 0xC4]).unwrap();
+    let counts = dht + 5;
+    let total: u32 = overfull[counts..counts + 16]
+        .iter()
+        .map(|&c| u32::from(c))
+        .sum();
+    assert!(total >= 3);
+    overfull[counts..counts + 16].fill(0);
+    overfull[counts] = 3;
+    overfull[counts + 15] = (total - 3) as u8;
+    let e = decode_region_into(&overfull, 1 << 26, region, 1, &mut out, 0).unwrap_err();
+    assert!(
+        e.to_string().contains("overfull Huffman table at length 1"),
+        "{e}"
+    );
 }
 
 /// The pixel bound is checked before anything of the image's size is allocated.

@@ -38,7 +38,7 @@ pub(crate) fn check_region(data: &[u8]) {
     let scale = SCALES[usize::from(*s) % SCALES.len()];
     let at = usize::from(*at % 8);
     let (width, height) = dimensions(&file).unwrap_or((1, 1));
-    let part = |f: u8, all: u32| (u64::from(f) * u64::from(all) >> 8) as u32;
+    let part = |f: u8, all: u32| ((u64::from(f) * u64::from(all)) >> 8) as u32;
     let (left, top) = (part(*l, width), part(*t, height));
     let region = Region {
         left,

@@ -67,6 +67,9 @@ impl Table {
             self.offset[len] = k - code;
             if n > 0 {
                 for _ in 0..n {
+                    if code >= 1 << len {
+                        return Err(format!("an overfull Huffman table at length {len}"));
+                    }
                     if len as u32 <= FAST_BITS {
                         let shift = FAST_BITS - len as u32;
                         let start = (code as usize) << shift;
@@ -79,9 +82,6 @@ impl Table {
                 self.max_code[len] = code - 1;
             } else {
                 self.max_code[len] = -1;
-            }
-            if code > (1 << len) {
-                return Err(format!("an overfull Huffman table at length {len}"));
             }
             code <<= 1;
         }

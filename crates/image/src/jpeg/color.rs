@@ -63,19 +63,52 @@ pub(super) fn convert(
         upsample_row(cb, y, width, &mut rows.vertical, &mut rows.cb);
         upsample_row(cr, y, width, &mut rows.vertical, &mut rows.cr);
         let src = &luma.data[y * luma.width..y * luma.width + width];
-        for (((p, &l), &b), &r) in line
-            .chunks_exact_mut(3)
-            .zip(src)
-            .zip(&rows.cb)
-            .zip(&rows.cr)
-        {
-            let (b, r) = (i32::from(b) - 128, i32::from(r) - 128);
-            let l = (i32::from(l) << 14) + ROUND;
-            p[0] = ((l + r * CR_R) >> 14).clamp(0, 255) as u8;
-            p[1] = ((l + r * CR_G + b * CB_G) >> 14).clamp(0, 255) as u8;
-            p[2] = ((l + b * CB_B) >> 14).clamp(0, 255) as u8;
+        rgb_row(src, &rows.cb, &rows.cr, line);
+    }
+}
+
+/// Pixels converted a run at a time: the arithmetic over the run in lanes, then the
+/// three channels interleaved.
+const RUN: usize = 16;
+
+#[inline(always)]
+fn rgb_row(luma: &[u8], cb: &[i16], cr: &[i16], out: &mut [u8]) {
+    let full = luma.len() / RUN * RUN;
+    let runs = out[..full * 3]
+        .chunks_exact_mut(RUN * 3)
+        .zip(luma.chunks_exact(RUN))
+        .zip(cb.chunks_exact(RUN))
+        .zip(cr.chunks_exact(RUN));
+    for (((o, l), b), r) in runs {
+        let (mut red, mut green, mut blue) = ([0u8; RUN], [0u8; RUN], [0u8; RUN]);
+        for i in 0..RUN {
+            [red[i], green[i], blue[i]] = pixel(l[i], b[i], r[i]);
+        }
+        for i in 0..RUN {
+            o[3 * i] = red[i];
+            o[3 * i + 1] = green[i];
+            o[3 * i + 2] = blue[i];
         }
     }
+    let rest = out[full * 3..]
+        .chunks_exact_mut(3)
+        .zip(&luma[full..])
+        .zip(&cb[full..])
+        .zip(&cr[full..]);
+    for (((o, &l), &b), &r) in rest {
+        o.copy_from_slice(&pixel(l, b, r));
+    }
+}
+
+#[inline(always)]
+fn pixel(l: u8, b: i16, r: i16) -> [u8; 3] {
+    let (b, r) = (i32::from(b) - 128, i32::from(r) - 128);
+    let l = (i32::from(l) << 14) + ROUND;
+    [
+        ((l + r * CR_R) >> 14).clamp(0, 255) as u8,
+        ((l + r * CR_G + b * CB_G) >> 14).clamp(0, 255) as u8,
+        ((l + b * CB_B) >> 14).clamp(0, 255) as u8,
+    ]
 }
 
 /// Output row `y` of `plane`'s samples, `width` of them, into `out`.
@@ -91,7 +124,9 @@ fn upsample_row(
     let at = y + plane.dy;
     let j = (at / plane.fv).min(plane.height - 1);
     let row = &plane.data[j * w..j * w + w];
-    vertical.resize(w, 0);
+    // The row with its edge samples repeated one further each side.
+    vertical.resize(w + 2, 0);
+    let inner = &mut vertical[1..w + 1];
     if plane.fv == 2 {
         let other = if at % 2 == 0 {
             j.saturating_sub(1)
@@ -99,32 +134,38 @@ fn upsample_row(
             (j + 1).min(plane.height - 1)
         };
         let far = &plane.data[other * w..other * w + w];
-        for ((v, &n), &f) in vertical.iter_mut().zip(row).zip(far) {
+        for ((v, &n), &f) in inner.iter_mut().zip(row).zip(far) {
             *v = (3 * i16::from(n) + i16::from(f) + 2) >> 2;
         }
     } else {
-        for (v, &n) in vertical.iter_mut().zip(row) {
+        for (v, &n) in inner.iter_mut().zip(row) {
             *v = i16::from(n);
         }
     }
+    vertical[0] = vertical[1];
+    vertical[w + 1] = vertical[w];
     let v = &vertical[..];
+    let out = &mut out[..width];
     match plane.fh {
-        1 => out[..width].copy_from_slice(&v[plane.dx..plane.dx + width]),
+        1 => out.copy_from_slice(&v[1 + plane.dx..1 + plane.dx + width]),
         2 if plane.fancy => {
-            for (x, o) in out[..width].iter_mut().enumerate() {
-                let at = x + plane.dx;
-                let i = at / 2;
-                let far = if at % 2 == 0 {
-                    i.saturating_sub(1)
-                } else {
-                    (i + 1).min(w - 1)
-                };
-                *o = (3 * v[i] + v[far] + 2) >> 2;
+            // Output pixels 2i and 2i+1 from sample i (dx is even here) and its neighbours.
+            let base = plane.dx / 2;
+            let (before, here, after) = (&v[base..], &v[base + 1..], &v[base + 2..]);
+            let pairs = out.chunks_exact_mut(2).zip(before).zip(here).zip(after);
+            for (((o, &b), &h), &a) in pairs {
+                let near = 3 * h + 2;
+                o[0] = (near + b) >> 2;
+                o[1] = (near + a) >> 2;
+            }
+            if width % 2 == 1 {
+                let i = width / 2;
+                out[width - 1] = (3 * here[i] + before[i] + 2) >> 2;
             }
         }
         _ => {
-            for (x, o) in out[..width].iter_mut().enumerate() {
-                *o = v[((x + plane.dx) / plane.fh).min(w - 1)];
+            for (x, o) in out.iter_mut().enumerate() {
+                *o = v[1 + ((x + plane.dx) / plane.fh).min(w - 1)];
             }
         }
     }

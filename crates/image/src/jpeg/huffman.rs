@@ -153,15 +153,18 @@ impl<'a> Bits<'a> {
 
     #[inline(always)]
     fn refill(&mut self) {
-        // Fast: four bytes with no 0xFF among them go in at once.
-        if self.count <= 32 {
-            if let Some(chunk) = self.data.get(self.pos..self.pos + 4) {
-                if !chunk.contains(&0xFF) {
-                    let word = u32::from_be_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-                    self.acc |= u64::from(word) << (32 - self.count);
-                    self.count += 32;
-                    self.pos += 4;
-                }
+        // Fast: the next eight bytes hold no 0xFF, so they go in as they are. Bits past a
+        // whole byte land below the valid ones; the next refill puts the same bits there.
+        if let Some(chunk) = self.data.get(self.pos..self.pos + 8) {
+            let word = u64::from_be_bytes(chunk.try_into().unwrap_or([0xFF; 8]));
+            let inverted = !word;
+            let has_ff = inverted.wrapping_sub(0x0101_0101_0101_0101) & !inverted;
+            if has_ff & 0x8080_8080_8080_8080 == 0 {
+                self.acc |= word >> self.count;
+                let bytes = (63 - self.count) >> 3;
+                self.pos += bytes as usize;
+                self.count += bytes * 8;
+                return;
             }
         }
         while self.count <= 56 {

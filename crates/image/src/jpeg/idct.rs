@@ -1,9 +1,9 @@
 //! Inverse DCTs of one block to 8, 4, 2 or 1 samples a side.
 //!
-//! The 8-point one is the Loeffler-Ligtenberg-Moschytz factorisation libjpeg's "islow"
-//! uses, in 12-bit fixed point with two extra bits kept between the passes. Both passes
-//! run on eight lanes at once (rows of lanes, transposed between passes) so that the
-//! compiler vectorises them. A scaled block of N samples a side holds each the
+//! The 8-point one runs down the columns as the Loeffler-Ligtenberg-Moschytz factorisation
+//! libjpeg's "islow" uses, in 12-bit fixed point with two extra bits kept, eight columns
+//! in lanes; then along each row as a sum of the basis rows at the same scale, eight
+//! samples in lanes, so that the compiler vectorises both without a transpose. A scaled block of N samples a side holds each the
 //! mean of the 8/N x 8/N source samples it stands for, taken in the transform. Arithmetic wraps:
 //! a corrupt block gives wrong pixels, never a panic.
 
@@ -52,17 +52,6 @@ fn pass(v: &Lanes, bias: i32, shift: usize) -> Lanes {
 }
 
 #[inline(always)]
-fn transpose(v: &Lanes) -> Lanes {
-    let mut o = [[W(0); 8]; 8];
-    for (i, row) in v.iter().enumerate() {
-        for (j, &x) in row.iter().enumerate() {
-            o[j][i] = x;
-        }
-    }
-    o
-}
-
-#[inline(always)]
 fn pixel(x: W<i32>) -> u8 {
     x.0.clamp(0, 255) as u8
 }
@@ -77,15 +66,36 @@ pub(super) fn idct8(coefs: &[i32; 80], out: &mut [u8], stride: usize) {
         }
     }
     let columns = pass(&v, 512, 10);
-    let rows = pass(&transpose(&columns), PASS2_BIAS, 17);
-    // rows[x][y]: sample x of row y.
-    for y in 0..8 {
-        let line = &mut out[y * stride..y * stride + 8];
-        for (x, p) in line.iter_mut().enumerate() {
-            *p = pixel(rows[x][y]);
+    // Pass 2 along each row as a sum of basis rows (sample x of frequency u is
+    // `ROWS[u][x]`), eight lanes across x: no transpose, the compiler keeps it in
+    // registers.
+    for (row, line) in columns.iter().zip(out.chunks_mut(stride)) {
+        let mut acc = [W(PASS2_BIAS); 8];
+        for (&t, basis) in row.iter().zip(&ROWS) {
+            for (a, &k) in acc.iter_mut().zip(basis) {
+                *a += t * W(k);
+            }
+        }
+        for (p, a) in line[..8].iter_mut().zip(acc) {
+            *p = pixel(a >> 17);
         }
     }
 }
+
+/// The 8-point inverse DCT's basis at the butterfly's scale (about 4096 sqrt 2
+/// cos((2x+1) u pi / 16), 4096 for u = 0): `ROWS[u]` is what the factorisation in `pass`
+/// makes of frequency u alone, products of its 12-bit constants, so that the sums give
+/// the same integers as the factorisation would.
+const ROWS: [[i32; 8]; 8] = [
+    [4096, 4096, 4096, 4096, 4096, 4096, 4096, 4096],
+    [5683, 4816, 3219, 1131, -1131, -3219, -4816, -5683],
+    [5352, 2217, -2217, -5352, -5352, -2217, 2217, 5352],
+    [4816, -1129, -5681, -3218, 3218, 5681, 1129, -4816],
+    [4096, -4096, -4096, 4096, 4096, -4096, -4096, 4096],
+    [3219, -5681, 1132, 4816, -4816, -1132, 5681, -3219],
+    [2217, -5350, 5350, -2217, -2217, 5350, -5350, 2217],
+    [1131, -3218, 4816, -5680, 5680, -4816, 3218, -1131],
+];
 
 /// The kernels at 2^12, by output samples a side: output sample y of a block at 1/s is the
 /// mean of source samples s*y .. s*y+s-1 of the 8-point inverse DCT, so `K[y][u]` is

@@ -247,15 +247,43 @@ pub fn decode_region_into(
     if region.width == 0 || region.height == 0 {
         return Err(bad("an empty region"));
     }
-    if let Some(window) = crate::jpeg::decode_region(bytes, pixels_max, region, scale, out, at)? {
-        return Ok(window);
+    let inside = |width: u32, height: u32| {
+        let inside = u64::from(region.left) + u64::from(region.width) <= u64::from(width)
+            && u64::from(region.top) + u64::from(region.height) <= u64::from(height);
+        if inside {
+            Ok(())
+        } else {
+            Err(bad(&format!("outside the {width} x {height} image")))
+        }
+    };
+    // A baseline JPEG: the region decoder, its checks made once the header is read.
+    let accept = |width: u32, height: u32| {
+        check_pixels(width, height, pixels_max.min(PIXELS_MAX_LIMIT))?;
+        inside(width, height)?;
+        if !jpeg_is_whole(bytes) {
+            return Err(ImageError::Jpeg {
+                reason: "truncated (no end-of-image marker after its last scan)".into(),
+            });
+        }
+        Ok(())
+    };
+    let part = crate::jpeg::Rect {
+        left: region.left,
+        top: region.top,
+        width: region.width,
+        height: region.height,
+    };
+    if let Some((w, s)) = crate::jpeg::decode_region(bytes, part, scale, accept, out, at)? {
+        return Ok(Window {
+            width: w.width,
+            height: w.height,
+            left: w.left,
+            top: w.top,
+            scale: s,
+        });
     }
     let (width, height) = decode_into(bytes, pixels_max, out, at)?;
-    let inside = u64::from(region.left) + u64::from(region.width) <= u64::from(width)
-        && u64::from(region.top) + u64::from(region.height) <= u64::from(height);
-    if !inside {
-        return Err(bad(&format!("outside the {width} x {height} image")));
-    }
+    inside(width, height)?;
     Ok(Window {
         width,
         height,

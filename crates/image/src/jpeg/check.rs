@@ -2,7 +2,10 @@
 //! panic to a window of the size it says that holds the region, and a window is exactly the
 //! same pixels of the whole image decoded at that scale.
 
-use crate::decode::{decode_region_into, dimensions, Region, SCALES};
+use std::cell::Cell;
+
+use super::{decode_region, Rect};
+use crate::error::ImageError;
 
 /// A bound low enough to keep each input fast; the fixtures pass it.
 const CHECK_PIXELS_MAX: u64 = 1 << 17;
@@ -16,6 +19,21 @@ const FIXTURES: [&[u8]; 6] = [
     include_bytes!("../../tests/data/photo-coffee-422.jpg"),
     include_bytes!("../../tests/data/photo-astronaut-restart.jpg"),
 ];
+
+/// Refuses an image past the bound, and records its size.
+fn bound(size: &Cell<(u32, u32)>) -> impl FnOnce(u32, u32) -> Result<(), ImageError> + '_ {
+    move |width, height| {
+        size.set((width, height));
+        if u64::from(width) * u64::from(height) > CHECK_PIXELS_MAX {
+            return Err(ImageError::TooManyPixels {
+                width,
+                height,
+                pixels_max: CHECK_PIXELS_MAX,
+            });
+        }
+        Ok(())
+    }
+}
 
 /// Checks one input: a mode byte (odd: a fixture, picked by the next byte, with the rest as
 /// (offset u16, xor u8) edits; even: the rest is the file), then the region as fractions
@@ -35,19 +53,31 @@ pub(crate) fn check_region(data: &[u8]) {
     } else {
         rest.to_vec()
     };
-    let scale = SCALES[usize::from(*s) % SCALES.len()];
+    let scale = 1 << (s % 4);
     let at = usize::from(*at % 8);
-    let (width, height) = dimensions(&file).unwrap_or((1, 1));
+    // The image's size, from a decode of its first pixel.
+    let size = Cell::new((0, 0));
+    let first = Rect {
+        left: 0,
+        top: 0,
+        width: 1,
+        height: 1,
+    };
+    let _ = decode_region(&file, first, 8, bound(&size), &mut Vec::new(), 0);
+    let (width, height) = size.get();
+    if width == 0 || height == 0 {
+        return;
+    }
     let part = |f: u8, all: u32| ((u64::from(f) * u64::from(all)) >> 8) as u32;
     let (left, top) = (part(*l, width), part(*t, height));
-    let region = Region {
+    let region = Rect {
         left,
         top,
         width: 1 + part(*w, width - left - 1),
         height: 1 + part(*h, height - top - 1),
     };
     let mut out = vec![0xA5; at + 5];
-    let Ok(window) = decode_region_into(&file, CHECK_PIXELS_MAX, region, scale, &mut out, at)
+    let Ok(Some((window, ws))) = decode_region(&file, region, scale, bound(&size), &mut out, at)
     else {
         return;
     };
@@ -57,15 +87,12 @@ pub(crate) fn check_region(data: &[u8]) {
         out[..at].iter().all(|&b| b == 0xA5),
         "the bytes before `at` changed"
     );
-    let ws = window.scale;
-    assert!(
-        SCALES.contains(&ws) && ws <= scale,
-        "{window:?} for 1/{scale}"
-    );
+    assert_eq!(ws, scale, "{window:?}");
     assert!(
         ww > 0 && wh > 0 && window.left <= left && window.top <= top,
         "{window:?}"
     );
+    assert_eq!((window.left % ws, window.top % ws), (0, 0), "{window:?}");
     let (right, bottom) = (
         u64::from(window.left) + ww * u64::from(ws),
         u64::from(window.top) + wh * u64::from(ws),
@@ -87,19 +114,17 @@ pub(crate) fn check_region(data: &[u8]) {
         "{window:?} {height}"
     );
     // The same pixels as the whole image's decode at that scale.
-    let whole = Region {
+    let whole = Rect {
         left: 0,
         top: 0,
         width,
         height,
     };
     let mut all = Vec::new();
-    let Ok(all_window) = decode_region_into(&file, CHECK_PIXELS_MAX, whole, ws, &mut all, 0) else {
+    let Ok(Some((all_window, _))) = decode_region(&file, whole, ws, bound(&size), &mut all, 0)
+    else {
         return;
     };
-    if all_window.scale != ws {
-        return;
-    }
     let row = all_window.width as usize * 3;
     let (x0, y0) = ((window.left / ws) as usize, (window.top / ws) as usize);
     for (y, line) in out[at..]

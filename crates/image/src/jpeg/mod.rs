@@ -17,7 +17,6 @@ mod simd;
 
 use std::cell::RefCell;
 
-use crate::decode::{check_pixels, jpeg_is_whole, Region, Window};
 use crate::error::ImageError;
 
 use huffman::{Bits, Table};
@@ -94,21 +93,34 @@ fn fail(reason: String) -> ImageError {
     ImageError::Jpeg { reason }
 }
 
+/// A rectangle of an image in its pixels: what to decode, and what was decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Rect {
+    pub(crate) left: u32,
+    pub(crate) top: u32,
+    pub(crate) width: u32,
+    pub(crate) height: u32,
+}
+
 /// Decodes the part of a baseline JPEG that covers `region` at 1/`scale` (1, 2, 4 or 8)
 /// into `out` from byte `at` on (exactly `at + width * height * 3` bytes then), or says
-/// `Ok(None)` for a JPEG this decoder does not take (or bytes that are no JPEG).
+/// `Ok(None)` for a JPEG this decoder does not take (or bytes that are no JPEG). `accept`
+/// is given the image's width and height from its header before anything of their size
+/// is allocated: its error (a bound passed, a region outside, a file cut short) is
+/// returned. Returns the rectangle of the source decoded (at the left and top of the MCU
+/// holding the region's) and the window's width and height at the scale, in a [`Rect`],
+/// and the scale.
 ///
 /// # Errors
-/// A corrupt or truncated JPEG, naming what is wrong; [`ImageError::TooManyPixels`];
-/// [`ImageError::Region`] for a region not inside the image.
+/// `accept`'s; a corrupt JPEG, naming what is wrong.
 pub(crate) fn decode_region(
     bytes: &[u8],
-    pixels_max: u64,
-    region: Region,
+    region: Rect,
     scale: u32,
+    accept: impl FnOnce(u32, u32) -> Result<(), ImageError>,
     out: &mut Vec<u8>,
     at: usize,
-) -> Result<Option<Window>, ImageError> {
+) -> Result<Option<(Rect, u32)>, ImageError> {
     if !matches!(bytes, [0xFF, 0xD8, 0xFF, ..]) || !matches!(scale, 1 | 2 | 4 | 8) {
         return Ok(None);
     }
@@ -127,23 +139,17 @@ pub(crate) fn decode_region(
             return Ok(None);
         };
         let (width, height) = (frame.width as u32, frame.height as u32);
-        check_pixels(width, height, pixels_max)?;
+        accept(width, height)?;
+        // The caller's check, made again: the decode relies on it.
         let inside = u64::from(region.left) + u64::from(region.width) <= u64::from(width)
             && u64::from(region.top) + u64::from(region.height) <= u64::from(height);
         if !inside || region.width == 0 || region.height == 0 {
-            return Err(ImageError::Region {
-                region,
-                scale,
-                reason: format!("outside the {width} x {height} image"),
-            });
-        }
-        if !jpeg_is_whole(bytes) {
-            return Err(fail(
-                "truncated (no end-of-image marker after its last scan)".into(),
-            ));
+            return Err(fail(format!(
+                "the region {region:?} is not inside the {width} x {height} image"
+            )));
         }
         simd::decode(bytes, &frame, region, scale as usize, scratch, out, at)
-            .map(Some)
+            .map(|window| Some((window, scale)))
             .map_err(fail)
     })
 }
@@ -371,12 +377,12 @@ fn read_headers(bytes: &[u8], scratch: &mut Scratch) -> Result<Option<Frame>, St
 fn decode_scan(
     bytes: &[u8],
     frame: &Frame,
-    region: Region,
+    region: Rect,
     scale: usize,
     scratch: &mut Scratch,
     out: &mut Vec<u8>,
     at: usize,
-) -> Result<Window, String> {
+) -> Result<Rect, String> {
     let comps = &frame.components[..frame.count];
     let (h_max, v_max) = (comps[0].h, comps[0].v);
     let (mcu_w, mcu_h) = (8 * h_max, 8 * v_max);
@@ -504,11 +510,10 @@ fn decode_scan(
         &mut out[at..],
     );
     scratch.rows = rows_scratch;
-    Ok(Window {
+    Ok(Rect {
         width: width as u32,
         height: height as u32,
         left: x0 as u32,
         top: y0 as u32,
-        scale: scale as u32,
     })
 }

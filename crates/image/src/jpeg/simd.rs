@@ -2,19 +2,18 @@
 //! for any x86-64 or other CPU. Both run the same code, so they give the same bytes.
 #![allow(unsafe_code)]
 
-use super::{decode_scan, Frame, Scratch};
-use crate::decode::{Region, Window};
+use super::{decode_scan, Frame, Rect, Scratch};
 
 /// [`decode_scan`], with AVX2 where the CPU has it.
 pub(super) fn decode(
     bytes: &[u8],
     frame: &Frame,
-    region: Region,
+    region: Rect,
     scale: usize,
     scratch: &mut Scratch,
     out: &mut Vec<u8>,
     at: usize,
-) -> Result<Window, String> {
+) -> Result<Rect, String> {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU was just found to have AVX2, the one thing `decode_avx2` needs.
@@ -28,11 +27,11 @@ pub(super) fn decode(
 fn decode_avx2(
     bytes: &[u8],
     frame: &Frame,
-    region: Region,
+    region: Rect,
     scale: usize,
     scratch: &mut Scratch,
     out: &mut Vec<u8>,
     at: usize,
-) -> Result<Window, String> {
+) -> Result<Rect, String> {
     decode_scan(bytes, frame, region, scale, scratch, out, at)
 }

@@ -273,7 +273,17 @@ pub fn decode_region_into(
         width: region.width,
         height: region.height,
     };
-    if let Some((w, s)) = crate::jpeg::decode_region(bytes, part, scale, accept, out, at)? {
+    // The whole image at full scale is left to the whole decode, so that it is the same
+    // bytes as `decode_into`'s: the region decoder would save nothing there.
+    let whole = scale == 1
+        && (region.left, region.top) == (0, 0)
+        && dimensions(bytes) == Some((region.width, region.height));
+    let decoded = if whole {
+        None
+    } else {
+        crate::jpeg::decode_region(bytes, part, scale, accept, out, at)?
+    };
+    if let Some((w, s)) = decoded {
         return Ok(Window {
             width: w.width,
             height: w.height,

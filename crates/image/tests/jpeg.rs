@@ -62,11 +62,13 @@ const LEFT: [SamplingFactor; 4] = [
     SamplingFactor::R_4_2_1,
 ];
 
+/// The whole image but its first column: the window is still the whole image, and the
+/// region decoder makes it (the whole image at 1/1 is left to the whole decode).
 fn whole_region(image: &Image) -> Region {
     Region {
-        left: 0,
+        left: 1,
         top: 0,
-        width: image.width(),
+        width: image.width() - 1,
         height: image.height(),
     }
 }

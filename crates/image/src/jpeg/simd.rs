@@ -2,7 +2,8 @@
 //! for any x86-64 or other CPU. Both run the same code, so they give the same bytes.
 #![allow(unsafe_code)]
 
-use super::{decode_scan, Frame, Rect, Scratch};
+use super::header::Frame;
+use super::scan::{decode_scan, Rect, Scratch};
 
 /// [`decode_scan`], with AVX2 where the CPU has it.
 pub(super) fn decode(

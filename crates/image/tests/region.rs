@@ -37,14 +37,24 @@ fn difference(a: &[u8], b: &[u8]) -> (f64, u8) {
     (sum as f64 / a.len().max(1) as f64, max)
 }
 
-/// The tolerance: the output of the region path against the whole decode's, mean absolute
-/// difference per byte and the largest. At scale 1 only the decoders' rounding may differ;
-/// a scaled decode averages blocks in the DCT where the resizer averages pixels.
+/// The tolerance, stated: the output of the region path against the whole decode followed
+/// by the same crop and resize, mean absolute difference per byte and the largest.
+///
+/// At scale 1 the region decoder's window is the whole decode's pixels there (to a rounding:
+/// measured at most 1), and the resizer reads the same pixels: (0.05, 2). A decode at 1/2 to
+/// 1/8 makes each output pixel the mean of its s x s source pixels (a box), and the resize
+/// left after it is of a ratio under 2, where the whole path's antialiased bilinear resize
+/// weighs a triangle twice the span: the two differ as two filters do, most on fine detail,
+/// and the more the coarser the scale. Measured on these photographs (2026-12-07): crops at
+/// 1/2, 1/4 and 1/8 up to a mean of 2.19, 2.80 and 4.80 (largest 49); images brought down
+/// to a side up to 4.63 at 1/2 and 7.60 at 1/8 (largest 93), on the 333-pixel astronaut,
+/// the finest detail of the set. Against a box average of the whole decode, the decoder's
+/// own error, tests/jpeg.rs holds scaled windows to a mean of 1.0.
 fn tolerance(scale: u32) -> (f64, u8) {
     if scale == 1 {
-        (0.6, 24)
+        (0.05, 2)
     } else {
-        (2.5, 64)
+        (8.0, 96)
     }
 }
 
@@ -73,7 +83,8 @@ fn training_and_evaluation_crops_match_the_whole_decode_within_the_tolerance() {
                 assert_eq!(shape, t.output_shape(&whole), "{name}");
                 let (mean, max) = difference(&out, &expected);
                 let (_, scale) = t.decode_plan(whole.width(), whole.height(), key).unwrap();
-                *scales.entry(scale).or_insert(0) += 1;
+                let e = scales.entry(scale).or_insert((0, 0.0f64, 0u8));
+                *e = (e.0 + 1, e.1.max(mean), e.2.max(max));
                 let (mean_max, max_max) = tolerance(scale);
                 assert!(
                     mean <= mean_max && max <= max_max,
@@ -87,6 +98,11 @@ fn training_and_evaluation_crops_match_the_whole_decode_within_the_tolerance() {
         "worst over every photo and crop: mean {:.3}, max {}",
         worst.0, worst.1
     );
+    eprintln!("by scale (crops, worst mean, worst max): {scales:?}");
+    // The crops drawn reach every scale but 1/8 (none spans 8 x 64 of these photographs).
+    for scale in [1, 2, 4] {
+        assert!(scales.get(&scale).is_some_and(|e| e.0 > 0), "{scales:?}");
+    }
 }
 
 #[test]

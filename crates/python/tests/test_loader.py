@@ -383,8 +383,8 @@ def test_decoded_images_in_the_cache_give_the_same_batches(tmp_path):
             assert m["decoded_hits_served"] + m["decoded_again"] == m["hits_decoded"]
     assert m_enc["hits_decoded"] == 0 and m_enc["hits_encoded"] > 0
     # Decoding only what the crop keeps (the default): the same every run, and within the
-    # region decode's tolerance (a mean of 2.5 a byte) of the whole decode whatever the
-    # cache keeps.
+    # region decode's stated tolerance for scaled decodes (a mean of 8 a byte, lobster-image's
+    # tests/region.rs) of the whole decode whatever the cache keeps.
     for forms in ("encoded", "decoded"):
         first, _ = run(forms, "region")
         second, _ = run(forms, "region")
@@ -392,7 +392,7 @@ def test_decoded_images_in_the_cache_give_the_same_batches(tmp_path):
             assert (e1, ids1) == (e2, ids2) and ids1 == ids0
             assert np.array_equal(img1, img2)
             mean = np.abs(img1.astype(np.int16) - img0.astype(np.int16)).mean()
-            assert mean <= 2.5, (forms, e1, mean)
+            assert mean <= 8.0, (forms, e1, mean)
     with pytest.raises(ValueError, match="cache.forms"):
         lobster_io.Loader(str(tmp_path / "data"), 8, cache=lobster_io.Cache(forms="pixels"))
     with pytest.raises(ValueError, match="decoding"):

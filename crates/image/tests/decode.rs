@@ -4,10 +4,8 @@
 
 use lobster_image::{decode, ImageError};
 
-fn data(name: &str) -> Vec<u8> {
-    let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
+mod common;
+use common::data;
 
 /// Every pixel of `name` within `tolerance` of `rgb` (JPEG is lossy).
 fn flat(name: &str, rgb: [u8; 3], tolerance: u8) {

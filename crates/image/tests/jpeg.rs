@@ -7,10 +7,9 @@
 use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
 use lobster_image::{decode, decode_region_into, Image, ImageError, Region, Window, SCALES};
 
-fn data(name: &str) -> Vec<u8> {
-    let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
+mod common;
+use common::data;
+use common::difference;
 
 /// A 203 x 157 part of a photograph (odd sides: partial blocks and MCUs at the right and
 /// bottom), small enough for debug builds.
@@ -71,23 +70,6 @@ fn whole_region(image: &Image) -> Region {
         width: image.width() - 1,
         height: image.height(),
     }
-}
-
-/// Mean and largest absolute difference.
-fn difference(a: &[u8], b: &[u8]) -> (f64, u8) {
-    assert_eq!(a.len(), b.len());
-    let sum: u64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| u64::from(x.abs_diff(*y)))
-        .sum();
-    let max = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| x.abs_diff(*y))
-        .max()
-        .unwrap_or(0);
-    (sum as f64 / a.len().max(1) as f64, max)
 }
 
 fn region_decode(bytes: &[u8], region: Region, scale: u32) -> (Window, Vec<u8>) {

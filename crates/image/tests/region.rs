@@ -6,10 +6,9 @@ use lobster_image::{
     decode, decode_region_into, ImageError, Region, Transform, Transformer, SCALES,
 };
 
-fn data(name: &str) -> Vec<u8> {
-    let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
+mod common;
+use common::data;
+use common::difference;
 
 const PHOTOS: [&str; 6] = [
     "photo-astronaut-420.jpg",
@@ -19,23 +18,6 @@ const PHOTOS: [&str; 6] = [
     "photo-astronaut-restart.jpg",
     "photo-chelsea-progressive.jpg",
 ];
-
-/// Mean and largest absolute difference of two equal-length byte runs.
-fn difference(a: &[u8], b: &[u8]) -> (f64, u8) {
-    assert_eq!(a.len(), b.len());
-    let sum: u64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| u64::from(x.abs_diff(*y)))
-        .sum();
-    let max = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| x.abs_diff(*y))
-        .max()
-        .unwrap_or(0);
-    (sum as f64 / a.len().max(1) as f64, max)
-}
 
 /// The tolerance, stated: the output of the region path against the whole decode followed
 /// by the same crop and resize, mean absolute difference per byte and the largest.

@@ -28,6 +28,11 @@ thread_local! {
     static SCRATCH: RefCell<Box<Scratch>> = RefCell::new(Box::default());
 }
 
+/// Most bytes of component planes a thread keeps between images: a 16 MiB plane is a
+/// 16-megapixel component, above ImageNet's photographs; a larger one is freed after its
+/// image.
+const PLANES_KEPT_BYTES_MAX: usize = 16 << 20;
+
 fn fail(reason: String) -> ImageError {
     ImageError::Jpeg { reason }
 }
@@ -77,8 +82,8 @@ pub(crate) fn decode_region(
                 "the region {region:?} is not inside the {width} x {height} image"
             )));
         }
-        simd::decode(bytes, &frame, region, scale as usize, scratch, out, at)
-            .map(|window| Some((window, scale)))
-            .map_err(fail)
+        let decoded = simd::decode(bytes, &frame, region, scale as usize, scratch, out, at);
+        scratch.shrink(PLANES_KEPT_BYTES_MAX);
+        decoded.map(|window| Some((window, scale))).map_err(fail)
     })
 }

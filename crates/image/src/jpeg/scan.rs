@@ -35,6 +35,17 @@ pub(super) struct Scratch {
     rows: color::Rows,
 }
 
+impl Scratch {
+    /// Frees each plane that grew past `bytes_max`.
+    pub(super) fn shrink(&mut self, bytes_max: usize) {
+        for plane in &mut self.planes {
+            if plane.capacity() > bytes_max {
+                *plane = Vec::new();
+            }
+        }
+    }
+}
+
 /// The region's blocks, decoded, upsampled and converted into `out[at..]`.
 #[inline(always)]
 pub(super) fn decode_scan(

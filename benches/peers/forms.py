@@ -16,9 +16,9 @@ few settings (prefetch queue depth, reader prefetch), and its best is kept.
 Every timed pass runs in a fresh subprocess after an untimed warm-up on a 16-image folder;
 the cells of a pass run in a rotating order, so that none always runs first. Before the
 timed passes, one untimed pass of each lobster_io setting records a digest of every batch
-(ids and pixels): with `--decoding whole` all of them must be equal, since the cache's
-forms never change the output; with `--decoding region` (the loader's default) each must
-repeat on a second pass. The script fails if they do not.
+(ids and pixels): with `--decoding whole` (the loader's default) all of them must be
+equal, since the cache's forms never change the output; with `--decoding region` (the
+default here, the faster) each must repeat on a second pass. The script fails if they do not.
 """
 
 import argparse

@@ -206,27 +206,29 @@ fn image_cause(meta: &SampleMeta, e: lobster_image::ImageError) -> Cause {
 /// How much of each image a transform decodes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Decoding {
+    /// Every image whole, then transformed: the same pixels whichever forms the cache keeps
+    /// and across a resume (the default).
+    #[default]
+    Whole,
     /// Only the part of the image the crop keeps, at the coarsest DCT scale that still
     /// gives the output size over it ([`lobster_image::Transformer::decode_apply`]): the
     /// pixels are within a stated tolerance of a whole decode's (see lobster-image's region
-    /// tests), the same from run to run, and may differ within it where the cache keeps a
-    /// sample's decoded image.
-    #[default]
+    /// tests) and the same from run to run; where the cache keeps decoded images, a sample
+    /// it serves decoded (transformed from its whole image) differs within that tolerance
+    /// from the same sample decoded by region, so a resume, whose cache starts empty, may
+    /// serve it otherwise and give other pixels within it.
     Region,
-    /// Every image whole, then transformed: the same pixels whichever forms the cache keeps.
-    Whole,
 }
 
 impl LoaderBuilder<Pixels> {
-    /// Decodes samples as images with [`decode_pixels`], `transform` seeded by the run's
-    /// shuffle seed (0 for other orders), the epoch and the sample id, decoding only what
-    /// the transform keeps ([`Decoding::Region`]). The cache may keep decoded images
-    /// ([`LoaderBuilder::cache_forms`]; auto by default): a hit on one runs only the
-    /// transform. An image whose header claims more than
-    /// [`LoaderBuilder::image_pixels_max`] pixels fails, naming its size and the bound,
-    /// before it is decoded.
+    /// Decodes samples as images, `transform` seeded by the run's shuffle seed (0 for
+    /// other orders), the epoch and the sample id, each image whole ([`Decoding::Whole`]).
+    /// The cache may keep decoded images ([`LoaderBuilder::cache_forms`]; auto by default):
+    /// a hit on one runs only the transform, and the pixels are the same either way. An
+    /// image whose header claims more than [`LoaderBuilder::image_pixels_max`] pixels
+    /// fails, naming its size and the bound, before it is decoded.
     pub fn decode_images(self, transform: Transform) -> Self {
-        self.decode_images_as(transform, Decoding::Region)
+        self.decode_images_as(transform, Decoding::Whole)
     }
 
     /// [`LoaderBuilder::decode_images`], decoding as `decoding` says.

@@ -90,7 +90,7 @@ struct Run {
 }
 
 /// Loader(data, batch_size, *, epochs=1, seed=0, drop_last=False, transform="train",
-///        image_size=224, decoding="region", channels_first=False, on_error="fail",
+///        image_size=224, decoding="whole", channels_first=False, on_error="fail",
 ///        max_failures=None,
 ///        decode=None, assign="sampler", cache=Cache(), budgets=Budgets(), launch=Launch(),
 ///        limits=Limits())
@@ -100,10 +100,12 @@ struct Run {
 /// order. `transform` is "train" (RandomResizedCrop to `image_size` and a flip, seeded by
 /// seed, epoch and sample), "eval" (resize and centre crop) or "none" (each image at its own
 /// size; with `decode`, a callable `decode(bytes) -> array` run per sample in this
-/// process: the slow path). `decoding="region"` decodes only the part of a JPEG the
-/// transform keeps, at the coarsest DCT scale that still gives `image_size` over the crop
-/// (within a stated tolerance of a whole decode, the same every run); "whole" decodes every
-/// image whole first (then batches are the same bit for bit whatever the cache keeps). `on_error="skip"` leaves out samples that fail, up to
+/// process: the slow path). `decoding="whole"` (the default) decodes every image whole
+/// first: batches are the same bit for bit whatever the cache keeps, and across a resume;
+/// "region" decodes only the part of a JPEG the transform keeps, at the coarsest DCT scale
+/// that still gives `image_size` over the crop: faster, within a stated tolerance of a
+/// whole decode and the same every run, but a sample the cache serves decoded (or not,
+/// after a resume) differs within that tolerance. `on_error="skip"` leaves out samples that fail, up to
 /// `max_failures` (a count, or a fraction of the epoch).
 ///
 /// The rest is grouped: `cache=lobster_io.Cache(bytes, frac, policy, forms,
@@ -932,7 +934,7 @@ impl Loader {
     #[new]
     #[pyo3(signature = (
         data, batch_size, *, epochs = Int::from(1), seed = Int::from(0), drop_last = false,
-        transform = "train", image_size = Int::from(224), decoding = "region",
+        transform = "train", image_size = Int::from(224), decoding = "whole",
         channels_first = false,
         on_error = "fail", max_failures = None, decode = None, assign = "sampler", cache = None, budgets = None, launch = None,
         limits = None, **moved

@@ -53,9 +53,9 @@ class Cache:
     older spellings of "reuse" and "static").
     ``forms`` is what the lobster cache keeps of an image: "encoded" bytes, "decoded" pixels
     (a hit skips the decode; about 3 to 10 times the bytes) or "auto" (either, per image, by
-    the cost model; ``None``: auto for "train" and "eval", encoded otherwise). With
-    ``Loader(decoding="whole")`` batches are the same bit for bit whatever it keeps; with
-    the default ``decoding="region"``, within the region decode's tolerance, and the same
+    the cost model; ``None``: auto for "train" and "eval", encoded otherwise). With the
+    default ``Loader(decoding="whole")`` batches are the same bit for bit whatever it
+    keeps; with ``decoding="region"``, within the region decode's tolerance, and the same
     every run. ``decoded_max_side`` (lossy, off by default) brings the images it keeps down
     to that many pixels a side, decoded at the coarsest DCT scale that reaches it.
 

@@ -100,7 +100,7 @@ class Loader:
         drop_last: bool = False,
         transform: str = "train",
         image_size: int = 224,
-        decoding: str = "region",
+        decoding: str = "whole",
         channels_first: bool = False,
         on_error: str = "fail",
         max_failures: Optional[float] = None,

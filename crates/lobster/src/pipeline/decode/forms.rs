@@ -83,17 +83,24 @@ pub(crate) struct Keep<'a> {
     pub(crate) planned_bytes: u32,
 }
 
+/// A planned hit on a decoded image that was not there (not yet made, or its decode
+/// failed): it is transformed from the image as the cache keeps it (whole, or brought down
+/// to `max_side`), as the hit would have been, so that its pixels do not depend on timing.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AsKept {
+    pub(crate) max_side: Option<u32>,
+}
+
 /// Runs both stages on `bytes`; with `keep`, the image goes into that landing for later hits.
-/// `as_kept`: a planned hit on a decoded image that was not there (not yet made, or its
-/// decode failed) is transformed from the image as the cache would have kept it, brought
-/// down to that side, so that its pixels do not depend on timing.
+/// Only an access that neither keeps nor stands in for a planned hit ([`AsKept`]) may take
+/// the stages' `whole` path, whose pixels may differ from a transform of the kept image.
 pub(crate) fn decode_in_stages<T>(
     staged: &Staged<T>,
     bytes: &[u8],
     meta: &SampleMeta,
     epoch: u32,
     keep: Option<Keep<'_>>,
-    as_kept: Option<u32>,
+    as_kept: Option<AsKept>,
     counters: &FormCounters,
 ) -> Result<T, Cause> {
     if let (None, None, Some(whole)) = (&keep, as_kept, &staged.whole) {
@@ -103,7 +110,9 @@ pub(crate) fn decode_in_stages<T>(
     // A kept image brought down to a side is decoded at it (a DCT-scaled decode where the
     // decoder has one), and so is the image a planned hit on it would have found: the same
     // pixels either way, whatever the timing.
-    let side = as_kept.or(keep.as_ref().and_then(|k| k.max_side));
+    let side = as_kept
+        .and_then(|a| a.max_side)
+        .or(keep.as_ref().and_then(|k| k.max_side));
     let image = (staged.decode)(bytes, meta, side)?;
     let decode = started.elapsed();
     let out = (staged.finish)((&image).into(), meta, epoch)?;

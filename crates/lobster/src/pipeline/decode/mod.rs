@@ -23,7 +23,7 @@ use crate::pipeline::read::on_worker::{blocking_read, resident_read, OnWorker, W
 use crate::pipeline::read_path::ReadPathCounters;
 use crate::pipeline::sync::{lock, StopSignal};
 use crate::pipeline::threads::schedule_this_thread;
-use forms::{decode_in_stages, finish_cached, DecodedTier, FormCounters, Keep};
+use forms::{decode_in_stages, finish_cached, AsKept, DecodedTier, FormCounters, Keep};
 use queue::{DecodeQueues, GROUP_MAX};
 
 /// What the decode workers are given.
@@ -347,7 +347,9 @@ fn decode_sample<T>(
                     max_side: tier.max_side,
                     planned_bytes: tier.decoded_sizes[meta.id as usize],
                 });
-                let as_kept = tier.max_side.filter(|_| hit_decoded);
+                let as_kept = hit_decoded.then_some(AsKept {
+                    max_side: tier.max_side,
+                });
                 decode_in_stages(&tier.staged, &b, meta, epoch, keep, as_kept, &state.forms)
             }
             None => (ctx.decode)(&b, meta, epoch),

@@ -255,17 +255,7 @@ impl<'a> Bits<'a> {
         dc: &mut i32,
         coefs: &mut [i32; 80],
     ) -> Result<usize, String> {
-        self.refill();
-        let size = u32::from(self.symbol(dc_table)?);
-        if size > 11 {
-            return Err(format!(
-                "a DC difference of {size} bits (before byte {})",
-                self.pos
-            ));
-        }
-        *dc = dc.wrapping_add(self.value(size));
-        // A corrupt DC may grow without bound: kept within what 16 bits hold, as libjpeg's.
-        *dc = i32::from(*dc as i16);
+        self.dc(dc_table, dc)?;
         coefs[0] = dc.wrapping_mul(quant[0]);
         let mut k = 1usize;
         let mut last = 1usize;
@@ -299,12 +289,7 @@ impl<'a> Bits<'a> {
             k += 1;
             last = k;
         }
-        if k > 64 {
-            return Err(format!(
-                "a block of more than 64 coefficients (before byte {})",
-                self.pos
-            ));
-        }
+        self.block_end(k)?;
         Ok(last)
     }
 
@@ -316,15 +301,7 @@ impl<'a> Bits<'a> {
         ac_table: &Table,
         dc: &mut i32,
     ) -> Result<(), String> {
-        self.refill();
-        let size = u32::from(self.symbol(dc_table)?);
-        if size > 11 {
-            return Err(format!(
-                "a DC difference of {size} bits (before byte {})",
-                self.pos
-            ));
-        }
-        *dc = i32::from(dc.wrapping_add(self.value(size)) as i16);
+        self.dc(dc_table, dc)?;
         let mut k = 1usize;
         while k < 64 {
             if self.count < 32 {
@@ -348,6 +325,28 @@ impl<'a> Bits<'a> {
             self.consume(size);
             k += run + 1;
         }
+        self.block_end(k)
+    }
+
+    /// A block's DC difference, added to the component's predictor `dc`.
+    #[inline(always)]
+    fn dc(&mut self, dc_table: &Table, dc: &mut i32) -> Result<(), String> {
+        self.refill();
+        let size = u32::from(self.symbol(dc_table)?);
+        if size > 11 {
+            return Err(format!(
+                "a DC difference of {size} bits (before byte {})",
+                self.pos
+            ));
+        }
+        // A corrupt DC may grow without bound: kept within what 16 bits hold, as libjpeg's.
+        *dc = i32::from(dc.wrapping_add(self.value(size)) as i16);
+        Ok(())
+    }
+
+    /// Refuses a block whose runs went past its 64 coefficients (`k`, the index reached).
+    #[inline(always)]
+    fn block_end(&self, k: usize) -> Result<(), String> {
         if k > 64 {
             return Err(format!(
                 "a block of more than 64 coefficients (before byte {})",

@@ -410,8 +410,7 @@ fn train_sampling_rss(
         strategy.name(),
         |step| {
             if (step + 1) % iterations == 0 {
-                let now = process::status_bytes("VmRSS");
-                let peak = process::status_bytes("VmHWM");
+                let (now, peak) = process::rss_and_peak_bytes();
                 process::reset_peak_rss();
                 rss.lock()
                     .unwrap_or_else(|p| p.into_inner())

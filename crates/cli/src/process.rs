@@ -3,14 +3,28 @@
 
 /// A memory figure from /proc/self/status (`field` is e.g. `VmHWM` or `VmRSS`), in bytes.
 pub fn status_bytes(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status_field_bytes(&status, field)
+}
+
+/// Resident bytes now and their peak (`VmRSS`, `VmHWM`) from one read of /proc/self/status.
+/// One read, because the kernel raises the stored peak lazily: it reports the peak as at least
+/// the resident size it computes in the same read, but a second read, after memory was given
+/// back, may report a peak below the first read's resident size.
+pub fn rss_and_peak_bytes() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    (
+        status_field_bytes(&status, "VmRSS"),
+        status_field_bytes(&status, "VmHWM"),
+    )
+}
+
+fn status_field_bytes(status: &str, field: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|kb| kb.parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
 }
 
@@ -105,6 +119,12 @@ mod tests {
     #[test]
     fn this_process_has_memory_threads_and_cpu_time() {
         assert!(status_bytes("VmRSS") > 0);
+        let (rss, peak) = rss_and_peak_bytes();
+        assert!(rss > 0 && peak >= rss, "resident {rss} bytes, peak {peak}");
+        let status = "Name:\tx\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n";
+        assert_eq!(status_field_bytes(status, "VmRSS"), 1024 * 1024);
+        assert_eq!(status_field_bytes(status, "VmHWM"), 2048 * 1024);
+        assert_eq!(status_field_bytes(status, "VmSwap"), 0);
         assert!(threads() >= 1 && open_fds() >= 1);
         assert!(pss_bytes("self") > 0);
         let before = cpu_seconds();

@@ -195,18 +195,25 @@ impl Transformer {
             .resize(&src, &mut dst, &options)
             .map_err(|e| resize_err(&e))?;
         if flip {
-            let row = size as usize * 3;
-            for line in out.chunks_exact_mut(row) {
-                let pixels = line.len() / 3;
-                for x in 0..pixels / 2 {
-                    let (a, b) = (x * 3, (pixels - 1 - x) * 3);
-                    for c in 0..3 {
-                        line.swap(a + c, b + c);
-                    }
-                }
-            }
+            mirror(out, size as usize);
         }
         Ok(())
+    }
+}
+
+/// Mirrors each row of an RGB image `width` pixels wide: the left half's pixels swapped
+/// with the right half's, a whole pixel at a time, the middle one (an odd width) staying.
+fn mirror(pixels: &mut [u8], width: usize) {
+    let half = width / 2 * 3;
+    for line in pixels.chunks_exact_mut(width * 3) {
+        let (left, rest) = line.split_at_mut(half);
+        let skip = rest.len() - half;
+        let right = &mut rest[skip..];
+        for (a, b) in left.chunks_exact_mut(3).zip(right.rchunks_exact_mut(3)) {
+            let pixel = [a[0], a[1], a[2]];
+            a.copy_from_slice(b);
+            b.copy_from_slice(&pixel);
+        }
     }
 }
 
@@ -472,6 +479,27 @@ mod tests {
             "{w} {h}"
         );
         assert!((left - 62.5).abs() < 0.01 && (top - 12.5).abs() < 0.01);
+    }
+
+    #[test]
+    fn mirror_reverses_the_pixels_of_each_row_of_odd_and_even_width() {
+        for width in [1usize, 2, 3, 4, 7, 224] {
+            let rows = 3;
+            let pixels: Vec<u8> = (0..width * rows * 3).map(|i| (i * 7 % 251) as u8).collect();
+            let mut mirrored = pixels.clone();
+            mirror(&mut mirrored, width);
+            for y in 0..rows {
+                for x in 0..width {
+                    let at = (y * width + x) * 3;
+                    let from = (y * width + width - 1 - x) * 3;
+                    assert_eq!(
+                        mirrored[at..at + 3],
+                        pixels[from..from + 3],
+                        "{width} {x} {y}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

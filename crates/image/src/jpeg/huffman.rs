@@ -1,7 +1,7 @@
 //! Huffman tables and the entropy-coded bit reader of a baseline scan.
 
 /// Bits looked up at once: codes up to this long decode with one table read.
-const FAST_BITS: u32 = 9;
+const FAST_BITS: u32 = 11;
 const FAST_SIZE: usize = 1 << FAST_BITS;
 
 /// The JPEG zigzag order: coefficient k of a scan is natural index `ZIGZAG[k]`. Past 63
@@ -34,7 +34,13 @@ pub(super) struct Table {
     /// Symbol index minus code, by length.
     offset: [i32; 17],
     symbols: [u8; 256],
+    /// Whether the image being read defined this table.
     pub(super) defined: bool,
+    /// The counts and symbols the lookups were last built from, whole (`built`): an image
+    /// that defines the same table again (most encoders write the same few) reuses them.
+    source: [u8; 16 + 256],
+    source_len: usize,
+    built: bool,
 }
 
 impl Default for Table {
@@ -46,6 +52,9 @@ impl Default for Table {
             offset: [0; 17],
             symbols: [0; 256],
             defined: false,
+            source: [0; 16 + 256],
+            source_len: 0,
+            built: false,
         }
     }
 }
@@ -57,6 +66,17 @@ impl Table {
         if total > 256 || total != symbols.len() {
             return Err(format!("a Huffman table of {total} codes"));
         }
+        let source_len = 16 + total;
+        if self.built
+            && self.source_len == source_len
+            && self.source[..16] == counts[..]
+            && self.source[16..source_len] == *symbols
+        {
+            self.defined = true;
+            return Ok(());
+        }
+        // Rebuilt from here on: a failure below leaves the lookups half written.
+        self.built = false;
         self.symbols[..total].copy_from_slice(symbols);
         self.fast.fill(0);
         self.ac.fill(0);
@@ -100,6 +120,10 @@ impl Table {
             let value = extend(bits, size);
             self.ac[i] = value << 16 | (run << 8 | (len + size)) as i32;
         }
+        self.source[..16].copy_from_slice(counts);
+        self.source[16..source_len].copy_from_slice(symbols);
+        self.source_len = source_len;
+        self.built = true;
         self.defined = true;
         Ok(())
     }
@@ -386,5 +410,64 @@ pub(super) fn next_marker(data: &[u8], mut pos: usize) -> Option<usize> {
             0xFF => pos = at + 1,
             _ => return Some(at),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The symbols `bits` (a byte string, no 0xFF) decode to under `table`.
+    fn symbols(table: &Table, bytes: &[u8], n: usize) -> Vec<u8> {
+        let mut bits = Bits::new(bytes, 0);
+        (0..n)
+            .map(|_| {
+                bits.refill();
+                bits.symbol(table).unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_table_defined_again_decodes_by_its_own_codes_whether_rebuilt_or_reused() {
+        // Two codes of 1 bit: 0 and 1.
+        let mut counts = [0u8; 16];
+        counts[0] = 2;
+        let (a, b) = ([7u8, 9], [9u8, 7]);
+        let mut table = Table::default();
+        // 0b0110_0000: codes 0, 1, 1, 0.
+        let bytes = [0b0110_0000, 0, 0, 0, 0, 0, 0, 0, 0];
+        table.build(&counts, &a).unwrap();
+        assert_eq!(symbols(&table, &bytes, 4), [7, 9, 9, 7]);
+        table.build(&counts, &b).unwrap();
+        assert_eq!(symbols(&table, &bytes, 4), [9, 7, 7, 9]);
+        table.defined = false;
+        table.build(&counts, &b).unwrap();
+        assert!(table.defined);
+        assert_eq!(symbols(&table, &bytes, 4), [9, 7, 7, 9]);
+        // A failed build is not reused: the same bytes as before it are built again.
+        let mut overfull = [0u8; 16];
+        overfull[0] = 3;
+        assert!(table.build(&overfull, &[1, 2, 3]).is_err());
+        table.build(&counts, &b).unwrap();
+        assert_eq!(symbols(&table, &bytes, 4), [9, 7, 7, 9]);
+        // Longer codes than the lookup's: one of 1 bit, two of 12 bits.
+        let mut long = [0u8; 16];
+        long[0] = 1;
+        long[11] = 2;
+        table.build(&long, &[1, 2, 3]).unwrap();
+        // 0, then 1000_0000_0000 (the first 12-bit code, 2), then 1000_0000_0001 (3).
+        let bytes = [
+            0b0100_0000,
+            0b0000_0100,
+            0b0000_0000,
+            0b1000_0000,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
+        assert_eq!(symbols(&table, &bytes, 3), [1, 2, 3]);
     }
 }

@@ -9,6 +9,8 @@
 
 use std::num::Wrapping as W;
 
+use super::huffman::ZIGZAG;
+
 type Lanes = [[W<i32>; 8]; 8];
 
 /// Pass 2's rounding and the +128 level shift, at its scale (2^17). The rounding carries
@@ -56,11 +58,45 @@ fn pixel(x: W<i32>) -> u8 {
     x.0.clamp(0, 255) as u8
 }
 
-/// 8 x 8 samples of `coefs` (natural order, dequantized) into `out`, rows `stride` apart.
+/// The rows and the columns of a block (natural order) that its first k coefficients in
+/// zigzag order reach, 4 or 8 each: `REACH[k]`, k up to 64.
+const REACH: [(u8, u8); 65] = {
+    let mut reach = [(4u8, 4u8); 65];
+    let (mut k, mut rows, mut cols) = (0, 0, 0);
+    while k < 64 {
+        let at = ZIGZAG[k] as usize;
+        if at / 8 >= 4 {
+            rows = 4;
+        }
+        if at % 8 >= 4 {
+            cols = 4;
+        }
+        reach[k + 1] = (4 + rows, 4 + cols);
+        k += 1;
+    }
+    reach
+};
+
+/// 8 x 8 samples of `coefs` (natural order, dequantized) into `out`, rows `stride` apart;
+/// `last` is the zigzag index past the last coefficient that may be non-zero. A block whose
+/// coefficients lie in the first four rows or columns (most of a photograph's) takes a
+/// transform that leaves out the others' zero terms: the same integers, fewer products.
 #[inline(always)]
-pub(super) fn idct8(coefs: &[i32; 80], out: &mut [u8], stride: usize) {
+pub(super) fn idct8(coefs: &[i32; 80], last: usize, out: &mut [u8], stride: usize) {
+    match REACH[last.min(64)] {
+        (4, 4) => idct8_within::<4, 4>(coefs, out, stride),
+        (4, _) => idct8_within::<4, 8>(coefs, out, stride),
+        (_, 4) => idct8_within::<8, 4>(coefs, out, stride),
+        _ => idct8_within::<8, 8>(coefs, out, stride),
+    }
+}
+
+/// [`idct8`] of a block whose non-zero coefficients lie in its first `R` rows and `C`
+/// columns.
+#[inline(always)]
+fn idct8_within<const R: usize, const C: usize>(coefs: &[i32; 80], out: &mut [u8], stride: usize) {
     let mut v = [[W(0); 8]; 8];
-    for (r, row) in v.iter_mut().enumerate() {
+    for (r, row) in v.iter_mut().enumerate().take(R) {
         for (x, c) in row.iter_mut().zip(&coefs[r * 8..r * 8 + 8]) {
             *x = W(*c);
         }
@@ -71,7 +107,7 @@ pub(super) fn idct8(coefs: &[i32; 80], out: &mut [u8], stride: usize) {
     // registers.
     for (row, line) in columns.iter().zip(out.chunks_mut(stride)) {
         let mut acc = [W(PASS2_BIAS); 8];
-        for (&t, basis) in row.iter().zip(&ROWS) {
+        for (&t, basis) in row.iter().zip(&ROWS).take(C) {
             for (a, &k) in acc.iter_mut().zip(basis) {
                 *a += t * W(k);
             }
@@ -163,17 +199,18 @@ fn idct_box(coefs: &[i32; 80], across: usize, down: usize, out: &mut [u8], strid
 }
 
 /// A block's `across` x `down` samples (8, 4, 2 or 1 each way) into `out`, rows `stride`
-/// apart; `dc_only` when every AC coefficient is zero.
+/// apart; `last` is the zigzag index past its last coefficient that may be non-zero (1:
+/// the DC alone).
 #[inline(always)]
 pub(super) fn idct(
     coefs: &[i32; 80],
-    dc_only: bool,
+    last: usize,
     across: usize,
     down: usize,
     out: &mut [u8],
     stride: usize,
 ) {
-    if dc_only || across * down == 1 {
+    if last <= 1 || across * down == 1 {
         let v = pixel(W((coefs[0].wrapping_add(4 + 1024)) >> 3));
         for y in 0..down {
             out[y * stride..y * stride + across].fill(v);
@@ -181,7 +218,7 @@ pub(super) fn idct(
         return;
     }
     if across == 8 && down == 8 {
-        idct8(coefs, out, stride);
+        idct8(coefs, last, out, stride);
     } else {
         idct_box(coefs, across, down, out, stride);
     }

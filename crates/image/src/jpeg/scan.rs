@@ -139,7 +139,7 @@ pub(super) fn decode_scan(
                     let last = bits.block(dc_table, ac_table, quant, &mut dc[k], &mut coefs)?;
                     let start = (y0 + by * bh) * g.width + x0 + bx * bw;
                     let plane = &mut scratch.planes[k][start..];
-                    idct::idct(&coefs, last <= 1, bw, bh, plane, g.width);
+                    idct::idct(&coefs, last, bw, bh, plane, g.width);
                     coefs = [0; 80];
                 }
             }

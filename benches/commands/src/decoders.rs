@@ -1,6 +1,7 @@
 //! `lobster-bench decoders`: the CPU each JPEG decode path costs per image, on a folder's
-//! JPEGs held in memory, on one thread: zune-jpeg's whole decode (`decode_into`, the
-//! buffer reused), the region decoder on the whole image at 1/1, 1/2 and 1/4 (asked for all
+//! JPEGs held in memory, on one thread: zune-jpeg's whole decode (its `decode_into`, the
+//! buffer reused), lobster-image's whole decode (`decode_into`: its own decoder on a
+//! baseline JPEG), its region decoder on the whole image at 1/2 and 1/4 (asked for all
 //! but its first column, which it decodes whole), and the
 //! training transform's crops decoded by region (`Transformer::decode_apply`) against the
 //! whole decode followed by the same transform. Each round runs every path once over every
@@ -12,6 +13,8 @@ use anyhow::{Context, Result};
 use lobster_image::{
     decode_into, decode_region_into, dimensions, Region, Transform, Transformer, PIXELS_MAX_DEFAULT,
 };
+use zune_jpeg::zune_core::colorspace::ColorSpace;
+use zune_jpeg::zune_core::options::DecoderOptions;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct DecodersArgs {
@@ -34,8 +37,8 @@ pub(crate) struct DecodersArgs {
 
 /// The paths measured, in the order each round runs them.
 const PATHS: [&str; 6] = [
-    "zune full (decode_into)",
-    "region decoder full 1/1",
+    "zune-jpeg full",
+    "lobster-image full (decode_into)",
     "region decoder full 1/2",
     "region decoder full 1/4",
     "train crop: decode_apply (region)",
@@ -77,7 +80,7 @@ pub(crate) fn run(args: &DecodersArgs) -> Result<()> {
         }
     }
     println!("load average at the end: {}", load_average());
-    println!("| path | CPU ms/image median (min-max) | vs zune full |");
+    println!("| path | CPU ms/image median (min-max) | vs zune-jpeg full |");
     println!("|---|---|---|");
     let medians: Vec<f64> = ns
         .iter_mut()
@@ -133,11 +136,26 @@ impl Bench {
             let key = (self.seed, 0, id as u32);
             match path {
                 0 => {
+                    let options = DecoderOptions::default()
+                        .jpeg_set_out_colorspace(ColorSpace::RGB)
+                        .set_max_width(1 << 16)
+                        .set_max_height(1 << 16);
+                    let mut decoder = zune_jpeg::JpegDecoder::new_with_options(bytes, options);
+                    decoder
+                        .decode_headers()
+                        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+                    let size = decoder.output_buffer_size().unwrap_or(0);
+                    self.pixels.resize(size, 0);
+                    decoder
+                        .decode_into(&mut self.pixels)
+                        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+                }
+                1 => {
                     decode_into(bytes, PIXELS_MAX_DEFAULT, &mut self.pixels, 0)?;
                 }
-                1..=3 => {
-                    // The whole image at 1/1 is left to zune-jpeg: a region one pixel in from
-                    // the left has the region decoder decode it all the same.
+                2 | 3 => {
+                    // A region one pixel in from the left has the region decoder decode the
+                    // whole image all the same, at the scale asked.
                     let region = Region {
                         left: u32::from(*width > 1),
                         width: *width - u32::from(*width > 1),

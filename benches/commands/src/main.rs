@@ -35,8 +35,9 @@ enum Command {
     /// Decode alone against decode + transform + collate, per image, on a dataset's files
     /// held in memory.
     ImageBench(image_bench::ImageBenchArgs),
-    /// CPU per image of the JPEG decode paths on one thread: zune-jpeg's whole decode, the
-    /// region decoder at 1/1, 1/2 and 1/4, and training crops by region against whole.
+    /// CPU per image of the JPEG decode paths on one thread: zune-jpeg's whole decode,
+    /// lobster-image's, its region decoder at 1/2 and 1/4, and training crops by region
+    /// against whole.
     Decoders(decoders::DecodersArgs),
     /// What planning remote hits costs a node at start-up: every peer's cache plan
     /// replayed (default: ImageNet-22k on 64 nodes with a 10% cache), or with `--plan

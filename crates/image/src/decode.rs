@@ -273,17 +273,7 @@ pub fn decode_region_into(
         width: region.width,
         height: region.height,
     };
-    // The whole image at full scale is left to the whole decode, so that it is the same
-    // bytes as `decode_into`'s: the region decoder would save nothing there.
-    let whole = scale == 1
-        && (region.left, region.top) == (0, 0)
-        && dimensions(bytes) == Some((region.width, region.height));
-    let decoded = if whole {
-        None
-    } else {
-        crate::jpeg::decode_region(bytes, part, scale, accept, out, at)?
-    };
-    if let Some((w, s)) = decoded {
+    if let Some((w, s)) = crate::jpeg::decode_region(bytes, part, scale, accept, out, at)? {
         return Ok(Window {
             width: w.width,
             height: w.height,
@@ -353,6 +343,32 @@ fn jpeg(
         return Err(fail(
             "truncated (no end-of-image marker after its last scan)".into(),
         ));
+    }
+    // A baseline JPEG: lobster-image's own decoder, which writes the pixels straight into
+    // `out` and, at full scale, is a few per cent faster than zune-jpeg's; anything it does
+    // not take (progressive, CMYK, separate scans) is zune-jpeg's.
+    let mut size = None;
+    let accept = |width: u32, height: u32| {
+        check_pixels(width, height, pixels_max)?;
+        size = Some((width, height));
+        Ok(())
+    };
+    if let Some((w, h)) = dimensions(bytes) {
+        let all = crate::jpeg::Rect {
+            left: 0,
+            top: 0,
+            width: w,
+            height: h,
+        };
+        if let Some((window, _)) = crate::jpeg::decode_region(bytes, all, 1, accept, out, at)? {
+            if Some((window.width, window.height)) != size || (window.left, window.top) != (0, 0) {
+                return Err(fail(format!(
+                    "{} x {} decoded of a {w} x {h} image",
+                    window.width, window.height
+                )));
+            }
+            return Ok((window.width, window.height));
+        }
     }
     let options = zune_jpeg::zune_core::options::DecoderOptions::default()
         .jpeg_set_out_colorspace(JpegColor::RGB)

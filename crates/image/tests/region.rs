@@ -9,6 +9,7 @@ use lobster_image::{
 mod common;
 use common::data;
 use common::difference;
+use common::zune_decode;
 
 const PHOTOS: [&str; 6] = [
     "photo-astronaut-420.jpg",
@@ -46,7 +47,7 @@ fn training_and_evaluation_crops_match_the_whole_decode_within_the_tolerance() {
     let mut scales = std::collections::BTreeMap::new();
     for name in PHOTOS {
         let bytes = data(name);
-        let whole = decode(&bytes).unwrap();
+        let whole = zune_decode(&bytes);
         for transform in [
             Transform::Train { size: 224 },
             Transform::Train { size: 64 },
@@ -212,7 +213,7 @@ fn a_region_outside_the_image_or_a_scale_not_offered_is_refused_naming_it() {
 fn a_decode_brought_down_to_a_side_has_the_planned_shape_and_stays_near_the_whole_one() {
     for name in PHOTOS {
         let bytes = data(name);
-        let whole = decode(&bytes).unwrap();
+        let whole = zune_decode(&bytes);
         for side in [40, 100, 150, 256, 10_000] {
             let expected = lobster_image::downscale((&whole).into(), side).unwrap();
             let small = lobster_image::decode_downscaled(&bytes, 1 << 26, side)
@@ -229,7 +230,10 @@ fn a_decode_brought_down_to_a_side_has_the_planned_shape_and_stays_near_the_whol
                 "{name} {side}: mean {mean:.2}, max {max}"
             );
             if side >= whole.width().max(whole.height()) {
-                assert_eq!(small, whole, "{name}: no smaller than asked, decoded whole");
+                assert!(
+                    small == decode(&bytes).unwrap(),
+                    "{name}: no smaller than asked, decoded whole"
+                );
             }
         }
     }

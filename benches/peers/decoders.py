@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Single-thread JPEG decode time: lobster_io's decoder (zune-jpeg) against Pillow's
+"""Single-thread JPEG decode time: lobster_io's decoder (lobster-image's own on a baseline
+JPEG, zune-jpeg on any other) against Pillow's
 (libjpeg-turbo), on the same files already in memory.
 
     python benches/peers/decoders.py --data DIR [--data DIR2 ...] [--limit 400] [--rounds 5]
@@ -49,7 +50,7 @@ def main():
     def pil_array(b):
         return np.asarray(pil(b))
 
-    decoders = {"zune-jpeg (lobster_io.decode_image)": lobster_io.decode_image,
+    decoders = {"lobster-image (lobster_io.decode_image)": lobster_io.decode_image,
                 "libjpeg-turbo (Pillow load)": pil,
                 "libjpeg-turbo (Pillow load + np.asarray)": pil_array}
     out = {"pillow": Image.__version__,

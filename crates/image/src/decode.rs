@@ -201,11 +201,12 @@ pub fn decode_into(
     }
     // The probe refuses before any decoder exists; each decoder checks its own reading of
     // the header again before it decodes, in case the two read it differently.
-    if let Some((width, height)) = dimensions(bytes) {
+    let probed = dimensions(bytes);
+    if let Some((width, height)) = probed {
         check_pixels(width, height, pixels_max)?;
     }
     match bytes {
-        [0xFF, 0xD8, 0xFF, ..] => jpeg(bytes, pixels_max, out, at),
+        [0xFF, 0xD8, 0xFF, ..] => jpeg(bytes, probed, pixels_max, out, at),
         [0x89, b'P', b'N', b'G', ..] => png(bytes, pixels_max, out, at),
         _ => Err(ImageError::UnknownFormat {
             magic: bytes
@@ -332,8 +333,10 @@ pub(crate) fn jpeg_is_whole(bytes: &[u8]) -> bool {
     has(&bytes[..eoi]) && !has(&bytes[eoi..])
 }
 
+/// `probed`: the size [`dimensions`] read from `bytes`.
 fn jpeg(
     bytes: &[u8],
+    probed: Option<(u32, u32)>,
     pixels_max: u64,
     out: &mut Vec<u8>,
     at: usize,
@@ -353,7 +356,7 @@ fn jpeg(
         size = Some((width, height));
         Ok(())
     };
-    if let Some((w, h)) = dimensions(bytes) {
+    if let Some((w, h)) = probed {
         let all = crate::jpeg::Rect {
             left: 0,
             top: 0,

@@ -6,6 +6,8 @@
 //! horizontal subsampling repeats each sample. The rounding is zune-jpeg's, so that a
 //! full-scale decode is within a unit or two of the whole-image decoder's.
 
+use super::simd::{interleave16, Ssse3};
+
 /// One component's decoded samples and where they sit in the output.
 pub(super) struct Plane<'a> {
     pub(super) data: &'a [u8],
@@ -59,11 +61,12 @@ pub(super) fn convert(
     };
     rows.cb.resize(width, 0);
     rows.cr.resize(width, 0);
+    let ssse3 = Ssse3::detect();
     for (y, line) in out.chunks_exact_mut(width * 3).take(height).enumerate() {
         upsample_row(cb, y, width, &mut rows.vertical, &mut rows.cb);
         upsample_row(cr, y, width, &mut rows.vertical, &mut rows.cr);
         let src = &luma.data[y * luma.width..y * luma.width + width];
-        rgb_row(src, &rows.cb, &rows.cr, line);
+        rgb_row(src, &rows.cb, &rows.cr, line, ssse3);
     }
 }
 
@@ -72,7 +75,7 @@ pub(super) fn convert(
 const RUN: usize = 16;
 
 #[inline(always)]
-fn rgb_row(luma: &[u8], cb: &[i16], cr: &[i16], out: &mut [u8]) {
+fn rgb_row(luma: &[u8], cb: &[i16], cr: &[i16], out: &mut [u8], ssse3: Option<Ssse3>) {
     let full = luma.len() / RUN * RUN;
     let runs = out[..full * 3]
         .chunks_exact_mut(RUN * 3)
@@ -84,10 +87,16 @@ fn rgb_row(luma: &[u8], cb: &[i16], cr: &[i16], out: &mut [u8]) {
         for i in 0..RUN {
             [red[i], green[i], blue[i]] = pixel(l[i], b[i], r[i]);
         }
-        for i in 0..RUN {
-            o[3 * i] = red[i];
-            o[3 * i + 1] = green[i];
-            o[3 * i + 2] = blue[i];
+        let o: &mut [u8; RUN * 3] = o.try_into().expect("runs are RUN pixels");
+        match ssse3 {
+            Some(ssse3) => interleave16(ssse3, &red, &green, &blue, o),
+            None => {
+                for i in 0..RUN {
+                    o[3 * i] = red[i];
+                    o[3 * i + 1] = green[i];
+                    o[3 * i + 2] = blue[i];
+                }
+            }
         }
     }
     let rest = out[full * 3..]

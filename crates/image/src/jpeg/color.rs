@@ -6,7 +6,7 @@
 //! horizontal subsampling repeats each sample. The rounding is zune-jpeg's, so that a
 //! full-scale decode is within a unit or two of the whole-image decoder's.
 
-use super::simd::{interleave16, Ssse3};
+use super::interleave::{interleave16, Ssse3};
 
 /// One component's decoded samples and where they sit in the output.
 pub(super) struct Plane<'a> {

@@ -14,6 +14,7 @@ mod color;
 mod header;
 mod huffman;
 mod idct;
+mod interleave;
 mod scan;
 mod simd;
 

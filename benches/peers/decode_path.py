@@ -29,6 +29,9 @@ from peers import list_images  # noqa: E402
 
 
 def child(kind, data, threads):
+    # Imported first, as a training script has: the arrays both figures return need it, and
+    # its import (and its BLAS threads' start) is no part of any image's path.
+    import numpy  # noqa: F401
     import lobster_io
 
     files = [f for f, _ in list_images(data)]

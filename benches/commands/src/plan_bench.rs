@@ -300,6 +300,49 @@ fn decode_constants(dir: &std::path::Path, runs: usize) -> Result<()> {
             per_pixel[runs / 2],
             per_pixel.iter().map(|x| (x * 1000.0).round() / 1000.0).collect::<Vec<_>>()
         );
+        if *name == "jpeg" {
+            scaled_shares(files, runs)?;
+        }
+    }
+    Ok(())
+}
+
+/// What a JPEG's whole decode at each coarser DCT scale (the decoded tier's decode of an
+/// image it keeps brought down to a side) takes, over its decode at full scale, on the same
+/// files in the same run: the medians over `runs` runs, each scale timed beside a full
+/// decode.
+fn scaled_shares(files: &[Vec<u8>], runs: usize) -> Result<()> {
+    let time = |scale: u32| -> Result<f64> {
+        let mut out = Vec::new();
+        let started = Instant::now();
+        for f in files {
+            let (width, height) = lobster_image::dimensions(f)
+                .ok_or_else(|| anyhow::anyhow!("a JPEG without a readable header"))?;
+            let whole = lobster_image::Region {
+                left: 0,
+                top: 0,
+                width,
+                height,
+            };
+            lobster_image::decode_region_into(f, u64::MAX, whole, scale, &mut out, 0)?;
+        }
+        Ok(started.elapsed().as_secs_f64())
+    };
+    for scale in [2, 4, 8] {
+        let mut shares = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let full = time(1)?;
+            shares.push(time(scale)? / full);
+        }
+        shares.sort_by(f64::total_cmp);
+        println!(
+            "jpeg at 1/{scale}: {:.3} of the full-scale decode (median of {runs}; runs {:?})",
+            shares[runs / 2],
+            shares
+                .iter()
+                .map(|x| (x * 1000.0).round() / 1000.0)
+                .collect::<Vec<_>>()
+        );
     }
     Ok(())
 }

@@ -37,7 +37,9 @@ pub use decode::{
 };
 pub use error::ImageError;
 pub use region::{Region, Window, SCALES};
-pub use transform::{decode_downscaled, downscale, downscaled_shape, Transform, Transformer};
+pub use transform::{
+    decode_downscaled, downscale, downscaled_scale, downscaled_shape, Transform, Transformer,
+};
 
 /// Checker run by the image header fuzz target: arbitrary bytes (or a decode fixture with
 /// arbitrary edits) through the header probe and both decoders under a low pixel bound;

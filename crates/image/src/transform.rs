@@ -286,6 +286,18 @@ pub fn downscaled_shape(width: u32, height: u32, max_side: u32) -> (u32, u32) {
     (side(width), side(height))
 }
 
+/// The coarsest DCT scale (of [`SCALES`]) whose decode of a `width` x `height` JPEG still
+/// covers [`downscaled_shape`]: the one [`decode_downscaled`] decodes at.
+pub fn downscaled_scale(width: u32, height: u32, max_side: u32) -> u32 {
+    let (w, h) = downscaled_shape(width, height, max_side);
+    SCALES
+        .iter()
+        .rev()
+        .copied()
+        .find(|&s| width.div_ceil(s) >= w && height.div_ceil(s) >= h)
+        .unwrap_or(1)
+}
+
 /// `image` with its longer side brought down to `max_side` (antialiased bilinear, as the
 /// transforms resize), or a copy if it is no longer.
 ///
@@ -332,12 +344,7 @@ pub fn decode_downscaled(
         );
     };
     let (w, h) = downscaled_shape(width, height, max_side);
-    let scale = SCALES
-        .iter()
-        .rev()
-        .copied()
-        .find(|&s| width.div_ceil(s) >= w && height.div_ceil(s) >= h)
-        .unwrap_or(1);
+    let scale = downscaled_scale(width, height, max_side);
     let whole = Region {
         left: 0,
         top: 0,

@@ -65,6 +65,17 @@ fn age(root: &Path) {
     std::thread::sleep(Duration::from_millis(2100));
 }
 
+/// [`folder`] under `dir`, opened without a table.
+fn untabled(dir: &Path) -> Arc<Dataset> {
+    let root = dir.join("data");
+    folder(&root);
+    let options = lobster_io::FolderOptions {
+        table_dir: None,
+        ..Default::default()
+    };
+    Arc::new(Dataset::open_folder(&root, &options).unwrap())
+}
+
 /// The decoded images' bytes: each (24 + 4i) x (20 + 3i) x 3.
 fn decoded_bytes() -> u64 {
     (0..24u64).map(|i| (24 + 4 * i) * (20 + 3 * i) * 3).sum()
@@ -129,13 +140,7 @@ fn plan(m: &RunMetrics) -> (u64, u64, u64, u64) {
 #[test]
 fn the_plan_does_not_depend_on_how_fast_the_decoder_ran_at_build() {
     let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("data");
-    folder(&root);
-    let options = lobster_io::FolderOptions {
-        table_dir: None,
-        ..Default::default()
-    };
-    let ds = Arc::new(Dataset::open_folder(&root, &options).unwrap());
+    let ds = untabled(dir.path());
     let slow = Arc::new(AtomicBool::new(false));
     for capacity in [decoded_bytes() / 4, decoded_bytes() / 2] {
         // The first build with a decoder slowed down (as by a loaded machine), the second not.
@@ -295,4 +300,28 @@ fn an_image_larger_than_its_kept_header_says_is_not_kept_decoded() {
     assert_eq!(plan(&after), plan(&before));
     assert!(after.images_kept < before.images_kept, "{after:?}");
     assert!(after.decoded_again > 0, "{after:?}");
+}
+
+#[test]
+fn images_kept_smaller_price_the_scaled_decode_a_hit_saves() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = untabled(dir.path());
+    let slow = Arc::new(AtomicBool::new(false));
+    let decode_per_byte_s = |side: Option<u32>| {
+        let mut b = builder(&ds, FormChoice::Auto, decoded_bytes() / 2, &slow);
+        if let Some(side) = side {
+            b = b.decoded_max_side(side);
+        }
+        let m = drain(b.build().unwrap());
+        let costs = m.form_costs.unwrap();
+        assert_eq!(costs.decode_source, "model", "{costs:?}");
+        costs.costs.decode_per_byte_s
+    };
+    let full = decode_per_byte_s(None);
+    // Larger than every image: decoded at full scale, priced so.
+    assert_eq!(decode_per_byte_s(Some(200)), full);
+    // 16 px a side: the larger images at 1/2 or 1/4 (the smallest, under 32 px, at 1/1),
+    // priced at those scales' shares of a full decode (0.7 to 0.9), never at their pixels'.
+    let small = decode_per_byte_s(Some(16));
+    assert!(small < full && small > 0.7 * full, "{small} against {full}");
 }

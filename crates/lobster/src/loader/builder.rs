@@ -643,11 +643,16 @@ fn decoded_tier<T>(
     let choice = chosen.unwrap_or(FormChoice::Auto);
     // Headers as the dataset's table keeps them: a second open reads no image.
     let probes = dataset.image_probes();
+    let max_side = config.cache.decoded_max_side;
     let (costs, costs_from) = match config.cache.form_costs {
         Some(costs) => (costs, pipeline::CostsFrom::CONFIG),
-        None => pipeline::form_costs(&probes, dataset.samples(), config.reads.emulation()),
+        None => pipeline::form_costs(
+            &probes,
+            dataset.samples(),
+            config.reads.emulation(),
+            max_side,
+        ),
     };
-    let max_side = config.cache.decoded_max_side;
     let tier = pipeline::DecodedTier {
         staged,
         choice,

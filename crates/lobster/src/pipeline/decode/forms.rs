@@ -170,6 +170,36 @@ pub(crate) fn decoded_sizes(probes: &[Probe], max_side: Option<u32>) -> Arc<[u32
 /// build, so that the plan does not move with the machine's load.
 pub const JPEG_DECODE_S_PER_PIXEL: f64 = JPEG_DECODE_NS_PER_PIXEL * 1e-9;
 const JPEG_DECODE_NS_PER_PIXEL: f64 = 20.6;
+/// What a JPEG's decode at 1/2, 1/4 and 1/8 of its resolution takes over its decode at full
+/// scale (the decoded tier's decode of an image it keeps brought down to a side, at the
+/// coarsest scale that reaches it: [`lobster_image::downscaled_scale`]), measured as
+/// [`JPEG_DECODE_S_PER_PIXEL`] on the same 400 generated JPEGs (`plan-bench
+/// --decode-constants`, 2026-12-07, medians of 5: 0.906, 0.769, 0.709; on the photo set,
+/// 0.856, 0.721, 0.615). The entropy decoding, which no scale shortens, is most of what is
+/// left. The resize from the scaled image to the exact side after it is not priced.
+const JPEG_SCALED_DECODE_SHARE: [(u32, f64); 3] = [(2, 0.906), (4, 0.769), (8, 0.709)];
+
+/// The shares a JPEG's decode is priced at over its full-scale decode: 1, then
+/// [`JPEG_SCALED_DECODE_SHARE`]'s.
+const JPEG_DECODE_SHARES: [f64; 4] = [
+    1.0,
+    JPEG_SCALED_DECODE_SHARE[0].1,
+    JPEG_SCALED_DECODE_SHARE[1].1,
+    JPEG_SCALED_DECODE_SHARE[2].1,
+];
+
+/// Which of [`JPEG_DECODE_SHARES`] a `width` x `height` JPEG's decode is priced at: the
+/// DCT scale the tier decodes it at when kept images are brought down to `max_side`.
+fn jpeg_decode_share(width: u32, height: u32, max_side: Option<u32>) -> usize {
+    let scale = max_side.map_or(1, |side| {
+        lobster_image::downscaled_scale(width, height, side)
+    });
+    JPEG_SCALED_DECODE_SHARE
+        .iter()
+        .position(|&(s, _)| s == scale)
+        .map_or(0, |i| i + 1)
+}
+
 /// As [`JPEG_DECODE_S_PER_PIXEL`] for a PNG, measured the same way on the 51 PNG figures
 /// of the Rust toolchain's documentation (`lobster-bench plan-bench --decode-constants
 /// ~/.rustup/toolchains/stable-x86_64-unknown-linux-gnu/share/doc/rust/html`: 7.6 ns, runs
@@ -227,9 +257,10 @@ impl CostsFrom {
 ///
 /// - reads: from the emulated tier, else the cost model's storage prior;
 /// - decodes: each sample's pixels times the built-in decoder's constant per pixel of its
-///   format ([`JPEG_DECODE_S_PER_PIXEL`], [`PNG_DECODE_S_PER_PIXEL`]), spread over the
-///   dataset's encoded bytes (the rule prices per encoded byte); the prior's where no
-///   sample has a header.
+///   format ([`JPEG_DECODE_S_PER_PIXEL`], [`PNG_DECODE_S_PER_PIXEL`]), a JPEG's at the DCT
+///   scale the tier decodes it at when kept images are brought down to `max_side`
+///   ([`JPEG_SCALED_DECODE_SHARE`]), spread over the dataset's encoded bytes (the rule
+///   prices per encoded byte); the prior's where no sample has a header.
 ///
 /// Decodes were timed on a few samples at build before: the timing moved with the
 /// machine's load, and with it the plan (hit ratios 0.146 and 0.336 on two runs of one
@@ -241,6 +272,7 @@ pub(crate) fn form_costs(
     probes: &[Probe],
     samples: &[crate::dataset::SampleMeta],
     emulation: Option<StorageEmulation>,
+    max_side: Option<u32>,
 ) -> (FormCosts, CostsFrom) {
     let prior = CostParams::PRIORS;
     let (read_s, read_per_byte_s, read) = match emulation {
@@ -254,12 +286,16 @@ pub(crate) fn form_costs(
             (s.request_s, s.per_byte_s, "prior")
         }
     };
-    // Integers summed: the same whatever the order or the thread.
-    let (mut jpeg_pixels, mut png_pixels, mut bytes) = (0u128, 0u128, 0u128);
+    // Integers summed (a JPEG's pixels by the share its decode is priced at): the same
+    // whatever the order or the thread.
+    let mut jpeg_pixels = [0u128; JPEG_DECODE_SHARES.len()];
+    let (mut png_pixels, mut bytes) = (0u128, 0u128);
     for (probe, meta) in probes.iter().zip(samples) {
         let pixels = |w: u32, h: u32| u128::from(w) * u128::from(h);
         match *probe {
-            Probe::Jpeg { width, height } => jpeg_pixels += pixels(width, height),
+            Probe::Jpeg { width, height } => {
+                jpeg_pixels[jpeg_decode_share(width, height, max_side)] += pixels(width, height);
+            }
             Probe::Png { width, height } => png_pixels += pixels(width, height),
             _ => continue,
         }
@@ -267,8 +303,12 @@ pub(crate) fn form_costs(
     }
     let clamp = |n: u128| u64::try_from(n).unwrap_or(u64::MAX);
     let (decode_s, decode_per_byte_s, decode) = if bytes > 0 {
-        let seconds = jpeg_pixels as f64 * JPEG_DECODE_S_PER_PIXEL
-            + png_pixels as f64 * PNG_DECODE_S_PER_PIXEL;
+        let jpeg: f64 = jpeg_pixels
+            .iter()
+            .zip(JPEG_DECODE_SHARES)
+            .map(|(&p, share)| p as f64 * share)
+            .sum();
+        let seconds = jpeg * JPEG_DECODE_S_PER_PIXEL + png_pixels as f64 * PNG_DECODE_S_PER_PIXEL;
         (0.0, seconds / bytes as f64, "model")
     } else {
         (prior.decode.sample_s, prior.decode.per_byte_s, "prior")
@@ -282,8 +322,25 @@ pub(crate) fn form_costs(
     let from = CostsFrom {
         read,
         decode,
-        pixels: clamp(jpeg_pixels + png_pixels),
+        pixels: clamp(jpeg_pixels.iter().sum::<u128>() + png_pixels),
         encoded_bytes: clamp(bytes),
     };
     (costs, from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jpeg_kept_smaller_is_priced_at_the_scale_it_is_decoded_at() {
+        // No smaller than the image, or not small enough for 1/2: a full-scale decode.
+        for side in [None, Some(1000), Some(600)] {
+            assert_eq!(JPEG_DECODE_SHARES[jpeg_decode_share(1000, 800, side)], 1.0);
+        }
+        for (side, share) in [(500, 0.906), (250, 0.769), (125, 0.709), (40, 0.709)] {
+            let at = jpeg_decode_share(1000, 800, Some(side));
+            assert_eq!(JPEG_DECODE_SHARES[at], share, "side {side}");
+        }
+    }
 }

@@ -163,13 +163,14 @@ pub(crate) fn decoded_sizes(probes: &[Probe], max_side: Option<u32>) -> Arc<[u32
 }
 
 /// Seconds the built-in decoder ([`lobster_image::decode`]) takes per pixel of a JPEG,
-/// measured once on the development machine (2 shared cores, load average about 12 from
-/// other builds; a release build, 2026-12-03) on 400 generated 110 KiB JPEGs:
-/// `lobster gen --out /tmp/j --samples 400` then `lobster-bench plan-bench --decode-constants
-/// /tmp/j` (median of 5 runs: 20.6 ns; runs 19.9 to 20.8). Fixed here, not measured at
-/// build, so that the plan does not move with the machine's load.
+/// measured on the development machine (2 shared cores, nothing else running; a release
+/// build, 2026-12-07, lobster-image's own baseline decoder) on 400 generated 110 KiB JPEGs:
+/// `lobster gen --out /tmp/j --samples 4000 --classes 10 --mean-kb 110 --seed 0` then
+/// `lobster-bench plan-bench --decode-constants /tmp/j` (three runs' medians of 5: 10.29,
+/// 10.31, 10.77 ns; 20.6 on 2026-12-03, with zune-jpeg decoding, under load). Fixed here,
+/// not measured at build, so that the plan does not move with the machine's load.
 pub const JPEG_DECODE_S_PER_PIXEL: f64 = JPEG_DECODE_NS_PER_PIXEL * 1e-9;
-const JPEG_DECODE_NS_PER_PIXEL: f64 = 20.6;
+const JPEG_DECODE_NS_PER_PIXEL: f64 = 10.3;
 /// What a JPEG's decode at 1/2, 1/4 and 1/8 of its resolution takes over its decode at full
 /// scale (the decoded tier's decode of an image it keeps brought down to a side, at the
 /// coarsest scale that reaches it: [`lobster_image::downscaled_scale`]), measured as

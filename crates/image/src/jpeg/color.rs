@@ -179,3 +179,28 @@ fn upsample_row(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_converts_to_the_same_bytes_with_or_without_shuffles() {
+        // Two whole runs and a part one.
+        let width = 2 * RUN + 5;
+        let luma: Vec<u8> = (0..width).map(|i| (i * 7) as u8).collect();
+        let cb: Vec<i16> = (0..width).map(|i| (i * 13 % 256) as i16).collect();
+        let cr: Vec<i16> = (0..width).map(|i| (255 - i * 11 % 256) as i16).collect();
+        let mut plain = vec![0u8; width * 3];
+        rgb_row(&luma, &cb, &cr, &mut plain, None);
+        let expected: Vec<u8> = (0..width)
+            .flat_map(|i| pixel(luma[i], cb[i], cr[i]))
+            .collect();
+        assert_eq!(plain, expected);
+        if let Some(ssse3) = Ssse3::detect() {
+            let mut shuffled = vec![0u8; width * 3];
+            rgb_row(&luma, &cb, &cr, &mut shuffled, Some(ssse3));
+            assert_eq!(shuffled, plain);
+        }
+    }
+}

@@ -164,8 +164,8 @@ pub(crate) fn decoded_sizes(probes: &[Probe], max_side: Option<u32>) -> Arc<[u32
 
 /// Seconds the built-in decoder ([`lobster_image::decode`]) takes per pixel of a JPEG,
 /// measured on the development machine (2 shared cores, nothing else running; a release
-/// build, 2026-12-07, lobster-image's own baseline decoder) on 400 generated 110 KiB JPEGs:
-/// `lobster gen --out /tmp/j --samples 4000 --classes 10 --mean-kb 110 --seed 0` then
+/// build, 2026-12-07, lobster-image's own baseline decoder) on 400 of 4,000 generated
+/// 110 KiB JPEGs: `lobster gen --out /tmp/j --samples 4000 --classes 10 --mean-kb 110` then
 /// `lobster-bench plan-bench --decode-constants /tmp/j` (three runs' medians of 5: 10.29,
 /// 10.31, 10.77 ns; 20.6 on 2026-12-03, with zune-jpeg decoding, under load). Fixed here,
 /// not measured at build, so that the plan does not move with the machine's load.

@@ -171,23 +171,14 @@ pub(crate) fn decoded_sizes(probes: &[Probe], max_side: Option<u32>) -> Arc<[u32
 /// not measured at build, so that the plan does not move with the machine's load.
 pub const JPEG_DECODE_S_PER_PIXEL: f64 = JPEG_DECODE_NS_PER_PIXEL * 1e-9;
 const JPEG_DECODE_NS_PER_PIXEL: f64 = 10.3;
-/// What a JPEG's decode at 1/2, 1/4 and 1/8 of its resolution takes over its decode at full
-/// scale (the decoded tier's decode of an image it keeps brought down to a side, at the
-/// coarsest scale that reaches it: [`lobster_image::downscaled_scale`]), measured as
-/// [`JPEG_DECODE_S_PER_PIXEL`] on the same 400 generated JPEGs (`plan-bench
-/// --decode-constants`, 2026-12-07, medians of 5: 0.906, 0.769, 0.709; on the photo set,
-/// 0.856, 0.721, 0.615). The entropy decoding, which no scale shortens, is most of what is
-/// left. The resize from the scaled image to the exact side after it is not priced.
-const JPEG_SCALED_DECODE_SHARE: [(u32, f64); 3] = [(2, 0.906), (4, 0.769), (8, 0.709)];
-
-/// The shares a JPEG's decode is priced at over its full-scale decode: 1, then
-/// [`JPEG_SCALED_DECODE_SHARE`]'s.
-const JPEG_DECODE_SHARES: [f64; 4] = [
-    1.0,
-    JPEG_SCALED_DECODE_SHARE[0].1,
-    JPEG_SCALED_DECODE_SHARE[1].1,
-    JPEG_SCALED_DECODE_SHARE[2].1,
-];
+/// What a JPEG's decode at each DCT scale takes over its decode at full scale (the decoded
+/// tier's decode of an image it keeps brought down to a side, at the coarsest scale that
+/// reaches it: [`lobster_image::downscaled_scale`]), measured as [`JPEG_DECODE_S_PER_PIXEL`]
+/// on the same 400 generated JPEGs (`plan-bench --decode-constants`, 2026-12-07, medians of
+/// 5: 0.906, 0.769, 0.709 at 1/2, 1/4, 1/8; on the photo set, 0.856, 0.721, 0.615). The
+/// entropy decoding, which no scale shortens, is most of what is left. The resize from the
+/// scaled image to the exact side after it is not priced.
+const JPEG_DECODE_SHARES: [(u32, f64); 4] = [(1, 1.0), (2, 0.906), (4, 0.769), (8, 0.709)];
 
 /// Which of [`JPEG_DECODE_SHARES`] a `width` x `height` JPEG's decode is priced at: the
 /// DCT scale the tier decodes it at when kept images are brought down to `max_side`.
@@ -195,10 +186,10 @@ fn jpeg_decode_share(width: u32, height: u32, max_side: Option<u32>) -> usize {
     let scale = max_side.map_or(1, |side| {
         lobster_image::downscaled_scale(width, height, side)
     });
-    JPEG_SCALED_DECODE_SHARE
+    JPEG_DECODE_SHARES
         .iter()
         .position(|&(s, _)| s == scale)
-        .map_or(0, |i| i + 1)
+        .unwrap_or(0)
 }
 
 /// As [`JPEG_DECODE_S_PER_PIXEL`] for a PNG, measured the same way on the 51 PNG figures
@@ -260,7 +251,7 @@ impl CostsFrom {
 /// - decodes: each sample's pixels times the built-in decoder's constant per pixel of its
 ///   format ([`JPEG_DECODE_S_PER_PIXEL`], [`PNG_DECODE_S_PER_PIXEL`]), a JPEG's at the DCT
 ///   scale the tier decodes it at when kept images are brought down to `max_side`
-///   ([`JPEG_SCALED_DECODE_SHARE`]), spread over the dataset's encoded bytes (the rule
+///   ([`JPEG_DECODE_SHARES`]), spread over the dataset's encoded bytes (the rule
 ///   prices per encoded byte); the prior's where no sample has a header.
 ///
 /// Decodes were timed on a few samples at build before: the timing moved with the
@@ -307,7 +298,7 @@ pub(crate) fn form_costs(
         let jpeg: f64 = jpeg_pixels
             .iter()
             .zip(JPEG_DECODE_SHARES)
-            .map(|(&p, share)| p as f64 * share)
+            .map(|(&p, (_, share))| p as f64 * share)
             .sum();
         let seconds = jpeg * JPEG_DECODE_S_PER_PIXEL + png_pixels as f64 * PNG_DECODE_S_PER_PIXEL;
         (0.0, seconds / bytes as f64, "model")
@@ -337,11 +328,14 @@ mod tests {
     fn a_jpeg_kept_smaller_is_priced_at_the_scale_it_is_decoded_at() {
         // No smaller than the image, or not small enough for 1/2: a full-scale decode.
         for side in [None, Some(1000), Some(600)] {
-            assert_eq!(JPEG_DECODE_SHARES[jpeg_decode_share(1000, 800, side)], 1.0);
+            assert_eq!(
+                JPEG_DECODE_SHARES[jpeg_decode_share(1000, 800, side)].1,
+                1.0
+            );
         }
         for (side, share) in [(500, 0.906), (250, 0.769), (125, 0.709), (40, 0.709)] {
             let at = jpeg_decode_share(1000, 800, Some(side));
-            assert_eq!(JPEG_DECODE_SHARES[at], share, "side {side}");
+            assert_eq!(JPEG_DECODE_SHARES[at].1, share, "side {side}");
         }
     }
 }

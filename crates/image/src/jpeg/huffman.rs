@@ -4,6 +4,13 @@
 const FAST_BITS: u32 = 11;
 const FAST_SIZE: usize = 1 << FAST_BITS;
 
+/// Set in an AC lookup entry whose code ends the block: the one symbol a block's loop exits
+/// on, read with the others' single load.
+const END_OF_BLOCK: i32 = 1 << 12;
+/// Set in an AC lookup entry whose code fits the lookup but whose value does not: the entry
+/// holds size << 16 in the value's place, and the value's bits follow the code's.
+const VALUE_AFTER: i32 = 1 << 13;
+
 /// The JPEG zigzag order: coefficient k of a scan is natural index `ZIGZAG[k]`. Past 63
 /// (a corrupt run) lands on a spare slot the inverse DCT never reads.
 pub(super) const ZIGZAG: [u8; 80] = {
@@ -24,10 +31,12 @@ pub(super) const ZIGZAG: [u8; 80] = {
 /// One Huffman table, built in place from a DHT segment.
 #[derive(Clone)]
 pub(super) struct Table {
-    /// By the next 9 bits: code length << 8 | symbol, or 0 for a longer code.
+    /// By the next `FAST_BITS` bits: code length << 8 | symbol, or 0 for a longer code.
     fast: [u16; FAST_SIZE],
-    /// By the next 9 bits, for AC tables: a whole (run, size, value) when the code and its
-    /// value fit in 9 bits: value << 16 | run << 8 | bits used; 0 otherwise.
+    /// By the next bits, for AC tables: a whole (run, size, value) when the code and its
+    /// value fit in `FAST_BITS`: value << 16 | run << 8 | bits used, `END_OF_BLOCK` set for
+    /// the end of block; for a code that fits without its value, size << 16 | run << 8 |
+    /// `VALUE_AFTER` | code length; 0 for a longer code.
     ac: [i32; FAST_SIZE],
     /// The largest code of each length (index 1..=16), -1 if none.
     max_code: [i32; 18],
@@ -113,7 +122,17 @@ impl Table {
             let len = u32::from(entry >> 8);
             let symbol = entry & 0xFF;
             let (run, size) = (u32::from(symbol >> 4), u32::from(symbol & 15));
-            if size == 0 || len + size > FAST_BITS {
+            if size == 0 {
+                // The end of block, or a run of 16 zeros (written as one zero, harmlessly).
+                self.ac[i] = match run {
+                    0 => END_OF_BLOCK | len as i32,
+                    15 => (15 << 8 | len) as i32,
+                    _ => 0,
+                };
+                continue;
+            }
+            if len + size > FAST_BITS {
+                self.ac[i] = (size << 16 | run << 8 | len) as i32 | VALUE_AFTER;
                 continue;
             }
             let bits = ((i as u32) >> (FAST_BITS - len - size)) & ((1 << size) - 1);
@@ -290,9 +309,16 @@ impl<'a> Bits<'a> {
             let fast = ac_table.ac[self.peek(FAST_BITS) as usize];
             if fast != 0 {
                 self.consume((fast & 0xFF) as u32);
+                let mut value = fast >> 16;
+                if fast & (END_OF_BLOCK | VALUE_AFTER) != 0 {
+                    if fast & END_OF_BLOCK != 0 {
+                        break;
+                    }
+                    value = self.value(value as u32);
+                }
                 k += ((fast >> 8) & 15) as usize;
                 let at = ZIGZAG[k.min(79)] as usize;
-                coefs[at] = (fast >> 16).wrapping_mul(quant[k & 63]);
+                coefs[at] = value.wrapping_mul(quant[k & 63]);
                 k += 1;
                 last = k;
                 continue;
@@ -334,6 +360,12 @@ impl<'a> Bits<'a> {
             let fast = ac_table.ac[self.peek(FAST_BITS) as usize];
             if fast != 0 {
                 self.consume((fast & 0xFF) as u32);
+                if fast & (END_OF_BLOCK | VALUE_AFTER) != 0 {
+                    if fast & END_OF_BLOCK != 0 {
+                        break;
+                    }
+                    self.consume((fast >> 16) as u32);
+                }
                 k += ((fast >> 8) & 15) as usize + 1;
                 continue;
             }
@@ -426,6 +458,115 @@ mod tests {
                 bits.symbol(table).unwrap()
             })
             .collect()
+    }
+
+    /// Canonical codes of a table's symbols: (code, length) by symbol.
+    fn codes(counts: &[u8; 16], symbols: &[u8]) -> Vec<(u8, u32, u32)> {
+        let (mut code, mut k, mut out) = (0u32, 0usize, Vec::new());
+        for (i, &n) in counts.iter().enumerate() {
+            for _ in 0..n {
+                out.push((symbols[k], code, i as u32 + 1));
+                code += 1;
+                k += 1;
+            }
+            code <<= 1;
+        }
+        out
+    }
+
+    /// Bits written most significant first.
+    #[derive(Default)]
+    struct Writer {
+        bytes: Vec<u8>,
+        acc: u64,
+        count: u32,
+    }
+
+    impl Writer {
+        fn put(&mut self, bits: u32, len: u32) {
+            self.acc = self.acc << len | u64::from(bits) & ((1 << len) - 1);
+            self.count += len;
+            while self.count >= 8 {
+                self.count -= 8;
+                self.bytes.push((self.acc >> self.count) as u8);
+            }
+        }
+
+        fn symbol(&mut self, table: &[(u8, u32, u32)], symbol: u8, value: i32) {
+            let &(_, code, len) = table.iter().find(|e| e.0 == symbol).unwrap();
+            self.put(code, len);
+            let size = u32::from(symbol & 15);
+            if size > 0 {
+                let bits = if value > 0 {
+                    value
+                } else {
+                    value + (1 << size) - 1
+                };
+                self.put(bits as u32, size);
+            }
+        }
+    }
+
+    #[test]
+    fn a_block_decodes_every_kind_of_lookup_entry_alike_whether_kept_or_skipped() {
+        // DC: sizes 0, 1, 2 in 2 bits. AC: the end of block and size 1 in 2 bits (in the
+        // lookup with their values), size 10 and a run of 16 zeros in 3 (the first's value
+        // past the lookup), run 1 of size 3 in 4, and size 5 as a 12-bit code (past it).
+        let mut dc_counts = [0u8; 16];
+        dc_counts[1] = 3;
+        let dc_symbols = [0u8, 1, 2];
+        let mut ac_counts = [0u8; 16];
+        (ac_counts[1], ac_counts[2], ac_counts[3], ac_counts[11]) = (2, 2, 1, 1);
+        let ac_symbols = [0x00u8, 0x01, 0x0A, 0xF0, 0x13, 0x05];
+        let (mut dc_table, mut ac_table) = (Table::default(), Table::default());
+        dc_table.build(&dc_counts, &dc_symbols).unwrap();
+        ac_table.build(&ac_counts, &ac_symbols).unwrap();
+        let (dc_codes, ac_codes) = (
+            codes(&dc_counts, &dc_symbols),
+            codes(&ac_counts, &ac_symbols),
+        );
+        let mut w = Writer::default();
+        for _ in 0..2 {
+            w.symbol(&dc_codes, 2, -3);
+            for (symbol, value) in [(0x01, 1), (0x0A, -700), (0xF0, 0), (0x13, 5), (0x05, 17)] {
+                w.symbol(&ac_codes, symbol, value);
+            }
+            w.symbol(&ac_codes, 0x00, 0);
+        }
+        w.put(u32::MAX, 7);
+        w.bytes.extend_from_slice(&[0; 16]);
+
+        let quant = [2i32; 64];
+        let mut bits = Bits::new(&w.bytes, 0);
+        let (mut dc, mut coefs) = (10, [0i32; 80]);
+        let last = bits
+            .block(&dc_table, &ac_table, &quant, &mut dc, &mut coefs)
+            .unwrap();
+        let mut expected = [0i32; 80];
+        expected[0] = 14;
+        for (k, value) in [(1, 2), (2, -1400), (20, 10), (21, 34)] {
+            expected[usize::from(ZIGZAG[k])] = value;
+        }
+        assert_eq!((dc, last), (7, 22));
+        assert_eq!(coefs[..64], expected[..64]);
+        // The second block, skipped, leaves the reader where decoding it would have.
+        bits.skip_block(&dc_table, &ac_table, &mut dc).unwrap();
+        assert_eq!(dc, 4);
+        let mut again = Bits::new(&w.bytes, 0);
+        let mut dc2 = 10;
+        let mut scratch = [0i32; 80];
+        for _ in 0..2 {
+            scratch = [0; 80];
+            again
+                .block(&dc_table, &ac_table, &quant, &mut dc2, &mut scratch)
+                .unwrap();
+        }
+        expected[0] = 8;
+        assert_eq!((dc2, scratch[..64].to_vec()), (4, expected[..64].to_vec()));
+        assert_eq!(
+            (bits.position(), bits.count),
+            (again.position(), again.count)
+        );
     }
 
     #[test]

@@ -387,16 +387,27 @@ impl<'a> Bits<'a> {
     /// A block's DC difference, added to the component's predictor `dc`.
     #[inline(always)]
     fn dc(&mut self, dc_table: &Table, dc: &mut i32) -> Result<(), String> {
-        self.refill();
-        let size = u32::from(self.symbol(dc_table)?);
-        if size > 11 {
-            return Err(format!(
-                "a DC difference of {size} bits (before byte {})",
-                self.pos
-            ));
+        if self.count < 32 {
+            self.refill();
         }
+        // A DC symbol is its difference's size, so the AC lookup reads code and value at once
+        // where both fit: size 0 is the entry flagged as an end of block, whose value is 0.
+        let fast = dc_table.ac[self.peek(FAST_BITS) as usize];
+        let diff = if fast != 0 && fast & (0xF00 | VALUE_AFTER) == 0 {
+            self.consume((fast & 0xFF) as u32);
+            fast >> 16
+        } else {
+            let size = u32::from(self.symbol(dc_table)?);
+            if size > 11 {
+                return Err(format!(
+                    "a DC difference of {size} bits (before byte {})",
+                    self.pos
+                ));
+            }
+            self.value(size)
+        };
         // A corrupt DC may grow without bound: kept within what 16 bits hold, as libjpeg's.
-        *dc = i32::from(dc.wrapping_add(self.value(size)) as i16);
+        *dc = i32::from(dc.wrapping_add(diff) as i16);
         Ok(())
     }
 
@@ -533,6 +544,10 @@ mod tests {
             }
             w.symbol(&ac_codes, 0x00, 0);
         }
+        // A third block: no DC difference (the lookup's entry flagged as an end of block),
+        // then the end of block.
+        w.symbol(&dc_codes, 0, 0);
+        w.symbol(&ac_codes, 0x00, 0);
         w.put(u32::MAX, 7);
         w.bytes.extend_from_slice(&[0; 16]);
 
@@ -567,6 +582,12 @@ mod tests {
             (bits.position(), bits.count),
             (again.position(), again.count)
         );
+        let mut third = [0i32; 80];
+        let last = bits
+            .block(&dc_table, &ac_table, &quant, &mut dc, &mut third)
+            .unwrap();
+        assert_eq!((dc, last, third[0]), (4, 1, 8));
+        assert!(third[1..64].iter().all(|&c| c == 0));
     }
 
     #[test]

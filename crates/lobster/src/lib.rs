@@ -7,8 +7,8 @@
 //! together ([`IoOrder`]), and every window the ranks predicted to be slowest get more decode
 //! threads, and under [`IoOrder::Shares`] more io_depth. What an embedder names is here:
 //! the loader and its configuration at the root, image decoding and batches in [`images`],
-//! other nodes' caches in [`net`]; the engine crates underneath (lobster-cache, -sched,
-//! -uring, -image, -net) are dependencies of their own for whoever needs more.
+//! numpy array samples in [`arrays`], other nodes' caches in [`net`]; the engine crates
+//! underneath (lobster-cache, -sched, -uring, -image, -array, -net) are dependencies of their own for whoever needs more.
 //!
 //! Features: `mpi` (peers over MPI: Open MPI and libclang to build) and `lab` (an emulated
 //! storage tier and deterministic fault injection, [`ReadConfig`]'s `storage_emulation` and
@@ -64,6 +64,7 @@
 #[macro_use]
 mod names;
 
+pub mod arrays;
 mod batch;
 mod config;
 mod dataset;

@@ -4,6 +4,7 @@
 //! (and, with several ranks a node, onto lobster-node's host and ranks), the errors onto an
 //! exception hierarchy, and the batches onto arrays.
 
+mod arrays;
 mod batch;
 mod errors;
 mod groups;
@@ -44,6 +45,8 @@ fn built_with_mpi() -> bool {
 
 #[pymodule]
 mod _lobster_io {
+    #[pymodule_export]
+    use super::arrays::{decode_array, decode_npz};
     #[pymodule_export]
     use super::batch::Batch;
     #[pymodule_export]

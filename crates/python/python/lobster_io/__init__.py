@@ -37,7 +37,9 @@ from ._lobster_io import (
     StoppedError,
     TooManyFailures,
     built_with_mpi,
+    decode_array,
     decode_image,
+    decode_npz,
 )
 
 # Loaders left open are closed before Python finalises: their feeder threads must not be
@@ -141,5 +143,7 @@ __all__ = [
     "StoppedError",
     "TooManyFailures",
     "built_with_mpi",
+    "decode_array",
     "decode_image",
+    "decode_npz",
 ]

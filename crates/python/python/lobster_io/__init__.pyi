@@ -142,3 +142,10 @@ class Loader:
 def built_with_mpi() -> bool: ...
 def decode_image(data: bytes) -> npt.NDArray[np.uint8]:
     """Decodes a JPEG or PNG to [H, W, 3] uint8."""
+def decode_array(data: bytes, bytes_max: int = ..., copy: bool = True) -> npt.NDArray[Any]:
+    """Decodes one .npy file's bytes to the array np.load gives (copy=False: a read-only
+    view of data)."""
+def decode_npz(
+    data: bytes, bytes_max: int = ..., copy: bool = True
+) -> dict[str, npt.NDArray[Any]]:
+    """Decodes a stored .npz archive's bytes to its arrays by name."""

@@ -10,6 +10,8 @@ const END_OF_BLOCK: i32 = 1 << 12;
 /// Set in an AC lookup entry whose code fits the lookup but whose value does not: the entry
 /// holds size << 16 in the value's place, and the value's bits follow the code's.
 const VALUE_AFTER: i32 = 1 << 13;
+/// The run of zeros in a lookup entry (bits 8 to 11).
+const RUN: i32 = 15 << 8;
 
 /// The JPEG zigzag order: coefficient k of a scan is natural index `ZIGZAG[k]`. Past 63
 /// (a corrupt run) lands on a spare slot the inverse DCT never reads.
@@ -316,7 +318,7 @@ impl<'a> Bits<'a> {
                     }
                     value = self.value(value as u32);
                 }
-                k += ((fast >> 8) & 15) as usize;
+                k += ((fast & RUN) >> 8) as usize;
                 let at = ZIGZAG[k.min(79)] as usize;
                 coefs[at] = value.wrapping_mul(quant[k & 63]);
                 k += 1;
@@ -366,7 +368,7 @@ impl<'a> Bits<'a> {
                     }
                     self.consume((fast >> 16) as u32);
                 }
-                k += ((fast >> 8) & 15) as usize + 1;
+                k += ((fast & RUN) >> 8) as usize + 1;
                 continue;
             }
             let symbol = self.symbol(ac_table)?;
@@ -393,7 +395,7 @@ impl<'a> Bits<'a> {
         // A DC symbol is its difference's size, so the AC lookup reads code and value at once
         // where both fit: size 0 is the entry flagged as an end of block, whose value is 0.
         let fast = dc_table.ac[self.peek(FAST_BITS) as usize];
-        let diff = if fast != 0 && fast & (0xF00 | VALUE_AFTER) == 0 {
+        let diff = if fast != 0 && fast & (RUN | VALUE_AFTER) == 0 {
             self.consume((fast & 0xFF) as u32);
             fast >> 16
         } else {
